@@ -1,0 +1,49 @@
+# Molly — build, run and test. Every target installs what it needs on a fresh
+# Debian machine that has Go: Go modules come from the module proxy; the
+# llama.cpp sources come with the github.com/ollama/ollama module.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/molly
+export GOFLAGS ?= -buildvcs=false
+
+# cgo flags for llama.cpp/ggml (DESIGN.md §9). The include folders live in
+# the module cache; `go mod download -json` fetches the module if needed and
+# prints where it is. Override CGO_CFLAGS/CGO_CXXFLAGS for portable builds.
+OLLAMA_DIR = $(shell $(GO) mod download -json github.com/ollama/ollama | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')
+export CGO_ENABLED := 1
+export CGO_CPPFLAGS = -I$(OLLAMA_DIR)/llama/llama.cpp/include -I$(OLLAMA_DIR)/ml/backend/ggml/ggml/include
+export CGO_CFLAGS ?= -O3 -march=native
+export CGO_CXXFLAGS ?= -O3 -march=native
+
+# Test-time limits: the whole suite stays well under CI's budget.
+TEST_TIMEOUT ?= 25m
+
+.PHONY: all build run test bench lint model deps clean
+
+all: build
+
+deps:
+	@command -v gcc >/dev/null && command -v g++ >/dev/null || { \
+		echo "installing gcc/g++ for cgo (llama.cpp)"; \
+		apt-get update -qq && apt-get install -y -qq gcc g++ >/dev/null; }
+	$(GO) mod download
+
+build: deps
+	$(GO) build -o $(BIN) ./cmd/molly
+
+run: build
+	./$(BIN) run --config Caddyfile
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -timeout $(TEST_TIMEOUT) ./...
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 2s -timeout 30m ./...
+
+lint: deps
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin models

@@ -1,0 +1,83 @@
+// Package api holds Molly's OpenAI wire-format helpers: the error body every
+// failure is reported with, shared by the classify, policy and route steps.
+//
+// The shapes follow OpenAI's published API description (shared/openai/openapi.yaml,
+// schema ErrorResponse): {"error":{"message","type","param","code"}}.
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+)
+
+// Error is an OpenAI-style error with the HTTP status it is sent with.
+// Param and Code are written as JSON null when empty, as OpenAI does.
+type Error struct {
+	Status  int    // HTTP status code, e.g. 400
+	Message string // human-readable sentence saying what is wrong
+	Type    string // e.g. "invalid_request_error", "policy_denied", "upstream_error"
+	Param   string // the offending request field, e.g. "messages[0].content"
+	Code    string // machine code, e.g. "model_not_found"
+	// RetryAfter, when positive, is sent as the Retry-After header (seconds, RFC 9110 §10.2.3).
+	RetryAfter int
+	// Extra fields added inside the "error" object (e.g. "reasons" of a policy denial).
+	Extra map[string]any
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Type, e.Message) }
+
+// Body returns the JSON body {"error":{...}}.
+func (e *Error) Body() []byte {
+	obj := map[string]any{
+		"message": e.Message,
+		"type":    e.Type,
+		"param":   nullable(e.Param),
+		"code":    nullable(e.Code),
+	}
+	for k, v := range e.Extra {
+		obj[k] = v
+	}
+	b, err := json.Marshal(map[string]any{"error": obj})
+	if err != nil { // only if Extra holds something unmarshalable
+		b, _ = json.Marshal(map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "param": nullable(e.Param), "code": nullable(e.Code)}})
+	}
+	return b
+}
+
+// Write sends the error as the whole response.
+func (e *Error) Write(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(e.Body())
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// WriteError writes err as an OpenAI error. An *Error (also wrapped) keeps its
+// status; anything else becomes a 500 whose message does not leak internals.
+func WriteError(w http.ResponseWriter, err error) {
+	var e *Error
+	if errors.As(err, &e) {
+		e.Write(w)
+		return
+	}
+	(&Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "internal error"}).Write(w)
+}
+
+// InvalidRequest is a 400 invalid_request_error about param.
+func InvalidRequest(param, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+}

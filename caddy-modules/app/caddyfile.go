@@ -1,0 +1,213 @@
+package app
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/molly-gateway/molly/router"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("molly", parseGlobal)
+	// The request walk is classify → policy → route; plugins may only be
+	// ordered against standard directives, so all three go before
+	// reverse_proxy, in this order.
+	httpcaddyfile.RegisterDirectiveOrder("molly_classify", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterDirectiveOrder("molly_policy", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterDirectiveOrder("molly_route", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseGlobal parses the global option:
+//
+//	molly {
+//		policy_dir <dir>
+//		policy_timeout <duration>
+//		cost_weight <per-USD>
+//		latency_weight <per-second>
+//		target <name> {
+//			tier T0|T1|T2|T3
+//			kind openai|engine
+//			endpoint <base-url>
+//			models <name>[=<upstream>]...
+//			api_key_env <VAR>
+//			price <in-usd-per-1M> <out-usd-per-1M>
+//			latency <duration>
+//			quality [<task>] <0..1>
+//			region <region>
+//			modalities <modality>...
+//			max_context <tokens>
+//			timeout <duration>
+//		}
+//	}
+func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
+	a := new(App)
+	if existing != nil {
+		return nil, d.Err("molly: the global option may appear only once")
+	}
+	d.Next() // "molly"
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "policy_dir":
+			if !d.AllArgs(&a.PolicyDir) {
+				return nil, d.ArgErr()
+			}
+		case "policy_timeout":
+			dur, err := durationArg(d)
+			if err != nil {
+				return nil, err
+			}
+			a.PolicyTimeout = caddy.Duration(dur)
+		case "cost_weight", "latency_weight":
+			name := d.Val()
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if a.Weights == nil {
+				w := router.DefaultWeights
+				a.Weights = &w
+			}
+			if name == "cost_weight" {
+				a.Weights.Cost = v
+			} else {
+				a.Weights.Latency = v
+			}
+		case "target":
+			t, err := parseTarget(d)
+			if err != nil {
+				return nil, err
+			}
+			a.Targets = append(a.Targets, t)
+		default:
+			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
+		}
+	}
+	if err := a.Validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return httpcaddyfile.App{Name: "molly", Value: caddyconfig.JSON(a, nil)}, nil
+}
+
+func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
+	t := &router.Target{}
+	if !d.NextArg() {
+		return nil, d.Err("molly: target needs a name: target <name> { ... }")
+	}
+	t.Name = d.Val()
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		var err error
+		switch sub {
+		case "tier":
+			if !d.AllArgs(&t.Tier) {
+				return nil, d.ArgErr()
+			}
+		case "kind":
+			if !d.AllArgs(&t.Kind) {
+				return nil, d.ArgErr()
+			}
+		case "endpoint":
+			if !d.AllArgs(&t.Endpoint) {
+				return nil, d.ArgErr()
+			}
+		case "api_key_env":
+			if !d.AllArgs(&t.APIKeyEnv) {
+				return nil, d.ArgErr()
+			}
+		case "region":
+			if !d.AllArgs(&t.Region) {
+				return nil, d.ArgErr()
+			}
+		case "models":
+			t.Models = append(t.Models, d.RemainingArgs()...)
+			if len(t.Models) == 0 {
+				return nil, d.ArgErr()
+			}
+		case "modalities":
+			t.Modalities = append(t.Modalities, d.RemainingArgs()...)
+		case "price":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return nil, d.Err("molly: price takes two numbers: USD per 1M prompt tokens and per 1M completion tokens")
+			}
+			if t.PriceIn, err = strconv.ParseFloat(args[0], 64); err == nil {
+				t.PriceOut, err = strconv.ParseFloat(args[1], 64)
+			}
+		case "latency", "timeout":
+			var dur time.Duration
+			if dur, err = durationArg(d); err == nil {
+				if sub == "latency" {
+					t.LatencyMS = float64(dur) / float64(time.Millisecond)
+				} else {
+					t.TimeoutMS = int(dur / time.Millisecond)
+				}
+			}
+		case "max_context":
+			var v float64
+			if v, err = floatArg(d); err == nil {
+				t.MaxContext = int(v)
+			}
+		case "quality":
+			args := d.RemainingArgs()
+			task := "default"
+			switch len(args) {
+			case 1:
+			case 2:
+				task, args = args[0], args[1:]
+			default:
+				return nil, d.Err("molly: quality takes [<task>] <value in 0..1>")
+			}
+			var q float64
+			if q, err = strconv.ParseFloat(args[0], 64); err == nil {
+				if t.Quality == nil {
+					t.Quality = map[string]float64{}
+				}
+				t.Quality[task] = q
+			}
+		default:
+			return nil, d.Errf("molly: target %s: unrecognized subdirective %q", t.Name, sub)
+		}
+		if err != nil {
+			return nil, d.Errf("molly: target %s: %s: %v", t.Name, sub, err)
+		}
+	}
+	if err := t.Validate(); err != nil {
+		return nil, d.Err("molly: " + err.Error())
+	}
+	return t, nil
+}
+
+func durationArg(d *caddyfile.Dispenser) (time.Duration, error) {
+	var s string
+	if !d.AllArgs(&s) {
+		return 0, d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, d.Errf("invalid duration %q: %v", s, err)
+	}
+	return dur, nil
+}
+
+func floatArg(d *caddyfile.Dispenser) (float64, error) {
+	var s string
+	if !d.AllArgs(&s) {
+		return 0, d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, d.Errf("invalid number %q", s)
+	}
+	return v, nil
+}

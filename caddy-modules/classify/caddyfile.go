@@ -1,0 +1,75 @@
+package classify
+
+import (
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/molly-gateway/molly/router"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("molly_classify", parseCaddyfile)
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	c := new(Classify)
+	return c, c.UnmarshalCaddyfile(h.Dispenser)
+}
+
+// UnmarshalCaddyfile parses:
+//
+//	molly_classify {
+//		max_body_size <size>          # e.g. 8MiB
+//		phone_region <ISO 3166 code>  # e.g. IT
+//		entities <TYPE>...            # e.g. EMAIL PHONE CREDIT_CARD
+//		sensitivity <TYPE> <class>    # e.g. EMAIL public
+//	}
+func (c *Classify) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.Errf("molly_classify: unexpected argument %q; settings go in a block", d.Val())
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "max_body_size":
+			var s string
+			if !d.AllArgs(&s) {
+				return d.ArgErr()
+			}
+			n, err := humanize.ParseBytes(s)
+			if err != nil || n == 0 {
+				return d.Errf("molly_classify: max_body_size %q is not a size such as 8MiB", s)
+			}
+			c.MaxBodyBytes = int64(n)
+		case "phone_region":
+			if !d.AllArgs(&c.PhoneRegion) {
+				return d.ArgErr()
+			}
+		case "entities":
+			c.Entities = append(c.Entities, d.RemainingArgs()...)
+			if len(c.Entities) == 0 {
+				return d.ArgErr()
+			}
+		case "sensitivity":
+			var typ, class string
+			if !d.AllArgs(&typ, &class) {
+				return d.Err("molly_classify: sensitivity takes <ENTITY_TYPE> <public|internal|confidential|restricted>")
+			}
+			if _, err := router.ParseSensitivity(class); err != nil {
+				return d.Errf("molly_classify: sensitivity %s: %v", typ, err)
+			}
+			if c.Sensitivity == nil {
+				c.Sensitivity = map[string]string{}
+			}
+			c.Sensitivity[typ] = class
+		default:
+			return d.Errf("molly_classify: unrecognized subdirective %q", d.Val())
+		}
+	}
+	return nil
+}
+
+// Interface guard.
+var _ caddyfile.Unmarshaler = (*Classify)(nil)

@@ -1,0 +1,79 @@
+// Package policy is the Caddy handler http.handlers.molly_policy: it
+// evaluates the molly app's Rego policy on the request annotation and either
+// denies (403 with the reasons) or passes the decision on in the context.
+package policy
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/caddy-modules/app"
+	"github.com/molly-gateway/molly/router"
+)
+
+// Policy is the molly_policy handler. It has no settings of its own: the
+// policy lives in the molly app (policy_dir) and in Rego.
+type Policy struct {
+	app *app.App
+}
+
+func init() {
+	caddy.RegisterModule(Policy{})
+	httpcaddyfile.RegisterHandlerDirective("molly_policy", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		p := new(Policy)
+		return p, p.UnmarshalCaddyfile(h.Dispenser)
+	})
+}
+
+// CaddyModule returns the Caddy module information.
+func (Policy) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.molly_policy", New: func() caddy.Module { return new(Policy) }}
+}
+
+// Provision finds the molly app.
+func (p *Policy) Provision(ctx caddy.Context) error {
+	a, err := ctx.App("molly")
+	if err != nil {
+		return fmt.Errorf("molly_policy: loading the molly app: %w", err)
+	}
+	p.app = a.(*app.App)
+	return nil
+}
+
+// UnmarshalCaddyfile parses "molly_policy" (no arguments).
+func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() || d.NextBlock(0) {
+		return d.Errf("molly_policy: takes no arguments; the policy is set by the global molly option (policy_dir) and Rego")
+	}
+	return nil
+}
+
+// ServeHTTP decides and calls next with the decision in the context.
+func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	ann := router.AnnotationFrom(r.Context())
+	if ann == nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))
+	}
+	d := p.app.Policy().Decide(r.Context(), router.PolicyInput(ann, "anonymous", p.app.Catalogue()))
+	w.Header().Set(router.HeaderDecisionID, d.ID())
+	if !d.Allowed() {
+		(&api.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "policy_denied",
+			Message: "The request was denied by policy.", Extra: map[string]any{"reasons": d.Reasons(), "decision_id": d.ID()}}).Write(w)
+		return nil
+	}
+	return next.ServeHTTP(w, r.WithContext(router.WithDecision(r.Context(), d)))
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Policy)(nil)
+	_ caddyfile.Unmarshaler       = (*Policy)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Policy)(nil)
+)

@@ -1,0 +1,74 @@
+// Package route is the Caddy handler http.handlers.molly_route: it sends the
+// request to the best target the policy decision allows (router.Forwarder)
+// and writes the answer. It is terminal: it never calls the next handler.
+package route
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/caddy-modules/app"
+	"github.com/molly-gateway/molly/router"
+)
+
+// Route is the molly_route handler. Targets and weights live in the molly app.
+type Route struct {
+	app *app.App
+}
+
+func init() {
+	caddy.RegisterModule(Route{})
+	httpcaddyfile.RegisterHandlerDirective("molly_route", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		rt := new(Route)
+		return rt, rt.UnmarshalCaddyfile(h.Dispenser)
+	})
+}
+
+// CaddyModule returns the Caddy module information.
+func (Route) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.molly_route", New: func() caddy.Module { return new(Route) }}
+}
+
+// Provision finds the molly app.
+func (rt *Route) Provision(ctx caddy.Context) error {
+	a, err := ctx.App("molly")
+	if err != nil {
+		return fmt.Errorf("molly_route: loading the molly app: %w", err)
+	}
+	rt.app = a.(*app.App)
+	return nil
+}
+
+// UnmarshalCaddyfile parses "molly_route" (no arguments).
+func (rt *Route) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() || d.NextBlock(0) {
+		return d.Errf("molly_route: takes no arguments; targets are declared in the global molly option")
+	}
+	return nil
+}
+
+// ServeHTTP routes the request.
+func (rt *Route) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	ann, d := router.AnnotationFrom(r.Context()), router.DecisionFrom(r.Context())
+	if ann == nil || d == nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_route: no annotation or decision; put molly_classify and molly_policy before molly_route"))
+	}
+	if err := rt.app.Forwarder().Serve(w, r, ann, d); err != nil {
+		api.WriteError(w, err)
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Route)(nil)
+	_ caddyfile.Unmarshaler       = (*Route)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Route)(nil)
+)

@@ -1,0 +1,456 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/policies"
+)
+
+// tiers are three upstreams standing for T1 (LAN), T2 (self-hosted) and T3 (external).
+type tiers struct{ t1, t2, t3 *upstreamtest.Upstream }
+
+func startTiers(t *testing.T) *tiers {
+	tr := &tiers{upstreamtest.Start("t1"), upstreamtest.Start("t2"), upstreamtest.Start("t3")}
+	t.Cleanup(func() { tr.t1.Close(); tr.t2.Close(); tr.t3.Close() })
+	return tr
+}
+
+// caddyfile declares the three targets. With the default weights, a public
+// chat request prefers t3 (quality 0.95), then t2, then t1.
+func (tr *tiers) caddyfile(extraGlobal, classify string) string {
+	return `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		` + extraGlobal + `
+		target lan {
+			tier T1
+			endpoint ` + tr.t1.URL() + `
+			models chat=small-lan text-embedding-3-small
+			price 0 0
+			latency 300ms
+			quality 0.6
+		}
+		target selfhosted {
+			tier T2
+			endpoint ` + tr.t2.URL() + `
+			models chat=mid-remote
+			price 0.2 0.6
+			latency 400ms
+			quality 0.75
+		}
+		target external {
+			tier T3
+			endpoint ` + tr.t3.URL() + `
+			models chat=gpt-4o-mini gpt-4o-mini
+			api_key_env MOLLY_TEST_T3_KEY
+			price 0.15 0.6
+			latency 800ms
+			quality 0.95
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify {
+		max_body_size 64KiB
+		` + classify + `
+	}
+	molly_policy
+	molly_route
+}
+`
+}
+
+func client(g *gateway) *openai.Client {
+	c := openai.NewClient(option.WithBaseURL(g.URL), option.WithAPIKey("sk-client-key-not-forwarded"), option.WithMaxRetries(0))
+	return &c
+}
+
+func chat(text string) openai.ChatCompletionNewParams {
+	return openai.ChatCompletionNewParams{Model: "chat", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(text)}}
+}
+
+
+func TestGatewayRoutesBySensitivity(t *testing.T) {
+	t.Setenv("MOLLY_TEST_T3_KEY", "sk-upstream-secret-t3")
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	c := client(g)
+	ctx := context.Background()
+
+	cases := []struct {
+		name, prompt, wantTarget, wantTier string
+		secret                             string // must never reach t3
+	}{
+		{"a public prompt goes to the target the objective prefers", "Write a haiku about autumn", "external", "T3", ""},
+		{"an email keeps the prompt off external APIs", "Reply to mario.rossi@example.com about the invoice", "selfhosted", "T2", "mario.rossi@example.com"},
+		{"a card number keeps the prompt on the LAN", "My card is 4111 1111 1111 1111, is it valid?", "lan", "T1", "4111 1111 1111 1111"},
+		{"an IBAN keeps the prompt on the LAN", "Pay to IT60X0542811101000000123456 today", "lan", "T1", "IT60X0542811101000000123456"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var resp *http.Response
+			out, err := c.Chat.Completions.New(ctx, chat(tc.prompt), option.WithResponseInto(&resp))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.Header.Get("X-Molly-Target"); got != tc.wantTarget {
+				t.Fatalf("X-Molly-Target = %q, want %q", got, tc.wantTarget)
+			}
+			if got := resp.Header.Get("X-Molly-Tier"); got != tc.wantTier {
+				t.Fatalf("X-Molly-Tier = %q, want %q", got, tc.wantTier)
+			}
+			if id := resp.Header.Get("X-Molly-Decision-Id"); len(id) != 36 {
+				t.Fatalf("X-Molly-Decision-Id = %q, want a UUID", id)
+			}
+			want := map[string]string{"external": "t3", "selfhosted": "t2", "lan": "t1"}[tc.wantTarget] + " says: " + tc.prompt
+			if got := out.Choices[0].Message.Content; got != want {
+				t.Fatalf("answer %q, want %q", got, want)
+			}
+			if tc.secret != "" && tr.t3.Contains(tc.secret) {
+				t.Fatalf("T3 received %q", tc.secret)
+			}
+		})
+	}
+	// The client's key is Molly's business; upstreams see their own key only.
+	for _, h := range tr.t3.Headers() {
+		if h.Get("Authorization") != "Bearer sk-upstream-secret-t3" {
+			t.Fatalf("T3 got Authorization %q", h.Get("Authorization"))
+		}
+	}
+	for _, h := range append(tr.t1.Headers(), tr.t2.Headers()...) {
+		if h.Get("Authorization") != "" {
+			t.Fatalf("a non-T3 upstream got Authorization %q", h.Get("Authorization"))
+		}
+	}
+	// The upstream got its own model name (alias resolved).
+	if b := tr.t2.Received(); len(b) == 0 || !strings.Contains(string(b[0]), `"model":"mid-remote"`) {
+		t.Fatalf("T2 did not receive the aliased model: %s", b)
+	}
+	// Decision log lines carry ids, never prompt text or keys.
+	logs := g.logs.String()
+	if !strings.Contains(logs, `"decision_id"`) || !strings.Contains(logs, `"msg":"policy decision"`) {
+		t.Fatalf("no decision log line in:\n%s", logs)
+	}
+	for _, secret := range []string{"mario.rossi@example.com", "4111 1111 1111 1111", "haiku", "sk-upstream-secret-t3", "sk-client-key"} {
+		if strings.Contains(logs, secret) {
+			t.Fatalf("logs contain %q", secret)
+		}
+	}
+}
+
+func TestGatewayRedactsForT3AndRestoresTheAnswer(t *testing.T) {
+	tr := startTiers(t)
+	// Declared rule: e-mail addresses are public here, so T3 is allowed, but
+	// the policy still requires them redacted for T3.
+	g := startMolly(t, tr.caddyfile("", "sensitivity EMAIL public"))
+	c := client(g)
+	prompt := "Draft a reply to anna@example.org and cc anna@example.org"
+	var resp *http.Response
+	out, err := c.Chat.Completions.New(context.Background(), chat(prompt), option.WithResponseInto(&resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Header.Get("X-Molly-Tier") != "T3" {
+		t.Fatalf("tier %q, want T3", resp.Header.Get("X-Molly-Tier"))
+	}
+	if tr.t3.Count() != 1 || tr.t3.Contains("anna@example.org") {
+		t.Fatalf("T3 must get the prompt redacted: %s", tr.t3.Received())
+	}
+	if got, want := out.Choices[0].Message.Content, "t3 says: "+prompt; got != want {
+		t.Fatalf("restored answer %q, want %q", got, want)
+	}
+}
+
+func TestGatewayFallsBackWithinAllowedTiers(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	c := client(g)
+	ctx := context.Background()
+
+	tr.t3.Close() // the preferred upstream dies
+	var resp *http.Response
+	if _, err := c.Chat.Completions.New(ctx, chat("Tell me a joke"), option.WithResponseInto(&resp)); err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Header.Get("X-Molly-Target"); got != "selfhosted" {
+		t.Fatalf("public request fell back to %q, want selfhosted", got)
+	}
+
+	// A 5xx before the first byte also falls back.
+	if _, err := c.Chat.Completions.New(ctx, chat("FAIL500 please"), option.WithResponseInto(&resp)); err == nil {
+		t.Fatal("every target answers 500 to FAIL500; want an error")
+	} else {
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 503 || !strings.Contains(apiErr.Message, "selfhosted: HTTP 500") || !strings.Contains(apiErr.Message, "lan: HTTP 500") {
+			t.Fatalf("want 503 listing the failed attempts, got %v", err)
+		}
+	}
+
+	// A confidential request whose only allowed targets are down gets 503
+	// and never reaches T2.
+	tr.t1.Close()
+	before := tr.t2.Count()
+	_, err := c.Chat.Completions.New(ctx, chat("card 4111111111111111"))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("want 503, got %v", err)
+	}
+	if tr.t2.Count() != before {
+		t.Fatal("a confidential request reached T2")
+	}
+}
+
+func TestGatewayStreamsIncrementally(t *testing.T) {
+	tr := startTiers(t)
+	tr.t3.ChunkDelay = 150 * time.Millisecond
+	tr.t3.Chunks = 5
+	g := startMolly(t, tr.caddyfile("", ""))
+	c := client(g)
+
+	start := time.Now()
+	stream := c.Chat.Completions.NewStreaming(context.Background(), chat("Count slowly please"))
+	var first, last time.Duration
+	var text strings.Builder
+	var finish string
+	for stream.Next() {
+		ch := stream.Current()
+		if len(ch.Choices) == 0 {
+			continue
+		}
+		if first == 0 {
+			first = time.Since(start)
+		}
+		last = time.Since(start)
+		text.WriteString(ch.Choices[0].Delta.Content)
+		if ch.Choices[0].FinishReason != "" {
+			finish = ch.Choices[0].FinishReason
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := text.String(), "t3 says: Count slowly please"; got != want {
+		t.Fatalf("streamed %q, want %q", got, want)
+	}
+	if finish != "stop" {
+		t.Fatalf("finish_reason %q, want stop", finish)
+	}
+	// Five chunks 150 ms apart: unbuffered relaying shows the first one at
+	// least 400 ms before the last.
+	if last-first < 400*time.Millisecond {
+		t.Fatalf("first chunk at %v, last at %v: the stream was buffered", first, last)
+	}
+}
+
+func TestGatewayReportsTruncatedStreams(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	c := client(g)
+	stream := c.Chat.Completions.NewStreaming(context.Background(), chat("TRUNCATE this answer into many parts"))
+	chunks := 0
+	for stream.Next() {
+		chunks++
+		for _, ch := range stream.Current().Choices {
+			if ch.FinishReason != "" {
+				t.Fatalf("made-up finish_reason %q", ch.FinishReason)
+			}
+		}
+	}
+	err := stream.Err()
+	if err == nil || !strings.Contains(err.Error(), "stream_truncated") {
+		t.Fatalf("want a stream_truncated error event, got %v after %d chunks", err, chunks)
+	}
+	if chunks != 2 {
+		t.Fatalf("got %d chunks before the error, want the 2 the upstream sent", chunks)
+	}
+	// Raw view: an error event and no [DONE].
+	body := `{"model":"chat","stream":true,"messages":[{"role":"user","content":"TRUNCATE again"}]}`
+	resp, err := http.Post(g.URL+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(raw), "event: error") || strings.Contains(string(raw), "[DONE]") {
+		t.Fatalf("raw stream:\n%s", raw)
+	}
+}
+
+func TestGatewayRejectsBadInputAndKeepsServing(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	big := `{"model":"chat","messages":[{"role":"user","content":"` + strings.Repeat("a", 70<<10) + `"}]}`
+	cases := []struct {
+		name, method, path, body string
+		header                   map[string]string
+		status                   int
+		errType, param, code     string
+		msg                      string
+	}{
+		{"malformed JSON is a 400", "POST", "/chat/completions", `{"model": "chat", "messages": [`, nil, 400, "invalid_request_error", "", "", "parse the JSON body"},
+		{"messages of the wrong type is a 400 naming the field", "POST", "/chat/completions", `{"model":"chat","messages":"hi"}`, nil, 400, "invalid_request_error", "messages", "", "expected an array"},
+		{"a missing model is a 400", "POST", "/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "model", "", "model parameter"},
+		{"a bad role is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"wizard","content":"hi"}]}`, nil, 400, "invalid_request_error", "messages[0].role", "", "wizard"},
+		{"max_tokens must be a positive integer", "POST", "/chat/completions", `{"model":"chat","max_tokens":"ten","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "max_tokens", "", "positive integer"},
+		{"an unknown model is a 404", "POST", "/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, nil, 404, "invalid_request_error", "model", "model_not_found", "gpt-9"},
+		{"an oversized body is a 413", "POST", "/chat/completions", big, nil, 413, "invalid_request_error", "", "request_too_large", "limit"},
+		{"an unknown URL is a 404", "POST", "/v1/nothing", `{}`, nil, 404, "invalid_request_error", "", "unknown_url", "/v1/nothing"},
+		{"a wrong method is a 405", "GET", "/chat/completions", ``, nil, 405, "invalid_request_error", "", "method_not_supported", "POST"},
+		{"a bad sensitivity header is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Sensitivity": "secret-ish"}, 400, "invalid_request_error", "X-Molly-Sensitivity", "", "unknown sensitivity"},
+		{"restricted content with no T0 target is a 503", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Sensitivity": "restricted"}, 503, "service_unavailable", "", "no_target_available", "tier T1 not allowed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := tc.path
+			if !strings.HasPrefix(path, "/v1/") {
+				path = strings.TrimSuffix(g.URL, "/v1") + "/v1" + path
+			} else {
+				path = strings.TrimSuffix(g.URL, "/v1") + path
+			}
+			req, _ := http.NewRequest(tc.method, path, strings.NewReader(tc.body))
+			req.Header.Set("Content-Type", "application/json")
+			for k, v := range tc.header {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var body struct {
+				Error struct {
+					Message string  `json:"message"`
+					Type    string  `json:"type"`
+					Param   *string `json:"param"`
+					Code    *string `json:"code"`
+				} `json:"error"`
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			if err := json.Unmarshal(raw, &body); err != nil {
+				t.Fatalf("status %d, body is not an OpenAI error: %s", resp.StatusCode, raw)
+			}
+			if resp.StatusCode != tc.status || body.Error.Type != tc.errType || !strings.Contains(body.Error.Message, tc.msg) {
+				t.Fatalf("got %d %s, want %d %s containing %q", resp.StatusCode, raw, tc.status, tc.errType, tc.msg)
+			}
+			if got := deref(body.Error.Param); got != tc.param {
+				t.Fatalf("param %q, want %q", got, tc.param)
+			}
+			if got := deref(body.Error.Code); got != tc.code {
+				t.Fatalf("code %q, want %q", got, tc.code)
+			}
+		})
+	}
+	if !g.alive() {
+		t.Fatal("molly died")
+	}
+	if _, err := client(g).Chat.Completions.New(context.Background(), chat("still there?")); err != nil {
+		t.Fatalf("molly stopped serving after bad input: %v", err)
+	}
+	if tr.t3.Contains(strings.Repeat("a", 1000)) {
+		t.Fatal("an oversized body reached an upstream")
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func TestGatewayOtherEndpoints(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	c := client(g)
+	ctx := context.Background()
+
+	models, err := c.Models.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range models.Data {
+		ids = append(ids, m.ID)
+	}
+	if strings.Join(ids, ",") != "chat,gpt-4o-mini,text-embedding-3-small" {
+		t.Fatalf("models %v, want chat,gpt-4o-mini,text-embedding-3-small (de-duplicated)", ids)
+	}
+	// Models reachable for a caller who declares confidential data: T0–T1 only.
+	models, err = c.Models.List(ctx, option.WithHeader("X-Molly-Sensitivity", "confidential"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = ids[:0]
+	for _, m := range models.Data {
+		ids = append(ids, m.ID)
+	}
+	if strings.Join(ids, ",") != "chat,text-embedding-3-small" {
+		t.Fatalf("confidential models %v", ids)
+	}
+
+	emb, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "text-embedding-3-small",
+		Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("call +39 02 1234 5678")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(emb.Data) != 1 || len(emb.Data[0].Embedding) != 3 {
+		t.Fatalf("embeddings %+v", emb)
+	}
+
+	var resp *http.Response
+	cmpl, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")}}, option.WithResponseInto(&resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmpl.Choices[0].Text != "t3 says: Once upon a time" || resp.Header.Get("X-Molly-Tier") != "T3" {
+		t.Fatalf("completion %q via %s", cmpl.Choices[0].Text, resp.Header.Get("X-Molly-Tier"))
+	}
+}
+
+func TestPolicyEditsApplyWithoutRestart(t *testing.T) {
+	tr := startTiers(t)
+	dir := t.TempDir()
+	for _, name := range []string{"residency.rego", "redaction.rego"} {
+		b, err := policies.Default.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := startMolly(t, tr.caddyfile("policy_dir "+dir, ""))
+	c := client(g)
+	ctx := context.Background()
+	if _, err := c.Chat.Completions.New(ctx, chat("hello")); err != nil {
+		t.Fatal(err)
+	}
+	deny := "package molly.policy\nimport rego.v1\ndecision := {\"allow\": false, \"tiers\": [], \"reasons\": [\"maintenance window\"]}\n"
+	if err := os.Remove(filepath.Join(dir, "redaction.rego")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "residency.rego"), []byte(deny), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Chat.Completions.New(ctx, chat("hello again"))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusForbidden || !strings.Contains(apiErr.RawJSON(), "maintenance window") {
+		t.Fatalf("want 403 with the policy's reason, got %v", err)
+	}
+}

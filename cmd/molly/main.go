@@ -1,0 +1,19 @@
+// Command molly is Molly, the sovereign inference gateway: a Caddy build
+// with Molly's modules. `molly run --config Caddyfile`, `molly validate`,
+// `molly adapt` and `molly reload` behave as in Caddy.
+package main
+
+import (
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/molly-gateway/molly/caddy-modules/app"
+	_ "github.com/molly-gateway/molly/caddy-modules/classify"
+	_ "github.com/molly-gateway/molly/caddy-modules/policy"
+	_ "github.com/molly-gateway/molly/caddy-modules/route"
+)
+
+func main() {
+	caddycmd.Main()
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// mollyBin is the real binary, built once for the package's tests.
+var mollyBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "molly-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	mollyBin = filepath.Join(dir, "molly")
+	build := exec.Command("go", "build", "-o", mollyBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building molly:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// syncBuffer collects the process's log output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// gateway is a running molly process.
+type gateway struct {
+	URL  string // base URL ending in /v1
+	cmd  *exec.Cmd
+	logs *syncBuffer
+}
+
+// startMolly writes caddyfile (with {PORT} replaced) and runs `molly run` on
+// it, waiting until it serves. The process is killed at the end of the test.
+func startMolly(t testing.TB, caddyfile string) *gateway {
+	t.Helper()
+	port := freePort(t)
+	cfg := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(caddyfile, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d/v1", port), logs: &syncBuffer{}}
+	g.cmd = exec.Command(mollyBin, "run", "--config", cfg, "--adapter", "caddyfile")
+	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
+	g.cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = g.cmd.Process.Kill()
+		_ = g.cmd.Wait()
+		if t.Failed() {
+			t.Logf("molly logs:\n%s", g.logs.String())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, g.URL+"/models", nil)
+		resp, err := http.DefaultClient.Do(req)
+		cancel()
+		if err == nil {
+			resp.Body.Close()
+			return g
+		}
+		if g.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("molly did not start serving; logs:\n%s", g.logs.String())
+	return nil
+}
+
+// alive reports whether the process is still running.
+func (g *gateway) alive() bool {
+	return g.cmd.Process.Signal(syscallZero()) == nil
+}

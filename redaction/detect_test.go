@@ -1,0 +1,302 @@
+package redaction
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// rnd returns n pseudo-random characters from alphabet, fixed by seed, so
+// that test secrets have realistic entropy and never change.
+func rnd(seed uint64, n int, alphabet string) string {
+	r := rand.New(rand.NewPCG(seed, 7))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+const (
+	alnum   = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	upperD  = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+	digitsA = "0123456789"
+)
+
+var (
+	keyOpenAI     = "sk-proj-" + rnd(1, 56, alnum)
+	keyOpenAIOld  = "sk-" + rnd(2, 48, alnum)
+	keyAnthropic  = "sk-ant-api03-" + rnd(3, 93, alnum) + "AA"
+	keyAWS        = "AKIA" + rnd(4, 16, upperD)
+	keyGitHub     = "ghp_" + rnd(5, 36, alnum)
+	keyGitHubOA   = "gho_" + rnd(6, 36, alnum)
+	keyGitHubPAT  = "github_pat_" + rnd(7, 22, alnum) + "_" + rnd(8, 59, alnum)
+	keySlack      = "xoxb-" + rnd(9, 12, digitsA) + "-" + rnd(10, 13, digitsA) + "-" + rnd(11, 24, alnum)
+	keyStripe     = "sk_live_" + rnd(12, 24, alnum)
+	keyStripeRK   = "rk_live_" + rnd(13, 24, alnum)
+	keyGoogle     = "AIza" + rnd(14, 35, alnum)
+	keyJWT        = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+	keyPEMBody    = rnd(15, 64, alnum+"+/") + "\n" + rnd(16, 64, alnum+"+/") + "\n" + rnd(17, 40, alnum+"+/") + "=="
+	keyPEM        = "-----BEGIN RSA PRIVATE KEY-----\n" + keyPEMBody + "\n-----END RSA PRIVATE KEY-----"
+	keyPEMCut     = "-----BEGIN OPENSSH PRIVATE KEY-----\n" + keyPEMBody
+	keyGeneric    = rnd(18, 32, alnum)
+	awsSecretBody = rnd(19, 40, alnum+"/+")
+)
+
+// scanCase is one detector table case: text, and the findings Scan must
+// return in order, written "TYPE:value" or "TYPE/subtype:value".
+type scanCase struct {
+	name   string
+	region string
+	text   string
+	want   []string
+}
+
+func runScanCases(t *testing.T, cases []scanCase) {
+	t.Helper()
+	scanners := map[string]*Scanner{}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			region := c.region
+			if region == "" {
+				region = "US"
+			}
+			s := scanners[region]
+			if s == nil {
+				var err error
+				s, err = NewScanner(Config{DefaultRegion: region})
+				if err != nil {
+					t.Fatal(err)
+				}
+				scanners[region] = s
+			}
+			var got []string
+			for _, f := range s.Scan(c.text) {
+				got = append(got, describe(c.text, f, hasSubtype(c.want, f.Type)))
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("Scan(%q)\n got %q\nwant %q", c.text, got, c.want)
+			}
+		})
+	}
+}
+
+// hasSubtype reports whether the expectations for typ spell a subtype.
+func hasSubtype(want []string, typ string) bool {
+	for _, w := range want {
+		if strings.HasPrefix(w, typ+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func describe(text string, f Finding, sub bool) string {
+	if sub {
+		return fmt.Sprintf("%s/%s:%s", f.Type, f.Subtype, text[f.Start:f.End])
+	}
+	return fmt.Sprintf("%s:%s", f.Type, text[f.Start:f.End])
+}
+
+func TestEmailDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a plain address in a sentence is found", "", "Scrivi a mario.rossi@example.it per favore", []string{"EMAIL:mario.rossi@example.it"}},
+		{"plus tags, hyphens and sub-domains are part of the address", "", "cc first.last+tag@mail.sub-domain.co.uk today", []string{"EMAIL:first.last+tag@mail.sub-domain.co.uk"}},
+		{"a full stop after the address is not part of it", "", "Write to anna_b-1@example.org.", []string{"EMAIL:anna_b-1@example.org"}},
+		{"angle brackets and quotes around the address are not part of it", "", `From: "Anna" <anna@example.com>, 'bob@example.net'`, []string{"EMAIL:anna@example.com", "EMAIL:bob@example.net"}},
+		{"a host without a dot is not an address", "", "login as root@localhost", nil},
+		{"a one-letter top-level label is not an address", "", "a@b.c and x@y.z", nil},
+		{"a numeric top-level label is not an address", "", "ping admin@10.0.0", nil},
+		{"a social handle is not an address", "", "follow @mollygateway on X", nil},
+		{"a local part ending in a dot is not an address", "", "bad.@example.com", nil},
+	})
+}
+
+func TestPhoneDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a US number with +1 and dashes is found", "", "Call +1 415-555-2671 now", []string{"PHONE:+1 415-555-2671"}},
+		{"a US number with area code in parentheses is found in region US", "", "Call (415) 555-2671 now", []string{"PHONE:(415) 555-2671"}},
+		{"a US number with dots is found in region US", "", "Call 415.555.2671 now", []string{"PHONE:415.555.2671"}},
+		{"a UK number in international form is found", "", "Ring +44 20 7946 0958 please", []string{"PHONE:+44 20 7946 0958"}},
+		{"an Italian mobile in international form is found from region US", "", "Chiama il +39 333 123 4567 stasera", []string{"PHONE:+39 333 123 4567"}},
+		{"an Italian landline with the 00 prefix is found", "", "Tel. 0039 02 1234 5678", []string{"PHONE:0039 02 1234 5678"}},
+		{"an Italian mobile in national form is found in region IT", "IT", "il mio cellulare è 333 123 4567.", []string{"PHONE:333 123 4567"}},
+		{"an Italian landline in national form is found in region IT", "IT", "ufficio 02 1234 5678, grazie", []string{"PHONE:02 1234 5678"}},
+		{"an Italian mobile in national form is not a US number", "", "il mio cellulare è 333 123 4567.", nil},
+		{"a bare run of digits next to a phone word is a phone number", "", "phone: 4155552671", []string{"PHONE:4155552671"}},
+		{"a bare run of digits without a phone word is an order number", "", "order 4155552671 shipped", nil},
+		{"an order id with a prefix is not a phone number", "", "Order ORD-2024-118734 and #4155552671", nil},
+		{"ISO and European dates are not phone numbers", "", "on 2024-03-15, 15/03/2024 and 15.03.2024 10:30", nil},
+		{"version strings are not phone numbers", "", "upgrade v10.0.19045 to 10.0.19045.2965 or 1.2.3", nil},
+		{"times and amounts are not phone numbers", "", "at 12:30:45 pay € 1.234.567,89 or $4155552671", nil},
+	})
+}
+
+func TestCreditCardDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a Visa number in groups of four is found", "", "card 4111 1111 1111 1111 exp 12/27", []string{"CREDIT_CARD/visa:4111 1111 1111 1111"}},
+		{"a Mastercard number with dashes is found", "", "card 5555-5555-5555-4444.", []string{"CREDIT_CARD/mastercard:5555-5555-5555-4444"}},
+		{"a Mastercard 2-series number is found", "", "2221000000000009", []string{"CREDIT_CARD/mastercard:2221000000000009"}},
+		{"an American Express number is found", "", "amex 378282246310005", []string{"CREDIT_CARD/amex:378282246310005"}},
+		{"an Amex number in 4-6-5 groups is found", "", "amex 3782 822463 10005", []string{"CREDIT_CARD/amex:3782 822463 10005"}},
+		{"a Discover number is found", "", "6011111111111117", []string{"CREDIT_CARD/discover:6011111111111117"}},
+		{"a JCB number is found", "", "3530111333300000", []string{"CREDIT_CARD/jcb:3530111333300000"}},
+		{"a number failing the Luhn check is not a card", "", "card 4111 1111 1111 1112", nil},
+		{"a Luhn-valid number with an unknown issuer prefix is not a card", "", "ref 1234 5678 9012 3452", nil},
+		{"mixed separators are not a card", "", "4111 1111-1111 1111", nil},
+		{"a card number inside a longer digit run is not a card", "", "id 41111111111111111", nil},
+		{"a card number glued to letters is not a card", "", "TX4111111111111111", nil},
+	})
+}
+
+func TestIBANDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"an Italian IBAN in paper format is found", "", "IBAN IT60 X054 2811 1010 0000 0123 456 grazie", []string{"IBAN/IT:IT60 X054 2811 1010 0000 0123 456"}},
+		{"a German IBAN in electronic format is found", "", "DE89370400440532013000.", []string{"IBAN/DE:DE89370400440532013000"}},
+		{"a British IBAN in groups is found", "", "to GB82 WEST 1234 5698 7654 32 today", []string{"IBAN/GB:GB82 WEST 1234 5698 7654 32"}},
+		{"a French IBAN with letters in the BBAN is found", "", "FR14 2004 1010 0505 0001 3M02 606", []string{"IBAN/FR:FR14 2004 1010 0505 0001 3M02 606"}},
+		{"a Dutch IBAN is found", "", "NL91ABNA0417164300", []string{"IBAN/NL:NL91ABNA0417164300"}},
+		{"wrong check digits are not an IBAN", "", "IT61 X054 2811 1010 0000 0123 456", nil},
+		{"a German IBAN one digit short is not an IBAN", "", "DE8937040044053201300", nil},
+		{"a German IBAN one digit long is not an IBAN", "", "DE893704004405320130001", nil},
+		{"an unknown country code is not an IBAN", "", "XX89370400440532013000", nil},
+	})
+}
+
+func TestSecretDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"an OpenAI project key is found", "", "OPENAI_API_KEY=" + keyOpenAI + "\n", []string{"SECRET/openai:" + keyOpenAI}},
+		{"a legacy OpenAI key at the end of a sentence is found", "", "my key is " + keyOpenAIOld + ".", []string{"SECRET/openai:" + keyOpenAIOld}},
+		{"an Anthropic key is found", "", "use " + keyAnthropic + ", thanks", []string{"SECRET/anthropic:" + keyAnthropic}},
+		{"an AWS access key id is found", "", "aws id " + keyAWS + " in us-east-1", []string{"SECRET/aws_access_key:" + keyAWS}},
+		{"an AWS secret access key next to its name is found", "", "aws_secret_access_key = " + awsSecretBody, []string{"SECRET/aws_secret_key:" + awsSecretBody}},
+		{"GitHub tokens of three kinds are found", "", keyGitHub + " " + keyGitHubOA + " " + keyGitHubPAT, []string{"SECRET/github:" + keyGitHub, "SECRET/github:" + keyGitHubOA, "SECRET/github:" + keyGitHubPAT}},
+		{"a Slack bot token is found", "", "SLACK=" + keySlack, []string{"SECRET/slack:" + keySlack}},
+		{"Stripe live secret and restricted keys are found", "", "(" + keyStripe + ") and " + keyStripeRK, []string{"SECRET/stripe:" + keyStripe, "SECRET/stripe:" + keyStripeRK}},
+		{"a Google API key is found", "", "key=" + keyGoogle + "&q=x", []string{"SECRET/google:" + keyGoogle}},
+		{"a JWT is found", "", "Authorization: Bearer " + keyJWT, []string{"SECRET/jwt:" + keyJWT}},
+		{"a PEM private key block is found whole", "", "here:\n" + keyPEM + "\nbye", []string{"SECRET/private_key:" + keyPEM}},
+		{"a PEM private key cut short is found", "", "here:\n" + keyPEMCut + "\n\nwhat is it?", []string{"SECRET/private_key:" + keyPEMCut}},
+		{"a high-entropy value after a key-like name is found", "", `config: api_token = "` + keyGeneric + `"`, []string{"SECRET/generic:" + keyGeneric}},
+		{"prose about keys is not a secret", "", "The key point: sk-learn and the token economy; password reset link sent.", nil},
+		{"a short or low-entropy value after a key-like name is not a secret", "", `password = "hunter2" and api_key = "aaaaaaaaaaaaaaaa"`, nil},
+		{"a template variable is not a secret", "", "token: ${API_TOKEN}", nil},
+		{"a GitHub token prefix with too few characters is not a secret", "", "ghp_" + rnd(20, 20, alnum), nil},
+	})
+}
+
+func TestIdentifierDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"an SSN with dashes is found", "", "SSN 536-22-1234.", []string{"US_SSN:536-22-1234"}},
+		{"an SSN with spaces is found", "", "ssn 536 22 1234", []string{"US_SSN:536 22 1234"}},
+		{"SSNs with never-issued area, group or serial are not SSNs", "", "000-12-3456 666-12-3456 900-12-3456 536-00-1234 536-22-0000", nil},
+		{"SSNs voided by the SSA are not SSNs", "", "078-05-1120 and 123-45-6789", nil},
+		{"an SSN-shaped part of a longer number is not an SSN", "", "536-22-12345 and 1536-22-1234", nil},
+		{"an Italian fiscal code is found", "", "CF: RSSMRA85T10A562S", []string{"IT_FISCAL_CODE:RSSMRA85T10A562S"}},
+		{"a woman's fiscal code (day + 40) is found", "", "cf BNCLRA90A41F205I.", []string{"IT_FISCAL_CODE:BNCLRA90A41F205I"}},
+		{"an omocodic fiscal code is found", "", "codice RSSMRA85T10A56NH", []string{"IT_FISCAL_CODE:RSSMRA85T10A56NH"}},
+		{"a lower-case fiscal code is found", "", "cf vrdgpp80a01h501u", []string{"IT_FISCAL_CODE:vrdgpp80a01h501u"}},
+		{"a fiscal code with a wrong check letter is not one", "", "RSSMRA85T10A562T", nil},
+		{"IPv4 addresses are found and classified", "", "hosts 192.168.1.10, 8.8.8.8 and 127.0.0.1.", []string{"IP_ADDRESS/private:192.168.1.10", "IP_ADDRESS/public:8.8.8.8", "IP_ADDRESS/loopback:127.0.0.1"}},
+		{"IPv6 addresses are found and classified", "", "v6 2001:db8::1, fe80::1 and ::1", []string{"IP_ADDRESS/public:2001:db8::1", "IP_ADDRESS/link_local:fe80::1", "IP_ADDRESS/loopback:::1"}},
+		{"version strings, times and out-of-range octets are not IP addresses", "", "1.2.3.4.5 256.1.1.1 192.168.01.1 10:30:00 std::vector cafe::beef", nil},
+		{"URL credentials are found, not the host", "", "dsn postgres://admin:s3cr3t@db.example.com:5432/app", []string{"URL_CREDENTIALS:admin:s3cr3t"}},
+		{"a URL without a password has no credentials", "", "see https://example.com/a?b=c", nil},
+	})
+}
+
+func TestEvasionsAreSeenThroughTheNormalisedView(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"zero-width spaces inside an address are covered", "", "m\u200bario@exa\u200dmple.com", []string{"EMAIL:m\u200bario@exa\u200dmple.com"}},
+		{"a fullwidth address is found", "", "ｍａｒｉｏ＠ｅｘａｍｐｌｅ．ｃｏｍ", []string{"EMAIL:ｍａｒｉｏ＠ｅｘａｍｐｌｅ．ｃｏｍ"}},
+		{"Cyrillic look-alike letters in an address are seen through", "", "write to mаrio@exаmple.com", []string{"EMAIL:mаrio@exаmple.com"}},
+		{"a percent-encoded address is found", "", "mailto:mario%40example.com", []string{"EMAIL:mario%40example.com"}},
+		{"fullwidth digits in a phone number are found", "", "tel ＋３９ ３３３ １２３ ４５６７", []string{"PHONE:＋３９ ３３３ １２３ ４５６７"}},
+		{"no-break spaces in a card number are found", "", "4111\u00a01111\u00a01111\u00a01111", []string{"CREDIT_CARD:4111\u00a01111\u00a01111\u00a01111"}},
+		{"en-dashes in an SSN are found", "", "SSN 536–22–1234", []string{"US_SSN:536–22–1234"}},
+		{"a soft hyphen inside an IBAN is covered", "", "DE8937040044\u00ad0532013000", []string{"IBAN:DE8937040044\u00ad0532013000"}},
+	})
+}
+
+func TestOverlapsKeepTheLongerFinding(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		in   []Finding
+		want []Finding
+	}{
+		{"a longer finding beats a shorter one inside it",
+			[]Finding{{Type: TypePhone, Start: 2, End: 8}, {Type: TypeCreditCard, Start: 0, End: 16}},
+			[]Finding{{Type: TypeCreditCard, Start: 0, End: 16}}},
+		{"a longer finding beats a shorter one it partly covers",
+			[]Finding{{Type: TypeEmail, Start: 0, End: 10}, {Type: TypeSecret, Start: 5, End: 30}},
+			[]Finding{{Type: TypeSecret, Start: 5, End: 30}}},
+		{"on equal spans the type earlier in BuiltinTypes wins",
+			[]Finding{{Type: TypePhone, Start: 0, End: 11}, {Type: TypeUSSSN, Start: 0, End: 11}},
+			[]Finding{{Type: TypeUSSSN, Start: 0, End: 11}}},
+		{"adjacent findings both stay, sorted by start",
+			[]Finding{{Type: TypePhone, Start: 10, End: 20}, {Type: TypeEmail, Start: 0, End: 10}},
+			[]Finding{{Type: TypeEmail, Start: 0, End: 10}, {Type: TypePhone, Start: 10, End: 20}}},
+		{"a chain of overlaps keeps the longest and what does not touch it",
+			[]Finding{{Type: TypePhone, Start: 0, End: 6}, {Type: TypeIBAN, Start: 4, End: 14}, {Type: TypeEmail, Start: 12, End: 18}, {Type: TypeEmail, Start: 20, End: 25}},
+			[]Finding{{Type: TypeIBAN, Start: 4, End: 14}, {Type: TypeEmail, Start: 20, End: 25}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := s.resolve(slices.Clone(c.in))
+			if !slices.Equal(got, c.want) {
+				t.Errorf("resolve(%v) = %v, want %v", c.in, got, c.want)
+			}
+		})
+	}
+}
+
+func TestNewScannerValidatesTheConfig(t *testing.T) {
+	cases := []struct {
+		name    string
+		cfg     Config
+		wantErr string // substring; "" means success
+		types   []string
+	}{
+		{"an empty config enables every built-in type", Config{}, "", builtinTypes},
+		{"a type list enables just those types in priority order", Config{Types: []string{TypePhone, TypeEmail}}, "", []string{TypeEmail, TypePhone}},
+		{"an unknown type is an error naming it", Config{Types: []string{"EMAIL", "PASSPORT"}}, `"PASSPORT"`, nil},
+		{"a type listed twice is an error", Config{Types: []string{"EMAIL", "EMAIL"}}, `"EMAIL" listed twice`, nil},
+		{"an unknown region is an error naming it", Config{DefaultRegion: "XQ"}, `"XQ"`, nil},
+		{"a lower-case region is accepted", Config{DefaultRegion: "it"}, "", builtinTypes},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := NewScanner(c.cfg)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("NewScanner(%+v) error = %v, want one containing %s", c.cfg, err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Types(); !slices.Equal(got, c.types) {
+				t.Errorf("Types() = %v, want %v", got, c.types)
+			}
+		})
+	}
+}
+
+func TestScanOnlyRunsEnabledTypes(t *testing.T) {
+	s, err := NewScanner(Config{Types: []string{TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.Scan("a@example.com 4111 1111 1111 1111 +1 415-555-2671")
+	want := []Finding{{Type: TypeEmail, Start: 0, End: 13}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Scan = %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,111 @@
+package redaction
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+var fuzzSeeds = []string{
+	"",
+	"Scrivi a mario.rossi@example.it o chiama +39 333 123 4567, oppure 02 1234 5678.",
+	"card 4111 1111 1111 1111, IBAN IT60 X054 2811 1010 0000 0123 456, SSN 536-22-1234",
+	"key " + keyOpenAI + " and " + keyAWS + "\n" + keyPEM,
+	"ｍａｒｉｏ＠ｅｘａｍｐｌｅ．ｃｏｍ m\u200bario@exa\u200dmple.com mаrio@exаmple.com mario%40example.com",
+	"postgres://admin:s3cr3t@db.example.com:5432/app 2001:db8::1 192.168.1.10 RSSMRA85T10A562S",
+	"\xff\xfe@\xc3.\xe2\x80 [EMAIL_1] [EMAIL_ [",
+	"order ORD-2024-118734 on 2024-03-15 10:30, v1.2.3.4.5, € 1.234,56",
+}
+
+// FuzzScan checks Scan's contract on any input: findings in bounds,
+// non-empty, sorted, non-overlapping, of an enabled type; and that a
+// Redact/Restore round trip gives the input back.
+func FuzzScan(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	s, err := NewScanner(Config{DefaultRegion: "IT"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		fs := s.Scan(text)
+		end := 0
+		for _, x := range fs {
+			if x.Start < end || x.End <= x.Start || x.End > len(text) {
+				t.Fatalf("bad finding %+v after end %d in %q (len %d)", x, end, text, len(text))
+			}
+			if !slices.Contains(builtinTypes, x.Type) {
+				t.Fatalf("unknown type %q", x.Type)
+			}
+			end = x.End
+		}
+		v := NewVault()
+		red := v.Redact(text, fs, allTypes)
+		if back := v.Restore(red); back != text {
+			t.Fatalf("round trip changed the text:\n in %q\nred %q\nout %q", text, red, back)
+		}
+	})
+}
+
+// FuzzStreamRestorer checks that any chunking of any answer restores to
+// what Restore gives, never emits a split UTF-8 sequence of valid input,
+// and holds back a bounded tail. cuts picks the chunk sizes (1–64 bytes).
+func FuzzStreamRestorer(f *testing.F) {
+	v, answer := streamFixture(f)
+	f.Add(answer, []byte{1, 2, 3, 5, 8, 13})
+	f.Add("[EMAIL_1][EMAIL_10][[PHONE_1]]", []byte{1})
+	f.Add("ab\xc3\xa9[SECRET_1]\xe2\x98\xba", []byte{2, 1, 7})
+	f.Add("[", []byte{0})
+	f.Fuzz(func(t *testing.T, answer string, cuts []byte) {
+		want := v.Restore(answer)
+		r := v.NewStreamRestorer()
+		var got strings.Builder
+		rest := answer
+		for i := 0; rest != ""; i++ {
+			n := len(rest)
+			if len(cuts) > 0 {
+				n = min(n, 1+int(cuts[i%len(cuts)])%64)
+			}
+			out := r.Write(rest[:n])
+			if utf8.ValidString(answer) && !utf8.ValidString(out) {
+				t.Fatalf("emitted invalid UTF-8 %q", out)
+			}
+			if r.Pending() > maxPlaceholderLen+utf8.UTFMax {
+				t.Fatalf("holding back %d bytes", r.Pending())
+			}
+			got.WriteString(out)
+			rest = rest[n:]
+		}
+		got.WriteString(r.Flush())
+		if got.String() != want {
+			t.Fatalf("stream = %q, want %q", got.String(), want)
+		}
+	})
+}
+
+// FuzzNormalise checks that the view's offset map is monotonic and points
+// at rune boundaries of the original.
+func FuzzNormalise(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		v, ok := normalise(text)
+		if !ok {
+			return
+		}
+		if len(v.starts) != len(v.text) || len(v.ends) != len(v.text) {
+			t.Fatalf("map lengths %d/%d for view of %d bytes", len(v.starts), len(v.ends), len(v.text))
+		}
+		prev := 0
+		for i := range v.text {
+			s, e := int(v.starts[i]), int(v.ends[i])
+			if s < prev || e <= s || e > len(text) {
+				t.Fatalf("byte %d maps to [%d,%d) after %d", i, s, e, prev)
+			}
+			prev = s
+		}
+	})
+}

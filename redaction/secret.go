@@ -1,0 +1,579 @@
+package redaction
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/spf13/viper"
+	glconfig "github.com/zricethezav/gitleaks/v8/config"
+)
+
+// secretRule is one compiled secret pattern. The finding covers capture
+// group group (0 = whole match; -1 = first non-empty group, gitleaks'
+// default when secretGroup is unset).
+type secretRule struct {
+	id       string
+	subtype  string
+	re       *regexp.Regexp
+	group    int
+	entropy  float64  // minimum Shannon entropy (bits/char) of the secret; 0 = none
+	keywords []string // lower case; the rule runs only if one occurs; empty = always
+	allow    []*glconfig.Allowlist
+	hand     bool // hand-written rule: reject when glued to a longer token
+	stripped bool // leading identPrefix removed; rebuild the match start
+	leadB    bool // leading \b removed (so the engine can use the literal prefix); checked by hand
+	windowed bool // matches contain a keyword: scan only around keyword hits
+	anchored *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
+}
+
+// identPrefix opens most gitleaks rules so that the reported match includes
+// the identifier before the key word ("my_api_key = ..."). It makes every
+// byte a candidate start and the regexp engine slow; Molly drops it and
+// rebuilds the match start for allowlists that look at the match.
+const identPrefix = `[\w.-]{0,50}?`
+
+// stripIdentPrefix removes identPrefix from the start of a rule's source
+// (also after "(?i)" and inside a leading "(?i:").
+func stripIdentPrefix(src string) (string, bool) {
+	flags := ""
+	if strings.HasPrefix(src, "(?i)") {
+		flags, src = "(?i)", src[4:]
+	}
+	stripped := false
+	for {
+		switch {
+		case strings.HasPrefix(src, identPrefix):
+			src, stripped = src[len(identPrefix):], true
+			continue
+		case strings.HasPrefix(src, "(?i:"+identPrefix):
+			src, stripped = "(?i:"+src[4+len(identPrefix):], true
+			continue
+		}
+		return flags + src, stripped
+	}
+}
+
+// stripLeadB removes a leading \b (after optional "(?i)"): RE2 cannot use
+// a literal prefix to skip ahead when the pattern starts with an assertion.
+func stripLeadB(src string) (string, bool) {
+	flags := ""
+	if strings.HasPrefix(src, "(?i)") {
+		flags, src = "(?i)", src[4:]
+	}
+	if strings.HasPrefix(src, `\b`) {
+		return flags + src[2:], true
+	}
+	return flags + src, false
+}
+
+// windowable reports whether every match of a rule contains one of its
+// keywords, so scanning ±1 KiB around keyword hits finds them all: the
+// generic rule (its alternation is its keyword list), and rules whose
+// pattern spells a keyword literally and cannot span lines.
+func windowable(id, src string, kw []string) bool {
+	if id == "generic-api-key" {
+		return true
+	}
+	if strings.Contains(src, `\s\S`) || len(kw) == 0 {
+		return false
+	}
+	l := strings.NewReplacer(`\.`, ".", `\-`, "-", `\_`, "_", `\/`, "/", `\~`, "~").Replace(strings.ToLower(src))
+	for _, k := range kw {
+		if !strings.Contains(l, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// identStart returns where the identPrefix would have started a match that
+// now starts at i: up to 50 bytes of [\w.-] before it.
+func identStart(text string, i int) int {
+	j := i
+	for j > 0 && i-j < 50 {
+		c := text[j-1]
+		if !(isAlnum(c) || c == '_' || c == '.' || c == '-') {
+			break
+		}
+		j--
+	}
+	return j
+}
+
+// secretDetector finds credentials with two rule sets:
+//
+//   - gitleaks' embedded default rule set (github.com/zricethezav/gitleaks/v8
+//     config/gitleaks.toml, ~220 provider rules, JWTs, PEM private keys and
+//     the generic "key-like name = high-entropy value" rule), applied the way
+//     gitleaks' detector applies it: keyword prefilter, secret group, Shannon
+//     entropy threshold, global and per-rule allowlists (regex and stopword
+//     criteria; path and commit criteria never match a prompt). One change:
+//     gitleaks' trailing boundary (quote, space, ';' or end) also accepts
+//     prose punctuation (, . ! ? ) ] } >), because a key in a chat message
+//     is usually followed by one.
+//   - a few hand-written patterns for the providers the gateway cares most
+//     about (OpenAI, Anthropic, AWS, GitHub, Slack, Stripe, Google, JWT, PEM
+//     private keys, also truncated), which accept key shapes gitleaks' stricter
+//     rules miss (e.g. OpenAI project keys without the T3BlbkFJ marker).
+//
+// Subtype names the kind: "openai", "anthropic", "aws_access_key",
+// "aws_secret_key", "github", "slack", "stripe", "google", "jwt",
+// "private_key", "generic" (gitleaks' generic-api-key), or the gitleaks rule
+// id with '-' replaced by '_' for every other provider.
+type secretDetector struct {
+	rules    []secretRule
+	index    keywordIndex // union of all rules' keywords
+	global   []*glconfig.Allowlist
+}
+
+func (*secretDetector) Type() string { return TypeSecret }
+
+var handSecretRules = []struct {
+	subtype, re string
+	group       int
+	entropy     float64
+	keywords    []string
+}{
+	{"openai", `\bsk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,}`, 0, 3, []string{"sk-"}},
+	{"openai", `\bsk-[A-Za-z0-9]{32,}`, 0, 3.5, []string{"sk-"}},
+	{"anthropic", `\bsk-ant-(?:api|admin|oat|ort)\d\d-[A-Za-z0-9_-]{20,}`, 0, 3, []string{"sk-ant-"}},
+	{"aws_access_key", `\b(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}`, 0, 0, []string{"akia", "asia", "abia", "acca", "a3t"}},
+	{"aws_secret_key", `(?i)aws.{0,20}secret.{0,20}?['"=:\s]\s*([A-Za-z0-9/+]{40})`, 1, 3.5, []string{"aws"}},
+	{"github", `\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,}`, 0, 0, []string{"ghp_", "gho_", "ghu_", "ghs_", "ghr_"}},
+	{"github", `\bgithub_pat_[A-Za-z0-9_]{22,255}`, 0, 0, []string{"github_pat_"}},
+	{"slack", `\bxox[abposre]-[A-Za-z0-9-]{10,}`, 0, 0, []string{"xox"}},
+	{"slack", `\bxapp-\d-[A-Za-z0-9-]{10,}`, 0, 0, []string{"xapp-"}},
+	{"stripe", `\b(?:sk|rk)_(?:live|test|prod)_[A-Za-z0-9]{10,99}`, 0, 0, []string{"sk_", "rk_"}},
+	{"stripe", `\bwhsec_[A-Za-z0-9]{24,}`, 0, 0, []string{"whsec_"}},
+	{"google", `\bAIza[0-9A-Za-z_-]{35}`, 0, 0, []string{"aiza"}},
+	{"jwt", `\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}`, 0, 0, []string{"eyj"}},
+	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----`, 0, 0, []string{"-----begin"}},
+	// A pasted key cut short: BEGIN line then base64 lines.
+	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:\s*[A-Za-z0-9+/=]{16,})+`, 0, 0, []string{"-----begin"}},
+}
+
+var (
+	secretOnce  sync.Once
+	secretRules *secretDetector
+	secretErr   error
+)
+
+// newSecretDetector compiles the rule sets once per process (~220 regular
+// expressions) and shares them: the detector is read-only afterwards.
+func newSecretDetector() (*secretDetector, error) {
+	secretOnce.Do(func() { secretRules, secretErr = buildSecretDetector() })
+	return secretRules, secretErr
+}
+
+// gitleaksTail is gitleaks' trailing boundary; proseTail widens it.
+const (
+	gitleaksTail = `(?:[\x60'"\s;]|\\[nr]|$)`
+	proseTail    = `(?:[\x60'"\s;,.!?)\]}>]|\\[nr]|$)`
+)
+
+func buildSecretDetector() (*secretDetector, error) {
+	d := &secretDetector{}
+	for _, h := range handSecretRules {
+		src, leadB := stripLeadB(h.re)
+		d.rules = append(d.rules, secretRule{
+			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
+			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB,
+		})
+	}
+	v := viper.New()
+	v.SetConfigType("toml")
+	if err := v.ReadConfig(strings.NewReader(glconfig.DefaultConfig)); err != nil {
+		return nil, fmt.Errorf("redaction: reading gitleaks default rules: %w", err)
+	}
+	var vc glconfig.ViperConfig
+	if err := v.Unmarshal(&vc); err != nil {
+		return nil, fmt.Errorf("redaction: decoding gitleaks default rules: %w", err)
+	}
+	cfg, err := vc.Translate()
+	if err != nil {
+		return nil, fmt.Errorf("redaction: translating gitleaks default rules: %w", err)
+	}
+	d.global = cfg.Allowlists
+	for _, id := range cfg.OrderedRules {
+		r := cfg.Rules[id]
+		if r.Regex == nil || len(r.RequiredRules) > 0 || r.SkipReport {
+			continue // path-only, composite, or helper rules need file context
+		}
+		src, stripped := stripIdentPrefix(strings.ReplaceAll(r.Regex.String(), gitleaksTail, proseTail))
+		src, leadB := stripLeadB(src)
+		re, err := regexp.Compile(src)
+		if err != nil {
+			return nil, fmt.Errorf("redaction: gitleaks rule %s: %w", id, err)
+		}
+		group := r.SecretGroup
+		if group == 0 {
+			group = -1
+		}
+		kw := make([]string, len(r.Keywords))
+		for i, k := range r.Keywords {
+			kw[i] = strings.ToLower(k)
+		}
+		d.rules = append(d.rules, secretRule{
+			id: id, subtype: gitleaksSubtype(id), re: re, group: group,
+			entropy: r.Entropy, keywords: kw, allow: r.Allowlists, stripped: stripped, leadB: leadB,
+			windowed: windowable(id, src, kw),
+		})
+		if stripped && windowable(id, src, kw) {
+			// gitleaks generates these rules (GenerateSemiGenericRegex) from
+			// their keyword list: once the identifier prefix is gone, every
+			// match starts with a keyword.
+			d.rules[len(d.rules)-1].anchored = regexp.MustCompile(`^(?:` + src + `)`)
+		}
+	}
+	var kws []string
+	for _, r := range d.rules {
+		kws = append(kws, r.keywords...)
+	}
+	d.index = newKeywordIndex(kws)
+	return d, nil
+}
+
+func gitleaksSubtype(id string) string {
+	switch {
+	case strings.HasPrefix(id, "openai"):
+		return "openai"
+	case strings.HasPrefix(id, "anthropic"):
+		return "anthropic"
+	case id == "aws-access-token":
+		return "aws_access_key"
+	case strings.HasPrefix(id, "github"):
+		return "github"
+	case strings.HasPrefix(id, "slack"):
+		return "slack"
+	case strings.HasPrefix(id, "stripe"):
+		return "stripe"
+	case id == "gcp-api-key":
+		return "google"
+	case strings.HasPrefix(id, "jwt"):
+		return "jwt"
+	case id == "private-key":
+		return "private_key"
+	case id == "generic-api-key":
+		return "generic"
+	}
+	return strings.ReplaceAll(id, "-", "_")
+}
+
+func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
+	occ := d.index.find(asciiLower(text))
+	positions := func(k string) []int { return occ[k] }
+	var hits []int
+	for i := range d.rules {
+		r := &d.rules[i]
+		if len(r.keywords) == 0 {
+			dst = d.detectIn(r, text, 0, len(text), dst)
+			continue
+		}
+		hits = hits[:0]
+		for _, k := range r.keywords {
+			hits = append(hits, positions(k)...)
+		}
+		if len(hits) == 0 {
+			continue
+		}
+		if !r.windowed {
+			dst = d.detectIn(r, text, 0, len(text), dst)
+			continue
+		}
+		slices.Sort(hits)
+		// Anchored tries cost up to ~400 bytes of regexp work each; on text
+		// dense with keywords one pass of the unanchored rule is cheaper.
+		if r.anchored != nil && len(hits) < len(text)/64+16 {
+			dst = d.detectAt(r, text, hits, dst)
+			continue
+		}
+		for _, w := range windows(text, hits) {
+			dst = d.detectIn(r, text, w[0], w[1], dst)
+		}
+	}
+	return dst
+}
+
+// windows returns the sorted, disjoint byte ranges to scan for a rule whose
+// matches contain a keyword: [hit-256, hit+1024] around each keyword hit,
+// widened to whitespace so that no token is cut, and merged. If some range
+// cannot be widened within 256 bytes, the whole text is one range (so that
+// widening stays linear on text without spaces).
+func windows(text string, hits []int) [][2]int {
+	var out [][2]int
+	for _, p := range hits {
+		ws, we := max(0, p-256), min(len(text), p+1024)
+		if n := len(out); n > 0 && ws <= out[n-1][1] {
+			if we > out[n-1][1] {
+				out[n-1][1] = we
+			}
+			continue
+		}
+		out = append(out, [2]int{ws, we})
+	}
+	merged := out[:0]
+	for _, w := range out {
+		ws, we := w[0], w[1]
+		lo, hi := ws, we
+		for ws > 0 && !isSpaceByte(text[ws-1]) && lo-ws < 256 {
+			ws--
+		}
+		for we < len(text) && !isSpaceByte(text[we]) && we-hi < 256 {
+			we++
+		}
+		if ws > 0 && !isSpaceByte(text[ws-1]) || we < len(text) && !isSpaceByte(text[we]) {
+			return [][2]int{{0, len(text)}}
+		}
+		if n := len(merged); n > 0 && ws <= merged[n-1][1] {
+			merged[n-1][1] = max(merged[n-1][1], we)
+			continue
+		}
+		merged = append(merged, [2]int{ws, we})
+	}
+	return merged
+}
+
+// detectIn runs rule r over text[ws:we].
+func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding) []Finding {
+	sub := text[ws:we]
+	for pos := 0; pos <= len(sub); {
+		m := r.re.FindStringSubmatchIndex(sub[pos:])
+		if m == nil {
+			break
+		}
+		for k := range m {
+			if m[k] >= 0 {
+				m[k] += pos + ws
+			}
+		}
+		pos = max(m[1], m[0]+1) - ws
+		if r.leadB && wordASCII(before(text, m[0])) == wordASCII(at(text, m[0])) {
+			pos = m[0] + 1 - ws // \b failed here; a match may start later
+			continue
+		}
+		if f, ok := d.finding(r, text, m); ok {
+			dst = append(dst, f)
+		}
+	}
+	return dst
+}
+
+// detectAt tries r.anchored at each keyword hit, left to right, skipping
+// hits inside the previous match (the leftmost-first semantics of a scan).
+func (d *secretDetector) detectAt(r *secretRule, text string, hits []int, dst []Finding) []Finding {
+	last := -1
+	for _, p := range hits {
+		if p < last {
+			continue
+		}
+		// Every semi-generic match is shorter than 300 bytes (bounded
+		// quantifiers; unbounded ones end at the cut). A match that
+		// ends at the cut may have used the cut as its end ($): retry
+		// without the cut.
+		e := min(len(text), p+400)
+		m := r.anchored.FindStringSubmatchIndex(text[p:e])
+		if m != nil && m[1] == e-p && e < len(text) {
+			m = r.anchored.FindStringSubmatchIndex(text[p:])
+		}
+		if m == nil {
+			continue
+		}
+		for k := range m {
+			if m[k] >= 0 {
+				m[k] += p
+			}
+		}
+		last = m[1]
+		if f, ok := d.finding(r, text, m); ok {
+			dst = append(dst, f)
+		}
+	}
+	return dst
+}
+
+// finding applies the secret group, entropy and allowlists to match m.
+func (d *secretDetector) finding(r *secretRule, text string, m []int) (Finding, bool) {
+	s, e := m[0], m[1]
+	switch {
+	case r.group > 0 && 2*r.group+1 < len(m):
+		s, e = m[2*r.group], m[2*r.group+1]
+	case r.group < 0:
+		for g := 1; 2*g+1 < len(m); g++ {
+			if m[2*g] >= 0 && m[2*g+1] > m[2*g] {
+				s, e = m[2*g], m[2*g+1]
+				break
+			}
+		}
+	}
+	if s < 0 || e <= s {
+		return Finding{}, false
+	}
+	// gitleaks trims newlines from the match.
+	for e > s && (text[e-1] == '\n' || text[e-1] == '\r') {
+		e--
+	}
+	secret := text[s:e]
+	if r.hand {
+		if wordByte(before(text, s)) && s == m[0] {
+			return Finding{}, false
+		}
+		if c := at(text, e); isAlnum(c) || c == '_' || c == '-' {
+			return Finding{}, false
+		}
+	}
+	if r.entropy > 0 && shannon(secret) <= r.entropy {
+		return Finding{}, false
+	}
+	ms := m[0]
+	if r.stripped {
+		ms = identStart(text, ms)
+	}
+	match := text[ms:m[1]]
+	if !r.hand && (allowed(d.global, secret, match, text, m[0]) || allowed(r.allow, secret, match, text, m[0])) {
+		return Finding{}, false
+	}
+	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
+}
+
+func isSpaceByte(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' }
+
+// wordASCII is RE2's \b word class.
+func wordASCII(c byte) bool { return isAlnum(c) || c == '_' }
+
+// asciiLower lower-cases ASCII letters only, so byte offsets are kept.
+func asciiLower(s string) string {
+	i := 0
+	for i < len(s) && !isUpper(s[i]) {
+		i++
+	}
+	if i == len(s) {
+		return s
+	}
+	b := []byte(s)
+	for ; i < len(b); i++ {
+		if isUpper(b[i]) {
+			b[i] += 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// allowed evaluates gitleaks allowlists the way gitleaks' detector does,
+// with only the criteria that apply to text without a file: regexes (on the
+// secret, the match or the line, per RegexTarget) and stop words (on the
+// secret). An allowlist with commit or path criteria under the AND
+// condition can never match. The hand-written rules skip allowlists: their
+// shapes are precise, and redacting a documentation example costs less than
+// forwarding a real key.
+func allowed(lists []*glconfig.Allowlist, secret, match, text string, at int) bool {
+	for _, a := range lists {
+		if a == nil {
+			continue
+		}
+		target := secret
+		switch a.RegexTarget {
+		case "match":
+			target = match
+		case "line":
+			ls := strings.LastIndexByte(text[:at], '\n') + 1
+			le := strings.IndexByte(text[at:], '\n')
+			if le < 0 {
+				target = text[ls:]
+			} else {
+				target = text[ls : at+le]
+			}
+		}
+		var crit []bool
+		if len(a.Commits) > 0 {
+			crit = append(crit, false)
+		}
+		if len(a.Paths) > 0 {
+			crit = append(crit, false)
+		}
+		if len(a.Regexes) > 0 {
+			crit = append(crit, a.RegexAllowed(target))
+		}
+		if len(a.StopWords) > 0 {
+			ok, _ := a.ContainsStopWord(secret)
+			crit = append(crit, ok)
+		}
+		if len(crit) == 0 {
+			continue
+		}
+		all, anyOK := true, false
+		for _, c := range crit {
+			all = all && c
+			anyOK = anyOK || c
+		}
+		if a.MatchCondition == glconfig.AllowlistMatchAnd && all || a.MatchCondition != glconfig.AllowlistMatchAnd && anyOK {
+			return true
+		}
+	}
+	return false
+}
+
+// shannon returns the Shannon entropy of s in bits per byte, as gitleaks
+// computes it.
+func shannon(s string) float64 {
+	if s == "" {
+		return 0
+	}
+	var counts [256]int
+	for i := 0; i < len(s); i++ {
+		counts[s[i]]++
+	}
+	h, n := 0.0, float64(len(s))
+	for _, c := range counts {
+		if c > 0 {
+			p := float64(c) / n
+			h -= p * math.Log2(p)
+		}
+	}
+	return h
+}
+
+// keywordIndex finds every occurrence of a set of lower-case ASCII keywords
+// in one pass: a 2-byte prefix bitmap rejects most positions, the few left
+// are compared with the keywords sharing that prefix (one-byte keywords are
+// not supported; gitleaks has none).
+type keywordIndex struct {
+	bits   [1 << 16 / 64]uint64
+	byPfx  map[uint16][]string
+	minLen int
+}
+
+func newKeywordIndex(kws []string) keywordIndex {
+	ix := keywordIndex{byPfx: map[uint16][]string{}}
+	seen := map[string]bool{}
+	for _, k := range kws {
+		if len(k) < 2 || seen[k] {
+			continue
+		}
+		seen[k] = true
+		p := uint16(k[0])<<8 | uint16(k[1])
+		ix.bits[p/64] |= 1 << (p % 64)
+		ix.byPfx[p] = append(ix.byPfx[p], k)
+	}
+	return ix
+}
+
+// find returns, for each keyword occurring in lower, its start offsets.
+func (ix *keywordIndex) find(lower string) map[string][]int {
+	occ := make(map[string][]int, 8)
+	for i := 0; i+1 < len(lower); i++ {
+		p := uint16(lower[i])<<8 | uint16(lower[i+1])
+		if ix.bits[p/64]&(1<<(p%64)) == 0 {
+			continue
+		}
+		for _, k := range ix.byPfx[p] {
+			if strings.HasPrefix(lower[i:], k) {
+				occ[k] = append(occ[k], i)
+			}
+		}
+	}
+	return occ
+}

@@ -1,0 +1,29 @@
+package redaction
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+func isUpper(c byte) bool { return c >= 'A' && c <= 'Z' }
+func isLower(c byte) bool { return c >= 'a' && c <= 'z' }
+func isAlpha(c byte) bool { return isUpper(c) || isLower(c) }
+func isAlnum(c byte) bool { return isDigit(c) || isAlpha(c) }
+
+// wordByte reports whether c continues a word or identifier, so that a
+// match next to it is part of something longer (an order id, a hash).
+// Bytes >= 0x80 count as word bytes: they start or continue a non-ASCII
+// letter in UTF-8.
+func wordByte(c byte) bool { return isAlnum(c) || c == '_' || c >= 0x80 }
+
+// before returns text[i-1], or 0 at the start.
+func before(text string, i int) byte {
+	if i <= 0 {
+		return 0
+	}
+	return text[i-1]
+}
+
+// at returns text[i], or 0 past the end.
+func at(text string, i int) byte {
+	if i >= len(text) {
+		return 0
+	}
+	return text[i]
+}

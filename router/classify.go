@@ -1,0 +1,442 @@
+package router
+
+import (
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/redaction"
+)
+
+// DefaultEntityClasses maps each entity type to the sensitivity class its
+// presence implies. Secrets and credentials pin a request on-device;
+// financial identifiers keep it inside the LAN; contact data keeps it on
+// self-hosted tiers. Unlisted types count as Confidential.
+var DefaultEntityClasses = map[string]Sensitivity{
+	"SECRET":          Restricted,
+	"URL_CREDENTIALS": Restricted,
+	"CREDIT_CARD":     Confidential,
+	"IBAN":            Confidential,
+	"US_SSN":          Confidential,
+	"IT_FISCAL_CODE":  Confidential,
+	"EMAIL":           Internal,
+	"PHONE":           Internal,
+	"IP_ADDRESS":      Internal,
+}
+
+// Classifier turns a request body into an Annotation. Safe for concurrent use.
+type Classifier struct {
+	scanner *redaction.Scanner
+	classes map[string]Sensitivity
+}
+
+// NewClassifier builds a classifier over scanner. overrides replaces entries
+// of DefaultEntityClasses (e.g. {"EMAIL": Public}).
+func NewClassifier(scanner *redaction.Scanner, overrides map[string]Sensitivity) *Classifier {
+	classes := make(map[string]Sensitivity, len(DefaultEntityClasses)+len(overrides))
+	for k, v := range DefaultEntityClasses {
+		classes[k] = v
+	}
+	for k, v := range overrides {
+		classes[k] = v
+	}
+	return &Classifier{scanner: scanner, classes: classes}
+}
+
+// EndpointOf maps method and path to the endpoint. The path may carry any
+// prefix (clients use base URLs ending in /v1 or not). Errors are OpenAI
+// errors: 404 unknown URL, 405 wrong method.
+func EndpointOf(method, path string) (Endpoint, *api.Error) {
+	path = strings.TrimSuffix(path, "/")
+	var ep Endpoint
+	switch {
+	case strings.HasSuffix(path, "/chat/completions"):
+		ep = EndpointChat
+	case strings.HasSuffix(path, "/completions"):
+		ep = EndpointCompletions
+	case strings.HasSuffix(path, "/embeddings"):
+		ep = EndpointEmbeddings
+	case strings.HasSuffix(path, "/models"):
+		ep = EndpointModels
+	default:
+		return "", &api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+			Message: "Unknown request URL: " + method + " " + path + "."}
+	}
+	want := http.MethodPost
+	if ep == EndpointModels {
+		want = http.MethodGet
+	}
+	if method != want {
+		return "", &api.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
+			Message: "Method " + method + " is not allowed on " + path + "; use " + want + "."}
+	}
+	return ep, nil
+}
+
+// Classify validates body for ep and builds its annotation. declared is the
+// X-Molly-Sensitivity header value ("" when absent); residency the
+// X-Molly-Residency value. Errors are *api.Error with status 400.
+func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency string) (*Annotation, error) {
+	a := &Annotation{Body: body, Scanned: c.scanner.Types()}
+	a.Endpoint = ep
+	a.Residency = strings.TrimSpace(residency)
+	if declared != "" {
+		s, err := ParseSensitivity(declared)
+		if err != nil {
+			return nil, api.InvalidRequest("X-Molly-Sensitivity", "Invalid X-Molly-Sensitivity header: %v.", err)
+		}
+		a.Declared = s
+	}
+	if ep == EndpointModels {
+		a.Sensitivity = a.Declared
+		a.Modalities = []string{"text"}
+		return a, nil
+	}
+	if len(body) == 0 {
+		return nil, api.InvalidRequest("", "The request body is empty; send a JSON object.")
+	}
+	if !gjson.ValidBytes(body) {
+		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, api.InvalidRequest("", "The JSON body of your request must be an object, got %s.", kind(root))
+	}
+	if err := c.capability(a, root); err != nil {
+		return nil, err
+	}
+	c.sovereignty(a)
+	return a, nil
+}
+
+// kind names a JSON value's type for error messages.
+func kind(v gjson.Result) string {
+	switch {
+	case !v.Exists():
+		return "nothing"
+	case v.Type == gjson.Null:
+		return "null"
+	case v.Type == gjson.String:
+		return "a string"
+	case v.Type == gjson.Number:
+		return "a number"
+	case v.Type == gjson.True, v.Type == gjson.False:
+		return "a boolean"
+	case v.IsArray():
+		return "an array"
+	default:
+		return "an object"
+	}
+}
+
+func wrongType(param, want string, got gjson.Result) *api.Error {
+	return api.InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, kind(got))
+}
+
+func (c *Classifier) capability(a *Annotation, root gjson.Result) *api.Error {
+	model := root.Get("model")
+	if !model.Exists() || model.Type == gjson.Null {
+		return api.InvalidRequest("model", "You must provide a model parameter.")
+	}
+	if model.Type != gjson.String || model.Str == "" {
+		return wrongType("model", "a non-empty string", model)
+	}
+	a.Model = model.Str
+	if v := root.Get("stream"); v.Exists() && v.Type != gjson.Null {
+		if v.Type != gjson.True && v.Type != gjson.False {
+			return wrongType("stream", "a boolean", v)
+		}
+		a.Stream = v.Bool()
+	}
+	if v := root.Get("stream_options.include_usage"); v.Exists() && v.Type != gjson.Null {
+		if v.Type != gjson.True && v.Type != gjson.False {
+			return wrongType("stream_options.include_usage", "a boolean", v)
+		}
+		a.IncludeUsage = v.Bool()
+	}
+	for _, p := range []string{"max_completion_tokens", "max_tokens"} {
+		v := root.Get(p)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		n, err := strconv.Atoi(v.Raw)
+		if v.Type != gjson.Number || err != nil || n < 1 {
+			return api.InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw)
+		}
+		if a.MaxTokens == 0 {
+			a.MaxTokens = n
+		}
+	}
+	for _, p := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
+		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.Number {
+			return wrongType(p, "a number", v)
+		}
+	}
+	if v := root.Get("n"); v.Exists() && v.Type != gjson.Null {
+		if n, err := strconv.Atoi(v.Raw); v.Type != gjson.Number || err != nil || n < 1 {
+			return api.InvalidRequest("n", "Invalid 'n': expected a positive integer, but got %s.", v.Raw)
+		}
+	}
+	a.Modalities = []string{"text"}
+	var err *api.Error
+	switch a.Endpoint {
+	case EndpointChat:
+		err = c.chat(a, root)
+	case EndpointCompletions:
+		err = c.prompts(a, root, "prompt")
+		if err == nil {
+			if v := root.Get("suffix"); v.Type == gjson.String {
+				a.Fields = append(a.Fields, TextField{Path: "suffix", Text: v.Str})
+			}
+		}
+	case EndpointEmbeddings:
+		err = c.prompts(a, root, "input")
+		a.Task = "embedding"
+	}
+	if err != nil {
+		return err
+	}
+	a.PromptTokens = estimatePromptTokens(a)
+	if a.Task == "" {
+		a.Task = taskOf(lastUserText(a, root))
+	}
+	return nil
+}
+
+var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true}
+
+func (c *Classifier) chat(a *Annotation, root gjson.Result) *api.Error {
+	msgs := root.Get("messages")
+	if !msgs.Exists() {
+		return api.InvalidRequest("messages", "Missing required parameter: 'messages'.")
+	}
+	if !msgs.IsArray() {
+		return wrongType("messages", "an array", msgs)
+	}
+	arr := msgs.Array()
+	if len(arr) == 0 {
+		return api.InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+	}
+	if t := root.Get("tools"); t.Exists() && t.Type != gjson.Null {
+		if !t.IsArray() {
+			return wrongType("tools", "an array", t)
+		}
+		a.Tools = len(t.Array()) > 0
+	}
+	for i, m := range arr {
+		p := "messages." + strconv.Itoa(i)
+		param := "messages[" + strconv.Itoa(i) + "]"
+		if !m.IsObject() {
+			return wrongType(param, "an object", m)
+		}
+		role := m.Get("role")
+		if role.Type != gjson.String {
+			return wrongType(param+".role", "a string", role)
+		}
+		if !chatRoles[role.Str] {
+			return api.InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
+		}
+		if role.Str == "tool" || role.Str == "function" {
+			a.Tools = true
+		}
+		if n := m.Get("name"); n.Exists() && n.Type != gjson.Null {
+			if n.Type != gjson.String {
+				return wrongType(param+".name", "a string", n)
+			}
+			a.Fields = append(a.Fields, TextField{Path: p + ".name", Text: n.Str})
+		}
+		content := m.Get("content")
+		switch {
+		case !content.Exists() || content.Type == gjson.Null:
+			if role.Str != "assistant" {
+				return api.InvalidRequest(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
+			}
+		case content.Type == gjson.String:
+			a.Fields = append(a.Fields, TextField{Path: p + ".content", Text: content.Str})
+		case content.IsArray():
+			for j, part := range content.Array() {
+				pp := p + ".content." + strconv.Itoa(j)
+				pparam := param + ".content[" + strconv.Itoa(j) + "]"
+				if !part.IsObject() {
+					return wrongType(pparam, "an object", part)
+				}
+				switch t := part.Get("type").String(); t {
+				case "text":
+					txt := part.Get("text")
+					if txt.Type != gjson.String {
+						return wrongType(pparam+".text", "a string", txt)
+					}
+					a.Fields = append(a.Fields, TextField{Path: pp + ".text", Text: txt.Str})
+				case "refusal":
+					if r := part.Get("refusal"); r.Type == gjson.String {
+						a.Fields = append(a.Fields, TextField{Path: pp + ".refusal", Text: r.Str})
+					}
+				case "image_url":
+					a.addModality("image")
+				case "input_audio":
+					a.addModality("audio")
+				case "file":
+					a.addModality("file")
+				default:
+					return api.InvalidRequest(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
+				}
+			}
+		default:
+			return wrongType(param+".content", "a string or an array of content parts", content)
+		}
+		if tcs := m.Get("tool_calls"); tcs.Exists() && tcs.Type != gjson.Null {
+			if !tcs.IsArray() {
+				return wrongType(param+".tool_calls", "an array", tcs)
+			}
+			a.Tools = true
+			for k, tc := range tcs.Array() {
+				args := tc.Get("function.arguments")
+				if args.Type == gjson.String {
+					a.Fields = append(a.Fields, TextField{Path: p + ".tool_calls." + strconv.Itoa(k) + ".function.arguments", Text: args.Str})
+				}
+			}
+		}
+		if args := m.Get("function_call.arguments"); args.Type == gjson.String {
+			a.Fields = append(a.Fields, TextField{Path: p + ".function_call.arguments", Text: args.Str})
+		}
+	}
+	return nil
+}
+
+// prompts reads the "prompt" (completions) or "input" (embeddings) field:
+// a string, an array of strings, or token ids (which cannot be scanned).
+func (c *Classifier) prompts(a *Annotation, root gjson.Result, field string) *api.Error {
+	v := root.Get(field)
+	if !v.Exists() || v.Type == gjson.Null {
+		return api.InvalidRequest(field, "Missing required parameter: '%s'.", field)
+	}
+	switch {
+	case v.Type == gjson.String:
+		a.Fields = append(a.Fields, TextField{Path: field, Text: v.Str})
+	case v.IsArray():
+		for i, e := range v.Array() {
+			switch {
+			case e.Type == gjson.String:
+				a.Fields = append(a.Fields, TextField{Path: field + "." + strconv.Itoa(i), Text: e.Str})
+			case e.Type == gjson.Number, e.IsArray():
+				a.Opaque = true // token ids: no detector can read them
+			default:
+				return wrongType(field+"["+strconv.Itoa(i)+"]", "a string or token ids", e)
+			}
+		}
+	default:
+		return wrongType(field, "a string or an array", v)
+	}
+	return nil
+}
+
+func (a *Annotation) addModality(m string) {
+	for _, x := range a.Modalities {
+		if x == m {
+			return
+		}
+	}
+	a.Modalities = append(a.Modalities, m)
+}
+
+// EstimateTokens approximates the token count of text as ceil(runes/4),
+// OpenAI's rule of thumb for English ("a token is about 4 characters",
+// help.openai.com "What are tokens and how to count them").
+func EstimateTokens(text string) int {
+	return (utf8.RuneCountInString(text) + 3) / 4
+}
+
+// estimatePromptTokens adds 3 tokens per chat message and 3 for the reply
+// priming, after OpenAI's cookbook "How to count tokens with tiktoken".
+func estimatePromptTokens(a *Annotation) int {
+	n := 0
+	for _, f := range a.Fields {
+		n += EstimateTokens(f.Text)
+	}
+	if a.Endpoint == EndpointChat {
+		n += 3 + 3*int(gjson.GetBytes(a.Body, "messages.#").Int())
+	}
+	return n
+}
+
+func lastUserText(a *Annotation, root gjson.Result) string {
+	if a.Endpoint != EndpointChat {
+		var b strings.Builder
+		for _, f := range a.Fields {
+			b.WriteString(f.Text)
+			b.WriteByte('\n')
+		}
+		return b.String()
+	}
+	msgs := root.Get("messages").Array()
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Get("role").Str != "user" {
+			continue
+		}
+		c := msgs[i].Get("content")
+		if c.Type == gjson.String {
+			return c.Str
+		}
+		var b strings.Builder
+		for _, part := range c.Array() {
+			b.WriteString(part.Get("text").Str)
+			b.WriteByte('\n')
+		}
+		return b.String()
+	}
+	return ""
+}
+
+// Task rules: a first keyword rule set, English and Italian. The first rule
+// that matches names the category; no match is "chat".
+var taskRules = []struct {
+	task string
+	re   *regexp.Regexp
+}{
+	{"coding", regexp.MustCompile("(?i)```|\\b(func|def|class|import|return|const|var|select \\w+ from|stack ?trace|exception|compile|debug|refactor|python|golang|javascript|typescript|rust|sql|regex|function|bug)\\b")},
+	{"translation", regexp.MustCompile(`(?i)\b(translate|translation|traduci|traduzione|tradurre|in (english|italian|french|german|spanish|inglese|italiano|francese|tedesco|spagnolo))\b`)},
+	{"summarisation", regexp.MustCompile(`(?i)\b(summari[sz]e|summary|tl;?dr|riassumi|riassunto|sintetizza)\b`)},
+	{"math", regexp.MustCompile(`(?i)\b(solve|equation|integral|derivative|prove|theorem|calculate|compute|risolvi|equazione|calcola)\b|\d+\s*[-+*/^=]\s*\d+`)},
+	{"extraction", regexp.MustCompile(`(?i)\b(extract|estrai|parse|fill in|as json|in json|table of)\b`)},
+}
+
+func taskOf(text string) string {
+	for _, r := range taskRules {
+		if r.re.MatchString(text) {
+			return r.task
+		}
+	}
+	return "chat"
+}
+
+func (c *Classifier) sovereignty(a *Annotation) {
+	a.Findings = nil
+	for i, f := range a.Fields {
+		for _, fd := range c.scanner.Scan(f.Text) {
+			a.Findings = append(a.Findings, FieldFinding{Field: i, Finding: fd})
+		}
+	}
+	if len(a.Findings) > 0 {
+		a.Sovereignty.Findings = make(map[string]int)
+	}
+	for _, f := range a.Findings {
+		a.Sovereignty.Findings[f.Type]++
+		cls, ok := c.classes[f.Type]
+		if !ok {
+			cls = Confidential
+		}
+		if cls > a.Detected {
+			a.Detected = cls
+		}
+	}
+	if a.Opaque && a.Detected < Confidential {
+		// Fail closed: what cannot be scanned is treated as confidential.
+		a.Detected = Confidential
+	}
+	a.Sensitivity = max(a.Detected, a.Declared)
+}

@@ -1,0 +1,133 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/tidwall/sjson"
+
+	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/redaction"
+)
+
+// ErrNotAllowed is returned by NewDispatch for a target the decision does
+// not allow.
+var ErrNotAllowed = errors.New("target not allowed by the policy decision")
+
+// Dispatch is a request ready to leave for one target: the body is already
+// redacted as the decision requires for the target's tier. NewDispatch is the
+// only way to make one, and a Dispatch is the only thing the upstream call
+// accepts, so no code path can send bytes to a tier the policy did not allow
+// or skip the redaction it asked for (DESIGN.md §2, residency invariant).
+type Dispatch struct {
+	target     *Target
+	model      string
+	decisionID string
+	endpoint   Endpoint
+	body       []byte
+	vault      *redaction.Vault // placeholders to restore in the answer; nil when nothing was redacted
+}
+
+// NewDispatch checks c against d and builds the body for c's tier: the model
+// name rewritten to the upstream's, and every finding whose type the decision
+// lists for the tier replaced by a placeholder. Errors: ErrNotAllowed (wrapped)
+// when the tier or region is not allowed; an error when the decision asks to
+// redact a type the classifier did not scan for (fail closed) or the body
+// cannot be rewritten.
+func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, error) {
+	t := c.Target
+	if t == nil || !d.AllowsTier(t.Tier) || !regionAllowed(d, t) {
+		name := "<nil>"
+		if t != nil {
+			name = t.Name + " (" + t.Tier + ")"
+		}
+		return nil, fmt.Errorf("%s: %w", name, ErrNotAllowed)
+	}
+	disp := &Dispatch{target: t, model: c.Model, decisionID: d.ID(), endpoint: a.Endpoint}
+	if a.Endpoint == EndpointModels {
+		return disp, nil
+	}
+	body, err := sjson.SetBytes(slices.Clone(a.Body), "model", c.Model)
+	if err != nil {
+		return nil, fmt.Errorf("rewriting model for %s: %w", t.Name, err)
+	}
+	types := d.Redact(t.Tier)
+	if len(types) > 0 {
+		set := make(map[string]bool, len(types))
+		for _, ty := range types {
+			if !slices.Contains(a.Scanned, ty) {
+				return nil, fmt.Errorf("policy requires redacting %s for %s, which no detector finds; refusing to send", ty, t.Tier)
+			}
+			set[ty] = true
+		}
+		vault := redaction.NewVault()
+		for i := 0; i < len(a.Findings); {
+			f := a.Findings[i].Field
+			var fs []redaction.Finding
+			for ; i < len(a.Findings) && a.Findings[i].Field == f; i++ {
+				fs = append(fs, a.Findings[i].Finding)
+			}
+			field := a.Fields[f]
+			red := vault.Redact(field.Text, fs, set)
+			if red == field.Text {
+				continue
+			}
+			if body, err = sjson.SetBytes(body, field.Path, red); err != nil {
+				return nil, fmt.Errorf("redacting %s for %s: %w", field.Path, t.Name, err)
+			}
+		}
+		if vault.Len() > 0 {
+			disp.vault = vault
+		}
+	}
+	disp.body = body
+	return disp, nil
+}
+
+// Target returns the target the dispatch goes to.
+func (d *Dispatch) Target() *Target { return d.target }
+
+// Body returns the bytes that will be sent (after redaction).
+func (d *Dispatch) Body() []byte { return d.body }
+
+// Redacted reports how many distinct values were replaced by placeholders.
+func (d *Dispatch) Redacted() int {
+	if d.vault == nil {
+		return 0
+	}
+	return d.vault.Len()
+}
+
+// send performs the upstream call. It is the only place that builds a
+// request to an upstream.
+func (d *Dispatch) send(ctx context.Context) (*http.Response, error) {
+	u := *d.target.base
+	u.Path += d.endpoint.Path()
+	method, body := http.MethodPost, bytes.NewReader(d.body)
+	if d.endpoint == EndpointModels {
+		method, body = http.MethodGet, nil
+	}
+	var req *http.Request
+	var err error
+	if body != nil {
+		req, err = http.NewRequestWithContext(ctx, method, u.String(), body)
+	} else {
+		req, err = http.NewRequestWithContext(ctx, method, u.String(), nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if d.target.Tier != "T3" { // external APIs learn nothing about our decisions
+		req.Header.Set("X-Molly-Decision-Id", d.decisionID)
+	}
+	if d.target.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+d.target.apiKey)
+	}
+	return d.target.client.Do(req)
+}

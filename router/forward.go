@@ -1,0 +1,271 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/policies"
+)
+
+// Response headers Molly adds to every routed answer.
+const (
+	HeaderTier       = "X-Molly-Tier"
+	HeaderTarget     = "X-Molly-Target"
+	HeaderDecisionID = "X-Molly-Decision-Id"
+)
+
+// MaxUpstreamBody bounds a non-streaming upstream answer (64 MiB).
+const MaxUpstreamBody = 64 << 20
+
+// Forwarder routes annotated, decided requests to targets.
+type Forwarder struct {
+	Catalogue *Catalogue
+	Weights   Weights
+	Logger    *zap.Logger
+}
+
+// attempt records one failed try, for the 503 message and the log.
+type attempt struct {
+	target string
+	err    string
+}
+
+// Serve answers the request: the model list, or the best allowed target's
+// answer with fallback to the next candidates on connect errors, timeouts,
+// 429 and 5xx for as long as nothing has been written to the client.
+// The returned error is an *api.Error not yet written, or nil once a
+// response has been written.
+func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation, d *policies.Decision) error {
+	log := f.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	w.Header().Set(HeaderDecisionID, d.ID())
+	if a.Endpoint == EndpointModels {
+		return f.models(w, d)
+	}
+	cands, excluded, known := f.Catalogue.Rank(a, d, f.Weights)
+	if !known {
+		return &api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", a.Model)}
+	}
+	if len(cands) == 0 {
+		return noTarget("No allowed target is available for model `"+a.Model+"`", excluded, nil)
+	}
+	var tried []attempt
+	for _, c := range cands {
+		disp, err := NewDispatch(d, a, c)
+		if err != nil {
+			tried = append(tried, attempt{c.Target.Name, err.Error()})
+			continue
+		}
+		start := time.Now()
+		resp, err := disp.send(r.Context())
+		if err != nil {
+			if r.Context().Err() != nil {
+				return nil // the client went away; nothing to answer
+			}
+			tried = append(tried, attempt{c.Target.Name, upstreamErr(err)})
+			log.Warn("upstream failed, falling back", zap.String("target", c.Target.Name), zap.String("decision_id", d.ID()), zap.Error(err))
+			continue
+		}
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+			resp.Body.Close()
+			tried = append(tried, attempt{c.Target.Name, "HTTP " + resp.Status})
+			log.Warn("upstream refused, falling back", zap.String("target", c.Target.Name), zap.Int("status", resp.StatusCode), zap.String("decision_id", d.ID()))
+			continue
+		}
+		isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		if resp.StatusCode/100 == 2 && isSSE {
+			f.setHeaders(w, resp, disp)
+			err := relaySSE(w, resp.Body, disp)
+			resp.Body.Close()
+			log.Info("routed", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier),
+				zap.Bool("stream", true), zap.Int("redacted", disp.Redacted()), zap.Duration("duration", time.Since(start)), zap.NamedError("stream_error", err))
+			return nil
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamBody+1))
+		resp.Body.Close()
+		if err != nil || len(body) > MaxUpstreamBody {
+			if r.Context().Err() != nil {
+				return nil
+			}
+			if err == nil {
+				err = fmt.Errorf("answer over %d bytes", MaxUpstreamBody)
+			}
+			tried = append(tried, attempt{c.Target.Name, "reading answer: " + err.Error()})
+			continue
+		}
+		if disp.vault != nil {
+			body = disp.vault.RestoreJSON(body)
+		}
+		f.setHeaders(w, resp, disp)
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(body)
+		log.Info("routed", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier),
+			zap.Int("status", resp.StatusCode), zap.Int("redacted", disp.Redacted()), zap.Duration("duration", time.Since(start)))
+		return nil
+	}
+	return noTarget("All allowed targets for model `"+a.Model+"` failed", excluded, tried)
+}
+
+func upstreamErr(err error) string {
+	var ne interface{ Timeout() bool }
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timed out"
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		s = s[i+2:] // drop the URL, keep the cause ("connection refused")
+	}
+	return s
+}
+
+func noTarget(msg string, excluded []Exclusion, tried []attempt) *api.Error {
+	var parts []string
+	for _, e := range excluded {
+		parts = append(parts, e.String())
+	}
+	for _, t := range tried {
+		parts = append(parts, t.target+": "+t.err)
+	}
+	if len(parts) > 0 {
+		msg += " (" + strings.Join(parts, "; ") + ")"
+	}
+	return &api.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
+		Message: msg + ".", RetryAfter: 1}
+}
+
+func (f *Forwarder) setHeaders(w http.ResponseWriter, resp *http.Response, d *Dispatch) {
+	h := w.Header()
+	for _, k := range []string{"Content-Type", "Cache-Control", "X-Request-Id", "Openai-Processing-Ms"} {
+		if v := resp.Header.Get(k); v != "" {
+			h.Set(k, v)
+		}
+	}
+	h.Set(HeaderTier, d.target.Tier)
+	h.Set(HeaderTarget, d.target.Name)
+}
+
+func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision) error {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range f.Catalogue.Models(d) {
+		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "molly"})
+	}
+	b, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+	return nil
+}
+
+// streamTruncated is the SSE event sent when an upstream stream ends before
+// its terminal chunk or [DONE]: an explicit error, never a made-up ending.
+// OpenAI clients surface a data object with an "error" key as a stream error.
+const streamTruncated = "event: error\ndata: {\"error\":{\"message\":\"The upstream stream ended before completion; the answer is incomplete.\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"stream_truncated\"}}\n\n"
+
+// relaySSE copies an SSE stream event by event, flushing after each so the
+// client sees tokens as they come, restoring placeholders in each event. It
+// returns a non-nil error when the stream did not end properly; the client
+// has then received the streamTruncated event.
+func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
+	rc := http.NewResponseController(w)
+	w.Header().Del("Content-Length")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	br := bufio.NewReaderSize(body, 64<<10)
+	var event bytes.Buffer
+	var sawDone, sawFinish bool
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// An over-long line: keep reading it whole.
+			long := append([]byte(nil), line...)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				line, err = br.ReadSlice('\n')
+				long = append(long, line...)
+			}
+			line = long
+		}
+		if err != nil {
+			// io.EOF or a broken upstream; a partial line is dropped.
+			if sawDone || sawFinish {
+				if event.Len() > 0 {
+					_, _ = w.Write(event.Bytes())
+					_ = rc.Flush()
+				}
+				return nil
+			}
+			_, _ = io.WriteString(w, streamTruncated)
+			_ = rc.Flush()
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("upstream stream ended early: %w", err)
+		}
+		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = bytes.TrimSpace(data)
+			switch {
+			case bytes.Equal(data, []byte("[DONE]")):
+				sawDone = true
+			case d.vault != nil && gjson.ValidBytes(data):
+				line = append(append([]byte("data: "), d.vault.RestoreJSON(data)...), '\n')
+				fallthrough
+			default:
+				if fr := gjson.GetBytes(data, "choices.#.finish_reason"); strings.Contains(fr.Raw, `"`) {
+					sawFinish = true
+				}
+			}
+		}
+		event.Write(line)
+		if len(bytes.TrimSpace(line)) == 0 { // blank line: end of event
+			if _, werr := w.Write(event.Bytes()); werr != nil {
+				return werr
+			}
+			event.Reset()
+			if ferr := rc.Flush(); ferr != nil {
+				return ferr
+			}
+		}
+	}
+}
+
+// ctxKeyDecision carries the policy decision between handlers.
+type ctxKeyDecision struct{}
+
+// WithDecision returns ctx carrying d.
+func WithDecision(ctx context.Context, d *policies.Decision) context.Context {
+	return context.WithValue(ctx, ctxKeyDecision{}, d)
+}
+
+// DecisionFrom returns the decision set by the policy step, or nil.
+func DecisionFrom(ctx context.Context) *policies.Decision {
+	d, _ := ctx.Value(ctxKeyDecision{}).(*policies.Decision)
+	return d
+}

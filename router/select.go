@@ -1,0 +1,103 @@
+package router
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/molly-gateway/molly/policies"
+)
+
+// Weights trade quality against cost and latency in the selection objective
+//
+//	score = quality − Cost·expected_cost_usd − Latency·expected_latency_s
+//
+// Quality priors are in [0,1]. With the defaults a request expected to cost
+// one US cent loses 0.1 quality points, and one second of latency 0.05.
+type Weights struct {
+	Cost    float64 `json:"cost_weight,omitempty"`    // per USD
+	Latency float64 `json:"latency_weight,omitempty"` // per second
+}
+
+// DefaultWeights are used where the config sets none.
+var DefaultWeights = Weights{Cost: 10, Latency: 0.05}
+
+// DefaultCompletionTokens is the completion length assumed for cost when the
+// request sets no max_tokens.
+const DefaultCompletionTokens = 256
+
+// Candidate is a target that may serve the request, with its score terms.
+type Candidate struct {
+	Target   *Target
+	Model    string  // the upstream model name
+	Quality  float64 // prior for the request's task, in [0,1]
+	CostUSD  float64 // expected cost of this request
+	LatencyS float64 // expected latency in seconds
+	Score    float64 // the objective; higher is better
+}
+
+// Exclusion says why a target serving the model was not a candidate.
+type Exclusion struct {
+	Target string
+	Reason string
+}
+
+func (e Exclusion) String() string { return e.Target + ": " + e.Reason }
+
+// Rank returns the targets that may serve a, best first, and the ones the
+// decision or the request's needs excluded. known is false when no target
+// serves a.Model at all (a 404 rather than a 503).
+func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands []Candidate, excluded []Exclusion, known bool) {
+	maxCost, capped := d.MaxCostUSD()
+	out := a.MaxTokens
+	if out == 0 && a.Endpoint != EndpointEmbeddings {
+		out = DefaultCompletionTokens
+	}
+	for _, t := range c.targets {
+		up, ok := t.models[a.Model]
+		if !ok {
+			continue
+		}
+		known = true
+		cost := (float64(a.PromptTokens)*t.PriceIn + float64(out)*t.PriceOut) / 1e6
+		var why string
+		switch {
+		case !d.AllowsTier(t.Tier):
+			why = fmt.Sprintf("tier %s not allowed by the policy", t.Tier)
+		case !regionAllowed(d, t):
+			why = fmt.Sprintf("region %q outside the allowed regions %s", t.Region, strings.Join(d.Regions(), ","))
+		case !modalitiesOK(a.Modalities, t.Modalities):
+			why = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities, ","))
+		case t.MaxContext > 0 && a.PromptTokens+a.MaxTokens > t.MaxContext:
+			why = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens+a.MaxTokens)
+		case capped && cost > maxCost:
+			why = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost)
+		}
+		if why != "" {
+			excluded = append(excluded, Exclusion{Target: t.Name, Reason: why})
+			continue
+		}
+		q := t.quality(a.Task)
+		lat := t.LatencyMS / 1000
+		cands = append(cands, Candidate{Target: t, Model: up, Quality: q, CostUSD: cost, LatencyS: lat,
+			Score: q - w.Cost*cost - w.Latency*lat})
+	}
+	tierIdx := func(t string) int { return slices.Index(policies.Tiers, t) }
+	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].Score != cands[j].Score {
+			return cands[i].Score > cands[j].Score
+		}
+		return tierIdx(cands[i].Target.Tier) < tierIdx(cands[j].Target.Tier) // ties go to the more local tier
+	})
+	return cands, excluded, known
+}
+
+func modalitiesOK(need, have []string) bool {
+	for _, m := range need {
+		if !slices.Contains(have, m) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,235 @@
+package router
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/molly-gateway/molly/policies"
+)
+
+// Target kinds.
+const (
+	KindOpenAI = "openai" // an OpenAI-compatible HTTP API
+	KindEngine = "engine" // Molly's in-process T0 engine (no HTTP hop)
+)
+
+// Target is one backend, as declared in the Caddyfile or JSON config.
+type Target struct {
+	// Name identifies the target in headers, logs and policy input.
+	Name string `json:"name"`
+	// Tier is "T0" (on-device), "T1" (LAN), "T2" (self-hosted remote) or "T3" (external API).
+	Tier string `json:"tier"`
+	// Kind is "openai" (default) or "engine".
+	Kind string `json:"kind,omitempty"`
+	// Endpoint is the OpenAI base URL, e.g. "http://10.0.0.5:8000/v1" (kind openai).
+	Endpoint string `json:"endpoint,omitempty"`
+	// Models lists the model names clients may ask for: "name" forwards the
+	// name as is; "name=upstream" forwards it as upstream (an alias, as in
+	// LiteLLM's model_list). The same name on several targets makes them
+	// alternatives for routing and fallback.
+	Models []string `json:"models"`
+	// APIKeyEnv names the environment variable holding the upstream API key,
+	// sent as "Authorization: Bearer". The key itself is never in the config.
+	APIKeyEnv string `json:"api_key_env,omitempty"`
+	// PriceIn and PriceOut are USD per 1M prompt and completion tokens.
+	PriceIn  float64 `json:"price_in,omitempty"`
+	PriceOut float64 `json:"price_out,omitempty"`
+	// LatencyMS is the prior expected latency of a response, in milliseconds.
+	LatencyMS float64 `json:"latency_ms,omitempty"`
+	// Quality holds prior answer quality in [0,1] per task category; the key
+	// "default" covers the others (0.5 when absent).
+	Quality map[string]float64 `json:"quality,omitempty"`
+	// Region is the residency region, e.g. "EU"; T0 and T1 default to "local".
+	Region string `json:"region,omitempty"`
+	// Modalities the target accepts; default ["text"].
+	Modalities []string `json:"modalities,omitempty"`
+	// MaxContext is the context window in tokens; 0 means unknown (not checked).
+	MaxContext int `json:"max_context,omitempty"`
+	// TimeoutMS bounds connecting plus waiting for response headers; default 30000.
+	TimeoutMS int `json:"timeout_ms,omitempty"`
+
+	models map[string]string // client name → upstream name
+	apiKey string
+	client *http.Client
+	base   *url.URL
+}
+
+// Validate checks the declaration; errors name the target and field.
+func (t *Target) Validate() error {
+	if t.Name == "" {
+		return fmt.Errorf("target: name is required")
+	}
+	if !slices.Contains(policies.Tiers, t.Tier) {
+		return fmt.Errorf("target %s: tier %q must be one of T0, T1, T2, T3", t.Name, t.Tier)
+	}
+	switch t.Kind {
+	case "", KindOpenAI:
+		u, err := url.Parse(t.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("target %s: endpoint %q must be an http(s) URL such as http://127.0.0.1:8000/v1", t.Name, t.Endpoint)
+		}
+	case KindEngine:
+		if t.Tier != "T0" {
+			return fmt.Errorf("target %s: kind engine runs on this machine, so its tier must be T0, not %s", t.Name, t.Tier)
+		}
+	default:
+		return fmt.Errorf("target %s: kind %q must be openai or engine", t.Name, t.Kind)
+	}
+	if len(t.Models) == 0 {
+		return fmt.Errorf("target %s: models must list at least one model name", t.Name)
+	}
+	for _, m := range t.Models {
+		name, up, _ := strings.Cut(m, "=")
+		if name == "" || strings.ContainsAny(m, " \t") || (strings.Contains(m, "=") && up == "") {
+			return fmt.Errorf("target %s: model %q must be name or name=upstream", t.Name, m)
+		}
+	}
+	for cat, q := range t.Quality {
+		if q < 0 || q > 1 {
+			return fmt.Errorf("target %s: quality %s = %v must be in [0,1]", t.Name, cat, q)
+		}
+	}
+	if t.PriceIn < 0 || t.PriceOut < 0 || t.LatencyMS < 0 || t.MaxContext < 0 || t.TimeoutMS < 0 {
+		return fmt.Errorf("target %s: price_in, price_out, latency_ms, max_context and timeout_ms must not be negative", t.Name)
+	}
+	return nil
+}
+
+// provision resolves models, key and the one HTTP client of the target.
+// engine is the in-process handler for kind engine (nil otherwise).
+func (t *Target) provision(engine http.Handler) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	t.models = make(map[string]string, len(t.Models))
+	for _, m := range t.Models {
+		name, up, ok := strings.Cut(m, "=")
+		if !ok {
+			up = name
+		}
+		t.models[name] = up
+	}
+	if t.Region == "" && (t.Tier == "T0" || t.Tier == "T1") {
+		t.Region = "local"
+	}
+	if len(t.Modalities) == 0 {
+		t.Modalities = []string{"text"}
+	}
+	if t.APIKeyEnv != "" {
+		t.apiKey = os.Getenv(t.APIKeyEnv)
+	}
+	timeout := time.Duration(t.TimeoutMS) * time.Millisecond
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	if t.Kind == KindEngine {
+		if engine == nil {
+			return fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
+		}
+		t.base = &url.URL{Scheme: "http", Host: "engine.molly.internal", Path: "/v1"}
+		t.client = &http.Client{Transport: &handlerTransport{h: engine}}
+		return nil
+	}
+	t.base, _ = url.Parse(strings.TrimSuffix(t.Endpoint, "/"))
+	t.client = &http.Client{Transport: &http.Transport{
+		Proxy:                 nil, // upstreams are addressed directly; no environment proxy
+		DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
+		ResponseHeaderTimeout: timeout,
+		TLSHandshakeTimeout:   min(timeout, 10*time.Second),
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ForceAttemptHTTP2:     true,
+	}}
+	return nil
+}
+
+// quality is the prior for task (falling back to "default", then 0.5).
+func (t *Target) quality(task string) float64 {
+	if q, ok := t.Quality[task]; ok {
+		return q
+	}
+	if q, ok := t.Quality["default"]; ok {
+		return q
+	}
+	return 0.5
+}
+
+// Catalogue is the set of targets. Read-only after NewCatalogue.
+type Catalogue struct {
+	targets []*Target
+}
+
+// NewCatalogue validates and provisions targets. engine serves kind engine
+// targets in-process and may be nil when there are none.
+func NewCatalogue(targets []*Target, engine http.Handler) (*Catalogue, error) {
+	seen := map[string]bool{}
+	for _, t := range targets {
+		if seen[t.Name] {
+			return nil, fmt.Errorf("target %s: declared twice", t.Name)
+		}
+		seen[t.Name] = true
+		if err := t.provision(engine); err != nil {
+			return nil, err
+		}
+	}
+	return &Catalogue{targets: targets}, nil
+}
+
+// Targets returns the targets in declaration order.
+func (c *Catalogue) Targets() []*Target { return c.targets }
+
+// Close releases idle upstream connections.
+func (c *Catalogue) Close() {
+	for _, t := range c.targets {
+		if t.client != nil {
+			t.client.CloseIdleConnections()
+		}
+	}
+}
+
+// Models returns the client-facing model names served by targets that the
+// decision allows, sorted and de-duplicated.
+func (c *Catalogue) Models(d *policies.Decision) []string {
+	var out []string
+	for _, t := range c.targets {
+		if !d.AllowsTier(t.Tier) || !regionAllowed(d, t) {
+			continue
+		}
+		for name := range t.models {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func regionAllowed(d *policies.Decision, t *Target) bool {
+	regions := d.Regions()
+	return len(regions) == 0 || slices.Contains(regions, t.Region)
+}
+
+// PolicyView is the target as the policy input document shows it.
+func (t *Target) PolicyView() map[string]any {
+	names := make([]any, 0, len(t.models))
+	for _, m := range t.Models {
+		name, _, _ := strings.Cut(m, "=")
+		names = append(names, name)
+	}
+	return map[string]any{
+		"name": t.Name, "tier": t.Tier, "kind": kindOrDefault(t.Kind), "region": t.Region,
+		"models": names, "price_in": t.PriceIn, "price_out": t.PriceOut,
+	}
+}
+
+func kindOrDefault(k string) string {
+	if k == "" {
+		return KindOpenAI
+	}
+	return k
+}

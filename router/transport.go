@@ -1,0 +1,90 @@
+package router
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync"
+)
+
+// handlerTransport is an http.RoundTripper that calls an http.Handler in
+// process: the T0 engine is reached without a loopback hop, yet through the
+// same Dispatch, fallback and streaming code as any upstream. The response
+// is available as soon as the handler writes its header; the body streams
+// through a pipe, and closing it cancels the handler's context.
+type handlerTransport struct {
+	h http.Handler
+}
+
+func (t *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(req.Context())
+	pr, pw := io.Pipe()
+	rw := &pipeResponseWriter{header: http.Header{}, pw: pw, ready: make(chan struct{})}
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				rw.fail(http.StatusInternalServerError)
+			}
+			rw.WriteHeader(http.StatusOK) // no-op when already written
+			_ = pw.Close()
+		}()
+		t.h.ServeHTTP(rw, req.WithContext(ctx))
+	}()
+	select {
+	case <-rw.ready:
+	case <-ctx.Done():
+		cancel()
+		_ = pr.Close()
+		return nil, ctx.Err()
+	}
+	return &http.Response{
+		Status:     http.StatusText(rw.status),
+		StatusCode: rw.status,
+		Proto:      "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        rw.header.Clone(),
+		Body:          &cancelOnClose{ReadCloser: pr, cancel: cancel},
+		ContentLength: -1,
+		Request:       req,
+	}, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	c.cancel()
+	return c.ReadCloser.Close()
+}
+
+// pipeResponseWriter is the handler's side of handlerTransport.
+type pipeResponseWriter struct {
+	header http.Header
+	pw     *io.PipeWriter
+	once   sync.Once
+	status int
+	ready  chan struct{}
+}
+
+func (w *pipeResponseWriter) Header() http.Header { return w.header }
+
+func (w *pipeResponseWriter) WriteHeader(status int) {
+	w.once.Do(func() {
+		w.status = status
+		close(w.ready)
+	})
+}
+
+func (w *pipeResponseWriter) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return w.pw.Write(b)
+}
+
+// Flush is a no-op: the pipe hands every Write to the reader at once.
+func (w *pipeResponseWriter) Flush() {}
+
+func (w *pipeResponseWriter) fail(status int) {
+	w.WriteHeader(status)
+	_ = w.pw.CloseWithError(io.ErrUnexpectedEOF)
+}
