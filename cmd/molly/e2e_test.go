@@ -84,7 +84,6 @@ func chat(text string) openai.ChatCompletionNewParams {
 	return openai.ChatCompletionNewParams{Model: "chat", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(text)}}
 }
 
-
 func TestGatewayRoutesBySensitivity(t *testing.T) {
 	t.Setenv("MOLLY_TEST_T3_KEY", "sk-upstream-secret-t3")
 	tr := startTiers(t)
