@@ -200,6 +200,10 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
 	br := bufio.NewReaderSize(body, 64<<10)
+	var restore *streamRestore
+	if d.vault != nil {
+		restore = newStreamRestore(d.vault)
+	}
 	var event bytes.Buffer
 	var sawDone, sawFinish bool
 	for {
@@ -231,15 +235,19 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
 		}
 		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 			data = bytes.TrimSpace(data)
-			switch {
-			case bytes.Equal(data, []byte("[DONE]")):
+			if bytes.Equal(data, []byte("[DONE]")) {
 				sawDone = true
-			case d.vault != nil && gjson.ValidBytes(data):
-				line = append(append([]byte("data: "), d.vault.RestoreJSON(data)...), '\n')
-				fallthrough
-			default:
+				if restore != nil {
+					if extra := restore.final(); extra != nil {
+						fmt.Fprintf(w, "data: %s\n\n", extra)
+					}
+				}
+			} else {
 				if fr := gjson.GetBytes(data, "choices.#.finish_reason"); strings.Contains(fr.Raw, `"`) {
 					sawFinish = true
+				}
+				if restore != nil && gjson.ValidBytes(data) {
+					line = append(append([]byte("data: "), restore.event(data)...), '\n')
 				}
 			}
 		}

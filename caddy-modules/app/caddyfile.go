@@ -1,6 +1,8 @@
 package app
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router"
 )
 
@@ -102,6 +105,7 @@ func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
 		return nil, d.Err("molly: target needs a name: target <name> { ... }")
 	}
 	t.Name = d.Val()
+	file, line := d.File(), d.Line()
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
@@ -112,6 +116,9 @@ func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
 		case "tier":
 			if !d.AllArgs(&t.Tier) {
 				return nil, d.ArgErr()
+			}
+			if !slices.Contains(policies.Tiers, t.Tier) {
+				return nil, d.Errf("molly: target %s: tier %q must be one of T0, T1, T2, T3", t.Name, t.Tier)
 			}
 		case "kind":
 			if !d.AllArgs(&t.Kind) {
@@ -183,7 +190,8 @@ func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
 		}
 	}
 	if err := t.Validate(); err != nil {
-		return nil, d.Err("molly: " + err.Error())
+		// Point at the target's own line, not the block's closing brace.
+		return nil, fmt.Errorf("molly: %v, at %s:%d", err, file, line)
 	}
 	return t, nil
 }

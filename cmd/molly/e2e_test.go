@@ -173,6 +173,30 @@ func TestGatewayRedactsForT3AndRestoresTheAnswer(t *testing.T) {
 	if got, want := out.Choices[0].Message.Content, "t3 says: "+prompt; got != want {
 		t.Fatalf("restored answer %q, want %q", got, want)
 	}
+
+	// Streaming: the echoed placeholders are cut across many chunks, and
+	// still come back as the original values.
+	for _, chunks := range []int{3, 17, 40} {
+		tr.t3.Chunks = chunks
+		stream := c.Chat.Completions.NewStreaming(context.Background(), chat(prompt))
+		var text strings.Builder
+		n := 0
+		for stream.Next() {
+			for _, ch := range stream.Current().Choices {
+				text.WriteString(ch.Delta.Content)
+				n++
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := text.String(), "t3 says: "+prompt; got != want || n < 2 {
+			t.Fatalf("%d chunks: streamed %q in %d chunks, want %q", chunks, got, n, want)
+		}
+	}
+	if tr.t3.Contains("anna@example.org") {
+		t.Fatal("T3 received the address")
+	}
 }
 
 func TestGatewayFallsBackWithinAllowedTiers(t *testing.T) {

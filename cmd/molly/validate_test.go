@@ -1,0 +1,50 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestValidateNamesDirectiveAndLine checks that `molly validate` rejects bad
+// Molly configuration with a message naming the directive and the line.
+func TestValidateNamesDirectiveAndLine(t *testing.T) {
+	cases := []struct {
+		name, caddyfile string
+		want            []string
+	}{
+		{"an unknown molly_classify setting", "http://127.0.0.1:9 {\n\tmolly_classify {\n\t\tmax_body_size 1MiB\n\t\tsensitivty EMAIL public\n\t}\n\tmolly_policy\n\tmolly_route\n}\n",
+			[]string{"molly_classify", `sensitivty`, "Caddyfile:4"}},
+		{"a bad sensitivity class", "http://127.0.0.1:9 {\n\tmolly_classify {\n\t\tsensitivity EMAIL secretish\n\t}\n}\n",
+			[]string{"molly_classify", "secretish", "Caddyfile:3"}},
+		{"arguments to molly_route", "http://127.0.0.1:9 {\n\tmolly_route somewhere\n}\n",
+			[]string{"molly_route", "Caddyfile:2"}},
+		{"a target with an unknown tier", "{\n\tmolly {\n\t\ttarget x {\n\t\t\ttier T7\n\t\t\tendpoint http://127.0.0.1:1/v1\n\t\t\tmodels m\n\t\t}\n\t}\n}\nhttp://127.0.0.1:9 {\n\tmolly_route\n}\n",
+			[]string{"molly", "target x", "tier", "T7", "Caddyfile:4"}},
+		{"a target without models", "{\n\tmolly {\n\t\ttarget x {\n\t\t\ttier T1\n\t\t\tendpoint http://127.0.0.1:1/v1\n\t\t}\n\t}\n}\n",
+			[]string{"molly", "target x", "models", "Caddyfile:3"}},
+		{"a bad price", "{\n\tmolly {\n\t\ttarget x {\n\t\t\ttier T1\n\t\t\tprice cheap 1\n\t\t}\n\t}\n}\n",
+			[]string{"molly", "target x", "price", "Caddyfile:5"}},
+		{"an unknown global subdirective", "{\n\tmolly {\n\t\tpolicy_dri x\n\t}\n}\n",
+			[]string{"molly", `policy_dri`, "Caddyfile:3"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "Caddyfile")
+			if err := os.WriteFile(cfg, []byte(tc.caddyfile), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(mollyBin, "validate", "--config", cfg, "--adapter", "caddyfile").CombinedOutput()
+			if err == nil {
+				t.Fatalf("validate accepted:\n%s", tc.caddyfile)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,146 @@
+package router
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/molly-gateway/molly/redaction"
+)
+
+// streamRestore restores placeholders in an SSE stream of chat or text
+// completion chunks. A placeholder may be split across any number of
+// chunks, so each text stream (a choice's delta.content or text, and each
+// tool call's arguments) goes through its own redaction.StreamRestorer,
+// which holds back only a tail that could still start a placeholder. The
+// held-back text is released on the choice's finish_reason chunk, or in one
+// extra chunk before [DONE].
+type streamRestore struct {
+	vault *redaction.Vault
+	rs    map[string]*redaction.StreamRestorer
+	order []string // keys in first-seen order, for a stable final flush
+	tmpl  []byte   // id, object, created, model of the first chunk, for the final flush
+}
+
+func newStreamRestore(v *redaction.Vault) *streamRestore {
+	return &streamRestore{vault: v, rs: map[string]*redaction.StreamRestorer{}}
+}
+
+func (s *streamRestore) restorer(key string) *redaction.StreamRestorer {
+	r, ok := s.rs[key]
+	if !ok {
+		r = s.vault.NewStreamRestorer()
+		s.rs[key] = r
+		s.order = append(s.order, key)
+	}
+	return r
+}
+
+// event rewrites one chunk's JSON data.
+func (s *streamRestore) event(data []byte) []byte {
+	if s.tmpl == nil {
+		s.tmpl = []byte(`{}`)
+		for _, f := range []string{"id", "object", "created", "model", "system_fingerprint"} {
+			if v := gjson.GetBytes(data, f); v.Exists() {
+				s.tmpl, _ = sjson.SetRawBytes(s.tmpl, f, []byte(v.Raw))
+			}
+		}
+	}
+	out := data
+	gjson.GetBytes(data, "choices").ForEach(func(pos, ch gjson.Result) bool {
+		base := "choices." + pos.String()
+		idx := ch.Get("index").Int()
+		set := func(path, key string, v gjson.Result) {
+			if v.Type != gjson.String {
+				return
+			}
+			if b, err := sjson.SetBytes(out, path, s.restorer(key).Write(v.Str)); err == nil {
+				out = b
+			}
+		}
+		set(base+".delta.content", fmt.Sprintf("%d/content", idx), ch.Get("delta.content"))
+		set(base+".text", fmt.Sprintf("%d/text", idx), ch.Get("text"))
+		ch.Get("delta.tool_calls").ForEach(func(k, tc gjson.Result) bool {
+			set(base+".delta.tool_calls."+k.String()+".function.arguments",
+				fmt.Sprintf("%d/tool/%d", idx, tc.Get("index").Int()), tc.Get("function.arguments"))
+			return true
+		})
+		if fr := ch.Get("finish_reason"); fr.Exists() && fr.Type != gjson.Null {
+			out = s.flushChoice(out, base, idx)
+		}
+		return true
+	})
+	// Other text-bearing fields (e.g. refusal) are restored where whole.
+	return s.vault.RestoreJSON(out)
+}
+
+// flushChoice appends the held-back text of choice idx to the chunk at base.
+func (s *streamRestore) flushChoice(out []byte, base string, idx int64) []byte {
+	prefix := strconv.FormatInt(idx, 10) + "/"
+	for _, key := range s.order {
+		if len(key) < len(prefix) || key[:len(prefix)] != prefix {
+			continue
+		}
+		rest := s.rs[key].Flush()
+		if rest == "" {
+			continue
+		}
+		var path string
+		switch kind := key[len(prefix):]; {
+		case kind == "content":
+			path = base + ".delta.content"
+		case kind == "text":
+			path = base + ".text"
+		default: // tool/<k>: an extra tool_calls delta carrying the rest
+			var k int
+			fmt.Sscanf(kind, "tool/%d", &k)
+			n := gjson.GetBytes(out, base+".delta.tool_calls.#").Int()
+			p := base + ".delta.tool_calls." + strconv.FormatInt(n, 10)
+			out, _ = sjson.SetBytes(out, p, map[string]any{"index": k, "function": map[string]any{"arguments": rest}})
+			continue
+		}
+		prev := gjson.GetBytes(out, path).Str
+		if b, err := sjson.SetBytes(out, path, prev+rest); err == nil {
+			out = b
+		}
+	}
+	return out
+}
+
+// final returns one extra chunk with whatever is still held back, or nil.
+func (s *streamRestore) final() []byte {
+	if s.tmpl == nil {
+		return nil
+	}
+	chunk := append([]byte(nil), s.tmpl...)
+	n := 0
+	for _, key := range s.order {
+		var idx int64
+		var kind string
+		fmt.Sscanf(key, "%d/%s", &idx, &kind)
+		rest := s.rs[key].Flush()
+		if rest == "" {
+			continue
+		}
+		base := "choices." + strconv.Itoa(n)
+		n++
+		chunk, _ = sjson.SetBytes(chunk, base+".index", idx)
+		chunk, _ = sjson.SetRawBytes(chunk, base+".finish_reason", []byte("null"))
+		switch {
+		case kind == "content":
+			chunk, _ = sjson.SetBytes(chunk, base+".delta.content", rest)
+		case kind == "text":
+			chunk, _ = sjson.SetBytes(chunk, base+".text", rest)
+		default:
+			var k int
+			fmt.Sscanf(kind, "tool/%d", &k)
+			chunk, _ = sjson.SetBytes(chunk, base+".delta.tool_calls.0", map[string]any{"index": k, "function": map[string]any{"arguments": rest}})
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return chunk
+}
