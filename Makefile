@@ -18,6 +18,8 @@ export CGO_CXXFLAGS ?= -O3 -march=native
 # Test-time limits: the whole suite stays well under CI's budget.
 TEST_TIMEOUT ?= 25m
 
+DEMO_MODEL := models/demo/molly-demo.gguf
+
 .PHONY: all build run test bench lint model deps clean
 
 all: build
@@ -31,7 +33,14 @@ deps:
 build: deps
 	$(GO) build -o $(BIN) ./cmd/molly
 
-run: build
+# The demo base model and LoRA adapters, generated deterministically (no
+# model can be downloaded): ~13 MB GGUF plus four adapters.
+model: $(DEMO_MODEL)
+
+$(DEMO_MODEL): | build
+	./$(BIN) model demo --out models/demo --seed 1 --size small
+
+run: build model
 	./$(BIN) run --config Caddyfile
 
 test: deps

@@ -58,6 +58,7 @@ func BenchmarkScanAdversarial(b *testing.B) {
 		{"fullwidth-digits", "１"},
 		{"at-signs", "a@"},
 		{"brackets", "[EMAIL_"},
+		{"base64-text", "bWFyaW8ucm9zc2lAZXhhbXBsZS5pdCBhbmQgbW9yZSB0ZXh0IA"},
 	} {
 		b.Run(c.name, func(b *testing.B) { benchScan(b, c.unit, 64<<10) })
 	}

@@ -47,13 +47,17 @@ func (cardDetector) Detect(text string, dst []Finding) []Finding {
 			break
 		}
 		i = j
-		// Try the longest prefix of whole groups that forms a valid PAN.
+		// Try the number as grouped, then without a trailing group (a
+		// year or a count written after the card).
 		for g := ng; g >= 1; g-- {
 			end := groups[g-1]
 			if nx := at(text, end); wordByte(nx) || (nx == '.' || nx == ',') && isDigit(at(text, end+1)) {
 				if g == ng {
 					continue
 				}
+			}
+			if g < ng-1 || !cardGrouping(groups[:g], start, sep) || ibanTail(text, start) {
+				continue
 			}
 			if sub, ok := validPAN(text[start:end]); ok {
 				dst = append(dst, Finding{Type: TypeCreditCard, Subtype: sub, Start: start, End: end})
@@ -142,4 +146,40 @@ func cardScheme(d []byte) string {
 		return "maestro"
 	}
 	return ""
+}
+
+// cardGrouping reports whether digit groups ending at ends (the first
+// starting at start) follow a layout printed on cards: unseparated, groups
+// of four with a shorter last group (Visa, Mastercard, Discover, JCB,
+// 19-digit 4-4-4-4-3), or 4-6-5 / 4-6-4 (American Express, Diners Club).
+func cardGrouping(ends []int, start int, sep byte) bool {
+	if len(ends) == 1 || sep == 0 {
+		return true
+	}
+	lens := make([]int, len(ends))
+	prev := start
+	for i, e := range ends {
+		lens[i] = e - prev
+		prev = e + 1
+	}
+	if len(lens) == 3 && lens[0] == 4 && lens[1] == 6 && (lens[2] == 5 || lens[2] == 4) {
+		return true
+	}
+	for i, l := range lens {
+		if l != 4 && (i != len(lens)-1 || l > 4) {
+			return false
+		}
+	}
+	return true
+}
+
+// ibanTail reports whether the digits at start follow an IBAN's country
+// code and check digits ("DE23 6644 …"): the rest of an IBAN (valid or not)
+// is not a card number.
+func ibanTail(text string, start int) bool {
+	if start < 5 {
+		return false
+	}
+	p := text[start-5 : start]
+	return isUpper(p[0]) && isUpper(p[1]) && isDigit(p[2]) && isDigit(p[3]) && (p[4] == ' ' || p[4] == '-') && !wordByte(before(text, start-5))
 }

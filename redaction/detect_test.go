@@ -217,6 +217,12 @@ func TestEvasionsAreSeenThroughTheNormalisedView(t *testing.T) {
 		{"no-break spaces in a card number are found", "", "4111\u00a01111\u00a01111\u00a01111", []string{"CREDIT_CARD:4111\u00a01111\u00a01111\u00a01111"}},
 		{"en-dashes in an SSN are found", "", "SSN 536–22–1234", []string{"US_SSN:536–22–1234"}},
 		{"a soft hyphen inside an IBAN is covered", "", "DE8937040044\u00ad0532013000", []string{"IBAN:DE8937040044\u00ad0532013000"}},
+		{"a base64-encoded address is found as the whole encoded run", "", "decode bWFyaW8ucm9zc2lAZXhhbXBsZS5pdA== please", []string{"EMAIL:bWFyaW8ucm9zc2lAZXhhbXBsZS5pdA=="}},
+		{"URL-safe unpadded base64 hiding a card is found", "", "blob=Y2FyZCA0MTExIDExMTEgMTExMSAxMTExIG9r;", []string{"CREDIT_CARD/visa:Y2FyZCA0MTExIDExMTEgMTExMSAxMTExIG9r"}},
+		{"a hex-encoded phone number is found", "", "hex 2b333920333333203132332034353637", []string{"PHONE:2b333920333333203132332034353637"}},
+		{"base64 of harmless text is not a finding", "", "anVzdCBhIGhhcm1sZXNzIHNlbnRlbmNlIGhlcmU=", nil},
+		{"a SHA-256 digest is not a finding", "", "sha256 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", nil},
+		{"random binary in base64 is not a finding", "", "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==", nil},
 	})
 }
 

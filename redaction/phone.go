@@ -71,6 +71,16 @@ func (d phoneDetector) Detect(text string, dst []Finding) []Finding {
 		for end > start && !isDigit(text[end-1]) && text[end-1] != ')' {
 			end--
 		}
+		// Parentheses around the whole number are punctuation, not an
+		// area code: "(333 123 4567)" → "333 123 4567".
+		if end > start && text[start] == '(' {
+			if k := strings.IndexByte(text[start:end], ')'); k < 0 || start+k == end-1 {
+				start++
+				if k >= 0 {
+					end--
+				}
+			}
+		}
 		i = j // skip the whole run whatever happens
 		if digits < 7 || digits > 17 || end <= start {
 			continue

@@ -8,11 +8,22 @@
 // Scanner at provision time (it compiles every pattern once) and one Vault
 // per request.
 //
-// Detection runs twice when it matters: on the raw text, and on a normalised
-// view of it (Unicode NFKC, zero-width and other format characters removed,
-// common Cyrillic/Greek look-alike letters and dash/space variants mapped to
-// ASCII). Findings from the normalised view are mapped back to byte offsets
-// in the original text, so the original bytes are what gets replaced.
+// Detection runs on a normalised view of the text whenever that view
+// differs from it: Unicode NFKC per rune (fullwidth digits and letters
+// become ASCII), zero-width and other format characters removed, common
+// Cyrillic/Greek look-alike letters and dash/space variants mapped to
+// ASCII, and %XX escapes of address characters decoded. Findings are mapped
+// back to byte offsets in the original text, so the original bytes
+// (zero-width characters included) are what gets replaced. Runs of base64
+// and hex that decode to text are scanned too; a run hiding a value becomes
+// one finding covering the whole run.
+//
+// Sources: RFC 5322/5321 (e-mail), libphonenumber metadata via
+// github.com/nyaruka/phonenumbers (phone), ISO/IEC 7812-1 and the Luhn
+// algorithm (cards), ISO 13616-1 and ISO 7064 MOD 97-10 (IBAN), the SSA
+// numbering rules (US SSN), DM 23/12/1976 (Italian fiscal code), RFC 791,
+// RFC 4291 and RFC 1918/4193 (IP), RFC 3986 §3.2.1 (URL credentials), and
+// gitleaks' default rule set (secrets).
 package redaction
 
 import (
@@ -170,21 +181,48 @@ func (s *Scanner) Scan(text string) []Finding {
 	}
 	var cand []Finding
 	v, ok := normalise(text)
-	if !ok {
-		for _, d := range s.detectors {
-			cand = d.Detect(text, cand)
-		}
-		return s.resolve(cand)
+	scan := text
+	if ok {
+		// The view only removes obfuscation (see normalise), so scanning
+		// it alone finds what a raw scan finds and more, at the cost of
+		// one scan.
+		scan = v.text
 	}
-	// The view only removes obfuscation (see normalise), so scanning it
-	// alone finds what a raw scan finds and more, at the cost of one scan.
 	for _, d := range s.detectors {
-		cand = d.Detect(v.text, cand)
+		cand = d.Detect(scan, cand)
 	}
-	for i := range cand {
-		cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
+	cand = s.detectEncoded(scan, cand)
+	if ok {
+		for i := range cand {
+			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
+		}
 	}
 	return s.resolve(cand)
+}
+
+// detectEncoded scans the decoded text of every base64 or hex run in text
+// and, for a run hiding a value, appends one finding covering the whole
+// run (the value cannot be replaced inside the encoding), with the type
+// and subtype of the highest-priority value inside.
+func (s *Scanner) detectEncoded(text string, dst []Finding) []Finding {
+	var inner []Finding
+	for _, seg := range encodedSegments(text) {
+		inner = inner[:0]
+		for _, d := range s.detectors {
+			inner = d.Detect(seg.decoded, inner)
+		}
+		if len(inner) == 0 {
+			continue
+		}
+		best := inner[0]
+		for _, f := range inner[1:] {
+			if s.prio[f.Type] < s.prio[best.Type] {
+				best = f
+			}
+		}
+		dst = append(dst, Finding{Type: best.Type, Subtype: best.Subtype, Start: seg.start, End: seg.end})
+	}
+	return dst
 }
 
 // resolve keeps a maximal set of non-overlapping findings, preferring longer

@@ -23,11 +23,12 @@ type secretRule struct {
 	entropy  float64  // minimum Shannon entropy (bits/char) of the secret; 0 = none
 	keywords []string // lower case; the rule runs only if one occurs; empty = always
 	allow    []*glconfig.Allowlist
-	hand     bool // hand-written rule: reject when glued to a longer token
-	stripped bool // leading identPrefix removed; rebuild the match start
-	leadB    bool // leading \b removed (so the engine can use the literal prefix); checked by hand
-	windowed bool // matches contain a keyword: scan only around keyword hits
+	hand     bool           // hand-written rule: reject when glued to a longer token
+	stripped bool           // leading identPrefix removed; rebuild the match start
+	leadB    bool           // leading \b removed (so the engine can use the literal prefix); checked by hand
+	windowed bool           // matches contain a keyword: scan only around keyword hits
 	anchored *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
+	orig     string         // the pattern before the speed-ups (for tests)
 }
 
 // identPrefix opens most gitleaks rules so that the reported match includes
@@ -125,9 +126,9 @@ func identStart(text string, i int) int {
 // "private_key", "generic" (gitleaks' generic-api-key), or the gitleaks rule
 // id with '-' replaced by '_' for every other provider.
 type secretDetector struct {
-	rules    []secretRule
-	index    keywordIndex // union of all rules' keywords
-	global   []*glconfig.Allowlist
+	rules  []secretRule
+	index  keywordIndex // union of all rules' keywords
+	global []*glconfig.Allowlist
 }
 
 func (*secretDetector) Type() string { return TypeSecret }
@@ -181,7 +182,7 @@ func buildSecretDetector() (*secretDetector, error) {
 		src, leadB := stripLeadB(h.re)
 		d.rules = append(d.rules, secretRule{
 			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
-			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB,
+			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB, orig: h.re,
 		})
 	}
 	v := viper.New()
@@ -203,7 +204,8 @@ func buildSecretDetector() (*secretDetector, error) {
 		if r.Regex == nil || len(r.RequiredRules) > 0 || r.SkipReport {
 			continue // path-only, composite, or helper rules need file context
 		}
-		src, stripped := stripIdentPrefix(strings.ReplaceAll(r.Regex.String(), gitleaksTail, proseTail))
+		orig := strings.ReplaceAll(r.Regex.String(), gitleaksTail, proseTail)
+		src, stripped := stripIdentPrefix(orig)
 		src, leadB := stripLeadB(src)
 		re, err := regexp.Compile(src)
 		if err != nil {
@@ -220,7 +222,7 @@ func buildSecretDetector() (*secretDetector, error) {
 		d.rules = append(d.rules, secretRule{
 			id: id, subtype: gitleaksSubtype(id), re: re, group: group,
 			entropy: r.Entropy, keywords: kw, allow: r.Allowlists, stripped: stripped, leadB: leadB,
-			windowed: windowable(id, src, kw),
+			windowed: windowable(id, src, kw), orig: orig,
 		})
 		if stripped && windowable(id, src, kw) {
 			// gitleaks generates these rules (GenerateSemiGenericRegex) from
@@ -263,9 +265,11 @@ func gitleaksSubtype(id string) string {
 	return strings.ReplaceAll(id, "-", "_")
 }
 
+// Detect runs every rule whose keywords occur in text (ASCII
+// case-insensitively) and appends one finding per secret, covering the
+// rule's secret group.
 func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
 	occ := d.index.find(asciiLower(text))
-	positions := func(k string) []int { return occ[k] }
 	var hits []int
 	for i := range d.rules {
 		r := &d.rules[i]
@@ -275,7 +279,7 @@ func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
 		}
 		hits = hits[:0]
 		for _, k := range r.keywords {
-			hits = append(hits, positions(k)...)
+			hits = append(hits, occ[k]...)
 		}
 		if len(hits) == 0 {
 			continue
@@ -439,7 +443,9 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int) (Finding, 
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
 }
 
-func isSpaceByte(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' }
+func isSpaceByte(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
 
 // wordASCII is RE2's \b word class.
 func wordASCII(c byte) bool { return isAlnum(c) || c == '_' }

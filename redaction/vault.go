@@ -41,18 +41,27 @@ type Vault struct {
 	next     map[string]int      // type -> last counter used
 	reserved map[string]bool     // placeholder-shaped strings present in redacted input
 	unknown  atomic.Int64
+	modes    map[string]Mode // per type; absent = ModePlaceholder
+	hmacKey  []byte          // ModeHash key; nil = processKey
 }
 
 type vaultKey struct{ typ, value string }
 
-// NewVault returns an empty Vault.
-func NewVault() *Vault {
-	return &Vault{
+// NewVault returns an empty Vault. Without options every type is replaced
+// by reversible placeholders (ModePlaceholder); WithMode and WithHMACKey
+// choose masks or keyed pseudonyms per type.
+func NewVault(opts ...VaultOption) *Vault {
+	v := &Vault{
 		byValue:  map[vaultKey]string{},
 		byPH:     map[string]string{},
 		next:     map[string]int{},
 		reserved: map[string]bool{},
+		modes:    map[string]Mode{},
 	}
+	for _, o := range opts {
+		o(v)
+	}
+	return v
 }
 
 // Len returns the number of distinct values held (placeholders issued).
@@ -93,8 +102,9 @@ func typeName(t string) string {
 }
 
 // Redact returns text with every finding whose Type is in types replaced by
-// its placeholder; findings of other types are left as they are, so a nil
-// or empty types redacts nothing. Findings are byte ranges into text as
+// its placeholder (or mask or pseudonym, per the type's Mode); findings of
+// other types are left as they are, so a nil or empty types redacts
+// nothing. Findings are byte ranges into text as
 // Scan returns them; ones out of range, empty, or overlapping an earlier
 // one (by Start) are ignored. Placeholder-shaped strings already present in
 // text are never issued, so a literal "[EMAIL_1]" typed by the user cannot
@@ -133,6 +143,12 @@ func (v *Vault) Redact(text string, findings []Finding, types map[string]bool) s
 }
 
 func (v *Vault) placeholderLocked(typ, value string) string {
+	switch v.modes[typ] {
+	case ModeMask:
+		return "[" + typeName(typ) + "]"
+	case ModeHash:
+		return v.pseudonym(typ, value)
+	}
 	k := vaultKey{typ, value}
 	if ph, ok := v.byValue[k]; ok {
 		return ph
@@ -385,6 +401,14 @@ type StreamRestorer struct {
 // NewStreamRestorer returns a restorer for one text stream.
 func (v *Vault) NewStreamRestorer() *StreamRestorer {
 	return &StreamRestorer{v: v, esc: writeRaw}
+}
+
+// NewJSONStreamRestorer returns a restorer for a stream of JSON text, such
+// as the "arguments" of a streamed tool call (JSON delivered as string
+// fragments): it inserts values JSON-string-escaped, as RestoreJSON does,
+// because there the placeholders sit inside JSON strings.
+func (v *Vault) NewJSONStreamRestorer() *StreamRestorer {
+	return &StreamRestorer{v: v, esc: writeJSONString}
 }
 
 // Write consumes the next chunk and returns the text that is safe to emit

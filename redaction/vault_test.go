@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -269,5 +271,95 @@ func TestStreamRestorerHoldsBackOnlyPossiblePlaceholders(t *testing.T) {
 				t.Errorf("Flush() = %q, want %q", got, c.flush)
 			}
 		})
+	}
+}
+
+func TestScannerIsSafeForConcurrentUse(t *testing.T) {
+	s := mustScanner(t)
+	texts := []string{
+		repeatTo(densePara, 3000),
+		"ｍａｒｉｏ＠ｅｘａｍｐｌｅ．ｃｏｍ and " + keyOpenAI + " and " + keyJWT,
+		repeatTo(prosePara, 2000),
+	}
+	want := make([][]Finding, len(texts))
+	for i, x := range texts {
+		want[i] = s.Scan(x)
+	}
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				k := (g + i) % len(texts)
+				if got := s.Scan(texts[k]); !slices.Equal(got, want[k]) {
+					t.Errorf("concurrent Scan of text %d differs", k)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func TestModesMaskAndHashAreIrreversible(t *testing.T) {
+	text := "mail mario@example.it, card 4111 1111 1111 1111, phone +39 333 123 4567, mario@example.it"
+	s := mustScanner(t)
+	fs := s.Scan(text)
+	key := []byte("0123456789abcdef0123456789abcdef")
+	newVault := func() *Vault {
+		return NewVault(WithMode(TypeCreditCard, ModeMask), WithMode(TypeEmail, ModeHash), WithHMACKey(key))
+	}
+	v := newVault()
+	red := v.Redact(text, fs, allTypes)
+	ps := v.pseudonym(TypeEmail, "mario@example.it")
+	if !regexp.MustCompile(`^\[EMAIL#[0-9a-f]{16}\]$`).MatchString(ps) {
+		t.Fatalf("pseudonym %q does not have the shape [EMAIL#<16 hex>]", ps)
+	}
+	if want := "mail " + ps + ", card [CREDIT_CARD], phone [PHONE_1], " + ps; red != want {
+		t.Fatalf("Redact = %q, want %q", red, want)
+	}
+	if v.Len() != 1 {
+		t.Errorf("Len() = %d, want 1 (only the phone is held)", v.Len())
+	}
+	if got := v.Restore(red); got != strings.Replace(red, "[PHONE_1]", "+39 333 123 4567", 1) {
+		t.Errorf("Restore = %q: only the phone comes back", got)
+	}
+	if other := newVault().Redact(text, fs, allTypes); other != red {
+		t.Errorf("a second vault with the same key gave %q, want %q", other, red)
+	}
+	if v.Unknown() != 0 {
+		t.Errorf("masks and pseudonyms were counted as unknown placeholders: %d", v.Unknown())
+	}
+	for _, m := range []Mode{ModePlaceholder, ModeMask, ModeHash} {
+		if p, err := ParseMode(m.String()); err != nil || p != m {
+			t.Errorf("ParseMode(%q) = %v, %v", m.String(), p, err)
+		}
+	}
+	if _, err := ParseMode("shred"); err == nil || !strings.Contains(err.Error(), `"shred"`) {
+		t.Errorf("ParseMode(shred) error = %v, want one naming it", err)
+	}
+}
+
+func TestJSONStreamRestorerEscapesValuesInToolArguments(t *testing.T) {
+	v := NewVault()
+	val := `a"b\c`
+	v.Redact(val, []Finding{{Type: TypeSecret, Start: 0, End: len(val)}}, allTypes)
+	args := `{"password":"[SECRET_1]","n":1}`
+	r := v.NewJSONStreamRestorer()
+	var got strings.Builder
+	for i := 0; i < len(args); i += 5 {
+		got.WriteString(r.Write(args[i:min(i+5, len(args))]))
+	}
+	got.WriteString(r.Flush())
+	var doc struct{ Password string }
+	if err := json.Unmarshal([]byte(got.String()), &doc); err != nil {
+		t.Fatalf("restored arguments %s are not JSON: %v", got.String(), err)
+	}
+	if doc.Password != val {
+		t.Errorf("password = %q, want %q", doc.Password, val)
+	}
+	if want := string(v.RestoreJSON([]byte(args))); got.String() != want {
+		t.Errorf("stream = %s, RestoreJSON = %s", got.String(), want)
 	}
 }

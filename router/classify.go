@@ -103,6 +103,13 @@ func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency stri
 	if !gjson.ValidBytes(body) {
 		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
 	}
+	if k, dup := duplicateKey(body); dup {
+		// gjson reads the first of two equal names, while the JSON parsers
+		// upstream (Go's encoding/json, Python's json) keep the last: a body
+		// could be classified and redacted on one value and answered on the
+		// other. RFC 8259 §4 says names SHOULD be unique; we require it.
+		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", k)
+	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
 		return nil, api.InvalidRequest("", "The JSON body of your request must be an object, got %s.", kind(root))
@@ -202,6 +209,15 @@ func (c *Classifier) capability(a *Annotation, root gjson.Result) *api.Error {
 		return err
 	}
 	a.PromptTokens = estimatePromptTokens(a)
+	// Every other string in the body (user, metadata, stop, tool
+	// definitions, response_format schemas, image URLs, ...) is scanned
+	// too: a field the extractors above do not know must not carry a value
+	// to a tier unseen (fail closed).
+	known := make(map[string]bool, len(a.Fields))
+	for _, f := range a.Fields {
+		known[f.Path] = true
+	}
+	a.Fields = appendLeaves(a.Fields, root, "", known)
 	if a.Task == "" {
 		a.Task = taskOf(lastUserText(a, root))
 	}
@@ -439,4 +455,129 @@ func (c *Classifier) sovereignty(a *Annotation) {
 		a.Detected = Confidential
 	}
 	a.Sensitivity = max(a.Detected, a.Declared)
+}
+
+// duplicateKey returns the first object member name (unescaped) that occurs
+// twice in one object of the valid JSON text b. One linear pass, no
+// recursion, so deeply nested bodies cost no stack; a map is made only for
+// objects with more than one member.
+func duplicateKey(b []byte) (string, bool) {
+	type frame struct {
+		object bool
+		first  string              // the first member name
+		keys   map[string]struct{} // the names, from the second member on
+		n      int                 // members seen
+	}
+	var stack []frame
+	expectKey := false
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{':
+			stack = append(stack, frame{object: true})
+			expectKey = true
+		case '[':
+			stack = append(stack, frame{})
+			expectKey = false
+		case '}', ']':
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
+			}
+			expectKey = false
+		case ',':
+			expectKey = len(stack) > 0 && stack[len(stack)-1].object
+		case '"':
+			j, esc := i+1, false
+			for ; j < len(b) && b[j] != '"'; j++ {
+				if b[j] == '\\' {
+					j++
+					esc = true
+				}
+			}
+			if expectKey && len(stack) > 0 {
+				var k string
+				if esc {
+					k = gjson.ParseBytes(b[i : j+1]).Str
+				} else {
+					k = string(b[i+1 : j])
+				}
+				f := &stack[len(stack)-1]
+				switch f.n {
+				case 0:
+					f.first = k
+				case 1:
+					if k == f.first {
+						return k, true
+					}
+					f.keys = map[string]struct{}{f.first: {}, k: {}}
+				default:
+					if _, dup := f.keys[k]; dup {
+						return k, true
+					}
+					f.keys[k] = struct{}{}
+				}
+				f.n++
+				expectKey = false
+			}
+			i = j
+		}
+	}
+	return "", false
+}
+
+// skipLeaves are keys whose strings are not content: binary payloads
+// carried as base64 (no text, possibly megabytes) and the API's own enums
+// and ids (role, type, ...).
+var skipLeaves = map[string]bool{
+	"data": true, "file_data": true, "b64_json": true,
+	"role": true, "type": true, "id": true, "tool_call_id": true, "detail": true, "object": true,
+	"format": true, "service_tier": true, "reasoning_effort": true, "modalities": true, "voice": true,
+}
+
+// appendLeaves adds every string leaf of v not in known, addressed by its
+// sjson path, skipping the model name and binary payloads.
+func appendLeaves(fields []TextField, v gjson.Result, path string, known map[string]bool) []TextField {
+	v.ForEach(func(k, e gjson.Result) bool {
+		var p string
+		if v.IsArray() {
+			p = join(path, k.String())
+		} else {
+			p = join(path, escapePath(k.Str))
+			if (path == "" && k.Str == "model") || skipLeaves[k.Str] ||
+				(k.Str == "name" && (strings.HasSuffix(path, "function") || strings.HasSuffix(path, "function_call"))) {
+				return true
+			}
+		}
+		switch {
+		case e.Type == gjson.String:
+			if !known[p] && !strings.HasPrefix(e.Str, "data:") {
+				fields = append(fields, TextField{Path: p, Text: e.Str})
+			}
+		case e.IsObject() || e.IsArray():
+			fields = appendLeaves(fields, e, p, known)
+		}
+		return true
+	})
+	return fields
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// escapePath escapes the characters gjson/sjson paths give meaning to.
+func escapePath(key string) string {
+	if !strings.ContainsAny(key, `.*?\|#@!:=<>%"`) {
+		return key
+	}
+	var b strings.Builder
+	for _, r := range key {
+		if strings.ContainsRune(`.*?\|#@!:=<>%"`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

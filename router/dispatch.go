@@ -65,6 +65,14 @@ func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, e
 			set[ty] = true
 		}
 		vault := redaction.NewVault()
+		// Reserve every placeholder-shaped string the client wrote, in any
+		// field and in the raw body, before issuing one: otherwise a literal
+		// "[EMAIL_1]" in a field without findings (or in a later field) could
+		// be issued for a real value and "restored" into it in the answer.
+		vault.Redact(string(a.Body), nil, nil)
+		for _, field := range a.Fields {
+			vault.Redact(field.Text, nil, nil)
+		}
 		for i := 0; i < len(a.Findings); {
 			f := a.Findings[i].Field
 			var fs []redaction.Finding

@@ -110,7 +110,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 			continue
 		}
 		if disp.vault != nil {
-			body = disp.vault.RestoreJSON(body)
+			body = restoreBody(disp.vault, body)
 		}
 		f.setHeaders(w, resp, disp)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))

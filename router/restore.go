@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -32,6 +33,10 @@ func (s *streamRestore) restorer(key string) *redaction.StreamRestorer {
 	r, ok := s.rs[key]
 	if !ok {
 		r = s.vault.NewStreamRestorer()
+		if strings.Contains(key, "/tool/") {
+			// Tool arguments are JSON text: values go in JSON-escaped.
+			r = s.vault.NewJSONStreamRestorer()
+		}
 		s.rs[key] = r
 		s.order = append(s.order, key)
 	}
@@ -143,4 +148,29 @@ func (s *streamRestore) final() []byte {
 		return nil
 	}
 	return chunk
+}
+
+// restoreBody restores placeholders in a whole (non-streamed) JSON answer.
+// Tool-call arguments are JSON inside a JSON string, so their values are
+// escaped for the inner document first, then the string is re-encoded.
+func restoreBody(v *redaction.Vault, body []byte) []byte {
+	out := body
+	gjson.GetBytes(body, "choices").ForEach(func(i, ch gjson.Result) bool {
+		ch.Get("message.tool_calls").ForEach(func(k, tc gjson.Result) bool {
+			args := tc.Get("function.arguments")
+			if args.Type != gjson.String {
+				return true
+			}
+			restored := string(v.RestoreJSON([]byte(args.Str)))
+			if restored != args.Str {
+				path := "choices." + i.String() + ".message.tool_calls." + k.String() + ".function.arguments"
+				if b, err := sjson.SetBytes(out, path, restored); err == nil {
+					out = b
+				}
+			}
+			return true
+		})
+		return true
+	})
+	return v.RestoreJSON(out)
 }

@@ -55,7 +55,7 @@ func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands 
 		out = DefaultCompletionTokens
 	}
 	for _, t := range c.targets {
-		up, ok := t.models[a.Model]
+		up, ok := t.upstream(a.Model)
 		if !ok {
 			continue
 		}

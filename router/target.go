@@ -55,9 +55,42 @@ type Target struct {
 	TimeoutMS int `json:"timeout_ms,omitempty"`
 
 	models map[string]string // client name → upstream name
+	engine Engine            // kind engine: also every model the engine serves now
 	apiKey string
 	client *http.Client
 	base   *url.URL
+}
+
+// Engine is the in-process T0 engine as the router sees it: an OpenAI
+// handler (POST /v1/chat/completions, /v1/completions, GET /v1/models)
+// plus the model names it serves now (base and "<base>:<adapter>").
+type Engine interface {
+	http.Handler
+	Models() []string
+}
+
+// upstream maps a client model name to the name sent to the target.
+func (t *Target) upstream(model string) (string, bool) {
+	if up, ok := t.models[model]; ok {
+		return up, true
+	}
+	if t.engine != nil && slices.Contains(t.engine.Models(), model) {
+		return model, true
+	}
+	return "", false
+}
+
+// modelNames lists the client model names the target serves now.
+func (t *Target) modelNames() []string {
+	names := make([]string, 0, len(t.models))
+	for name := range t.models {
+		names = append(names, name)
+	}
+	if t.engine != nil {
+		names = append(names, t.engine.Models()...)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // Validate checks the declaration; errors name the target and field.
@@ -81,7 +114,7 @@ func (t *Target) Validate() error {
 	default:
 		return fmt.Errorf("target %s: kind %q must be openai or engine", t.Name, t.Kind)
 	}
-	if len(t.Models) == 0 {
+	if len(t.Models) == 0 && t.Kind != KindEngine {
 		return fmt.Errorf("target %s: models must list at least one model name", t.Name)
 	}
 	for _, m := range t.Models {
@@ -102,8 +135,8 @@ func (t *Target) Validate() error {
 }
 
 // provision resolves models, key and the one HTTP client of the target.
-// engine is the in-process handler for kind engine (nil otherwise).
-func (t *Target) provision(engine http.Handler) error {
+// engine is the in-process engine for kind engine (nil otherwise).
+func (t *Target) provision(engine Engine) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
@@ -132,6 +165,7 @@ func (t *Target) provision(engine http.Handler) error {
 		if engine == nil {
 			return fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
 		}
+		t.engine = engine // serves the engine's models (adapters come and go) besides any aliases
 		t.base = &url.URL{Scheme: "http", Host: "engine.molly.internal", Path: "/v1"}
 		t.client = &http.Client{Transport: &handlerTransport{h: engine}}
 		return nil
@@ -167,7 +201,7 @@ type Catalogue struct {
 
 // NewCatalogue validates and provisions targets. engine serves kind engine
 // targets in-process and may be nil when there are none.
-func NewCatalogue(targets []*Target, engine http.Handler) (*Catalogue, error) {
+func NewCatalogue(targets []*Target, engine Engine) (*Catalogue, error) {
 	seen := map[string]bool{}
 	for _, t := range targets {
 		if seen[t.Name] {
@@ -201,9 +235,7 @@ func (c *Catalogue) Models(d *policies.Decision) []string {
 		if !d.AllowsTier(t.Tier) || !regionAllowed(d, t) {
 			continue
 		}
-		for name := range t.models {
-			out = append(out, name)
-		}
+		out = append(out, t.modelNames()...)
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
@@ -216,10 +248,9 @@ func regionAllowed(d *policies.Decision, t *Target) bool {
 
 // PolicyView is the target as the policy input document shows it.
 func (t *Target) PolicyView() map[string]any {
-	names := make([]any, 0, len(t.models))
-	for _, m := range t.Models {
-		name, _, _ := strings.Cut(m, "=")
-		names = append(names, name)
+	names := []any{}
+	for _, m := range t.modelNames() {
+		names = append(names, m)
 	}
 	return map[string]any{
 		"name": t.Name, "tier": t.Tier, "kind": kindOrDefault(t.Kind), "region": t.Region,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 )
 
@@ -38,7 +39,7 @@ func (t *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return nil, ctx.Err()
 	}
 	return &http.Response{
-		Status:     http.StatusText(rw.status),
+		Status:     strconv.Itoa(rw.status) + " " + http.StatusText(rw.status), // "200 OK", as net/http sets it
 		StatusCode: rw.status,
 		Proto:      "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header:        rw.header.Clone(),

@@ -4,6 +4,7 @@ package app
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/serving"
 )
 
 // App is the molly app. JSON: {"apps": {"molly": {...}}}.
@@ -24,7 +26,11 @@ type App struct {
 	PolicyTimeout caddy.Duration `json:"policy_timeout,omitempty"`
 	// Weights of the selection objective; defaults router.DefaultWeights.
 	Weights *router.Weights `json:"weights,omitempty"`
+	// Engine configures the in-process T0 engine (llama.cpp, one base model,
+	// many LoRA adapters) that targets of kind "engine" route to.
+	EngineConfig *serving.Config `json:"engine,omitempty"`
 
+	engine    *serving.Engine
 	policy    *policies.Engine
 	catalogue *router.Catalogue
 	forwarder *router.Forwarder
@@ -50,7 +56,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("molly: policy: %w", err)
 	}
 	a.policy = eng
-	cat, err := router.NewCatalogue(a.Targets, nil)
+	var engine router.Engine
+	if a.EngineConfig != nil {
+		a.engine, err = serving.New(*a.EngineConfig)
+		if err != nil {
+			return fmt.Errorf("molly: engine: %w", err)
+		}
+		engine = a.engine
+		a.logger.Info("T0 engine loaded", zap.String("model", a.engine.Name()), zap.Strings("models", a.engine.Models()))
+	}
+	cat, err := router.NewCatalogue(a.Targets, engine)
 	if err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
@@ -74,19 +89,39 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start is a no-op: the handlers use the app as requests come.
-func (a *App) Start() error { return nil }
+// Start makes this app the one the admin API talks to.
+func (a *App) Start() error {
+	current.Store(a)
+	return nil
+}
 
-// Stop is a no-op; Cleanup releases resources.
-func (a *App) Stop() error { return nil }
+// Stop detaches the admin API if it still points at this app (on a reload
+// the new app has started before the old one stops).
+func (a *App) Stop() error {
+	current.CompareAndSwap(a, nil)
+	return nil
+}
 
-// Cleanup closes idle upstream connections.
+// Cleanup closes idle upstream connections and the engine.
 func (a *App) Cleanup() error {
 	if a.catalogue != nil {
 		a.catalogue.Close()
 	}
+	if a.engine != nil {
+		return a.engine.Close()
+	}
 	return nil
 }
+
+// current is the running app, for admin API routes (which Caddy provisions
+// outside any app's context).
+var current atomic.Pointer[App]
+
+// Current returns the running molly app, or nil.
+func Current() *App { return current.Load() }
+
+// Engine returns the T0 engine, or nil when none is configured.
+func (a *App) Engine() *serving.Engine { return a.engine }
 
 // Policy returns the policy engine.
 func (a *App) Policy() *policies.Engine { return a.policy }

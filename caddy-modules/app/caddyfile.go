@@ -10,9 +10,11 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/dustin/go-humanize"
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/serving"
 )
 
 func init() {
@@ -32,6 +34,19 @@ func init() {
 //		policy_timeout <duration>
 //		cost_weight <per-USD>
 //		latency_weight <per-second>
+//		engine {
+//			model <gguf>
+//			name <served name>
+//			adapters <dir>
+//			adapter <name> <gguf>
+//			n_seq_max <n>
+//			n_ctx <tokens>
+//			n_batch <tokens>
+//			prefill_chunk <tokens>
+//			threads <n>
+//			hot_bytes <size>
+//			warm_bytes <size>
+//		}
 //		target <name> {
 //			tier T0|T1|T2|T3
 //			kind openai|engine
@@ -83,6 +98,12 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			} else {
 				a.Weights.Latency = v
 			}
+		case "engine":
+			e, err := parseEngine(d)
+			if err != nil {
+				return nil, err
+			}
+			a.EngineConfig = e
 		case "target":
 			t, err := parseTarget(d)
 			if err != nil {
@@ -218,4 +239,78 @@ func floatArg(d *caddyfile.Dispenser) (float64, error) {
 		return 0, d.Errf("invalid number %q", s)
 	}
 	return v, nil
+}
+
+func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
+	c := &serving.Config{}
+	if d.NextArg() {
+		return nil, d.Errf("molly: engine takes a block, not %q", d.Val())
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		switch sub {
+		case "model":
+			if !d.AllArgs(&c.ModelPath) {
+				return nil, d.ArgErr()
+			}
+		case "name":
+			if !d.AllArgs(&c.ModelName) {
+				return nil, d.ArgErr()
+			}
+		case "adapters":
+			if !d.AllArgs(&c.AdapterDir) {
+				return nil, d.ArgErr()
+			}
+		case "adapter":
+			var name, path string
+			if !d.AllArgs(&name, &path) {
+				return nil, d.Err("molly: engine: adapter takes <name> <gguf path>")
+			}
+			if c.Adapters == nil {
+				c.Adapters = map[string]string{}
+			}
+			c.Adapters[name] = path
+		case "n_seq_max", "n_ctx", "n_batch", "prefill_chunk", "threads":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if v < 1 || v != float64(int(v)) {
+				return nil, d.Errf("molly: engine: %s must be a positive integer", sub)
+			}
+			n := int(v)
+			switch sub {
+			case "n_seq_max":
+				c.NSeqMax = n
+			case "n_ctx":
+				c.NCtx = n
+			case "n_batch":
+				c.NBatch = n
+			case "prefill_chunk":
+				c.PrefillChunk = n
+			case "threads":
+				c.Threads = n
+			}
+		case "hot_bytes", "warm_bytes":
+			var s string
+			if !d.AllArgs(&s) {
+				return nil, d.ArgErr()
+			}
+			n, err := humanize.ParseBytes(s)
+			if err != nil || n == 0 {
+				return nil, d.Errf("molly: engine: %s %q is not a size such as 256MiB", sub, s)
+			}
+			if sub == "hot_bytes" {
+				c.HotBytes = int64(n)
+			} else {
+				c.WarmBytes = int64(n)
+			}
+		default:
+			return nil, d.Errf("molly: engine: unrecognized subdirective %q", sub)
+		}
+	}
+	if c.ModelPath == "" {
+		return nil, d.Err("molly: engine: model <gguf path> is required")
+	}
+	return c, nil
 }

@@ -12,6 +12,7 @@ import (
 	_ "github.com/molly-gateway/molly/caddy-modules/classify"
 	_ "github.com/molly-gateway/molly/caddy-modules/policy"
 	_ "github.com/molly-gateway/molly/caddy-modules/route"
+	_ "github.com/molly-gateway/molly/caddy-modules/serve"
 )
 
 func main() {

@@ -1,0 +1,96 @@
+package redaction
+
+import (
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// naiveSecrets evaluates the same rules the plain way gitleaks does: every
+// rule's original pattern (with the prose tail) over the whole text when a
+// keyword occurs, no prefix stripping, no windows, no anchoring.
+func naiveSecrets(t *testing.T, d *secretDetector, text string) []Finding {
+	t.Helper()
+	lower := strings.ToLower(text)
+	var out []Finding
+	for _, r := range d.rules {
+		if len(r.keywords) > 0 && !slices.ContainsFunc(r.keywords, func(k string) bool { return strings.Contains(lower, k) }) {
+			continue
+		}
+		plain := r
+		plain.stripped, plain.leadB, plain.anchored = false, false, nil
+		plain.re = regexp.MustCompile(r.orig)
+		for _, m := range plain.re.FindAllStringSubmatchIndex(text, -1) {
+			if f, ok := d.finding(&plain, text, m); ok {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+func sortFindings(fs []Finding) []Finding {
+	slices.SortFunc(fs, func(a, b Finding) int {
+		if a.Start != b.Start {
+			return a.Start - b.Start
+		}
+		if a.End != b.End {
+			return a.End - b.End
+		}
+		return strings.Compare(a.Subtype, b.Subtype)
+	})
+	return slices.Compact(fs)
+}
+
+// TestSecretShortcutsMatchThePlainEvaluation checks that Molly's speed-ups
+// of the gitleaks rules (identifier prefix stripped, leading \b checked by
+// hand, keyword windows, anchored tries) find exactly what the plain
+// evaluation finds, on secrets in many contexts.
+func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
+	d, err := newSecretDetector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &corpusGen{r: rand.New(rand.NewPCG(99, 1))}
+	contexts := []string{
+		"%s", "key: %s", "api_key = \"%s\"", "MY_API_KEY=%s\n", "export GITHUB_TOKEN='%s';", "password: %s.",
+		"auth %s, ok", "Authorization: Bearer %s", "the secret is %s!", "token=%s&x=1", "{\"access_token\":\"%s\"}",
+		"twilio key SK%s", "heroku_api_key = %s", "xkey=%s", "ckey=%s and key=%s",
+	}
+	var texts []string
+	for i := 0; i < 400; i++ {
+		var v string
+		switch i % 4 {
+		case 0:
+			v = g.secret()
+		case 1:
+			v = g.from(8+g.r.IntN(40), alnum+"-_.=")
+		case 2:
+			v = strings.ToLower(g.from(32, "0123456789abcdef"))
+		default:
+			v = g.from(40, alnum+"/+")
+		}
+		c := contexts[i%len(contexts)]
+		texts = append(texts, strings.ReplaceAll(c, "%s", v))
+	}
+	for i := 0; i < 200; i++ {
+		text, _ := g.prompt()
+		texts = append(texts, text)
+	}
+	texts = append(texts, repeatTo(densePara, 4<<10), repeatTo(prosePara, 4<<10), strings.Repeat("key=", 300), strings.Repeat("api_key = \"", 200))
+	total := 0
+	for _, text := range texts {
+		got := sortFindings(d.Detect(text, nil))
+		total += len(got)
+		want := sortFindings(naiveSecrets(t, d, text))
+		if !slices.Equal(got, want) {
+			t.Errorf("on %q\n fast  %v\n plain %v", text, got, want)
+		}
+	}
+	if total < 300 {
+		t.Errorf("only %d findings in all texts: the comparison proves little", total)
+	}
+	t.Logf("%d texts, %d findings, fast and plain agree", len(texts), total)
+}

@@ -1,0 +1,487 @@
+// Package llama is Molly's small cgo binding to llama.cpp, as vendored by the
+// Go module github.com/ollama/ollama v0.17.4 (DESIGN §9). It is the only
+// package with cgo: its exported API has no C types, and every C allocation is
+// paired with a Close/Free.
+//
+// Build: CGO_CPPFLAGS must name $(go list -m -f '{{.Dir}}'
+// github.com/ollama/ollama)/llama/llama.cpp/include and
+// .../ml/backend/ggml/ggml/include; set CGO_CFLAGS/CGO_CXXFLAGS (e.g.
+// "-O3 -march=native") or ggml runs without SIMD. The CPU backend is compiled
+// statically and registered by ggml-backend-reg.cpp (GGML_USE_CPU), so no
+// dynamic backend loading is needed.
+//
+// Known defect guarded here: that llama.cpp version reuses the previous
+// compute graph when two decodes have the same shape, even if the LoRA
+// adapters on the context changed in between, so the adapter change is
+// silently ignored. Init sets LLAMA_GRAPH_REUSE_DISABLE=1 before any context
+// exists; TestAdapterSwitchBetweenSameShapeDecodes keeps it honest.
+//
+// Objects are not safe for concurrent use; the engine drives one Context from
+// one goroutine.
+package llama
+
+/*
+#include <stdlib.h>
+#include <stdio.h>
+#include "llama.h"
+
+static int molly_log_verbose = 0;
+static enum ggml_log_level molly_log_last = GGML_LOG_LEVEL_NONE;
+
+static void molly_log(enum ggml_log_level level, const char * text, void * ud) {
+	(void) ud;
+	if (level != GGML_LOG_LEVEL_CONT) {
+		molly_log_last = level;
+	}
+	if (molly_log_verbose || molly_log_last == GGML_LOG_LEVEL_ERROR) {
+		fputs(text, stderr);
+	}
+}
+
+static void molly_init(int verbose) {
+	molly_log_verbose = verbose;
+	setenv("LLAMA_GRAPH_REUSE_DISABLE", "1", 1);
+	llama_log_set(molly_log, NULL);
+	llama_backend_init();
+}
+
+static int32_t molly_batch_add(struct llama_batch * b, llama_token tok, llama_pos pos, llama_seq_id seq, int8_t logits) {
+	int32_t i = b->n_tokens;
+	b->token[i] = tok;
+	b->pos[i] = pos;
+	b->n_seq_id[i] = 1;
+	b->seq_id[i][0] = seq;
+	b->logits[i] = logits;
+	b->n_tokens = i + 1;
+	return i;
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	_ "github.com/ollama/ollama/llama/llama.cpp/src"
+	_ "github.com/ollama/ollama/ml/backend/ggml/ggml/src"
+)
+
+var initOnce sync.Once
+
+// Init initialises the backend once per process: it disables compute-graph
+// reuse (see the package comment), routes llama.cpp logs to stderr (errors
+// only, everything when MOLLY_LLAMA_LOG=1) and calls llama_backend_init.
+// Every constructor calls it; calling it again is a no-op.
+func Init() {
+	initOnce.Do(func() {
+		v := 0
+		if os.Getenv("MOLLY_LLAMA_LOG") == "1" {
+			v = 1
+		}
+		C.molly_init(C.int(v))
+	})
+}
+
+// Model is a loaded base model (weights and vocabulary).
+type Model struct {
+	p     *C.struct_llama_model
+	vocab *C.struct_llama_vocab
+}
+
+// LoadModel loads a GGUF model from path (memory mapped, CPU).
+// Errors: the file is missing or llama.cpp cannot load it.
+func LoadModel(path string) (*Model, error) {
+	Init()
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("loading model: %w", err)
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	params := C.llama_model_default_params()
+	params.n_gpu_layers = 0
+	m := C.llama_model_load_from_file(cpath, params)
+	if m == nil {
+		return nil, fmt.Errorf("loading model %s: llama.cpp refused it (set MOLLY_LLAMA_LOG=1 for details)", path)
+	}
+	return &Model{p: m, vocab: C.llama_model_get_vocab(m)}, nil
+}
+
+// Close frees the model. Contexts and adapters made from it must be closed
+// first.
+func (m *Model) Close() {
+	if m.p != nil {
+		C.llama_model_free(m.p)
+		m.p, m.vocab = nil, nil
+	}
+}
+
+// NVocab is the number of tokens in the vocabulary (the logits length).
+func (m *Model) NVocab() int { return int(C.llama_vocab_n_tokens(m.vocab)) }
+
+// NEmbd is the model width.
+func (m *Model) NEmbd() int { return int(C.llama_model_n_embd(m.p)) }
+
+// NLayer is the number of transformer blocks.
+func (m *Model) NLayer() int { return int(C.llama_model_n_layer(m.p)) }
+
+// NCtxTrain is the training context length, in tokens.
+func (m *Model) NCtxTrain() int { return int(C.llama_model_n_ctx_train(m.p)) }
+
+// Size is the total size of the weights, in bytes.
+func (m *Model) Size() uint64 { return uint64(C.llama_model_size(m.p)) }
+
+// NParams is the number of parameters.
+func (m *Model) NParams() uint64 { return uint64(C.llama_model_n_params(m.p)) }
+
+// Desc is llama.cpp's one-line description (architecture, size, type).
+func (m *Model) Desc() string {
+	buf := make([]byte, 256)
+	n := C.llama_model_desc(m.p, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n < 0 {
+		return ""
+	}
+	return string(buf[:min(int(n), len(buf)-1)])
+}
+
+// Meta returns a scalar metadata value as a string, and whether it exists.
+func (m *Model) Meta(key string) (string, bool) {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	buf := make([]byte, 4096)
+	n := C.llama_model_meta_val_str(m.p, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n < 0 {
+		return "", false
+	}
+	return string(buf[:min(int(n), len(buf)-1)]), true
+}
+
+// ChatTemplate is the model's default chat template (tokenizer.chat_template),
+// or "" when it has none.
+func (m *Model) ChatTemplate() string {
+	p := C.llama_model_chat_template(m.p, nil)
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}
+
+// Tokenize converts text to token ids. addSpecial adds BOS (and EOS) as the
+// model asks; parseSpecial matches control tokens such as <|im_start|>.
+// Errors: llama.cpp reports a failure.
+func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, error) {
+	if len(text) == 0 && !addSpecial {
+		return nil, nil
+	}
+	ctext := C.CString(text)
+	defer C.free(unsafe.Pointer(ctext))
+	n := len(text) + 8
+	for range 2 {
+		out := make([]int32, n)
+		r := C.llama_tokenize(m.vocab, ctext, C.int32_t(len(text)), (*C.llama_token)(unsafe.Pointer(&out[0])), C.int32_t(n), C.bool(addSpecial), C.bool(parseSpecial))
+		if r >= 0 {
+			return out[:r], nil
+		}
+		if r == C.INT32_MIN {
+			break
+		}
+		n = int(-r)
+	}
+	return nil, errors.New("tokenize failed")
+}
+
+// TokenPiece is the text bytes of one token (control tokens render as
+// nothing; byte tokens as their byte). Pieces may split UTF-8 characters.
+func (m *Model) TokenPiece(tok int32) []byte {
+	buf := make([]byte, 64)
+	for range 2 {
+		n := C.llama_token_to_piece(m.vocab, C.llama_token(tok), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, C.bool(false))
+		if n >= 0 {
+			return buf[:n]
+		}
+		buf = make([]byte, -n)
+	}
+	return nil
+}
+
+// IsEOG reports whether tok ends generation (EOS, EOT, <|im_end|>, ...).
+func (m *Model) IsEOG(tok int32) bool { return bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(tok))) }
+
+// BOS and EOS are the begin/end of sequence token ids (-1 if none).
+func (m *Model) BOS() int32 { return int32(C.llama_vocab_bos(m.vocab)) }
+func (m *Model) EOS() int32 { return int32(C.llama_vocab_eos(m.vocab)) }
+
+// ChatMessage is one message given to ApplyChatTemplate.
+type ChatMessage struct {
+	Role    string
+	Content string
+}
+
+// ApplyChatTemplate formats messages with tmpl, a template llama.cpp
+// recognises (its built-in list: chatml, llama2, llama3, ...; a Jinja
+// template is matched by heuristics, not executed); addAssistant appends the
+// assistant turn's opening. Errors: the template is not recognised.
+func ApplyChatTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (string, error) {
+	ctmpl := C.CString(tmpl)
+	defer C.free(unsafe.Pointer(ctmpl))
+	cmsgs := make([]C.struct_llama_chat_message, len(msgs))
+	total := 0
+	var frees []unsafe.Pointer
+	defer func() {
+		for _, p := range frees {
+			C.free(p)
+		}
+	}()
+	for i, msg := range msgs {
+		r, c := C.CString(msg.Role), C.CString(msg.Content)
+		frees = append(frees, unsafe.Pointer(r), unsafe.Pointer(c))
+		cmsgs[i] = C.struct_llama_chat_message{role: r, content: c}
+		total += len(msg.Role) + len(msg.Content)
+	}
+	// C memory for the message array: cgo forbids passing Go memory that
+	// holds Go pointers, and these are C pointers in Go memory, which is
+	// allowed; still allocate in C to keep the rule simple.
+	var arr *C.struct_llama_chat_message
+	if len(msgs) > 0 {
+		sz := C.size_t(len(msgs)) * C.size_t(unsafe.Sizeof(cmsgs[0]))
+		arr = (*C.struct_llama_chat_message)(C.malloc(sz))
+		frees = append(frees, unsafe.Pointer(arr))
+		copy(unsafe.Slice(arr, len(msgs)), cmsgs)
+	}
+	n := 2*total + 256
+	for range 2 {
+		buf := (*C.char)(C.malloc(C.size_t(n)))
+		r := C.llama_chat_apply_template(ctmpl, arr, C.size_t(len(msgs)), C.bool(addAssistant), buf, C.int32_t(n))
+		if r < 0 {
+			C.free(unsafe.Pointer(buf))
+			return "", fmt.Errorf("chat template not supported by llama.cpp")
+		}
+		if int(r) <= n {
+			s := C.GoStringN(buf, r)
+			C.free(unsafe.Pointer(buf))
+			return s, nil
+		}
+		C.free(unsafe.Pointer(buf))
+		n = int(r)
+	}
+	return "", errors.New("chat template output changed size")
+}
+
+// Quantize writes a copy of the GGUF model in to out with weights converted
+// to ftype: "q8_0", "q4_0" or "f16". Errors: unknown ftype, llama.cpp failure.
+func Quantize(in, out, ftype string) error {
+	Init()
+	params := C.llama_model_quantize_default_params()
+	switch ftype {
+	case "q8_0":
+		params.ftype = C.LLAMA_FTYPE_MOSTLY_Q8_0
+	case "q4_0":
+		params.ftype = C.LLAMA_FTYPE_MOSTLY_Q4_0
+	case "f16":
+		params.ftype = C.LLAMA_FTYPE_MOSTLY_F16
+	default:
+		return fmt.Errorf("quantize: unknown type %q (want q8_0, q4_0 or f16)", ftype)
+	}
+	cin, cout := C.CString(in), C.CString(out)
+	defer C.free(unsafe.Pointer(cin))
+	defer C.free(unsafe.Pointer(cout))
+	if r := C.llama_model_quantize(cin, cout, &params); r != 0 {
+		return fmt.Errorf("quantize %s to %s: llama.cpp error %d", in, ftype, r)
+	}
+	return nil
+}
+
+// Adapter is a LoRA adapter loaded against one Model (its tensors resident).
+type Adapter struct {
+	p *C.struct_llama_adapter_lora
+}
+
+// LoadAdapter loads a LoRA adapter GGUF from path for model m.
+// Errors: llama.cpp refuses it (wrong architecture, a tensor missing from the
+// base model, wrong shapes, not an adapter).
+func LoadAdapter(m *Model, path string) (*Adapter, error) {
+	Init()
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	a := C.llama_adapter_lora_init(m.p, cpath)
+	if a == nil {
+		return nil, fmt.Errorf("loading adapter %s: llama.cpp refused it (set MOLLY_LLAMA_LOG=1 for details)", path)
+	}
+	return &Adapter{p: a}, nil
+}
+
+// Close frees the adapter. It must not be set on any context.
+func (a *Adapter) Close() {
+	if a.p != nil {
+		C.llama_adapter_lora_free(a.p)
+		a.p = nil
+	}
+}
+
+// ContextParams configure a Context.
+type ContextParams struct {
+	NCtx    int  // total KV cells, tokens (split evenly across sequences unless KVUnified)
+	NBatch  int  // most tokens per Decode call
+	NUBatch int  // physical micro-batch, tokens (0: NBatch)
+	NSeqMax int  // number of sequences (parallel streams)
+	Threads int  // CPU threads (0: llama.cpp default)
+	Unified bool // one KV buffer shared by all sequences
+}
+
+// Context holds the KV cache for NSeqMax sequences and the adapters applied to
+// the next Decode.
+type Context struct {
+	p      *C.struct_llama_context
+	mem    C.llama_memory_t
+	nVocab int
+}
+
+// NewContext creates a context on m. Errors: llama.cpp cannot allocate it.
+func NewContext(m *Model, p ContextParams) (*Context, error) {
+	Init()
+	cp := C.llama_context_default_params()
+	cp.n_ctx = C.uint32_t(p.NCtx)
+	cp.n_batch = C.uint32_t(p.NBatch)
+	cp.n_ubatch = C.uint32_t(p.NUBatch)
+	if p.NUBatch == 0 {
+		cp.n_ubatch = C.uint32_t(p.NBatch)
+	}
+	cp.n_seq_max = C.uint32_t(max(p.NSeqMax, 1))
+	if p.Threads > 0 {
+		cp.n_threads = C.int32_t(p.Threads)
+		cp.n_threads_batch = C.int32_t(p.Threads)
+	}
+	cp.kv_unified = C.bool(p.Unified)
+	cp.no_perf = C.bool(true)
+	c := C.llama_init_from_model(m.p, cp)
+	if c == nil {
+		return nil, errors.New("creating llama context failed (set MOLLY_LLAMA_LOG=1 for details)")
+	}
+	return &Context{p: c, mem: C.llama_get_memory(c), nVocab: m.NVocab()}, nil
+}
+
+// Close frees the context and its KV cache.
+func (c *Context) Close() {
+	if c.p != nil {
+		C.llama_free(c.p)
+		c.p = nil
+	}
+}
+
+// NCtx is the total number of KV cells; NCtxSeq the cells per sequence.
+func (c *Context) NCtx() int    { return int(C.llama_n_ctx(c.p)) }
+func (c *Context) NCtxSeq() int { return int(C.llama_n_ctx_seq(c.p)) }
+
+// NBatch is the most tokens one Decode accepts; NSeqMax the sequence count.
+func (c *Context) NBatch() int  { return int(C.llama_n_batch(c.p)) }
+func (c *Context) NSeqMax() int { return int(C.llama_n_seq_max(c.p)) }
+
+// SetAdapters replaces the adapters applied by the next Decode with as, each
+// scaled by the matching entry of scales (1 when scales is shorter). An
+// empty set means the base model.
+func (c *Context) SetAdapters(as []*Adapter, scales []float32) {
+	C.llama_clear_adapter_lora(c.p)
+	for i, a := range as {
+		s := float32(1)
+		if i < len(scales) {
+			s = scales[i]
+		}
+		C.llama_set_adapter_lora(c.p, a.p, C.float(s))
+	}
+}
+
+// ErrNoKVSlot is returned by Decode when the KV cache has no room for the
+// batch.
+var ErrNoKVSlot = errors.New("llama_decode: no KV slot for the batch")
+
+// Decode runs the model on the batch. Errors: ErrNoKVSlot, or another
+// llama.cpp failure code.
+func (c *Context) Decode(b *Batch) error {
+	if b.b.n_tokens == 0 {
+		return nil
+	}
+	r := C.llama_decode(c.p, b.b)
+	switch {
+	case r == 0:
+		return nil
+	case r == 1:
+		return ErrNoKVSlot
+	default:
+		return fmt.Errorf("llama_decode failed with code %d", int(r))
+	}
+}
+
+// Logits copies into dst (grown to NVocab) the logits of the token at batch
+// index i, which must have been added with logits=true, and returns it.
+func (c *Context) Logits(i int, dst []float32) []float32 {
+	p := C.llama_get_logits_ith(c.p, C.int32_t(i))
+	if p == nil {
+		return nil
+	}
+	if cap(dst) < c.nVocab {
+		dst = make([]float32, c.nVocab)
+	}
+	dst = dst[:c.nVocab]
+	copy(dst, unsafe.Slice((*float32)(unsafe.Pointer(p)), c.nVocab))
+	return dst
+}
+
+// SeqRm removes the cells of sequence seq at positions [p0, p1) (p1 < 0: to
+// the end). Removing a whole sequence (p0=0, p1=-1) always succeeds.
+func (c *Context) SeqRm(seq, p0, p1 int) bool {
+	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(p0), C.llama_pos(p1)))
+}
+
+// SeqCp makes dst share (unified KV) or copy (per-sequence KV) all cells of
+// src. With per-sequence KV only whole-sequence copies are supported.
+func (c *Context) SeqCp(src, dst int) {
+	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
+}
+
+// SeqPosMax is the largest position stored for seq, or -1 if it is empty.
+func (c *Context) SeqPosMax(seq int) int {
+	return int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
+}
+
+// Batch is a reusable input batch of up to its capacity tokens, each for one
+// sequence.
+type Batch struct {
+	b   C.struct_llama_batch
+	cap int
+}
+
+// NewBatch allocates a batch of capacity tokens. Free it with Free.
+func NewBatch(capacity int) *Batch {
+	return &Batch{b: C.llama_batch_init(C.int32_t(capacity), 0, 1), cap: capacity}
+}
+
+// Add appends token tok at position pos of sequence seq; logits asks for its
+// output logits. It returns the token's batch index (for Logits), or -1 if the
+// batch is full.
+func (b *Batch) Add(tok int32, pos, seq int, logits bool) int {
+	if int(b.b.n_tokens) >= b.cap {
+		return -1
+	}
+	l := C.int8_t(0)
+	if logits {
+		l = 1
+	}
+	return int(C.molly_batch_add(&b.b, C.llama_token(tok), C.llama_pos(pos), C.llama_seq_id(seq), l))
+}
+
+// Len is the number of tokens in the batch; Cap its capacity.
+func (b *Batch) Len() int { return int(b.b.n_tokens) }
+func (b *Batch) Cap() int { return b.cap }
+
+// Clear empties the batch for reuse.
+func (b *Batch) Clear() { b.b.n_tokens = 0 }
+
+// Free releases the batch's C memory.
+func (b *Batch) Free() {
+	if b.cap > 0 {
+		C.llama_batch_free(b.b)
+		b.cap = 0
+	}
+}

@@ -1,0 +1,509 @@
+package serving
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/molly-gateway/molly/serving/llama"
+)
+
+// ServeHTTP is the OpenAI-compatible surface of the engine:
+//
+//	POST /v1/chat/completions  (stream or not; stream_options.include_usage)
+//	POST /v1/completions
+//	GET  /v1/models            (the base and "<base>:<adapter>" names)
+//
+// The request's `model` is "<base>" or "<base>:<adapter>". It depends only on
+// r.URL.Path, r.Body and r.Context() (and refuses an explicit GET on the
+// completion endpoints), so the gateway can call it
+// in-process with a (possibly redacted) body. Errors are OpenAI error JSON
+// {"error":{"message","type","param","code"}}: 400 invalid request (code
+// context_length_exceeded, adapter_refused where they apply), 404 unknown
+// model or path, 405 GET on a completion endpoint, 503 engine closed, 500 otherwise. A
+// cancelled request context (client disconnect) cancels generation within one
+// scheduler step.
+func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Dispatch on the path only: the gateway calls this handler in process
+	// and guarantees the path, body and context, not the method. A GET on a
+	// completion endpoint is still refused, since it cannot carry a body.
+	path := strings.TrimSuffix(r.URL.Path, "/")
+	switch {
+	case strings.HasSuffix(path, "/v1/models"):
+		e.serveModels(w)
+	case strings.HasSuffix(path, "/v1/chat/completions"), strings.HasSuffix(path, "/v1/completions"):
+		if r.Method == http.MethodGet {
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
+			return
+		}
+		e.serveCompletion(w, r, strings.HasSuffix(path, "/v1/chat/completions"))
+	default:
+		writeError(w, http.StatusNotFound, "invalid_request_error", "", "not_found", fmt.Sprintf("no route for %s", r.URL.Path))
+	}
+}
+
+type apiError struct {
+	status           int
+	typ, param, code string
+	msg              string
+}
+
+func (a *apiError) Error() string { return a.msg }
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
+}
+
+func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(errorBody(typ, param, code, msg))
+}
+
+func errorBody(typ, param, code, msg string) map[string]any {
+	nullable := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	return map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nullable(param), "code": nullable(code)}}
+}
+
+// classify maps engine errors to OpenAI error fields.
+func classify(err error) *apiError {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, ErrContextLength):
+		return &apiError{http.StatusBadRequest, "invalid_request_error", "messages", "context_length_exceeded", err.Error()}
+	case errors.Is(err, ErrUnknownAdapter):
+		return &apiError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found", err.Error()}
+	case errors.Is(err, ErrAdapterRefused):
+		return &apiError{http.StatusBadRequest, "invalid_request_error", "model", "adapter_refused", err.Error()}
+	case errors.Is(err, ErrClosed):
+		return &apiError{http.StatusServiceUnavailable, "server_error", "", "engine_closed", err.Error()}
+	}
+	return &apiError{http.StatusInternalServerError, "server_error", "", "", err.Error()}
+}
+
+func (e *Engine) serveModels(w http.ResponseWriter) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	var data []model
+	for _, name := range e.Models() {
+		data = append(data, model{ID: name, Object: "model", Created: 0, OwnedBy: "molly"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// completionRequest holds the fields of both endpoints.
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Messages      []chatMessage   `json:"messages"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	Seed                *int64          `json:"seed"`
+	Stop                json.RawMessage `json:"stop"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	N                   *int            `json:"n"`
+	Logprobs            json.RawMessage `json:"logprobs"` // chat: bool; completions: int
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Echo                bool            `json:"echo"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// text flattens string content or an array of {"type":"text","text":...}
+// parts.
+func (m chatMessage) text() (string, error) {
+	if len(m.Content) == 0 || string(m.Content) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err != nil {
+		return "", badRequest("messages", "message content must be a string or an array of text parts")
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", badRequest("messages", "content part type %q is not supported by this model", p.Type)
+		}
+		sb.WriteString(p.Text)
+	}
+	return sb.String(), nil
+}
+
+// parse validates the body and builds the engine request.
+func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, error) {
+	var cr completionRequest
+	if err := json.Unmarshal(body, &cr); err != nil {
+		return nil, Request{}, badRequest("", "request body is not valid JSON: %v", err)
+	}
+	var r Request
+	base, adapter, _ := strings.Cut(cr.Model, ":")
+	if base != e.cfg.ModelName {
+		return nil, r, &apiError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
+			fmt.Sprintf("the model %q does not exist; this engine serves %q and %q", cr.Model, e.cfg.ModelName, e.cfg.ModelName+":<adapter>")}
+	}
+	r.Adapter = adapter
+	p := SamplingParams{Temperature: 1, TopP: 1}
+	if cr.Temperature != nil {
+		if *cr.Temperature < 0 || *cr.Temperature > 2 {
+			return nil, r, badRequest("temperature", "temperature must be between 0 and 2")
+		}
+		p.Temperature = *cr.Temperature
+	}
+	if cr.TopP != nil {
+		if *cr.TopP <= 0 || *cr.TopP > 1 {
+			return nil, r, badRequest("top_p", "top_p must be in (0, 1]")
+		}
+		p.TopP = *cr.TopP
+	}
+	if cr.TopK != nil {
+		if *cr.TopK < 0 {
+			return nil, r, badRequest("top_k", "top_k must be >= 0")
+		}
+		p.TopK = *cr.TopK
+	}
+	p.Seed = cr.Seed
+	if len(cr.Stop) > 0 && string(cr.Stop) != "null" {
+		var one string
+		if err := json.Unmarshal(cr.Stop, &one); err == nil {
+			p.Stop = []string{one}
+		} else if err := json.Unmarshal(cr.Stop, &p.Stop); err != nil {
+			return nil, r, badRequest("stop", "stop must be a string or an array of strings")
+		}
+		if len(p.Stop) > 4 {
+			return nil, r, badRequest("stop", "at most 4 stop sequences")
+		}
+	}
+	mt := cr.MaxCompletionTokens
+	if mt == nil {
+		mt = cr.MaxTokens
+	}
+	if mt != nil {
+		if *mt < 1 {
+			return nil, r, badRequest("max_tokens", "max_tokens must be at least 1")
+		}
+		p.MaxTokens = *mt
+	}
+	r.N = 1
+	if cr.N != nil {
+		if *cr.N < 1 || *cr.N > e.cfg.NSeqMax {
+			return nil, r, badRequest("n", "n must be between 1 and %d", e.cfg.NSeqMax)
+		}
+		r.N = *cr.N
+	}
+	if len(cr.Logprobs) > 0 && string(cr.Logprobs) != "null" {
+		if chat {
+			if err := json.Unmarshal(cr.Logprobs, &p.Logprobs); err != nil {
+				return nil, r, badRequest("logprobs", "logprobs must be a boolean")
+			}
+			if cr.TopLogprobs != nil {
+				p.TopLogprobs = *cr.TopLogprobs
+			}
+		} else {
+			var k int
+			if err := json.Unmarshal(cr.Logprobs, &k); err != nil {
+				return nil, r, badRequest("logprobs", "logprobs must be an integer")
+			}
+			p.Logprobs, p.TopLogprobs = true, k
+		}
+		if p.TopLogprobs < 0 || p.TopLogprobs > 20 {
+			return nil, r, badRequest("top_logprobs", "top_logprobs must be between 0 and 20")
+		}
+	} else if cr.TopLogprobs != nil && *cr.TopLogprobs > 0 {
+		return nil, r, badRequest("top_logprobs", "top_logprobs requires logprobs to be true")
+	}
+	r.Params = p
+	var text string
+	if chat {
+		if len(cr.Messages) == 0 {
+			return nil, r, badRequest("messages", "messages must be a non-empty array")
+		}
+		msgs := make([]llama.ChatMessage, len(cr.Messages))
+		for i, m := range cr.Messages {
+			c, err := m.text()
+			if err != nil {
+				return nil, r, err
+			}
+			role := m.Role
+			if role == "developer" {
+				role = "system"
+			}
+			msgs[i] = llama.ChatMessage{Role: role, Content: c}
+		}
+		var err error
+		if text, err = llama.ApplyChatTemplate(e.tmpl, msgs, true); err != nil {
+			return nil, r, &apiError{http.StatusInternalServerError, "server_error", "", "", err.Error()}
+		}
+	} else {
+		if cr.Echo {
+			return nil, r, badRequest("echo", "echo is not supported")
+		}
+		if err := json.Unmarshal(cr.Prompt, &text); err != nil {
+			var arr []string
+			if err := json.Unmarshal(cr.Prompt, &arr); err != nil || len(arr) != 1 {
+				return nil, r, badRequest("prompt", "prompt must be a string or an array of one string")
+			}
+			text = arr[0]
+		}
+	}
+	toks, err := e.Tokenize(text)
+	if err != nil {
+		return nil, r, err
+	}
+	r.Prompt = toks
+	if err := e.check(r); err != nil {
+		return nil, r, err
+	}
+	return &cr, r, nil
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Wire types: OpenAI chat and completions responses.
+type (
+	wireTop struct {
+		Token   string  `json:"token"`
+		Logprob float64 `json:"logprob"`
+		Bytes   []int   `json:"bytes"`
+	}
+	wireContentLogprob struct {
+		Token       string    `json:"token"`
+		Logprob     float64   `json:"logprob"`
+		Bytes       []int     `json:"bytes"`
+		TopLogprobs []wireTop `json:"top_logprobs"`
+	}
+	wireChatLogprobs struct {
+		Content []wireContentLogprob `json:"content"`
+	}
+	wireLegacyLogprobs struct {
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []float64            `json:"token_logprobs"`
+		TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+		TextOffset    []int                `json:"text_offset"`
+	}
+)
+
+func intBytes(b []byte) []int {
+	out := make([]int, len(b))
+	for i, x := range b {
+		out[i] = int(x)
+	}
+	return out
+}
+
+func chatLogprobs(lps []TokenLogprob) []wireContentLogprob {
+	out := make([]wireContentLogprob, 0, len(lps))
+	for _, l := range lps {
+		c := wireContentLogprob{Token: l.Token, Logprob: l.Logprob, Bytes: intBytes(l.Bytes), TopLogprobs: []wireTop{}}
+		for _, t := range l.Top {
+			c.TopLogprobs = append(c.TopLogprobs, wireTop{Token: t.Token, Logprob: t.Logprob, Bytes: intBytes(t.Bytes)})
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func legacyLogprobs(dst *wireLegacyLogprobs, lps []TokenLogprob, offset *int) {
+	for _, l := range lps {
+		dst.Tokens = append(dst.Tokens, l.Token)
+		dst.TokenLogprobs = append(dst.TokenLogprobs, l.Logprob)
+		top := map[string]float64{}
+		for _, t := range l.Top {
+			top[t.Token] = t.Logprob
+		}
+		dst.TopLogprobs = append(dst.TopLogprobs, top)
+		dst.TextOffset = append(dst.TextOffset, *offset)
+		*offset += len(l.Bytes)
+	}
+}
+
+func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "reading request body: "+err.Error())
+		return
+	}
+	cr, req, err := e.parse(body, chat)
+	if err != nil {
+		ae := classify(err)
+		if !chat && ae.param == "messages" {
+			ae.param = "prompt"
+		}
+		writeError(w, ae.status, ae.typ, ae.param, ae.code, ae.msg)
+		return
+	}
+	id, created := newID("chatcmpl-"), time.Now().Unix()
+	object := "chat.completion"
+	if !chat {
+		id, object = newID("cmpl-"), "text_completion"
+	}
+	if cr.Stream {
+		e.stream(w, r.Context(), cr, req, chat, id, object+map[bool]string{true: ".chunk", false: ""}[chat], created)
+		return
+	}
+	texts := make([]strings.Builder, req.N)
+	finish := make([]string, req.N)
+	clp := make([][]wireContentLogprob, req.N)
+	llp := make([]wireLegacyLogprobs, req.N)
+	offs := make([]int, req.N)
+	usage, err := e.Generate(r.Context(), req, func(ev Event) error {
+		texts[ev.Index].WriteString(ev.Text)
+		if ev.Finish != "" {
+			finish[ev.Index] = ev.Finish
+		}
+		if req.Params.Logprobs {
+			if chat {
+				clp[ev.Index] = append(clp[ev.Index], chatLogprobs(ev.Logprobs)...)
+			} else {
+				legacyLogprobs(&llp[ev.Index], ev.Logprobs, &offs[ev.Index])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // client gone
+		}
+		ae := classify(err)
+		writeError(w, ae.status, ae.typ, ae.param, ae.code, ae.msg)
+		return
+	}
+	choices := make([]map[string]any, req.N)
+	for i := range choices {
+		c := map[string]any{"index": i, "finish_reason": finish[i], "logprobs": nil}
+		if chat {
+			c["message"] = map[string]any{"role": "assistant", "content": texts[i].String()}
+			if req.Params.Logprobs {
+				c["logprobs"] = wireChatLogprobs{Content: clp[i]}
+			}
+		} else {
+			c["text"] = texts[i].String()
+			if req.Params.Logprobs {
+				c["logprobs"] = llp[i]
+			}
+		}
+		choices[i] = c
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"id": id, "object": object, "created": created, "model": cr.Model,
+		"choices": choices, "usage": usage, "system_fingerprint": nil,
+	})
+}
+
+// stream writes server-sent events: for chat, a first chunk per choice with
+// the assistant role, content deltas, a chunk with finish_reason; when
+// stream_options.include_usage, a last chunk with empty choices and the
+// usage (other chunks carry "usage": null); then "data: [DONE]".
+func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completionRequest, req Request, chat bool, id, object string, created int64) {
+	includeUsage := cr.StreamOptions != nil && cr.StreamOptions.IncludeUsage
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	send := func(v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		_ = rc.Flush()
+		return nil
+	}
+	chunk := func(choice map[string]any) map[string]any {
+		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{choice}, "system_fingerprint": nil}
+		if includeUsage {
+			m["usage"] = nil
+		}
+		return m
+	}
+	if chat {
+		for i := range req.N {
+			if err := send(chunk(map[string]any{"index": i, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil})); err != nil {
+				return
+			}
+		}
+	}
+	offs := make([]int, req.N)
+	usage, err := e.Generate(ctx, req, func(ev Event) error {
+		var fin any
+		if ev.Finish != "" {
+			fin = ev.Finish
+		}
+		c := map[string]any{"index": ev.Index, "logprobs": nil, "finish_reason": fin}
+		if chat {
+			d := map[string]any{}
+			if ev.Text != "" || ev.Finish == "" {
+				d["content"] = ev.Text
+			}
+			c["delta"] = d
+			if req.Params.Logprobs {
+				c["logprobs"] = wireChatLogprobs{Content: chatLogprobs(ev.Logprobs)}
+			}
+		} else {
+			c["text"] = ev.Text
+			if req.Params.Logprobs {
+				var l wireLegacyLogprobs
+				legacyLogprobs(&l, ev.Logprobs, &offs[ev.Index])
+				c["logprobs"] = l
+			}
+		}
+		return send(chunk(c))
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			ae := classify(err)
+			_ = send(errorBody(ae.typ, ae.param, ae.code, ae.msg))
+		}
+		return
+	}
+	if includeUsage {
+		_ = send(map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": nil})
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	_ = rc.Flush()
+}
+
+var _ http.Handler = (*Engine)(nil)
