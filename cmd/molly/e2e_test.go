@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/serving"
 )
 
 // tiers are three upstreams standing for T1 (LAN), T2 (self-hosted) and T3 (external).
@@ -475,5 +477,85 @@ func TestPolicyEditsApplyWithoutRestart(t *testing.T) {
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusForbidden || !strings.Contains(apiErr.RawJSON(), "maintenance window") {
 		t.Fatalf("want 403 with the policy's reason, got %v", err)
+	}
+}
+
+// TestGatewayWithTheEngineAsT0 runs the real llama.cpp engine in process as
+// T0 beside the three upstreams.
+func TestGatewayWithTheEngineAsT0(t *testing.T) {
+	tr := startTiers(t)
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	engine := `engine {
+			model ` + filepath.Join(models, serving.DemoModelFile) + `
+			adapters ` + filepath.Join(models, serving.DemoAdapterDir) + `
+			n_seq_max 4
+			n_ctx 2048
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+			models chat=molly-demo
+			latency 50ms
+			quality 0.3
+		}`
+	g := startMolly(t, tr.caddyfile(engine, ""))
+	c := client(g)
+	ctx := context.Background()
+
+	// A secret pins the request on the device.
+	secret := "sk-proj-Zq8xT1vB7nM3kL9pR2sW5yH4dF6gJ0aC1eU8iO7tY3rE2wQ5"
+	var resp *http.Response
+	out, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", MaxTokens: openai.Int(8),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("rotate the key " + secret + " please")}},
+		option.WithResponseInto(&resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Header.Get("X-Molly-Tier") != "T0" || resp.Header.Get("X-Molly-Target") != "device" {
+		t.Fatalf("routed to %s/%s, want T0/device", resp.Header.Get("X-Molly-Tier"), resp.Header.Get("X-Molly-Target"))
+	}
+	if out.Usage.CompletionTokens != 8 || out.Choices[0].FinishReason != "length" || out.Usage.PromptTokens < 10 {
+		t.Fatalf("usage %+v finish %q", out.Usage, out.Choices[0].FinishReason)
+	}
+	for _, u := range []*upstreamtest.Upstream{tr.t1, tr.t2, tr.t3} {
+		if u.Contains(secret) {
+			t.Fatalf("%s received the secret", u.Name)
+		}
+	}
+
+	// Adapters are models of their own, listed and routable through the gateway.
+	list, err := c.Models.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	for _, want := range []string{"molly-demo", "molly-demo:support", "molly-demo:legal", "chat"} {
+		if !slices.Contains(ids, want) {
+			t.Fatalf("models %v lack %s", ids, want)
+		}
+	}
+
+	// Streaming from the engine through the gateway, with usage.
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "molly-demo:support", MaxTokens: openai.Int(6),
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")},
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}})
+	var acc openai.ChatCompletionAccumulator
+	chunks := 0
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Usage.CompletionTokens != 6 || len(acc.Choices) != 1 || acc.Choices[0].FinishReason != "length" || chunks < 3 {
+		t.Fatalf("stream: %d chunks, usage %+v, choices %+v", chunks, acc.Usage, acc.Choices)
 	}
 }
