@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -557,5 +558,90 @@ func TestGatewayWithTheEngineAsT0(t *testing.T) {
 	}
 	if acc.Usage.CompletionTokens != 6 || len(acc.Choices) != 1 || acc.Choices[0].FinishReason != "length" || chunks < 3 {
 		t.Fatalf("stream: %d chunks, usage %+v, choices %+v", chunks, acc.Usage, acc.Choices)
+	}
+}
+
+// TestAdminAPIManagesAdaptersAtRunTime adds, refuses and removes LoRA
+// adapters through Caddy's admin endpoint while the gateway serves.
+func TestAdminAPIManagesAdaptersAtRunTime(t *testing.T) {
+	models, other := t.TempDir(), t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	if err := serving.WriteDemo(other, 2, "small"); err != nil { // a different base: its adapters do not fit
+		t.Fatal(err)
+	}
+	adminPort := freePort(t)
+	g := startMolly(t, `{
+	admin 127.0.0.1:`+fmt.Sprint(adminPort)+`
+	auto_https off
+	persist_config off
+	molly {
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			n_seq_max 2
+			n_ctx 1024
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	c := client(g)
+	ctx := context.Background()
+	ask := func(model string) error {
+		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: model, MaxTokens: openai.Int(2),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+		return err
+	}
+	post := func(name, path string) (int, string) {
+		b, _ := json.Marshal(map[string]string{"name": name, "path": path})
+		req, _ := http.NewRequest(http.MethodPost, admin+"/molly/adapters", strings.NewReader(string(b)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+
+	var apiErr *openai.Error
+	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Fatalf("before adding: want 404, got %v", err)
+	}
+	if code, body := post("legal", filepath.Join(models, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") {
+		t.Fatalf("add: %d %s", code, body)
+	}
+	if err := ask("molly-demo:legal"); err != nil {
+		t.Fatalf("after adding: %v", err)
+	}
+	if code, body := post("alien", filepath.Join(other, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusUnprocessableEntity || !strings.Contains(body, "refused") {
+		t.Fatalf("a mismatched adapter: %d %s", code, body)
+	}
+	if err := ask("molly-demo:alien"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Fatalf("a refused adapter must not be served, got %v", err)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, admin+"/molly/adapters/legal", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete: %d", resp.StatusCode)
+	}
+	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Fatalf("after removing: want 404, got %v", err)
 	}
 }
