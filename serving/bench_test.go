@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/molly-gateway/molly/serving/gguf"
-	"github.com/molly-gateway/molly/serving/llama"
 )
 
 // Benchmarks run on the "bench" model (~150M parameters, F16) so that decoding
@@ -55,11 +54,7 @@ func benchEngine(b *testing.B) *Engine {
 			if q == "" {
 				q = "q8_0"
 			}
-			p := filepath.Join(benchDir, DemoModelFile)
-			if benchErr = llama.Quantize(p, p+".q", q); benchErr != nil {
-				return
-			}
-			if benchErr = os.Rename(p+".q", p); benchErr != nil {
+			if benchErr = QuantizeModel(filepath.Join(benchDir, DemoModelFile), q); benchErr != nil {
 				return
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/molly-gateway/molly/serving/gguf"
+	"github.com/molly-gateway/molly/serving/llama"
 )
 
 // Demo layout written by WriteDemo: the base model at
@@ -55,4 +56,17 @@ func DemoConfig(dir string) Config {
 		ModelPath:  filepath.Join(dir, DemoModelFile),
 		AdapterDir: filepath.Join(dir, DemoAdapterDir),
 	}
+}
+
+// QuantizeModel rewrites the GGUF model at path with its weights converted to
+// ftype ("q8_0", "q4_0" or "f16") by llama_model_quantize; metadata, including
+// the base checksum adapters are checked against, is kept. Errors: unknown
+// ftype, llama.cpp failure, file replacement failure.
+func QuantizeModel(path, ftype string) error {
+	tmp := path + ".quantizing"
+	if err := llama.Quantize(path, tmp, ftype); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -43,8 +43,9 @@ type Config struct {
 	// without ".gguf".
 	ModelName string `json:"model_name,omitempty"`
 	// AdapterDir holds LoRA adapter GGUFs, each served as
-	// "<ModelName>:<file name without .gguf>"; rescanned when a request names
-	// an unknown adapter and on Rescan.
+	// "<ModelName>:<file name without .gguf>"; watched by rescanning every
+	// 2 s, when a request names an unknown adapter, and on Rescan (new files
+	// are added, deleted files removed).
 	AdapterDir string `json:"adapter_dir,omitempty"`
 	// Adapters maps adapter names to GGUF paths, in addition to AdapterDir.
 	Adapters map[string]string `json:"adapters,omitempty"`
@@ -58,6 +59,14 @@ type Config struct {
 	// PrefillChunk is the most prompt tokens a request prefills per step
 	// (chunked prefill); default 256.
 	PrefillChunk int `json:"prefill_chunk,omitempty"`
+	// PrefixCache keeps the prompt KV of a finished request's first choice
+	// in its (free) sequence and lets a later request on the same adapter
+	// whose prompt shares a prefix skip the prefill chunks it fully covers.
+	// Whole chunks only: a reused chunk was computed from the same tokens at
+	// the same positions in the same shape as a fresh prefill would be, so
+	// outputs do not change. Off by default: with it, finished sequences keep
+	// their prompt cells until the sequence is reused.
+	PrefixCache bool `json:"prefix_cache,omitempty"`
 	// Threads is the number of CPU threads for llama.cpp; default
 	// runtime.NumCPU()-1 (at least 1). More threads than free cores makes
 	// every step wait for descheduled workers.
@@ -114,6 +123,7 @@ type Engine struct {
 	pending []*request
 	closed  bool
 	wake    chan struct{}
+	calls   chan func() // run on the scheduler goroutine between steps
 	quit    chan struct{}
 	done    chan struct{}
 
@@ -122,7 +132,8 @@ type Engine struct {
 
 	// scheduler-owned
 	active []*request
-	free   []int // free sequence ids
+	free   []int                 // free sequence ids
+	cached map[int]*cachedPrefix // prompt KV kept in free sequences (PrefixCache)
 	logits []float32
 }
 
@@ -155,8 +166,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, model: m, lctx: lctx, batch: llama.NewBatch(cfg.NBatch), adapters: am,
-		tmpl: m.ChatTemplate(), nCtxSeq: lctx.NCtxSeq(),
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		tmpl: m.ChatTemplate(), nCtxSeq: lctx.NCtxSeq(), cached: map[int]*cachedPrefix{},
+		wake: make(chan struct{}, 1), calls: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	if e.tmpl == "" {
 		e.tmpl = "chatml"
@@ -257,6 +268,14 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails.CachedTokens counts prompt tokens whose KV came
+	// from the prefix cache; nil when the cache is off.
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails is OpenAI's breakdown of prompt tokens.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // TokenLogprob is one sampled token's log probability and alternatives.
@@ -296,7 +315,8 @@ type Request struct {
 type request struct {
 	ctx     context.Context
 	r       Request
-	entry   *adapterEntry
+	entry   *adapterEntry // pinned adapter, nil once released
+	key     *adapterEntry // adapter identity for the prefix cache
 	seqs    []*sequence
 	prefill int   // prompt tokens decoded so far
 	u       Usage // scheduler-owned count, published by finish
@@ -442,12 +462,15 @@ func (e *Engine) loop() {
 			return
 		default:
 		}
+		e.runCalls()
 		e.adapters.collect()
 		e.admit()
 		e.reap()
 		if len(e.active) == 0 {
 			select {
 			case <-e.wake:
+			case f := <-e.calls:
+				f()
 			case <-e.quit:
 			case <-time.After(time.Second):
 			}
@@ -456,6 +479,30 @@ func (e *Engine) loop() {
 		e.step()
 		e.steps.Add(1)
 	}
+}
+
+func (e *Engine) runCalls() {
+	for {
+		select {
+		case f := <-e.calls:
+			f()
+		default:
+			return
+		}
+	}
+}
+
+// onScheduler runs f on the scheduler goroutine between two steps, where it
+// may touch the llama.cpp context, and waits for it. Errors: ErrClosed.
+func (e *Engine) onScheduler(f func()) error {
+	done := make(chan struct{})
+	select {
+	case e.calls <- func() { f(); close(done) }:
+	case <-e.done:
+		return ErrClosed
+	}
+	<-done
+	return nil
 }
 
 // watch rescans AdapterDir every period until Close.
@@ -535,13 +582,13 @@ func (e *Engine) admit() {
 		if q.r.Params.MaxTokens > 0 {
 			maxTok = min(maxTok, q.r.Params.MaxTokens)
 		}
+		q.key = q.entry
+		q.u.PromptTokens = len(q.r.Prompt)
 		for i := range q.r.N {
-			id := e.free[len(e.free)-1]
-			e.free = e.free[:len(e.free)-1]
+			id := e.takeSeq(q, i == 0)
 			e.busy.Add(1)
 			q.seqs = append(q.seqs, &sequence{id: id, index: i, maxTokens: maxTok, smp: newSampler(q.r.Params, i)})
 		}
-		q.u.PromptTokens = len(q.r.Prompt)
 		e.active = append(e.active, q)
 	}
 }
@@ -576,10 +623,75 @@ func (e *Engine) release(q *request) {
 }
 
 func (e *Engine) freeSeq(s *sequence) {
+	e.freeSeqKeeping(s, nil, nil)
+}
+
+// cachedPrefix is the prompt whose KV a free sequence still holds.
+type cachedPrefix struct {
+	key    *adapterEntry // adapter set (one adapter at scale 1; nil: base)
+	tokens []int32
+}
+
+// freeSeqKeeping frees s; with the prefix cache on and prompt non-nil it keeps
+// the prompt's cells (dropping the generated ones) for reuse under key.
+func (e *Engine) freeSeqKeeping(s *sequence, key *adapterEntry, prompt []int32) {
 	s.finished = true
 	e.busy.Add(-1)
-	e.lctx.SeqRm(s.id, 0, -1)
+	if e.cfg.PrefixCache && prompt != nil && e.lctx.SeqRm(s.id, len(prompt), -1) {
+		e.cached[s.id] = &cachedPrefix{key: key, tokens: prompt}
+	} else {
+		e.lctx.SeqRm(s.id, 0, -1)
+		delete(e.cached, s.id)
+	}
 	e.free = append(e.free, s.id)
+}
+
+// takeSeq pops a free sequence for q. For the choice that prefills (first)
+// it prefers the free sequence whose cached prompt covers the most whole
+// prefill chunks of q's prompt on the same adapter, trims it to those
+// chunks and advances q.prefill; otherwise it prefers sequences holding no
+// cache. A sequence taken without reuse is emptied.
+func (e *Engine) takeSeq(q *request, first bool) int {
+	best, bestR := -1, 0
+	if first && e.cfg.PrefixCache {
+		c := e.cfg.PrefillChunk
+		for i, id := range e.free {
+			cp := e.cached[id]
+			if cp == nil || cp.key != q.key {
+				continue
+			}
+			l := 0
+			for l < len(cp.tokens) && l < len(q.r.Prompt) && cp.tokens[l] == q.r.Prompt[l] {
+				l++
+			}
+			// At least the last prompt token is decoded again, for logits.
+			if r := min(l, len(q.r.Prompt)-1) / c * c; r > bestR {
+				best, bestR = i, r
+			}
+		}
+	}
+	if best < 0 {
+		best = len(e.free) - 1
+		for i := len(e.free) - 1; i >= 0; i-- {
+			if e.cached[e.free[i]] == nil {
+				best = i
+				break
+			}
+		}
+	}
+	id := e.free[best]
+	e.free = append(e.free[:best], e.free[best+1:]...)
+	if bestR > 0 {
+		e.lctx.SeqRm(id, bestR, -1)
+		q.prefill = bestR
+	} else {
+		e.lctx.SeqRm(id, 0, -1)
+	}
+	delete(e.cached, id)
+	if first && e.cfg.PrefixCache {
+		q.u.PromptTokensDetails = &PromptTokensDetails{CachedTokens: bestR}
+	}
+	return id
 }
 
 type slot struct {
@@ -743,7 +855,11 @@ func (e *Engine) end(q *request, s *sequence, reason string, upto int) {
 	q.emit(Event{Index: s.index, Text: string(s.text[s.sent:max(upto, s.sent)]), Logprobs: s.logprobs, Finish: reason})
 	s.sent = upto
 	s.logprobs = nil
-	e.freeSeq(s)
+	if s == q.seqs[0] {
+		e.freeSeqKeeping(s, q.key, q.r.Prompt)
+	} else {
+		e.freeSeq(s)
+	}
 	for _, o := range q.seqs {
 		if !o.finished {
 			return

@@ -217,6 +217,16 @@ func TestCancellationFreesTheSequenceWithinAStep(t *testing.T) {
 	if d := e.Stats().Steps - steps; d > 2 {
 		t.Errorf("freed after %d steps, want at most 2 (the step in flight and the next)", d)
 	}
+	// Its KV cells are gone: every sequence is empty.
+	if err := e.onScheduler(func() {
+		for id := range 2 {
+			if p := e.lctx.SeqPosMax(id); p != -1 {
+				t.Errorf("sequence %d still holds cells up to position %d", id, p)
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// Both sequences are free again: a request with n=2 runs to completion.
 	_, r := mustText(t, e, map[string]any{"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "x"}}, "n": 2, "max_tokens": 4})
 	if len(r.Choices) != 2 {
@@ -774,5 +784,67 @@ func TestRequestsSharingAnAdapterDecodeTogetherWithTheSameTokensAsAlone(t *testi
 	// steps; together far fewer.
 	if d := e.Stats().Steps - steps; d > 150 {
 		t.Errorf("six concurrent requests took %d steps; they were not batched", d)
+	}
+}
+
+func TestAQ8_0CopyOfTheBaseServesTheSameAdapters(t *testing.T) {
+	dir := t.TempDir()
+	if err := WriteDemo(dir, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	if err := QuantizeModel(filepath.Join(dir, DemoModelFile), "q8_0"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DemoConfig(dir)
+	cfg.Threads = 1
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if desc, _, _, _ := e.ModelInfo(); !strings.Contains(desc, "Q8_0") {
+		t.Errorf("model description %q does not say Q8_0", desc)
+	}
+	if got := len(e.Adapters()); got != len(DemoAdapters) {
+		t.Fatalf("%d adapters accepted on the quantized base, want %d", got, len(DemoAdapters))
+	}
+	base, _ := mustText(t, e, greedy("molly-demo", "quantized", 12))
+	withAdapter, _ := mustText(t, e, greedy("molly-demo:support", "quantized", 12))
+	if base == withAdapter {
+		t.Errorf("adapter had no effect on the quantized base: %q", base)
+	}
+}
+
+func TestPrefixCacheReusesWholeChunksOnTheSameAdapterWithoutChangingOutput(t *testing.T) {
+	plain := newEngine(t, nil)
+	cached := newEngine(t, func(c *Config) { c.PrefixCache = true; c.PrefillChunk = 16 })
+	long := strings.Repeat("The customer writes about an order. ", 4)
+	first := greedy("molly-demo:support", long+"First question?", 24)
+	cases := []struct {
+		name       string
+		body       map[string]any
+		wantCached bool
+	}{
+		{"a longer prompt with the same prefix on the same adapter reuses chunks", greedy("molly-demo:support", long+"Second, different question?", 24), true},
+		{"the same prompt again reuses all chunks but the last", first, true},
+		{"the same prefix on another adapter reuses nothing", greedy("molly-demo:billing", long+"First question?", 24), false},
+		{"the same prefix on the base model reuses nothing", greedy("molly-demo", long+"First question?", 24), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mustText(t, cached, first) // fills the cache
+			want, wr := mustText(t, plain, tc.body)
+			got, gr := mustText(t, cached, tc.body)
+			if got != want {
+				t.Errorf("with prefix cache %q, without %q", got, want)
+			}
+			d := gr.Usage.PromptTokensDetails
+			if d == nil || (d.CachedTokens > 0) != tc.wantCached || d.CachedTokens%16 != 0 || d.CachedTokens >= gr.Usage.PromptTokens {
+				t.Errorf("prompt_tokens_details %+v for %d prompt tokens", d, gr.Usage.PromptTokens)
+			}
+			if gr.Usage.PromptTokens != wr.Usage.PromptTokens || gr.Usage.CompletionTokens != wr.Usage.CompletionTokens {
+				t.Errorf("usage %+v, want %+v", *gr.Usage, *wr.Usage)
+			}
+		})
 	}
 }
