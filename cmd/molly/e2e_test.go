@@ -590,9 +590,14 @@ func TestAdminAPIManagesAdaptersAtRunTime(t *testing.T) {
 	}
 }
 http://127.0.0.1:{PORT} {
-	molly_classify
-	molly_policy
-	molly_route
+	handle /engine/* {
+		molly_serve
+	}
+	handle {
+		molly_classify
+		molly_policy
+		molly_route
+	}
 }
 `)
 	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
@@ -643,5 +648,20 @@ http://127.0.0.1:{PORT} {
 	}
 	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("after removing: want 404, got %v", err)
+	}
+
+	// molly_serve exposes the engine's own OpenAI API.
+	direct := openai.NewClient(option.WithBaseURL(strings.TrimSuffix(g.URL, "/v1")+"/engine/v1"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	list, err := direct.Models.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Data) != 1 || list.Data[0].ID != "molly-demo" {
+		t.Fatalf("engine models %+v, want just molly-demo", list.Data)
+	}
+	out, err := direct.Completions.New(ctx, openai.CompletionNewParams{Model: "molly-demo", MaxTokens: openai.Int(3),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("abc")}})
+	if err != nil || out.Usage.CompletionTokens != 3 {
+		t.Fatalf("engine completion: %v %+v", err, out)
 	}
 }
