@@ -139,3 +139,13 @@ var (
 	_ caddy.Validator    = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )
+
+// Load returns the molly app for the handler named by directive, loading
+// and provisioning it if needed (handlers call this from Provision).
+func Load(ctx caddy.Context, directive string) (*App, error) {
+	a, err := ctx.App("molly")
+	if err != nil {
+		return nil, fmt.Errorf("%s: loading the molly app: %w", directive, err)
+	}
+	return a.(*App), nil
+}

@@ -314,3 +314,13 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 	}
 	return c, nil
 }
+
+// NoArgs parses a handler directive that takes neither arguments nor a
+// block; hint says where its settings live instead.
+func NoArgs(d *caddyfile.Dispenser, directive, hint string) error {
+	d.Next()
+	if d.NextArg() || d.NextBlock(0) {
+		return d.Errf("%s: takes no arguments; %s", directive, hint)
+	}
+	return nil
+}

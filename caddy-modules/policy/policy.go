@@ -38,21 +38,16 @@ func (Policy) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the molly app.
 func (p *Policy) Provision(ctx caddy.Context) error {
-	a, err := ctx.App("molly")
-	if err != nil {
-		return fmt.Errorf("molly_policy: loading the molly app: %w", err)
+	var err error
+	if p.app, err = app.Load(ctx, "molly_policy"); err != nil {
+		return err
 	}
-	p.app = a.(*app.App)
 	return nil
 }
 
 // UnmarshalCaddyfile parses "molly_policy" (no arguments).
 func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if d.NextArg() || d.NextBlock(0) {
-		return d.Errf("molly_policy: takes no arguments; the policy is set by the global molly option (policy_dir) and Rego")
-	}
-	return nil
+	return app.NoArgs(d, "molly_policy", "the policy is set by the global molly option (policy_dir) and Rego")
 }
 
 // ServeHTTP decides and calls next with the decision in the context.

@@ -37,21 +37,16 @@ func (Route) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the molly app.
 func (rt *Route) Provision(ctx caddy.Context) error {
-	a, err := ctx.App("molly")
-	if err != nil {
-		return fmt.Errorf("molly_route: loading the molly app: %w", err)
+	var err error
+	if rt.app, err = app.Load(ctx, "molly_route"); err != nil {
+		return err
 	}
-	rt.app = a.(*app.App)
 	return nil
 }
 
 // UnmarshalCaddyfile parses "molly_route" (no arguments).
 func (rt *Route) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if d.NextArg() || d.NextBlock(0) {
-		return d.Errf("molly_route: takes no arguments; targets are declared in the global molly option")
-	}
-	return nil
+	return app.NoArgs(d, "molly_route", "targets are declared in the global molly option")
 }
 
 // ServeHTTP routes the request.

@@ -41,11 +41,10 @@ func (Serve) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the molly app.
 func (s *Serve) Provision(ctx caddy.Context) error {
-	a, err := ctx.App("molly")
-	if err != nil {
-		return fmt.Errorf("molly_serve: loading the molly app: %w", err)
+	var err error
+	if s.app, err = app.Load(ctx, "molly_serve"); err != nil {
+		return err
 	}
-	s.app = a.(*app.App)
 	if s.app.Engine() == nil {
 		return fmt.Errorf("molly_serve: the molly global option declares no engine { model ... }")
 	}
@@ -54,11 +53,7 @@ func (s *Serve) Provision(ctx caddy.Context) error {
 
 // UnmarshalCaddyfile parses "molly_serve" (no arguments).
 func (s *Serve) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if d.NextArg() || d.NextBlock(0) {
-		return d.Errf("molly_serve: takes no arguments; the engine is configured in the global molly option")
-	}
-	return nil
+	return app.NoArgs(d, "molly_serve", "the engine is configured in the global molly option")
 }
 
 // ServeHTTP hands the request to the engine.
