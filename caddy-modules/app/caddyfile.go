@@ -46,6 +46,7 @@ func init() {
 //			threads <n>
 //			hot_bytes <size>
 //			warm_bytes <size>
+//			prefix_cache
 //		}
 //		target <name> {
 //			tier T0|T1|T2|T3
@@ -261,6 +262,11 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			if !d.AllArgs(&c.AdapterDir) {
 				return nil, d.ArgErr()
 			}
+		case "prefix_cache":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			c.PrefixCache = true
 		case "adapter":
 			var name, path string
 			if !d.AllArgs(&name, &path) {
