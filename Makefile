@@ -20,7 +20,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench lint model deps clean
+.PHONY: all build run test bench lint model deps clean env
 
 all: build
 
@@ -53,6 +53,13 @@ bench: deps
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+
+# Prints the cgo settings, for running go commands by hand: eval "$$(make -s env)"
+env:
+	@echo export CGO_ENABLED=1
+	@echo export CGO_CPPFLAGS=\"$(CGO_CPPFLAGS)\"
+	@echo export CGO_CFLAGS=\"$(CGO_CFLAGS)\"
+	@echo export CGO_CXXFLAGS=\"$(CGO_CXXFLAGS)\"
 
 clean:
 	rm -rf bin models
