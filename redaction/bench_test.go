@@ -95,3 +95,19 @@ func BenchmarkStreamRestorer(b *testing.B) {
 		r.Flush()
 	}
 }
+
+// BenchmarkScanAcross measures the search for values split across
+// messages on a 100-message conversation (99 boundaries) of dense
+// 600-byte messages; its cost adds to scanning each message.
+func BenchmarkScanAcross(b *testing.B) {
+	s := mustScanner(b)
+	segs := make([]string, 100)
+	for i := range segs {
+		segs[i] = densePara
+	}
+	b.SetBytes(int64(100 * len(densePara)))
+	b.ReportAllocs()
+	for b.Loop() {
+		s.ScanAcross(segs)
+	}
+}

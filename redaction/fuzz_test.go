@@ -109,3 +109,65 @@ func FuzzNormalise(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanAcross checks ScanAcross's contract on any text cut at any two
+// points into three segments: parts in bounds, non-empty, sorted by
+// segment then offset, non-overlapping within a segment, every value in
+// two or more segments, value ids numbered from 0 in order; and that
+// redacting every segment with the parts and restoring gives them back.
+func FuzzScanAcross(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s, uint8(len(s)/3), uint8(len(s)/2))
+	}
+	f.Add("my card is 4111 1111 1111 1111 thanks", uint8(19), uint8(25))
+	f.Add("write to mario.rossi@example.it please", uint8(20), uint8(24))
+	s, err := NewScanner(Config{DefaultRegion: "IT", Dictionaries: map[string][]string{"PROJECT": {"Falcon"}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, text string, a, b uint8) {
+		i, j := min(int(a), len(text)), min(int(b), len(text))
+		if i > j {
+			i, j = j, i
+		}
+		segs := []string{text[:i], text[i:j], text[j:]}
+		fs := s.ScanAcross(segs)
+		perSeg := make([][]Finding, len(segs))
+		segsOf := map[int]map[int]bool{}
+		next := 0
+		for k, x := range fs {
+			if x.Segment < 0 || x.Segment >= len(segs) || x.Start < 0 || x.End <= x.Start || x.End > len(segs[x.Segment]) {
+				t.Fatalf("bad part %+v of %q", x, segs)
+			}
+			if k > 0 && (fs[k-1].Segment > x.Segment || fs[k-1].Segment == x.Segment && fs[k-1].End > x.Start) {
+				t.Fatalf("parts out of order or overlapping: %+v then %+v", fs[k-1], x)
+			}
+			if x.Value > next {
+				t.Fatalf("value %d before value %d", x.Value, next)
+			}
+			if x.Value == next {
+				next++
+			}
+			if segsOf[x.Value] == nil {
+				segsOf[x.Value] = map[int]bool{}
+			}
+			segsOf[x.Value][x.Segment] = true
+			perSeg[x.Segment] = append(perSeg[x.Segment], x.Finding)
+		}
+		for id, in := range segsOf {
+			if len(in) < 2 {
+				t.Fatalf("value %d lies in one segment only: %+v", id, fs)
+			}
+		}
+		v := NewVault()
+		types := map[string]bool{"PROJECT": true}
+		for k := range allTypes {
+			types[k] = true
+		}
+		for k, seg := range segs {
+			if back := v.Restore(v.Redact(seg, perSeg[k], types)); back != seg {
+				t.Fatalf("round trip changed segment %d: %q -> %q", k, seg, back)
+			}
+		}
+	})
+}

@@ -69,7 +69,7 @@ func BuiltinTypes() []string { return slices.Clone(builtinTypes) }
 // Finding is one detected value: text[Start:End], where Start and End are
 // byte offsets into the string given to Scan (0 <= Start < End <= len(text)).
 type Finding struct {
-	Type    string // one of the Type* constants
+	Type    string // one of the Type* constants, or a user-defined type
 	Subtype string // e.g. for SECRET: "openai", "aws_access_key", "github", "jwt", "private_key"; may be empty
 	Start   int    // byte offset of the first byte
 	End     int    // byte offset one past the last byte
@@ -93,6 +93,17 @@ type Config struct {
 	// Types lists the enabled entity types by name (see BuiltinTypes);
 	// empty means all built-in types.
 	Types []string
+	// Patterns maps a user-defined entity type (upper-case A-Z, 0-9 and _,
+	// starting with a letter, at most 32 bytes, not a built-in name) to Go
+	// RE2 regular expressions (https://github.com/google/re2/wiki/Syntax);
+	// every match is a finding, or only the group named "value" when the
+	// expression has one. Always enabled, whatever Types says.
+	Patterns map[string][]string
+	// Dictionaries maps a user-defined entity type (same naming rules) to
+	// words or phrases (e.g. project code names) found case-insensitively
+	// as whole words; spaces inside a phrase match any run of white space.
+	// A type may have both patterns and words. Always enabled.
+	Dictionaries map[string][]string
 }
 
 // Scanner runs a fixed set of detectors over text. Build it once with
@@ -105,8 +116,10 @@ type Scanner struct {
 
 // NewScanner validates cfg and builds the detectors. It returns an error
 // naming the offending value when cfg.Types holds an unknown type name or a
-// duplicate, or when cfg.DefaultRegion is not a region known to the phone
-// number metadata.
+// duplicate, when cfg.DefaultRegion is not a region known to the phone
+// number metadata, or when a user-defined type is badly named, is a
+// built-in name, has an expression that does not compile or matches the
+// empty string, or has an empty word.
 func NewScanner(cfg Config) (*Scanner, error) {
 	region := strings.ToUpper(strings.TrimSpace(cfg.DefaultRegion))
 	if region == "" {
@@ -163,11 +176,24 @@ func NewScanner(cfg Config) (*Scanner, error) {
 		s.detectors = append(s.detectors, d)
 		s.types = append(s.types, t)
 	}
+	// User-defined types come after the built-ins in tie-break order: on
+	// exactly the same bytes, a built-in's validated finding (and the
+	// sensitivity class it implies) wins.
+	custom, customTypes, err := customDetectors(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range customTypes {
+		s.prio[t] = len(builtinTypes) + i
+	}
+	s.detectors = append(s.detectors, custom...)
+	s.types = append(s.types, customTypes...)
 	return s, nil
 }
 
-// Types returns the enabled entity types in tie-break priority order. The
-// caller owns the returned slice.
+// Types returns the enabled entity types in tie-break priority order:
+// built-ins first, then user-defined types by name. The caller owns the
+// returned slice.
 func (s *Scanner) Types() []string { return slices.Clone(s.types) }
 
 // Scan returns the findings in text, sorted by Start and non-overlapping.

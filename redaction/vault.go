@@ -41,8 +41,9 @@ type Vault struct {
 	next     map[string]int      // type -> last counter used
 	reserved map[string]bool     // placeholder-shaped strings present in redacted input
 	unknown  atomic.Int64
-	modes    map[string]Mode // per type; absent = ModePlaceholder
-	hmacKey  []byte          // ModeHash key; nil = processKey
+	modes    map[string]Mode   // per type; absent = ModePlaceholder
+	hmacKey  []byte            // ModeHash key; nil = processKey
+	masked   map[vaultKey]bool // values replaced by a mask or pseudonym
 }
 
 type vaultKey struct{ typ, value string }
@@ -62,6 +63,15 @@ func NewVault(opts ...VaultOption) *Vault {
 		o(v)
 	}
 	return v
+}
+
+// Replaced returns the number of distinct (type, value) pairs Redact
+// replaced, in any mode: placeholders issued plus values masked or
+// pseudonymised.
+func (v *Vault) Replaced() int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return len(v.byPH) + len(v.masked)
 }
 
 // Len returns the number of distinct values held (placeholders issued).
@@ -145,8 +155,10 @@ func (v *Vault) Redact(text string, findings []Finding, types map[string]bool) s
 func (v *Vault) placeholderLocked(typ, value string) string {
 	switch v.modes[typ] {
 	case ModeMask:
+		v.markLocked(typ, value)
 		return "[" + typeName(typ) + "]"
 	case ModeHash:
+		v.markLocked(typ, value)
 		return v.pseudonym(typ, value)
 	}
 	k := vaultKey{typ, value}
@@ -167,6 +179,13 @@ func (v *Vault) placeholderLocked(typ, value string) string {
 		v.byPH[ph] = value
 		return ph
 	}
+}
+
+func (v *Vault) markLocked(typ, value string) {
+	if v.masked == nil {
+		v.masked = map[vaultKey]bool{}
+	}
+	v.masked[vaultKey{typ, value}] = true
 }
 
 // Placeholders returns a copy of the issued placeholders and their values,
