@@ -91,7 +91,8 @@ type Capability struct {
 	PromptTokens int      // estimated prompt tokens (see EstimateTokens)
 	MaxTokens    int      // max_completion_tokens or max_tokens; 0 when unset
 	Tools        bool     // tools declared or tool messages present
-	Task         string   // task category: chat, coding, math, translation, summarisation, extraction, embedding
+	Task         string   // task category: chat, coding, math, translation, summarisation, extraction, creative, classification, embedding, or an adapter domain (see Estimator)
+	Difficulty   float64  // estimated difficulty in [0,1] (see Estimator); 0 for embeddings and the model list
 }
 
 // Sovereignty is what the request's content allows.
@@ -101,6 +102,7 @@ type Sovereignty struct {
 	Declared    Sensitivity    // from X-Molly-Sensitivity; can raise, never lower
 	Findings    map[string]int // count per entity type, e.g. {"EMAIL": 2}
 	Opaque      bool           // content that cannot be scanned (token-id prompts)
+	ScanFailed  bool           // a detector failed on some field: findings are incomplete, so Sensitivity is Restricted and no tier that requires redaction is used
 	Residency   string         // requested residency region from X-Molly-Residency, e.g. "EU"
 }
 
@@ -114,6 +116,10 @@ type TextField struct {
 type FieldFinding struct {
 	Field int
 	redaction.Finding
+	// Split is true for one part of a value cut across consecutive fields
+	// (chat messages, tool-call arguments, prompts); each part is redacted
+	// in its own field.
+	Split bool
 }
 
 // Annotation is the result of classification. It is made once per request
@@ -125,6 +131,8 @@ type Annotation struct {
 	Fields   []TextField    // every text-bearing field, in document order
 	Findings []FieldFinding // sorted by field, then offset
 	Scanned  []string       // entity types the scanner looked for (the redactable ones)
+
+	vaultOpts []redaction.VaultOption // per-type modes and the HMAC key, from the Classifier
 }
 
 type annotationKey struct{}

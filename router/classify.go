@@ -2,7 +2,7 @@ package router
 
 import (
 	"net/http"
-	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -31,13 +31,46 @@ var DefaultEntityClasses = map[string]Sensitivity{
 
 // Classifier turns a request body into an Annotation. Safe for concurrent use.
 type Classifier struct {
-	scanner *redaction.Scanner
-	classes map[string]Sensitivity
+	scanner   *redaction.Scanner
+	classes   map[string]Sensitivity
+	vaultOpts []redaction.VaultOption
+
+	// scan and scanAcross are scanner.Scan and scanner.ScanAcross; tests
+	// replace them to inject detector failures (no config can).
+	scan       func(string) []redaction.Finding
+	scanAcross func([]string) []redaction.SegmentFinding
+
+	estimator *Estimator // task and difficulty (capability.go); nil: no adapter domains
+}
+
+// ClassifierOption configures a Classifier; see NewClassifier.
+type ClassifierOption func(*Classifier)
+
+// WithRedactionModes sets, per entity type, how NewDispatch replaces the
+// type's values for a tier whose decision lists it: redaction.ModePlaceholder
+// (reversible "[EMAIL_1]", the default for unlisted types), ModeMask
+// ("[EMAIL]") or ModeHash (keyed HMAC pseudonym, see WithHashKey). The map
+// is copied.
+func WithRedactionModes(modes map[string]redaction.Mode) ClassifierOption {
+	return func(c *Classifier) {
+		for t, m := range modes {
+			c.vaultOpts = append(c.vaultOpts, redaction.WithMode(t, m))
+		}
+	}
+}
+
+// WithHashKey sets the HMAC-SHA256 key of ModeHash pseudonyms (≥ 32 random
+// bytes recommended), so the same value gets the same pseudonym across
+// requests and restarts. Without it a random key made once per process is
+// used. The key is copied; it is never logged.
+func WithHashKey(key []byte) ClassifierOption {
+	return func(c *Classifier) { c.vaultOpts = append(c.vaultOpts, redaction.WithHMACKey(key)) }
 }
 
 // NewClassifier builds a classifier over scanner. overrides replaces entries
-// of DefaultEntityClasses (e.g. {"EMAIL": Public}).
-func NewClassifier(scanner *redaction.Scanner, overrides map[string]Sensitivity) *Classifier {
+// of DefaultEntityClasses (e.g. {"EMAIL": Public}); types in neither (e.g.
+// user-defined patterns) imply Confidential.
+func NewClassifier(scanner *redaction.Scanner, overrides map[string]Sensitivity, opts ...ClassifierOption) *Classifier {
 	classes := make(map[string]Sensitivity, len(DefaultEntityClasses)+len(overrides))
 	for k, v := range DefaultEntityClasses {
 		classes[k] = v
@@ -45,7 +78,11 @@ func NewClassifier(scanner *redaction.Scanner, overrides map[string]Sensitivity)
 	for k, v := range overrides {
 		classes[k] = v
 	}
-	return &Classifier{scanner: scanner, classes: classes}
+	c := &Classifier{scanner: scanner, classes: classes, scan: scanner.Scan, scanAcross: scanner.ScanAcross}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 // EndpointOf maps method and path to the endpoint. The path may carry any
@@ -82,7 +119,7 @@ func EndpointOf(method, path string) (Endpoint, *api.Error) {
 // X-Molly-Sensitivity header value ("" when absent); residency the
 // X-Molly-Residency value. Errors are *api.Error with status 400.
 func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency string) (*Annotation, error) {
-	a := &Annotation{Body: body, Scanned: c.scanner.Types()}
+	a := &Annotation{Body: body, Scanned: c.scanner.Types(), vaultOpts: c.vaultOpts}
 	a.Endpoint = ep
 	a.Residency = strings.TrimSpace(residency)
 	if declared != "" {
@@ -219,7 +256,7 @@ func (c *Classifier) capability(a *Annotation, root gjson.Result) *api.Error {
 	}
 	a.Fields = appendLeaves(a.Fields, root, "", known)
 	if a.Task == "" {
-		a.Task = taskOf(lastUserText(a, root))
+		a.Task, a.Difficulty = c.estimate(lastUserText(a, root), a.Tools)
 	}
 	return nil
 }
@@ -408,53 +445,174 @@ func lastUserText(a *Annotation, root gjson.Result) string {
 	return ""
 }
 
-// Task rules: a first keyword rule set, English and Italian. The first rule
-// that matches names the category; no match is "chat".
-var taskRules = []struct {
-	task string
-	re   *regexp.Regexp
-}{
-	{"coding", regexp.MustCompile("(?i)```|\\b(func|def|class|import|return|const|var|select \\w+ from|stack ?trace|exception|compile|debug|refactor|python|golang|javascript|typescript|rust|sql|regex|function|bug)\\b")},
-	{"translation", regexp.MustCompile(`(?i)\b(translate|translation|traduci|traduzione|tradurre|in (english|italian|french|german|spanish|inglese|italiano|francese|tedesco|spagnolo))\b`)},
-	{"summarisation", regexp.MustCompile(`(?i)\b(summari[sz]e|summary|tl;?dr|riassumi|riassunto|sintetizza)\b`)},
-	{"math", regexp.MustCompile(`(?i)\b(solve|equation|integral|derivative|prove|theorem|calculate|compute|risolvi|equazione|calcola)\b|\d+\s*[-+*/^=]\s*\d+`)},
-	{"extraction", regexp.MustCompile(`(?i)\b(extract|estrai|parse|fill in|as json|in json|table of)\b`)},
-}
-
-func taskOf(text string) string {
-	for _, r := range taskRules {
-		if r.re.MatchString(text) {
-			return r.task
-		}
-	}
-	return "chat"
-}
-
 func (c *Classifier) sovereignty(a *Annotation) {
 	a.Findings = nil
+	a.ScanFailed = false
 	for i, f := range a.Fields {
-		for _, fd := range c.scanner.Scan(f.Text) {
+		fs, ok := safeScan(c.scan, f.Text)
+		if !ok {
+			a.ScanFailed = true
+			continue
+		}
+		for _, fd := range fs {
 			a.Findings = append(a.Findings, FieldFinding{Field: i, Finding: fd})
 		}
 	}
+	values := c.splitValues(a)
 	if len(a.Findings) > 0 {
 		a.Sovereignty.Findings = make(map[string]int)
 	}
 	for _, f := range a.Findings {
-		a.Sovereignty.Findings[f.Type]++
-		cls, ok := c.classes[f.Type]
-		if !ok {
-			cls = Confidential
+		if f.Split {
+			continue // counted once per value below
 		}
-		if cls > a.Detected {
-			a.Detected = cls
-		}
+		c.count(a, f.Type)
+	}
+	for _, typ := range values {
+		c.count(a, typ)
 	}
 	if a.Opaque && a.Detected < Confidential {
 		// Fail closed: what cannot be scanned is treated as confidential.
 		a.Detected = Confidential
 	}
+	if a.ScanFailed {
+		// Fail closed: a failed detector may have missed anything.
+		a.Detected = Restricted
+	}
 	a.Sensitivity = max(a.Detected, a.Declared)
+}
+
+func (c *Classifier) count(a *Annotation, typ string) {
+	a.Sovereignty.Findings[typ]++
+	cls, ok := c.classes[typ]
+	if !ok {
+		cls = Confidential
+	}
+	if cls > a.Detected {
+		a.Detected = cls
+	}
+}
+
+// safeScan runs scan on text, turning a panic into ok=false so that a
+// detector bug fails the request closed instead of crashing the handler or
+// letting the text through unscanned.
+func safeScan[T any, R any](scan func(T) R, text T) (out R, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return scan(text), true
+}
+
+// segment is a piece of a field's text that continues in the next segment
+// of its sequence: text == Fields[field].Text[off:off+len(text)].
+type segment struct {
+	field, off int
+	text       string
+}
+
+// splitValues finds values cut across consecutive segments (the issue's
+// "values split across messages and across tool arguments"): the texts of
+// the chat messages in order, the string values of tool-call arguments in
+// order (within one call and across calls), and the prompts or inputs of
+// completions and embeddings (see redaction.Scanner.ScanAcross). Their
+// parts replace any finding they overlap in a.Findings (the joined value is
+// longer); it returns the type of each split value, for counting. A scan
+// failure sets a.ScanFailed.
+func (c *Classifier) splitValues(a *Annotation) []string {
+	var msgs, args, prompts []segment
+	for i, f := range a.Fields {
+		p := f.Path
+		switch {
+		case strings.HasPrefix(p, "messages.") && (strings.HasSuffix(p, ".content") || strings.HasSuffix(p, ".text")) && !strings.Contains(p, "tool_calls"):
+			msgs = append(msgs, segment{i, 0, f.Text})
+		case strings.HasSuffix(p, ".function.arguments") || strings.HasSuffix(p, "function_call.arguments"):
+			args = appendArgSegments(args, i, f.Text)
+		case p == "prompt" || p == "input" || strings.HasPrefix(p, "prompt.") || strings.HasPrefix(p, "input."):
+			prompts = append(prompts, segment{i, 0, f.Text})
+		}
+	}
+	var types []string
+	var parts []FieldFinding
+	for _, seq := range [][]segment{msgs, args, prompts} {
+		if len(seq) < 2 {
+			continue
+		}
+		texts := make([]string, len(seq))
+		for k, sg := range seq {
+			texts[k] = sg.text
+		}
+		found, ok := safeScan(c.scanAcross, texts)
+		if !ok {
+			a.ScanFailed = true
+			continue
+		}
+		last := -1
+		for _, sf := range found {
+			sg := seq[sf.Segment]
+			f := sf.Finding
+			f.Start += sg.off
+			f.End += sg.off
+			parts = append(parts, FieldFinding{Field: sg.field, Finding: f, Split: true})
+			if sf.Value > last {
+				last = sf.Value
+				types = append(types, f.Type)
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	kept := a.Findings[:0:0]
+	for _, f := range a.Findings {
+		clash := false
+		for _, p := range parts {
+			if p.Field == f.Field && p.Start < f.End && f.Start < p.End {
+				clash = true
+				break
+			}
+		}
+		if !clash {
+			kept = append(kept, f)
+		}
+	}
+	a.Findings = append(kept, parts...)
+	sort.SliceStable(a.Findings, func(i, j int) bool {
+		if a.Findings[i].Field != a.Findings[j].Field {
+			return a.Findings[i].Field < a.Findings[j].Field
+		}
+		return a.Findings[i].Start < a.Findings[j].Start
+	})
+	return types
+}
+
+// appendArgSegments adds the string values of tool-call arguments text (a
+// JSON document) as segments, in document order, or the whole text when it
+// is not JSON. Values holding escapes are skipped: their decoded bytes do
+// not map one to one onto the field's text.
+func appendArgSegments(segs []segment, field int, text string) []segment {
+	if !gjson.Valid(text) {
+		return append(segs, segment{field, 0, text})
+	}
+	var walk func(v gjson.Result)
+	walk = func(v gjson.Result) {
+		switch {
+		case v.Type == gjson.String:
+			raw := v.Raw
+			if v.Index > 0 && v.Index+len(raw) <= len(text) && text[v.Index:v.Index+len(raw)] == raw &&
+				len(raw) >= 2 && !strings.Contains(raw, `\`) {
+				segs = append(segs, segment{field, v.Index + 1, raw[1 : len(raw)-1]})
+			}
+		case v.IsObject() || v.IsArray():
+			v.ForEach(func(_, e gjson.Result) bool {
+				walk(e)
+				return true
+			})
+		}
+	}
+	walk(gjson.Parse(text))
+	return segs
 }
 
 // duplicateKey returns the first object member name (unescaped) that occurs

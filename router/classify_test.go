@@ -163,6 +163,10 @@ func TestClassifyCapability(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := classify(t, tt.ep, tt.body, "")
+			if a.Difficulty < 0 || a.Difficulty > 1 || (a.Task == "embedding") != (a.Difficulty == 0) {
+				t.Fatalf("Difficulty = %v, want in (0,1], or 0 for embeddings", a.Difficulty)
+			}
+			a.Difficulty = 0 // its value is asserted in capability_test.go
 			if !reflect.DeepEqual(a.Capability, tt.want) {
 				t.Fatalf("Capability = %+v\nwant         %+v", a.Capability, tt.want)
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/tidwall/sjson"
 
@@ -17,6 +18,12 @@ import (
 // ErrNotAllowed is returned by NewDispatch for a target the decision does
 // not allow.
 var ErrNotAllowed = errors.New("target not allowed by the policy decision")
+
+// ErrScanFailed is returned by NewDispatch for a tier whose decision
+// requires redaction when a detector failed on the request
+// (Sovereignty.ScanFailed): what it missed cannot be redacted, so the
+// request may only go where the policy sends it unredacted.
+var ErrScanFailed = errors.New("content scan failed, so the redaction the policy requires cannot be guaranteed")
 
 // Dispatch is a request ready to leave for one target: the body is already
 // redacted as the decision requires for the target's tier. NewDispatch is the
@@ -30,14 +37,18 @@ type Dispatch struct {
 	endpoint   Endpoint
 	body       []byte
 	vault      *redaction.Vault // placeholders to restore in the answer; nil when nothing was redacted
+	redacted   int              // distinct values replaced, in any mode
 }
 
 // NewDispatch checks c against d and builds the body for c's tier: the model
 // name rewritten to the upstream's, and every finding whose type the decision
-// lists for the tier replaced by a placeholder. Errors: ErrNotAllowed (wrapped)
-// when the tier or region is not allowed; an error when the decision asks to
-// redact a type the classifier did not scan for (fail closed) or the body
-// cannot be rewritten.
+// lists for the tier replaced by a placeholder (or a mask or keyed
+// pseudonym, per the classifier's WithRedactionModes); the parts of a value
+// split across fields are replaced each in its field. Errors: ErrNotAllowed
+// (wrapped) when the tier or region is not allowed; ErrScanFailed (wrapped)
+// when the tier requires redaction and a detector failed on the request; an
+// error when the decision asks to redact a type the classifier did not scan
+// for (fail closed) or the body cannot be rewritten.
 func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, error) {
 	t := c.Target
 	if t == nil || !d.AllowsTier(t.Tier) || !regionAllowed(d, t) {
@@ -52,11 +63,19 @@ func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, e
 		return disp, nil
 	}
 	body, err := sjson.SetBytes(slices.Clone(a.Body), "model", c.Model)
+	if err == nil && a.Stream && !a.IncludeUsage && (a.Endpoint == EndpointChat || a.Endpoint == EndpointCompletions) {
+		// Usage is recorded for streams too: always ask for the usage chunk;
+		// the forwarder strips it again for a client that did not ask.
+		body, err = sjson.SetBytes(body, "stream_options.include_usage", true)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("rewriting model for %s: %w", t.Name, err)
 	}
 	types := d.Redact(t.Tier)
 	if len(types) > 0 {
+		if a.ScanFailed {
+			return nil, fmt.Errorf("%s (%s redacts %s): %w", t.Name, t.Tier, strings.Join(types, ","), ErrScanFailed)
+		}
 		set := make(map[string]bool, len(types))
 		for _, ty := range types {
 			if !slices.Contains(a.Scanned, ty) {
@@ -64,7 +83,7 @@ func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, e
 			}
 			set[ty] = true
 		}
-		vault := redaction.NewVault()
+		vault := redaction.NewVault(a.vaultOpts...)
 		// Reserve every placeholder-shaped string the client wrote, in any
 		// field and in the raw body, before issuing one: otherwise a literal
 		// "[EMAIL_1]" in a field without findings (or in a later field) could
@@ -91,6 +110,7 @@ func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, e
 		if vault.Len() > 0 {
 			disp.vault = vault
 		}
+		disp.redacted = vault.Replaced()
 	}
 	disp.body = body
 	return disp, nil
@@ -102,13 +122,9 @@ func (d *Dispatch) Target() *Target { return d.target }
 // Body returns the bytes that will be sent (after redaction).
 func (d *Dispatch) Body() []byte { return d.body }
 
-// Redacted reports how many distinct values were replaced by placeholders.
-func (d *Dispatch) Redacted() int {
-	if d.vault == nil {
-		return 0
-	}
-	return d.vault.Len()
-}
+// Redacted reports how many distinct values were replaced, by placeholders,
+// masks or pseudonyms (a value split across fields counts once per part).
+func (d *Dispatch) Redacted() int { return d.redacted }
 
 // send performs the upstream call. It is the only place that builds a
 // request to an upstream.

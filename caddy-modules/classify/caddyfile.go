@@ -6,6 +6,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router"
 )
 
@@ -25,6 +26,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		phone_region <ISO 3166 code>  # e.g. IT
 //		entities <TYPE>...            # e.g. EMAIL PHONE CREDIT_CARD
 //		sensitivity <TYPE> <class>    # e.g. EMAIL public
+//		redact_mode <TYPE> placeholder|mask|hash
+//		hash_key_env <VAR>            # HMAC key of hash mode, from the environment
+//		pattern <TYPE> <regex>        # user-defined type, Go RE2; repeatable
+//		dictionary <TYPE> <word>...   # user-defined type, whole words, any case
 //	}
 func (c *Classify) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -64,6 +69,40 @@ func (c *Classify) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				c.Sensitivity = map[string]string{}
 			}
 			c.Sensitivity[typ] = class
+		case "redact_mode":
+			var typ, mode string
+			if !d.AllArgs(&typ, &mode) {
+				return d.Err("molly_classify: redact_mode takes <ENTITY_TYPE> <placeholder|mask|hash>")
+			}
+			if _, err := redaction.ParseMode(mode); err != nil {
+				return d.Errf("molly_classify: redact_mode %s: %v", typ, err)
+			}
+			if c.RedactModes == nil {
+				c.RedactModes = map[string]string{}
+			}
+			c.RedactModes[typ] = mode
+		case "hash_key_env":
+			if !d.AllArgs(&c.HashKeyEnv) {
+				return d.Err("molly_classify: hash_key_env takes the name of an environment variable")
+			}
+		case "pattern":
+			var typ, expr string
+			if !d.AllArgs(&typ, &expr) {
+				return d.Err("molly_classify: pattern takes <TYPE> <regex> (quote a regex with spaces, or use backticks)")
+			}
+			if c.Patterns == nil {
+				c.Patterns = map[string][]string{}
+			}
+			c.Patterns[typ] = append(c.Patterns[typ], expr)
+		case "dictionary":
+			args := d.RemainingArgs()
+			if len(args) < 2 {
+				return d.Err("molly_classify: dictionary takes <TYPE> <word>...")
+			}
+			if c.Dictionaries == nil {
+				c.Dictionaries = map[string][]string{}
+			}
+			c.Dictionaries[args[0]] = append(c.Dictionaries[args[0]], args[1:]...)
 		default:
 			return d.Errf("molly_classify: unrecognized subdirective %q", d.Val())
 		}

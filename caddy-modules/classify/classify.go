@@ -9,11 +9,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"slices"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router"
 )
@@ -32,7 +36,25 @@ type Classify struct {
 	Entities []string `json:"entities,omitempty"`
 	// Sensitivity maps an entity type to the class its presence implies,
 	// overriding router.DefaultEntityClasses (e.g. {"EMAIL": "public"}).
+	// User-defined types default to "confidential".
 	Sensitivity map[string]string `json:"sensitivity,omitempty"`
+	// RedactModes maps an entity type to how its values are replaced for a
+	// tier whose decision redacts it: "placeholder" (reversible "[EMAIL_1]",
+	// the default), "mask" ("[EMAIL]") or "hash" (keyed HMAC-SHA256
+	// pseudonym "[EMAIL#<16 hex>]", stable across requests, irreversible).
+	RedactModes map[string]string `json:"redact_modes,omitempty"`
+	// HashKeyEnv names the environment variable holding the HMAC key of
+	// "hash" mode (at least 32 bytes). The key itself never appears in the
+	// config or the logs. Unset: a random key per process, so pseudonyms
+	// change on restart.
+	HashKeyEnv string `json:"hash_key_env,omitempty"`
+	// Patterns maps a user-defined entity type (upper-case, not a built-in
+	// name) to Go RE2 regular expressions; a group named "value" narrows
+	// the finding to it. E.g. {"EMPLOYEE_ID": ["\\bE-\\d{6}\\b"]}.
+	Patterns map[string][]string `json:"patterns,omitempty"`
+	// Dictionaries maps a user-defined entity type to words or phrases
+	// found case-insensitively as whole words, e.g. {"PROJECT": ["Falcon"]}.
+	Dictionaries map[string][]string `json:"dictionaries,omitempty"`
 
 	classifier *router.Classifier
 }
@@ -44,14 +66,49 @@ func (Classify) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "http.handlers.molly_classify", New: func() caddy.Module { return new(Classify) }}
 }
 
-// Provision builds the scanner and classifier.
-func (c *Classify) Provision(caddy.Context) error {
+// MinHashKeyBytes is the shortest HMAC key hash_key_env may name (32
+// bytes, the SHA-256 block's half; RFC 2104 §3 recommends at least the
+// hash output length).
+const MinHashKeyBytes = 32
+
+// Provision builds the scanner and classifier. Errors name the field: a
+// bad entity type, region, pattern or dictionary; a mode other than
+// placeholder, mask or hash, or for a type no detector finds; a
+// hash_key_env variable that is unset or shorter than MinHashKeyBytes.
+func (c *Classify) Provision(ctx caddy.Context) error {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	scanner, err := redaction.NewScanner(redaction.Config{DefaultRegion: c.PhoneRegion, Types: c.Entities})
+	scanner, err := redaction.NewScanner(redaction.Config{DefaultRegion: c.PhoneRegion, Types: c.Entities,
+		Patterns: c.Patterns, Dictionaries: c.Dictionaries})
 	if err != nil {
 		return fmt.Errorf("molly_classify: %w", err)
+	}
+	var opts []router.ClassifierOption
+	modes := map[string]redaction.Mode{}
+	hash := false
+	for typ, name := range c.RedactModes {
+		m, err := redaction.ParseMode(name)
+		if err != nil {
+			return fmt.Errorf("molly_classify: redact_mode %s: %w", typ, err)
+		}
+		if !slices.Contains(scanner.Types(), typ) {
+			return fmt.Errorf("molly_classify: redact_mode %s: no enabled detector finds that type (enabled: %s)", typ, strings.Join(scanner.Types(), ", "))
+		}
+		modes[typ] = m
+		hash = hash || m == redaction.ModeHash
+	}
+	if len(modes) > 0 {
+		opts = append(opts, router.WithRedactionModes(modes))
+	}
+	if c.HashKeyEnv != "" {
+		key := os.Getenv(c.HashKeyEnv)
+		if len(key) < MinHashKeyBytes {
+			return fmt.Errorf("molly_classify: hash_key_env: environment variable %s is unset or shorter than %d bytes", c.HashKeyEnv, MinHashKeyBytes)
+		}
+		opts = append(opts, router.WithHashKey([]byte(key)))
+	} else if hash {
+		ctx.Logger().Warn("redact_mode hash without hash_key_env: pseudonyms use a random key and change when Molly restarts")
 	}
 	overrides := map[string]router.Sensitivity{}
 	for typ, class := range c.Sensitivity {
@@ -61,7 +118,10 @@ func (c *Classify) Provision(caddy.Context) error {
 		}
 		overrides[typ] = s
 	}
-	c.classifier = router.NewClassifier(scanner, overrides)
+	c.classifier = router.NewClassifier(scanner, overrides, opts...)
+	if a, err := ctx.AppIfConfigured("molly"); err == nil { // the engine's adapter names are task categories
+		c.classifier.SetDomains(a.(*app.App).Catalogue().Domains)
+	}
 	return nil
 }
 
