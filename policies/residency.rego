@@ -26,13 +26,25 @@ default decision := {
 }
 
 decision := object.union(base, residency) if {
-	tiers := class_tiers[input.sovereignty.sensitivity]
+	tiers := scoped(class_tiers[input.sovereignty.sensitivity])
 	base := {
-		"allow": true,
+		"allow": count(tiers) > 0,
 		"tiers": tiers,
 		"redact": {t: types | some t in tiers; types := redact[t]},
 		"reasons": array.concat([sprintf("sensitivity %s allows %s", [input.sovereignty.sensitivity, concat(",", tiers)])], sort(why)),
 	}
+}
+
+# A caller whose API key is scoped to some tiers (input.identity.tiers,
+# from molly_auth) only reaches those of them the class allows; an empty or
+# absent list leaves the class's tiers as they are. An empty intersection
+# denies.
+scoped(tiers) := tiers if count(object.get(input, ["identity", "tiers"], [])) == 0
+
+scoped(tiers) := [t | some t in tiers; t in input.identity.tiers] if count(object.get(input, ["identity", "tiers"], [])) > 0
+
+why contains sprintf("member %s is scoped to tiers %s", [input.identity.member, concat(",", input.identity.tiers)]) if {
+	count(input.identity.tiers) > 0
 }
 
 # A declared residency region pins the request to targets in that region

@@ -59,3 +59,35 @@ test_no_residency_means_no_region_constraint if {
 	d := policy.decision with input as req("public", {})
 	not d.regions
 }
+
+scoped_req(class, tiers) := json.patch(req(class, {}), [{"op": "replace", "path": "/identity", "value": {"member": "alice", "scopes": [], "models": [], "tiers": tiers, "tools": []}}])
+
+test_a_key_scoped_to_tiers_narrows_the_decision if {
+	d := policy.decision with input as scoped_req("public", ["T0", "T2"])
+	d.allow
+	d.tiers == ["T0", "T2"]
+	"member alice is scoped to tiers T0,T2" in d.reasons
+	not d.redact.T3
+}
+
+test_a_scope_never_widens_the_class if {
+	d := policy.decision with input as scoped_req("confidential", ["T0", "T3"])
+	d.allow
+	d.tiers == ["T0"]
+}
+
+test_a_scope_outside_the_class_denies if {
+	d := policy.decision with input as scoped_req("restricted", ["T3"])
+	not d.allow
+	d.tiers == []
+}
+
+test_an_empty_scope_leaves_the_class_tiers if {
+	d := policy.decision with input as scoped_req("internal", [])
+	d.tiers == ["T0", "T1", "T2"]
+}
+
+test_an_identity_without_tiers_leaves_the_class_tiers if {
+	d := policy.decision with input as json.patch(req("public", {}), [{"op": "replace", "path": "/identity", "value": {"member": "x"}}])
+	d.tiers == ["T0", "T1", "T2", "T3"]
+}

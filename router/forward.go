@@ -34,6 +34,11 @@ type Forwarder struct {
 	Catalogue *Catalogue
 	Weights   Weights
 	Logger    *zap.Logger
+	// Priors learns quality (feedback, outcomes) and latency, and remembers
+	// decisions for feedback; nil: the configured priors only (priors.go).
+	Priors *Priors
+	// Metrics records requests, tokens, cost and latency; nil: none (metrics.go).
+	Metrics *Metrics
 }
 
 // attempt records one failed try, for the 503 message and the log.
@@ -54,9 +59,12 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 	}
 	w.Header().Set(HeaderDecisionID, d.ID())
 	if a.Endpoint == EndpointModels {
-		return f.models(w, d)
+		return f.models(w, d, IdentityFrom(r.Context()))
 	}
-	cands, excluded, known := f.Catalogue.Rank(a, d, f.Weights)
+	cands, excluded, known, err := f.rank(r, a, d, log) // explain.go: overrides, learned priors, decision log
+	if err != nil {
+		return err
+	}
 	if !known {
 		return &api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
 			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", a.Model)}
@@ -73,6 +81,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 		}
 		start := time.Now()
 		resp, err := disp.send(r.Context())
+		ttfb := time.Since(start)
 		if err != nil {
 			if r.Context().Err() != nil {
 				return nil // the client went away; nothing to answer
@@ -89,12 +98,15 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 			continue
 		}
 		isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		meter := newUsageMeter(r.Context(), log, a, d.ID(), c.Target)
 		if resp.StatusCode/100 == 2 && isSSE {
 			f.setHeaders(w, resp, disp)
-			err := relaySSE(w, resp.Body, disp)
+			f.explain(w, c, cands)
+			err := relaySSE(w, resp.Body, disp, meter)
 			resp.Body.Close()
 			log.Info("routed", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier),
 				zap.Bool("stream", true), zap.Int("redacted", disp.Redacted()), zap.Duration("duration", time.Since(start)), zap.NamedError("stream_error", err))
+			f.observe(a, d, answered{chosen: c, cands: cands, start: start, ttfb: ttfb, status: resp.StatusCode, meter: meter, err: err})
 			return nil
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamBody+1))
@@ -109,18 +121,23 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 			tried = append(tried, attempt{c.Target.Name, "reading answer: " + err.Error()})
 			continue
 		}
+		if resp.StatusCode/100 == 2 {
+			meter.body(body) // committed before the answer is written
+		}
 		if disp.vault != nil {
 			body = restoreBody(disp.vault, body)
 		}
 		f.setHeaders(w, resp, disp)
+		f.explain(w, c, cands)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 		w.WriteHeader(resp.StatusCode)
 		_, _ = w.Write(body)
 		log.Info("routed", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier),
 			zap.Int("status", resp.StatusCode), zap.Int("redacted", disp.Redacted()), zap.Duration("duration", time.Since(start)))
+		f.observe(a, d, answered{chosen: c, cands: cands, start: start, ttfb: ttfb, status: resp.StatusCode, body: body})
 		return nil
 	}
-	return noTarget("All allowed targets for model `"+a.Model+"` failed", excluded, tried)
+	return f.failed(a, noTarget("All allowed targets for model `"+a.Model+"` failed", excluded, tried))
 }
 
 func upstreamErr(err error) string {
@@ -161,7 +178,7 @@ func (f *Forwarder) setHeaders(w http.ResponseWriter, resp *http.Response, d *Di
 	h.Set(HeaderTarget, d.target.Name)
 }
 
-func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision) error {
+func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision, id *Identity) error {
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -173,6 +190,9 @@ func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision) error {
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
 	for _, m := range f.Catalogue.Models(d) {
+		if !id.allowsModel(m) { // only what the caller's key may use
+			continue
+		}
 		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "molly"})
 	}
 	b, err := json.Marshal(list)
@@ -194,7 +214,12 @@ const streamTruncated = "event: error\ndata: {\"error\":{\"message\":\"The upstr
 // client sees tokens as they come, restoring placeholders in each event. It
 // returns a non-nil error when the stream did not end properly; the client
 // has then received the streamTruncated event.
-func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
+//
+// m sees every chunk: it takes the upstream's usage, drops it
+// when the client did not ask for it, and records the usage before [DONE]
+// is written (or when the stream ends otherwise).
+func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch, m *usageMeter) error {
+	defer m.streamEnd()
 	rc := http.NewResponseController(w)
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
@@ -205,7 +230,7 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
 		restore = newStreamRestore(d.vault)
 	}
 	var event bytes.Buffer
-	var sawDone, sawFinish bool
+	var sawDone, sawFinish, drop bool
 	for {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -237,6 +262,7 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
 			data = bytes.TrimSpace(data)
 			if bytes.Equal(data, []byte("[DONE]")) {
 				sawDone = true
+				m.streamEnd()
 				if restore != nil {
 					if extra := restore.final(); extra != nil {
 						fmt.Fprintf(w, "data: %s\n\n", extra)
@@ -246,6 +272,12 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
 				if fr := gjson.GetBytes(data, "choices.#.finish_reason"); strings.Contains(fr.Raw, `"`) {
 					sawFinish = true
 				}
+				if out, skip := m.event(data); skip {
+					drop = true
+				} else if m != nil && len(out) != len(data) {
+					data = out
+					line = append(append([]byte("data: "), data...), '\n')
+				}
 				if restore != nil && gjson.ValidBytes(data) {
 					line = append(append([]byte("data: "), restore.event(data)...), '\n')
 				}
@@ -253,6 +285,11 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch) error {
 		}
 		event.Write(line)
 		if len(bytes.TrimSpace(line)) == 0 { // blank line: end of event
+			if drop { // the usage chunk the client did not ask for
+				event.Reset()
+				drop = false
+				continue
+			}
 			if _, werr := w.Write(event.Bytes()); werr != nil {
 				return werr
 			}

@@ -1,9 +1,16 @@
 package router
 
-// PolicyInput builds the OPA input document for a (schema in
-// policies/README.md). It carries no request text: only the classification,
-// counts of findings by type, the caller's identity and the targets.
+// PolicyInput is PolicyInputFor a caller known only by its member name,
+// without scopes.
 func PolicyInput(a *Annotation, member string, c *Catalogue) map[string]any {
+	return PolicyInputFor(a, &Identity{Member: member}, c)
+}
+
+// PolicyInputFor builds the OPA input document for a (schema in
+// policies/README.md). It carries no request text: only the classification,
+// counts of findings by type, the caller's identity (nil: member
+// "anonymous" without scopes; never the key) and the targets.
+func PolicyInputFor(a *Annotation, id *Identity, c *Catalogue) map[string]any {
 	findings := make(map[string]any, len(a.Sovereignty.Findings))
 	for t, n := range a.Sovereignty.Findings {
 		findings[t] = n
@@ -40,12 +47,10 @@ func PolicyInput(a *Annotation, member string, c *Catalogue) map[string]any {
 			"declared":    a.Declared.String(),
 			"findings":    findings,
 			"opaque":      a.Opaque,
+			"scan_failed": a.ScanFailed,
 			"residency":   a.Residency,
 		},
-		"identity": map[string]any{
-			"member": member,
-			"scopes": []any{},
-		},
-		"targets": targets,
+		"identity": identityInput(id),
+		"targets":  targets,
 	}
 }

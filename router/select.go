@@ -30,11 +30,13 @@ const DefaultCompletionTokens = 256
 // Candidate is a target that may serve the request, with its score terms.
 type Candidate struct {
 	Target   *Target
-	Model    string  // the upstream model name
-	Quality  float64 // prior for the request's task, in [0,1]
-	CostUSD  float64 // expected cost of this request
-	LatencyS float64 // expected latency in seconds
-	Score    float64 // the objective; higher is better
+	Model    string   // the upstream model name
+	Quality  float64  // prior for the request's task, in [0,1]
+	CostUSD  float64  // expected cost of this request
+	LatencyS float64  // expected latency in seconds
+	Score    float64  // the objective; higher is better
+	Key      PriorKey // the quality prior it was scored with: (target, Model, task)
+	Learned  int64    // observations behind Quality; 0: the configured seed
 }
 
 // Exclusion says why a target serving the model was not a candidate.
@@ -46,10 +48,28 @@ type Exclusion struct {
 func (e Exclusion) String() string { return e.Target + ": " + e.Reason }
 
 // Rank returns the targets that may serve a, best first, and the ones the
-// decision or the request's needs excluded. known is false when no target
-// serves a.Model at all (a 404 rather than a 503).
+// decision or the request's needs excluded, scored with the configured
+// priors and no per-request overrides (RankWith with Selection{Weights: w}).
+// known is false when no target serves a.Model at all (a 404 rather than a 503).
 func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands []Candidate, excluded []Exclusion, known bool) {
+	return c.RankWith(a, d, Selection{Weights: w})
+}
+
+// RankWith ranks like Rank with learned priors and per-request overrides:
+//
+//	score = quality − λ_cost·expected_cost_usd − λ_latency·expected_latency_s − local_penalty
+//
+// quality is the learned prior for (target, model, task) when s.Priors has
+// one, else the configured seed; latency is the target's learned latency
+// (time to first byte for a stream, total otherwise) once observed, else the
+// configured prior. s.Prefer re-weights (see Prefer); s.MaxCostUSD excludes
+// costlier candidates. For an engine target asked for a base model, when the
+// request's task names an adapter the engine serves ("<base>:<task>"), that
+// adapter is a candidate of its own (see adapterVariant), ranked before the
+// base model on equal scores.
+func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (cands []Candidate, excluded []Exclusion, known bool) {
 	maxCost, capped := d.MaxCostUSD()
+	w := s.Prefer.weights(s.Weights)
 	out := a.MaxTokens
 	if out == 0 && a.Endpoint != EndpointEmbeddings {
 		out = DefaultCompletionTokens
@@ -73,15 +93,31 @@ func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands 
 			why = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens+a.MaxTokens)
 		case capped && cost > maxCost:
 			why = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost)
+		case s.HasMaxCost && cost > s.MaxCostUSD:
+			why = fmt.Sprintf("expected cost %.6f USD over X-Molly-Max-Cost %.6f", cost, s.MaxCostUSD)
 		}
 		if why != "" {
 			excluded = append(excluded, Exclusion{Target: t.Name, Reason: why})
 			continue
 		}
-		q := t.quality(a.Task)
 		lat := t.LatencyMS / 1000
-		cands = append(cands, Candidate{Target: t, Model: up, Quality: q, CostUSD: cost, LatencyS: lat,
-			Score: q - w.Cost*cost - w.Latency*lat})
+		if l, ok := s.Priors.Latency(t.Name, a.Stream); ok {
+			lat = l
+		}
+		penalty := 0.0
+		if s.Prefer == PreferLocal {
+			penalty = LocalPenalty * float64(slices.Index(policies.Tiers, t.Tier))
+		}
+		cand := func(model string, seed float64) Candidate {
+			key := PriorKey{Target: t.Name, Model: model, Category: a.Task}
+			q, n := s.Priors.Quality(key, seed)
+			return Candidate{Target: t, Model: model, Quality: q, CostUSD: cost, LatencyS: lat,
+				Score: q - w.Cost*cost - w.Latency*lat - penalty, Key: key, Learned: n}
+		}
+		if variant, ok := t.adapterVariant(up, a.Task); ok {
+			cands = append(cands, cand(variant, t.seed(variant, a.Task)))
+		}
+		cands = append(cands, cand(up, t.seed(up, a.Task)))
 	}
 	tierIdx := func(t string) int { return slices.Index(policies.Tiers, t) }
 	sort.SliceStable(cands, func(i, j int) bool {

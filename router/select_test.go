@@ -315,8 +315,8 @@ func TestPolicyInput(t *testing.T) {
 		"request":    map[string]any{"endpoint": "chat.completions", "model": "m", "stream": true},
 		"capability": map[string]any{"task": "chat", "modalities": []any{"text"}, "prompt_tokens": 12, "max_tokens": 9, "tools": false},
 		"sovereignty": map[string]any{"sensitivity": "confidential", "detected": "internal", "declared": "confidential",
-			"findings": map[string]any{"EMAIL": 1}, "opaque": false, "residency": "EU"},
-		"identity": map[string]any{"member": "bob", "scopes": []any{}},
+			"findings": map[string]any{"EMAIL": 1}, "opaque": false, "scan_failed": false, "residency": "EU"},
+		"identity": map[string]any{"member": "bob", "scopes": []any{}, "models": []any{}, "tiers": []any{}, "tools": []any{}},
 		"targets": []any{map[string]any{"name": "local", "tier": "T0", "kind": "openai", "region": "local",
 			"models": []any{"m", "small"}, "price_in": 0.0, "price_out": 0.0}},
 	}

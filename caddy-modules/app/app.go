@@ -29,12 +29,18 @@ type App struct {
 	// Engine configures the in-process T0 engine (llama.cpp, one base model,
 	// many LoRA adapters) that targets of kind "engine" route to.
 	EngineConfig *serving.Config `json:"engine,omitempty"`
+	// PriorsDB is the SQLite file learned quality and latency priors are
+	// kept in; default DefaultPriorsDB() (priors.go).
+	PriorsDB string `json:"priors_db,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
 	catalogue *router.Catalogue
 	forwarder *router.Forwarder
 	logger    *zap.Logger
+
+	priors     *priorsHandle // shared across reloads (priors.go)
+	priorsPath string
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -74,7 +80,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.Weights != nil {
 		w = *a.Weights
 	}
-	a.forwarder = &router.Forwarder{Catalogue: cat, Weights: w, Logger: a.logger.Named("route")}
+	if err := a.provisionPriors(); err != nil {
+		return fmt.Errorf("molly: priors: %w", err)
+	}
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := router.DefaultMetrics.Register(reg); err != nil {
+			return fmt.Errorf("molly: metrics: %w", err)
+		}
+	}
+	a.forwarder = &router.Forwarder{Catalogue: cat, Weights: w, Logger: a.logger.Named("route"),
+		Priors: a.Priors(), Metrics: router.DefaultMetrics}
 	return nil
 }
 
@@ -92,7 +107,7 @@ func (a *App) Validate() error {
 // Start makes this app the one the admin API talks to.
 func (a *App) Start() error {
 	current.Store(a)
-	return nil
+	return a.startPriors()
 }
 
 // Stop detaches the admin API if it still points at this app (on a reload
@@ -104,6 +119,9 @@ func (a *App) Stop() error {
 
 // Cleanup closes idle upstream connections and the engine.
 func (a *App) Cleanup() error {
+	if err := a.cleanupPriors(); err != nil {
+		a.logger.Error("closing the priors", zap.Error(err))
+	}
 	if a.catalogue != nil {
 		a.catalogue.Close()
 	}

@@ -19,12 +19,15 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterGlobalOption("molly", parseGlobal)
-	// The request walk is classify → policy → route; plugins may only be
-	// ordered against standard directives, so all three go before
-	// reverse_proxy, in this order.
+	// The request walk is auth → classify → policy → route; plugins may
+	// only be ordered against standard directives, so all four go before
+	// reverse_proxy, in this order (molly_auth lives in caddy-modules/auth).
+	httpcaddyfile.RegisterDirectiveOrder("molly_auth", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterDirectiveOrder("molly_classify", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterDirectiveOrder("molly_policy", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterDirectiveOrder("molly_route", httpcaddyfile.Before, "reverse_proxy")
+	// molly_feedback answers POST /v1/feedback on its own route (handle).
+	httpcaddyfile.RegisterDirectiveOrder("molly_feedback", httpcaddyfile.Before, "reverse_proxy")
 }
 
 // parseGlobal parses the global option:
@@ -34,6 +37,7 @@ func init() {
 //		policy_timeout <duration>
 //		cost_weight <per-USD>
 //		latency_weight <per-second>
+//		priors_db <sqlite path>
 //		engine {
 //			model <gguf>
 //			name <served name>
@@ -98,6 +102,10 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				a.Weights.Cost = v
 			} else {
 				a.Weights.Latency = v
+			}
+		case "priors_db":
+			if !d.AllArgs(&a.PriorsDB) {
+				return nil, d.ArgErr()
 			}
 		case "engine":
 			e, err := parseEngine(d)

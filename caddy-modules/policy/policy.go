@@ -56,7 +56,12 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if ann == nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))
 	}
-	d := p.app.Policy().Decide(r.Context(), router.PolicyInput(ann, "anonymous", p.app.Catalogue()))
+	id := router.IdentityFrom(r.Context()) // nil without molly_auth: "anonymous", no scopes
+	if aerr := id.Check(ann); aerr != nil {
+		aerr.Write(w) // 403: a model or tool outside the key's scope
+		return nil
+	}
+	d := p.app.Policy().Decide(r.Context(), router.PolicyInputFor(ann, id, p.app.Catalogue()))
 	w.Header().Set(router.HeaderDecisionID, d.ID())
 	if !d.Allowed() {
 		(&api.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "policy_denied",

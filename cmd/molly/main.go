@@ -9,7 +9,9 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/molly-gateway/molly/caddy-modules/app"
+	_ "github.com/molly-gateway/molly/caddy-modules/auth"
 	_ "github.com/molly-gateway/molly/caddy-modules/classify"
+	_ "github.com/molly-gateway/molly/caddy-modules/feedback"
 	_ "github.com/molly-gateway/molly/caddy-modules/policy"
 	_ "github.com/molly-gateway/molly/caddy-modules/route"
 	_ "github.com/molly-gateway/molly/caddy-modules/serve"

@@ -1,0 +1,210 @@
+// Package auth is the Caddy handler http.handlers.molly_auth: it turns the
+// request's API key into a router.Identity (member, scopes, remaining
+// budget) and refuses, in OpenAI's error shapes, requests without a valid
+// key (401), over budget (429 insufficient_quota) or over their rate limits
+// (429 rate_limit_exceeded with Retry-After). Members, keys and the usage
+// ledger live in the registry (SQLite); this package is the glue, plus the
+// admin API routes (admin.api.molly_keys) and the `molly keys` command.
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/registry"
+	"github.com/molly-gateway/molly/router"
+)
+
+// Auth is the molly_auth handler.
+type Auth struct {
+	// DB is the registry file (SQLite). Default: molly/molly.db under
+	// Caddy's data directory (caddy.AppDataDir, e.g. ~/.local/share/caddy).
+	DB string `json:"db,omitempty"`
+	// Anonymous, when set, serves requests without a Molly key as this
+	// member (created without limits if missing): for local use. A request
+	// presenting a key that looks like a Molly key (sk-molly-…) must still
+	// present a valid one. Without it, every request needs a key.
+	Anonymous string `json:"anonymous,omitempty"`
+
+	reg    *registry.Registry
+	logger *zap.Logger
+}
+
+func init() { caddy.RegisterModule(Auth{}) }
+
+// CaddyModule returns the Caddy module information.
+func (Auth) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.molly_auth", New: func() caddy.Module { return new(Auth) }}
+}
+
+// Provision opens the registry (shared by every handler and config
+// generation using the same file) and makes sure the anonymous member exists.
+func (au *Auth) Provision(ctx caddy.Context) error {
+	au.logger = ctx.Logger()
+	if au.DB == "" {
+		au.DB = DefaultDB()
+	}
+	path, err := filepath.Abs(au.DB)
+	if err != nil {
+		return fmt.Errorf("molly_auth: db %s: %w", au.DB, err)
+	}
+	au.DB = path
+	v, _, err := registries.LoadOrNew(path, func() (caddy.Destructor, error) {
+		reg, err := registry.Open(path, registry.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return pooled{reg}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("molly_auth: %w", err)
+	}
+	au.reg = v.(pooled).Registry
+	active.Store(au.reg)
+	if au.Anonymous != "" {
+		if _, err := au.reg.Member(ctx, au.Anonymous); errors.Is(err, registry.ErrNotFound) {
+			if _, _, err := au.reg.PutMember(ctx, registry.Member{Name: au.Anonymous}); err != nil {
+				return fmt.Errorf("molly_auth: anonymous member: %w", err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("molly_auth: anonymous member: %w", err)
+		}
+	}
+	return nil
+}
+
+// Validate rejects an anonymous member name the registry would refuse.
+func (au *Auth) Validate() error {
+	if au.Anonymous != "" {
+		m := registry.Member{Name: au.Anonymous}
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("molly_auth: anonymous: %w", err)
+		}
+	}
+	return nil
+}
+
+// Cleanup releases this handler's use of the registry; the file closes with
+// the last user.
+func (au *Auth) Cleanup() error {
+	if au.reg == nil {
+		return nil
+	}
+	deleted, err := registries.Delete(au.DB)
+	if deleted {
+		active.CompareAndSwap(au.reg, nil)
+	}
+	return err
+}
+
+// DefaultDB is the registry file used when molly_auth names none.
+func DefaultDB() string { return filepath.Join(caddy.AppDataDir(), "molly", "molly.db") }
+
+// registries holds the open registry files by absolute path, so that a
+// config reload keeps the same registry (and its rate-limit windows).
+var registries = caddy.NewUsagePool()
+
+type pooled struct{ *registry.Registry }
+
+func (p pooled) Destruct() error { return p.Close() }
+
+// active is the registry the admin API manages: the latest provisioned.
+var active atomic.Pointer[registry.Registry]
+
+// ServeHTTP authenticates the request and calls next with the identity in
+// the context. The key is never logged nor echoed, and is removed from the
+// request before next sees it.
+func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	ctx := r.Context()
+	key, hasKey := bearer(r)
+	r.Header.Del("Authorization")
+	var m registry.Member
+	var err error
+	switch {
+	case au.Anonymous != "" && (!hasKey || !strings.HasPrefix(key, registry.KeyPrefix)):
+		m, err = au.reg.Member(ctx, au.Anonymous)
+	case !hasKey:
+		unauthorized(w, "You didn't provide an API key. Send it as Authorization: Bearer <key>; an administrator creates keys with `molly keys create`.")
+		return nil
+	default:
+		m, _, err = au.reg.Lookup(ctx, key)
+		if errors.Is(err, registry.ErrUnknownKey) || errors.Is(err, registry.ErrRevokedKey) {
+			unauthorized(w, "Incorrect API key provided. An administrator creates keys with `molly keys create`.")
+			return nil
+		}
+	}
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
+	}
+	remaining, budgeted, err := au.reg.Remaining(ctx, m)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
+	}
+	if budgeted && remaining <= 0 {
+		msg := fmt.Sprintf("You exceeded your budget of %g USD", m.BudgetUSD)
+		if _, end := m.PeriodAt(time.Now()); !end.IsZero() {
+			msg += fmt.Sprintf(" for this %s; it renews at %s", m.Period, end.Format("2006-01-02T15:04:05Z"))
+		}
+		(&api.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}).Write(w)
+		return nil
+	}
+	if lim := au.reg.Admit(m); lim != nil {
+		w.Header().Set("X-Ratelimit-Limit-"+titleKind(lim.Kind), strconv.Itoa(lim.Limit))
+		w.Header().Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
+		(&api.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
+			Message: "Rate limit reached for member " + m.Name + ": " + lim.Error() + ".", RetryAfter: int(math.Ceil(lim.RetryAfter.Seconds()))}).Write(w)
+		return nil
+	}
+	id := &router.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
+		Budgeted: budgeted, RemainingUSD: remaining, Ledger: ledger{au.reg}}
+	return next.ServeHTTP(w, r.WithContext(router.WithIdentity(ctx, id)))
+}
+
+func titleKind(kind string) string { return strings.ToUpper(kind[:1]) + kind[1:] }
+
+// bearer returns the token of an "Authorization: Bearer <token>" header
+// (RFC 6750 §2.1; the scheme is case-insensitive).
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+func unauthorized(w http.ResponseWriter, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="molly"`)
+	(&api.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).Write(w)
+}
+
+// ledger records the router's usage in the registry.
+type ledger struct{ reg *registry.Registry }
+
+func (l ledger) Record(ctx context.Context, u router.Usage) error {
+	return l.reg.Record(ctx, registry.Usage{Member: u.Member, DecisionID: u.DecisionID, Model: u.Model, Target: u.Target, Tier: u.Tier,
+		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, Estimated: u.Estimated, CostUSD: u.CostUSD, Time: u.Time})
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Auth)(nil)
+	_ caddy.Validator             = (*Auth)(nil)
+	_ caddy.CleanerUpper          = (*Auth)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
+	_ router.Ledger               = ledger{}
+)

@@ -1,0 +1,126 @@
+// Package feedback is the Caddy handler http.handlers.molly_feedback: it
+// takes explicit feedback on a routed answer, POST /v1/feedback with
+// {"decision_id": "<X-Molly-Decision-Id of the answer>", "score": 0..1},
+// and folds the score into the quality prior of the (target, model, task
+// category) that answered (router.Priors.Feedback). It is terminal: put it
+// on its own route, e.g. `handle /v1/feedback { molly_feedback }`.
+//
+// Answers: 200 {"object":"feedback","decision_id","target","model",
+// "category","quality","observations"} with the prior after the update;
+// OpenAI-style errors otherwise: 405 for a method other than POST, 400 for
+// a malformed body or a score outside [0,1], 404 decision_not_found for an
+// id Molly does not remember (never routed here, older than an hour, or
+// evicted), 409 feedback_already_given for a second score on one decision,
+// 500 when the updated prior could not be saved.
+package feedback
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/caddy-modules/app"
+	"github.com/molly-gateway/molly/router"
+)
+
+// MaxBodyBytes bounds a feedback request body (64 KiB).
+const MaxBodyBytes = 64 << 10
+
+// Feedback is the molly_feedback handler. It has no settings: the priors
+// live in the molly app (priors_db).
+type Feedback struct {
+	app    *app.App
+	logger *zap.Logger
+}
+
+func init() { caddy.RegisterModule(Feedback{}) }
+
+// CaddyModule returns the Caddy module information.
+func (Feedback) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.molly_feedback", New: func() caddy.Module { return new(Feedback) }}
+}
+
+// Provision finds the molly app.
+func (f *Feedback) Provision(ctx caddy.Context) error {
+	a, err := ctx.App("molly")
+	if err != nil {
+		return fmt.Errorf("molly_feedback: loading the molly app: %w", err)
+	}
+	f.app = a.(*app.App)
+	f.logger = ctx.Logger()
+	return nil
+}
+
+// ServeHTTP applies one feedback score.
+func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if r.Method != http.MethodPost {
+		(&api.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
+			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use POST."}).Write(w)
+		return nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		api.InvalidRequest("", "The feedback body could not be read or is larger than %d bytes.", MaxBodyBytes).Write(w)
+		return nil
+	}
+	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
+		api.InvalidRequest("", "The feedback body must be a JSON object {\"decision_id\": \"...\", \"score\": 0..1}.").Write(w)
+		return nil
+	}
+	id, score := gjson.GetBytes(body, "decision_id"), gjson.GetBytes(body, "score")
+	if id.Type != gjson.String || id.Str == "" {
+		api.InvalidRequest("decision_id", "Invalid 'decision_id': expected the X-Molly-Decision-Id of an answer, a non-empty string.").Write(w)
+		return nil
+	}
+	if score.Type != gjson.Number || score.Num < 0 || score.Num > 1 {
+		api.InvalidRequest("score", "Invalid 'score': expected a number from 0 (bad) to 1 (good), got %s.", orNothing(score.Raw)).Write(w)
+		return nil
+	}
+	res, err := f.app.Priors().Feedback(id.Str, score.Num)
+	switch {
+	case errors.Is(err, router.ErrUnknownDecision):
+		(&api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "decision_id", Code: "decision_not_found",
+			Message: fmt.Sprintf("No routed decision with id `%s` is remembered (decisions are kept for %s, at most %d).",
+				id.Str, router.DefaultDecisionTTL, router.DefaultDecisionCapacity)}).Write(w)
+		return nil
+	case errors.Is(err, router.ErrFeedbackGiven):
+		(&api.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: "decision_id", Code: "feedback_already_given",
+			Message: fmt.Sprintf("Decision `%s` already received its feedback.", id.Str)}).Write(w)
+		return nil
+	case err != nil:
+		f.logger.Error("saving feedback failed", zap.String("decision_id", id.Str), zap.Error(err))
+		(&api.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "The feedback could not be saved."}).Write(w)
+		return nil
+	}
+	f.logger.Info("feedback", zap.String("decision_id", id.Str), zap.Float64("score", score.Num), zap.String("target", res.Key.Target),
+		zap.String("model", res.Key.Model), zap.String("category", res.Key.Category), zap.Float64("quality", res.Quality), zap.Int64("observations", res.N))
+	out, _ := json.Marshal(map[string]any{"object": "feedback", "decision_id": id.Str, "target": res.Key.Target, "model": res.Key.Model,
+		"category": res.Key.Category, "quality": res.Quality, "observations": res.N})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+	return nil
+}
+
+func orNothing(raw string) string {
+	if raw == "" {
+		return "nothing"
+	}
+	return raw
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Feedback)(nil)
+	_ caddyfile.Unmarshaler       = (*Feedback)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Feedback)(nil)
+)

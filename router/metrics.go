@@ -1,0 +1,123 @@
+package router
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the router's Prometheus collectors. Names follow the
+// OpenTelemetry semantic conventions for generative AI client metrics
+// (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/)
+// where one exists, translated to Prometheus as the OTel-Prometheus
+// compatibility spec says (dots to underscores, unit suffix):
+//
+//	gen_ai_client_operation_duration_seconds  histogram  gen_ai.client.operation.duration
+//	gen_ai_client_token_usage                 histogram  gen_ai.client.token.usage, gen_ai_token_type input|output
+//	molly_requests_total                      counter    requests by decision
+//	molly_cost_usd_total                      counter    usage × the target's prices, USD
+//	molly_time_to_first_byte_seconds          histogram  upstream answer headers, per target
+//
+// Labels: gen_ai_operation_name (chat, text_completion, embeddings), tier,
+// target, adapter (the T0 adapter, "" for none), category (the task) and
+// decision: routed (the first choice answered), fallback (a later
+// candidate answered), upstream_error (the answer was a 4xx), truncated
+// (a stream that broke off), failed
+// (every candidate failed: 503), no_target (none allowed: 503),
+// model_not_found (404), bad_request (an invalid X-Molly-* header: 400).
+// Requests that reached no target have empty tier, target and adapter.
+//
+// The collectors are made once per process (DefaultMetrics) and registered
+// into each Caddy config's registry, so counters survive config reloads.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	tokens   *prometheus.HistogramVec
+	cost     *prometheus.CounterVec
+	ttfb     *prometheus.HistogramVec
+}
+
+// DefaultMetrics are the process's collectors.
+var DefaultMetrics = NewMetrics()
+
+// NewMetrics makes a fresh set of collectors (tests use their own).
+func NewMetrics() *Metrics {
+	return &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molly_requests_total", Help: "Routed requests by tier, target, adapter, task category and decision.",
+		}, []string{"tier", "target", "adapter", "category", "decision"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gen_ai_client_operation_duration_seconds", Help: "GenAI operation duration as Molly's clients see it, request to last byte.",
+			// The buckets the OTel GenAI conventions advise for this metric.
+			Buckets: []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92},
+		}, []string{"gen_ai_operation_name", "tier", "target", "adapter", "category", "decision"}),
+		tokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gen_ai_client_token_usage", Help: "Tokens per request, input (prompt) and output (completion).",
+			Buckets: []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864},
+		}, []string{"gen_ai_operation_name", "gen_ai_token_type", "tier", "target", "adapter", "category"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molly_cost_usd_total", Help: "Cost of answered requests in USD: tokens × the target's prices.",
+		}, []string{"tier", "target", "adapter", "category"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "molly_time_to_first_byte_seconds", Help: "Time from sending a request upstream to its answer's headers.",
+			Buckets: []float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24},
+		}, []string{"tier", "target"}),
+	}
+}
+
+// Collectors returns every collector, for registering.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.duration, m.tokens, m.cost, m.ttfb}
+}
+
+// Register registers the collectors into reg; ones already there are kept.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	for _, c := range m.Collectors() {
+		if err := reg.Register(c); err != nil {
+			if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// operationName maps the endpoint to gen_ai.operation.name.
+func operationName(e Endpoint) string {
+	switch e {
+	case EndpointChat:
+		return "chat"
+	case EndpointCompletions:
+		return "text_completion"
+	case EndpointEmbeddings:
+		return "embeddings"
+	}
+	return string(e)
+}
+
+// unrouted counts a request that reached no target.
+func (m *Metrics) unrouted(a *Annotation, decision string) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues("", "", "", a.Task, decision).Inc()
+}
+
+// served records one answered request. prompt and completion are token
+// counts (negative: unknown, not observed).
+func (m *Metrics) served(a *Annotation, c Candidate, decision string, seconds, ttfb float64, prompt, completion int) {
+	if m == nil {
+		return
+	}
+	t, ad, op := c.Target, c.Adapter(), operationName(a.Endpoint)
+	m.requests.WithLabelValues(t.Tier, t.Name, ad, a.Task, decision).Inc()
+	m.duration.WithLabelValues(op, t.Tier, t.Name, ad, a.Task, decision).Observe(seconds)
+	m.ttfb.WithLabelValues(t.Tier, t.Name).Observe(ttfb)
+	if prompt >= 0 {
+		m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task).Observe(float64(prompt))
+	}
+	if completion >= 0 {
+		m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task).Observe(float64(completion))
+	}
+	if prompt >= 0 || completion >= 0 {
+		m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task).Add(t.Cost(max(prompt, 0), max(completion, 0)))
+	}
+}
