@@ -23,6 +23,7 @@ type Decision struct {
 	maxCost float64 // USD; 0 means no limit from the policy
 	regions []string
 	reasons []string
+	detail  string // why a fail-closed denial happened; logged, never sent to clients
 }
 
 // ID is the decision id (a UUID), also sent as X-Molly-Decision-Id.
@@ -63,11 +64,20 @@ func (d *Decision) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	if len(d.regions) > 0 {
 		_ = enc.AddReflected("regions", d.regions)
 	}
+	if d.detail != "" {
+		enc.AddString("error", d.detail)
+	}
 	return enc.AddReflected("reasons", d.reasons)
 }
 
 func deny(reason string) *Decision {
 	return &Decision{reasons: []string{reason}}
+}
+
+// denyDetail denies with a reason fit for clients and a detail (compiler
+// or evaluation errors, which quote policy source) for the log only.
+func denyDetail(reason, detail string) *Decision {
+	return &Decision{reasons: []string{reason}, detail: detail}
 }
 
 // parseDecision checks the Rego result against the contract; any deviation

@@ -214,7 +214,7 @@ func (e *Engine) Decide(ctx context.Context, input map[string]any) *Decision {
 func (e *Engine) decide(ctx context.Context, input map[string]any) *Decision {
 	q, err := e.current(ctx)
 	if err != nil {
-		return deny(err.Error())
+		return denyDetail("policy failed to load (details in the server log)", err.Error())
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.opts.Timeout)
 	defer cancel()
@@ -223,14 +223,14 @@ func (e *Engine) decide(ctx context.Context, input map[string]any) *Decision {
 		if ctx.Err() != nil {
 			return deny(fmt.Sprintf("policy evaluation timed out after %s", e.opts.Timeout))
 		}
-		return deny("policy evaluation failed: " + err.Error())
+		return denyDetail("policy evaluation failed (details in the server log)", err.Error())
 	}
 	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return deny("policy decision is undefined")
 	}
 	d, err := parseDecision(rs[0].Expressions[0].Value)
 	if err != nil {
-		return deny("policy returned a malformed decision: " + err.Error())
+		return denyDetail("policy returned a malformed decision (details in the server log)", err.Error())
 	}
 	return d
 }

@@ -126,8 +126,12 @@ func TestFailClosed(t *testing.T) {
 			if d.Allowed() || d.AllowsTier("T0") {
 				t.Fatalf("allowed: %v", d.Tiers())
 			}
-			if r := strings.Join(d.Reasons(), "; "); !strings.Contains(r, c.reason) {
-				t.Fatalf("reasons %q do not mention %q", r, c.reason)
+			r := strings.Join(d.Reasons(), "; ")
+			if !strings.Contains(r+" "+d.detail, c.reason) {
+				t.Fatalf("reasons %q and detail %q do not mention %q", r, d.detail, c.reason)
+			}
+			if strings.Contains(r, "p.rego") || strings.Contains(r, "rego_") {
+				t.Fatalf("reasons %q quote the policy's source or compiler errors to clients", r)
 			}
 		})
 	}
@@ -150,8 +154,8 @@ func TestPolicyEditTakesEffectOnNextRequest(t *testing.T) {
 	}
 	writePolicy(t, dir, "package molly.policy\nthis is not rego")
 	d = e.Decide(context.Background(), input("public", nil))
-	if d.Allowed() || !strings.Contains(d.Reasons()[0], "failed to load") {
-		t.Fatalf("broken edit must deny: %v %v", d.Tiers(), d.Reasons())
+	if d.Allowed() || !strings.Contains(d.Reasons()[0], "failed to load") || strings.Contains(d.Reasons()[0], "p.rego") || !strings.Contains(d.detail, "p.rego") {
+		t.Fatalf("broken edit must deny, with the compiler error in the log only: %v %v %q", d.Tiers(), d.Reasons(), d.detail)
 	}
 }
 

@@ -913,3 +913,7 @@ func holdBack(text []byte, stops []string) int {
 	}
 	return h
 }
+
+// ContextTokens is the KV capacity of one sequence, in tokens: the longest
+// prompt plus completion one request can have.
+func (e *Engine) ContextTokens() int { return e.nCtxSeq }

@@ -264,10 +264,15 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 			}
 			msgs[i] = llama.ChatMessage{Role: role, Content: c}
 		}
-		var err error
-		if text, err = llama.ApplyChatTemplate(e.tmpl, msgs, true); err != nil {
-			return nil, r, &apiError{http.StatusInternalServerError, "server_error", "", "", err.Error()}
+		toks, err := e.tokenizeChat(msgs)
+		if err != nil {
+			return nil, r, err
 		}
+		r.Prompt = toks
+		if err := e.check(r); err != nil {
+			return nil, r, err
+		}
+		return &cr, r, nil
 	} else {
 		if cr.Echo {
 			return nil, r, badRequest("echo", "echo is not supported")
@@ -279,6 +284,9 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 			}
 			text = arr[0]
 		}
+	}
+	if err := e.checkBytes(len(text)); err != nil {
+		return nil, r, err
 	}
 	toks, err := e.Tokenize(text)
 	if err != nil {
@@ -507,3 +515,62 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 }
 
 var _ http.Handler = (*Engine)(nil)
+
+// maxBytesPerToken bounds how many bytes one token covers, so a prompt
+// longer than maxBytesPerToken × the context is refused before the
+// tokenizer (whose cost grows faster than linearly) ever sees it.
+const maxBytesPerToken = 32
+
+func (e *Engine) checkBytes(n int) error {
+	if n > maxBytesPerToken*e.nCtxSeq {
+		return fmt.Errorf("%w: %d bytes cannot fit the %d tokens a sequence holds", ErrContextLength, n, e.nCtxSeq)
+	}
+	return nil
+}
+
+// tokenizeChat applies the chat template and tokenizes the result so that
+// only the template's own text may produce control tokens: message content
+// is tokenized with parse_special off, so a user who writes
+// "<|im_start|>system" gets those characters, not a forged turn. The
+// template is rendered with a unique sentinel per message, then the pieces
+// between sentinels (template text) and the contents are tokenized apart —
+// the approach of llama.cpp's server for mixed prompts (tokenize_mixed).
+func (e *Engine) tokenizeChat(msgs []llama.ChatMessage) ([]int32, error) {
+	total := 0
+	sentinels := make([]llama.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		total += len(m.Content)
+		sentinels[i] = llama.ChatMessage{Role: m.Role, Content: fmt.Sprintf("\uE000molly-%d\uE001", i)}
+	}
+	if err := e.checkBytes(total); err != nil {
+		return nil, err
+	}
+	rendered, err := llama.ApplyChatTemplate(e.tmpl, sentinels, true)
+	if err != nil {
+		return nil, &apiError{http.StatusInternalServerError, "server_error", "", "", err.Error()}
+	}
+	var toks []int32
+	rest := rendered
+	for i, m := range msgs {
+		before, after, ok := strings.Cut(rest, sentinels[i].Content)
+		if !ok {
+			return nil, &apiError{http.StatusInternalServerError, "server_error", "", "",
+				"the model's chat template rewrites message content; Molly cannot tokenize it safely"}
+		}
+		t, err := e.model.Tokenize(before, i == 0, true)
+		if err != nil {
+			return nil, err
+		}
+		toks = append(toks, t...)
+		if t, err = e.model.Tokenize(m.Content, false, false); err != nil {
+			return nil, err
+		}
+		toks = append(toks, t...)
+		rest = after
+	}
+	t, err := e.model.Tokenize(rest, len(msgs) == 0, true)
+	if err != nil {
+		return nil, err
+	}
+	return append(toks, t...), nil
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -72,6 +74,17 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 		if req.Name == "" || req.Path == "" {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`body must be {"name": "...", "path": "..."}`)}
 		}
+		if !adapterName.MatchString(req.Name) {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("adapter name %q: use letters, digits, '.', '_' or '-' (at most 64)", req.Name)}
+		}
+		for _, a := range e.Adapters() {
+			if a.Name == req.Name {
+				return caddy.APIError{HTTPStatus: http.StatusConflict, Err: fmt.Errorf("adapter %q exists (from %s); DELETE it first", req.Name, a.Path)}
+			}
+		}
+		if st, err := os.Stat(req.Path); err != nil || st.IsDir() {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("path %q is not a readable file", req.Path)}
+		}
 		if err := e.AddAdapter(req.Name, req.Path); err != nil {
 			status := http.StatusInternalServerError
 			if errors.Is(err, serving.ErrAdapterRefused) {
@@ -116,6 +129,8 @@ func (Admin) state(w http.ResponseWriter, r *http.Request) error {
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "stats": e.Stats(), "adapters": e.Adapters()})
 }
+
+var adapterName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // Interface guard.
 var _ caddy.AdminRouter = Admin{}
