@@ -93,6 +93,7 @@ type Capability struct {
 	Tools        bool     // tools declared or tool messages present
 	Task         string   // task category: chat, coding, math, translation, summarisation, extraction, creative, classification, embedding, or an adapter domain (see Estimator)
 	Difficulty   float64  // estimated difficulty in [0,1] (see Estimator); 0 for embeddings and the model list
+	TaskEntropy  float64  // nats: Estimate.Entropy of the category scores; high when no category dominates (mixture.go); 0 when not estimated
 }
 
 // Sovereignty is what the request's content allows.

@@ -341,8 +341,9 @@ func difficulty(text, scan, task string, tools bool, lang string) float64 {
 // before the classifier serves.
 func (c *Classifier) SetDomains(domains func() []string) { c.estimator = NewEstimator(domains) }
 
-// estimate is the classifier's one call into the estimator.
-func (c *Classifier) estimate(text string, tools bool) (task string, difficulty float64) {
+// estimate is the classifier's one call into the estimator; entropy is
+// the category distribution's, in nats (Estimate.Entropy).
+func (c *Classifier) estimate(text string, tools bool) (task string, difficulty, entropy float64) {
 	e := c.estimator.Estimate(text, tools)
-	return e.Task, e.Difficulty
+	return e.Task, e.Difficulty, e.Entropy()
 }

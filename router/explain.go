@@ -23,7 +23,11 @@ func (f *Forwarder) rank(r *http.Request, a *Annotation, d *policies.Decision, l
 		f.Metrics.unrouted(a, "bad_request")
 		return nil, nil, false, aerr
 	}
-	cands, excluded, known := f.Catalogue.RankWith(a, d, Selection{Weights: f.Weights, Priors: f.Priors, Overrides: o})
+	sel := Selection{Weights: f.Weights, Priors: f.Priors, Overrides: o}
+	if id := IdentityFrom(r.Context()); id != nil && id.Budgeted {
+		sel.Budgeted, sel.RemainingUSD = true, id.RemainingUSD
+	}
+	cands, excluded, known := f.Catalogue.RankWith(a, d, sel)
 	cs := make([]string, len(cands))
 	for i, c := range cands {
 		cs[i] = describe(c)
@@ -100,6 +104,9 @@ type answered struct {
 	body   []byte      // a whole answer; nil for a stream
 	meter  *usageMeter // a stream's meter (its usage chunk)
 	err    error       // a stream that broke off
+	// decision labels a 2xx answer in the metrics instead of routed or
+	// fallback: "escalated" (a cascade), "mixture"; "" for neither.
+	decision string
 }
 
 // observe feeds an answer to the priors (latency; the decision, for
@@ -109,6 +116,9 @@ func (f *Forwarder) observe(a *Annotation, d *policies.Decision, x answered) {
 	decision := "routed"
 	if len(x.cands) > 0 && (x.cands[0].Target != x.chosen.Target || x.cands[0].Model != x.chosen.Model) {
 		decision = "fallback"
+	}
+	if x.decision != "" {
+		decision = x.decision
 	}
 	switch {
 	case x.status/100 != 2:

@@ -19,11 +19,15 @@ import (
 // Labels: gen_ai_operation_name (chat, text_completion, embeddings), tier,
 // target, adapter (the T0 adapter, "" for none), category (the task) and
 // decision: routed (the first choice answered), fallback (a later
-// candidate answered), upstream_error (the answer was a 4xx), truncated
+// candidate answered), escalated (a cascade returned a later attempt's
+// answer, cascade.go), mixture (the fused best of parallel answers,
+// mixture.go), upstream_error (the answer was a 4xx), truncated
 // (a stream that broke off), failed
 // (every candidate failed: 503), no_target (none allowed: 503),
 // model_not_found (404), bad_request (an invalid X-Molly-* header: 400).
 // Requests that reached no target have empty tier, target and adapter.
+// Answers obtained but not returned (escalated cascade attempts, mixture
+// members that lost) add their tokens and cost, not a request.
 //
 // The collectors are made once per process (DefaultMetrics) and registered
 // into each Caddy config's registry, so counters survive config reloads.
@@ -120,4 +124,17 @@ func (m *Metrics) served(a *Annotation, c Candidate, decision string, seconds, t
 	if prompt >= 0 || completion >= 0 {
 		m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task).Add(t.Cost(max(prompt, 0), max(completion, 0)))
 	}
+}
+
+// spent counts the tokens and cost of an answer that was obtained but not
+// returned (an escalated cascade attempt, a losing mixture member); the
+// request itself is counted once, with the answer that was returned.
+func (m *Metrics) spent(a *Annotation, c Candidate, prompt, completion int) {
+	if m == nil {
+		return
+	}
+	t, ad, op := c.Target, c.Adapter(), operationName(a.Endpoint)
+	m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task).Observe(float64(prompt))
+	m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task).Observe(float64(completion))
+	m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task).Add(t.Cost(prompt, completion))
 }

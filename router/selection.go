@@ -67,6 +67,14 @@ type Selection struct {
 	// Priors supplies learned quality and latency; nil: the configured priors only.
 	Priors *Priors
 	Overrides
+	// Budgeted and RemainingUSD are the caller's budget (Identity): when
+	// set, candidates expected to cost more than RemainingUSD are excluded,
+	// but only if at least one candidate fits. When none fits every
+	// candidate stays: the budget is enforced by molly_auth, which answers
+	// 429 insufficient_quota once it is spent, and a request that may
+	// overrun the rest by a little is not refused up front.
+	Budgeted     bool
+	RemainingUSD float64
 }
 
 // ParseOverrides reads X-Molly-Max-Cost (a non-negative number of USD) and

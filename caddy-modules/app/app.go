@@ -32,6 +32,12 @@ type App struct {
 	// PriorsDB is the SQLite file learned quality and latency priors are
 	// kept in; default DefaultPriorsDB() (priors.go).
 	PriorsDB string `json:"priors_db,omitempty"`
+	// Cascade tries cheap candidates first and escalates on low confidence
+	// (router.Cascade); nil: no cascades.
+	Cascade *router.Cascade `json:"cascade,omitempty"`
+	// Mixture asks several candidates when the task category is uncertain
+	// and returns the best answer (router.Mixture); nil: no mixtures.
+	Mixture *router.Mixture `json:"mixture,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -89,7 +95,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	a.forwarder = &router.Forwarder{Catalogue: cat, Weights: w, Logger: a.logger.Named("route"),
-		Priors: a.Priors(), Metrics: router.DefaultMetrics}
+		Priors: a.Priors(), Metrics: router.DefaultMetrics, Cascade: a.Cascade, Mixture: a.Mixture}
 	return nil
 }
 
@@ -100,6 +106,12 @@ func (a *App) Validate() error {
 	}
 	if a.PolicyTimeout < 0 {
 		return fmt.Errorf("molly: policy_timeout must not be negative")
+	}
+	if err := a.Cascade.Validate(); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
+	if err := a.Mixture.Validate(); err != nil {
+		return fmt.Errorf("molly: %w", err)
 	}
 	return nil
 }

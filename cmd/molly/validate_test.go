@@ -29,6 +29,10 @@ func TestValidateNamesDirectiveAndLine(t *testing.T) {
 			[]string{"molly", "target x", "price", "Caddyfile:5"}},
 		{"an unknown global subdirective", "{\n\tmolly {\n\t\tpolicy_dri x\n\t}\n}\n",
 			[]string{"molly", `policy_dri`, "Caddyfile:3"}},
+		{"a cascade threshold above zero", "{\n\tmolly {\n\t\tcascade {\n\t\t\tthreshold 0.5\n\t\t}\n\t}\n}\n",
+			[]string{"molly", "cascade", "threshold 0.5", "Caddyfile:4"}},
+		{"a mixture of one", "{\n\tmolly {\n\t\tmixture {\n\t\t\tentropy 0.6\n\t\t\tk 1\n\t\t}\n\t}\n}\n",
+			[]string{"molly", "mixture", "k must be", "Caddyfile:5"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,7 +4,9 @@
 //
 // Behaviour is steered by the last user message: it is echoed back as the
 // answer; "FAIL500" makes the server answer 500; "TRUNCATE" makes a stream
-// stop after two chunks without a finish_reason or [DONE].
+// stop after two chunks without a finish_reason or [DONE]. With Logprob set,
+// a non-streamed chat answer to a request with "logprobs": true carries
+// logprobs.content, one entry per word of the answer, each with that logprob.
 package upstreamtest
 
 import (
@@ -27,6 +29,10 @@ type Upstream struct {
 	ChunkDelay time.Duration
 	// Chunks is how many content chunks a stream is cut into (default 4).
 	Chunks int
+	// Logprob, when non-zero, is the log-probability (nats, ≤ 0) given to
+	// every token of a non-streamed chat answer whose request asked for
+	// "logprobs": true, so their mean is Logprob. Set it before requests.
+	Logprob float64
 
 	srv    *httptest.Server
 	mu     sync.Mutex
@@ -119,8 +125,16 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !gjson.GetBytes(body, "stream").Bool() {
+		var logprobs any
+		if u.Logprob != 0 && gjson.GetBytes(body, "logprobs").Bool() {
+			var content []any
+			for _, tok := range strings.SplitAfter(answer, " ") {
+				content = append(content, map[string]any{"token": tok, "logprob": u.Logprob, "bytes": byteList(tok), "top_logprobs": []any{}})
+			}
+			logprobs = map[string]any{"content": content, "refusal": nil}
+		}
 		writeJSON(w, 200, map[string]any{"id": "chatcmpl-1", "object": "chat.completion", "created": time.Now().Unix(), "model": model,
-			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "logprobs": nil,
+			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
 				"message": map[string]any{"role": "assistant", "content": answer, "refusal": nil}}},
 			"usage": map[string]any{"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})
 		return
@@ -187,6 +201,15 @@ func split(s string, n int) []string {
 	}
 	if len(out) == 0 {
 		out = []string{""}
+	}
+	return out
+}
+
+// byteList is tok's UTF-8 bytes as numbers, as OpenAI's logprobs give them.
+func byteList(tok string) []int {
+	out := make([]int, len(tok))
+	for i := range len(tok) {
+		out[i] = int(tok[i])
 	}
 	return out
 }
