@@ -2,6 +2,7 @@ package router
 
 import (
 	"net/http"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,6 +90,10 @@ func NewClassifier(scanner *redaction.Scanner, overrides map[string]Sensitivity,
 // prefix (clients use base URLs ending in /v1 or not). Errors are OpenAI
 // errors: 404 unknown URL, 405 wrong method.
 func EndpointOf(method, path string) (Endpoint, *api.Error) {
+	shown := path
+	if len(shown) > 200 {
+		shown = shown[:200] + "..."
+	}
 	path = strings.TrimSuffix(path, "/")
 	var ep Endpoint
 	switch {
@@ -102,7 +107,7 @@ func EndpointOf(method, path string) (Endpoint, *api.Error) {
 		ep = EndpointModels
 	default:
 		return "", &api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
-			Message: "Unknown request URL: " + method + " " + path + "."}
+			Message: "Unknown request URL: " + method + " " + shown + "."}
 	}
 	want := http.MethodPost
 	if ep == EndpointModels {
@@ -122,12 +127,21 @@ func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency stri
 	a := &Annotation{Body: body, Scanned: c.scanner.Types(), vaultOpts: c.vaultOpts}
 	a.Endpoint = ep
 	a.Residency = strings.TrimSpace(residency)
-	if declared != "" {
-		s, err := ParseSensitivity(declared)
+	if a.Residency != "" && !residencyRe.MatchString(a.Residency) {
+		// Not echoed: the header may carry anything, and errors get logged.
+		return nil, api.InvalidRequest("X-Molly-Residency", "Invalid X-Molly-Residency header: want a region code of letters, digits, '-' or '_' (at most 32), such as EU.")
+	}
+	// A repeated header is a comma-separated list (RFC 9110 §5.3); the
+	// highest class wins, so no copy of the header can lower another.
+	for _, v := range strings.Split(declared, ",") {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		s, err := ParseSensitivity(v)
 		if err != nil {
 			return nil, api.InvalidRequest("X-Molly-Sensitivity", "Invalid X-Molly-Sensitivity header: %v.", err)
 		}
-		a.Declared = s
+		a.Declared = max(a.Declared, s)
 	}
 	if ep == EndpointModels {
 		a.Sensitivity = a.Declared
@@ -139,6 +153,14 @@ func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency stri
 	}
 	if !gjson.ValidBytes(body) {
 		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	}
+	if !utf8.Valid(body) {
+		// JSON text exchanged between systems must be UTF-8 (RFC 8259 §8.1);
+		// invalid bytes inside a value could also split an entity for the detectors.
+		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
+	}
+	if jsonDepth(body) > MaxJSONDepth {
+		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
 	}
 	if k, dup := duplicateKey(body); dup {
 		// gjson reads the first of two equal names, while the JSON parsers
@@ -189,6 +211,14 @@ func (c *Classifier) capability(a *Annotation, root gjson.Result) *api.Error {
 	}
 	if model.Type != gjson.String || model.Str == "" {
 		return wrongType("model", "a non-empty string", model)
+	}
+	if len(model.Str) > 256 {
+		return api.InvalidRequest("model", "Invalid 'model': longer than 256 bytes.")
+	}
+	if len(c.scanner.Scan(model.Str)) > 0 {
+		// Model names are logged and echoed in errors: never a secret or
+		// personal data, so such a name is refused without repeating it.
+		return api.InvalidRequest("model", "Invalid 'model': the name contains what looks like a secret or personal data; it was neither logged nor routed.")
 	}
 	a.Model = model.Str
 	if v := root.Get("stream"); v.Exists() && v.Type != gjson.Null {
@@ -256,7 +286,7 @@ func (c *Classifier) capability(a *Annotation, root gjson.Result) *api.Error {
 	}
 	a.Fields = appendLeaves(a.Fields, root, "", known)
 	if a.Task == "" {
-		a.Task, a.Difficulty = c.estimate(lastUserText(a, root), a.Tools)
+		a.Task, a.Difficulty, a.TaskEntropy = c.estimate(lastUserText(a, root), a.Tools)
 	}
 	return nil
 }
@@ -613,6 +643,40 @@ func appendArgSegments(segs []segment, field int, text string) []segment {
 	}
 	walk(gjson.Parse(text))
 	return segs
+}
+
+// MaxJSONDepth bounds the nesting of request bodies: OpenAI requests nest a
+// handful of levels (tool schemas a few more); deeper bodies are refused
+// before any walk over them.
+const MaxJSONDepth = 64
+
+var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// jsonDepth returns the deepest nesting of arrays and objects in the valid
+// JSON text b, stopping early once past MaxJSONDepth. One linear pass.
+func jsonDepth(b []byte) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{', '[':
+			depth++
+			if depth > deepest {
+				deepest = depth
+				if deepest > MaxJSONDepth {
+					return deepest
+				}
+			}
+		case '}', ']':
+			depth--
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return deepest
 }
 
 // duplicateKey returns the first object member name (unescaped) that occurs

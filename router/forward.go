@@ -39,6 +39,12 @@ type Forwarder struct {
 	Priors *Priors
 	// Metrics records requests, tokens, cost and latency; nil: none (metrics.go).
 	Metrics *Metrics
+	// Cascade, when set, tries cheap candidates first and escalates on low
+	// confidence (cascade.go); Mixture, when set, answers requests of
+	// uncertain category with the fused best of several (mixture.go).
+	// Both apply to non-streamed chat requests only.
+	Cascade *Cascade
+	Mixture *Mixture
 }
 
 // attempt records one failed try, for the 503 message and the log.
@@ -73,6 +79,16 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 		return noTarget("No allowed target is available for model `"+a.Model+"`", excluded, nil)
 	}
 	var tried []attempt
+	if members, rest := f.mixtureMembers(r, a, d, cands); len(members) > 1 {
+		var done bool
+		if tried, done = f.mixture(w, r, a, d, members, log); done {
+			return nil
+		}
+		cands = rest // every member failed: the others, one by one
+	}
+	if f.Cascade.applies(a, cands) {
+		return f.cascade(w, r, a, d, cands, excluded, tried, log)
+	}
 	for _, c := range cands {
 		disp, err := NewDispatch(d, a, c)
 		if err != nil {
@@ -84,7 +100,8 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 		ttfb := time.Since(start)
 		if err != nil {
 			if r.Context().Err() != nil {
-				return nil // the client went away; nothing to answer
+				log.Info("client went away", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier))
+				return nil // nothing to answer
 			}
 			tried = append(tried, attempt{c.Target.Name, upstreamErr(err)})
 			log.Warn("upstream failed, falling back", zap.String("target", c.Target.Name), zap.String("decision_id", d.ID()), zap.Error(err))
@@ -113,6 +130,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 		resp.Body.Close()
 		if err != nil || len(body) > MaxUpstreamBody {
 			if r.Context().Err() != nil {
+				log.Info("client went away", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier))
 				return nil
 			}
 			if err == nil {

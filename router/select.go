@@ -63,10 +63,11 @@ func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands 
 // one, else the configured seed; latency is the target's learned latency
 // (time to first byte for a stream, total otherwise) once observed, else the
 // configured prior. s.Prefer re-weights (see Prefer); s.MaxCostUSD excludes
-// costlier candidates. For an engine target asked for a base model, when the
-// request's task names an adapter the engine serves ("<base>:<task>"), that
-// adapter is a candidate of its own (see adapterVariant), ranked before the
-// base model on equal scores.
+// costlier candidates, and so does the caller's remaining budget when at
+// least one candidate fits it (see Selection.Budgeted). For an engine
+// target asked for a base model, when the request's task names an adapter
+// the engine serves ("<base>:<task>"), that adapter is a candidate of its
+// own (see adapterVariant), ranked before the base model on equal scores.
 func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (cands []Candidate, excluded []Exclusion, known bool) {
 	maxCost, capped := d.MaxCostUSD()
 	w := s.Prefer.weights(s.Weights)
@@ -87,6 +88,8 @@ func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (
 			why = fmt.Sprintf("tier %s not allowed by the policy", t.Tier)
 		case !regionAllowed(d, t):
 			why = fmt.Sprintf("region %q outside the allowed regions %s", t.Region, strings.Join(d.Regions(), ","))
+		case len(t.Endpoints) > 0 && !slices.Contains(t.Endpoints, string(a.Endpoint)):
+			why = fmt.Sprintf("does not serve %s (serves %s)", a.Endpoint, strings.Join(t.Endpoints, ", "))
 		case !modalitiesOK(a.Modalities, t.Modalities):
 			why = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities, ","))
 		case t.MaxContext > 0 && a.PromptTokens+a.MaxTokens > t.MaxContext:
@@ -119,6 +122,9 @@ func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (
 		}
 		cands = append(cands, cand(up, t.seed(up, a.Task)))
 	}
+	if s.Budgeted {
+		cands, excluded = withinBudget(cands, excluded, s.RemainingUSD)
+	}
 	tierIdx := func(t string) int { return slices.Index(policies.Tiers, t) }
 	sort.SliceStable(cands, func(i, j int) bool {
 		if cands[i].Score != cands[j].Score {
@@ -127,6 +133,27 @@ func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (
 		return tierIdx(cands[i].Target.Tier) < tierIdx(cands[j].Target.Tier) // ties go to the more local tier
 	})
 	return cands, excluded, known
+}
+
+// withinBudget drops the candidates expected to cost more than remaining
+// USD, each target once in excluded, when at least one candidate fits;
+// otherwise it returns cands unchanged (see Selection.Budgeted).
+func withinBudget(cands []Candidate, excluded []Exclusion, remaining float64) ([]Candidate, []Exclusion) {
+	if !slices.ContainsFunc(cands, func(c Candidate) bool { return c.CostUSD <= remaining }) {
+		return cands, excluded
+	}
+	var kept []Candidate
+	for _, c := range cands {
+		if c.CostUSD <= remaining {
+			kept = append(kept, c)
+			continue
+		}
+		if !slices.ContainsFunc(excluded, func(e Exclusion) bool { return e.Target == c.Target.Name }) {
+			excluded = append(excluded, Exclusion{Target: c.Target.Name,
+				Reason: fmt.Sprintf("expected cost %.6f USD over the remaining budget %.6f", c.CostUSD, remaining)})
+		}
+	}
+	return kept, excluded
 }
 
 func modalitiesOK(need, have []string) bool {

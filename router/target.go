@@ -51,6 +51,10 @@ type Target struct {
 	Modalities []string `json:"modalities,omitempty"`
 	// MaxContext is the context window in tokens; 0 means unknown (not checked).
 	MaxContext int `json:"max_context,omitempty"`
+	// Endpoints the target serves ("chat.completions", "completions",
+	// "embeddings"); empty means all, except for kind engine, which serves
+	// chat.completions and completions.
+	Endpoints []string `json:"endpoints,omitempty"`
 	// TimeoutMS bounds connecting plus waiting for response headers; default 30000.
 	TimeoutMS int `json:"timeout_ms,omitempty"`
 
@@ -123,6 +127,13 @@ func (t *Target) Validate() error {
 			return fmt.Errorf("target %s: model %q must be name or name=upstream", t.Name, m)
 		}
 	}
+	for _, ep := range t.Endpoints {
+		switch Endpoint(ep) {
+		case EndpointChat, EndpointCompletions, EndpointEmbeddings:
+		default:
+			return fmt.Errorf("target %s: endpoint kind %q must be chat.completions, completions or embeddings", t.Name, ep)
+		}
+	}
 	for cat, q := range t.Quality {
 		if q < 0 || q > 1 {
 			return fmt.Errorf("target %s: quality %s = %v must be in [0,1]", t.Name, cat, q)
@@ -166,6 +177,12 @@ func (t *Target) provision(engine Engine) error {
 			return fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
 		}
 		t.engine = engine // serves the engine's models (adapters come and go) besides any aliases
+		if c, ok := engine.(interface{ ContextTokens() int }); ok && t.MaxContext == 0 {
+			t.MaxContext = c.ContextTokens()
+		}
+		if len(t.Endpoints) == 0 {
+			t.Endpoints = []string{string(EndpointChat), string(EndpointCompletions)}
+		}
 		t.base = &url.URL{Scheme: "http", Host: "engine.molly.internal", Path: "/v1"}
 		t.client = &http.Client{Transport: &handlerTransport{h: engine}}
 		return nil

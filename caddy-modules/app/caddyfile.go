@@ -38,6 +38,15 @@ func init() {
 //		cost_weight <per-USD>
 //		latency_weight <per-second>
 //		priors_db <sqlite path>
+//		cascade {
+//			threshold <mean token logprob, nats>
+//			max_attempts <n>
+//			order cheap|score
+//		}
+//		mixture {
+//			entropy <nats>
+//			k <n>
+//		}
 //		engine {
 //			model <gguf>
 //			name <served name>
@@ -63,6 +72,7 @@ func init() {
 //			quality [<task>] <0..1>
 //			region <region>
 //			modalities <modality>...
+//			endpoints chat.completions|completions|embeddings...
 //			max_context <tokens>
 //			timeout <duration>
 //		}
@@ -107,6 +117,18 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if !d.AllArgs(&a.PriorsDB) {
 				return nil, d.ArgErr()
 			}
+		case "cascade":
+			c, err := parseCascade(d)
+			if err != nil {
+				return nil, err
+			}
+			a.Cascade = c
+		case "mixture":
+			m, err := parseMixture(d)
+			if err != nil {
+				return nil, err
+			}
+			a.Mixture = m
 		case "engine":
 			e, err := parseEngine(d)
 			if err != nil {
@@ -173,6 +195,11 @@ func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
 			}
 		case "modalities":
 			t.Modalities = append(t.Modalities, d.RemainingArgs()...)
+		case "endpoints":
+			t.Endpoints = append(t.Endpoints, d.RemainingArgs()...)
+			if len(t.Endpoints) == 0 {
+				return nil, d.ArgErr()
+			}
 		case "price":
 			args := d.RemainingArgs()
 			if len(args) != 2 {
@@ -224,6 +251,72 @@ func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
 		return nil, fmt.Errorf("molly: %v, at %s:%d", err, file, line)
 	}
 	return t, nil
+}
+
+// parseCascade parses a cascade block; a missing threshold is
+// router.DefaultCascadeThreshold.
+func parseCascade(d *caddyfile.Dispenser) (*router.Cascade, error) {
+	c := &router.Cascade{Threshold: router.DefaultCascadeThreshold}
+	if d.NextArg() {
+		return nil, d.Errf("molly: cascade takes a block, not %q", d.Val())
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch sub := d.Val(); sub {
+		case "threshold", "max_attempts":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if sub == "threshold" {
+				c.Threshold = v
+			} else if c.MaxAttempts = int(v); v < 1 || v != float64(c.MaxAttempts) {
+				return nil, d.Errf("molly: cascade: max_attempts must be a positive integer")
+			}
+		case "order":
+			if !d.AllArgs(&c.Order) {
+				return nil, d.ArgErr()
+			}
+		default:
+			return nil, d.Errf("molly: cascade: unrecognized subdirective %q", sub)
+		}
+		if err := c.Validate(); err != nil { // here, so the error names this line
+			return nil, d.Errf("molly: %v", err)
+		}
+	}
+	return c, nil
+}
+
+// parseMixture parses a mixture block; a missing entropy is
+// router.DefaultMixtureEntropy.
+func parseMixture(d *caddyfile.Dispenser) (*router.Mixture, error) {
+	m := &router.Mixture{Entropy: router.DefaultMixtureEntropy}
+	if d.NextArg() {
+		return nil, d.Errf("molly: mixture takes a block, not %q", d.Val())
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch sub := d.Val(); sub {
+		case "entropy":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			m.Entropy = v
+		case "k":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if m.K = int(v); v < 2 || v != float64(m.K) {
+				return nil, d.Errf("molly: mixture: k must be an integer of at least 2")
+			}
+		default:
+			return nil, d.Errf("molly: mixture: unrecognized subdirective %q", sub)
+		}
+		if err := m.Validate(); err != nil { // here, so the error names this line
+			return nil, d.Errf("molly: %v", err)
+		}
+	}
+	return m, nil
 }
 
 func durationArg(d *caddyfile.Dispenser) (time.Duration, error) {

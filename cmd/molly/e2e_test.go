@@ -338,6 +338,10 @@ func TestGatewayRejectsBadInputAndKeepsServing(t *testing.T) {
 		{"an unknown URL is a 404", "POST", "/v1/nothing", `{}`, nil, 404, "invalid_request_error", "", "unknown_url", "/v1/nothing"},
 		{"a wrong method is a 405", "GET", "/chat/completions", ``, nil, 405, "invalid_request_error", "", "method_not_supported", "POST"},
 		{"a bad sensitivity header is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Sensitivity": "secret-ish"}, 400, "invalid_request_error", "X-Molly-Sensitivity", "", "unknown sensitivity"},
+		{"JSON nested deeper than 64 levels is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}],"x":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `}`, nil, 400, "invalid_request_error", "", "", "deeper than 64"},
+		{"invalid UTF-8 is a 400", "POST", "/chat/completions", "{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"mario@exam\xffple.com\"}]}", nil, 400, "invalid_request_error", "", "", "UTF-8"},
+		{"a model name carrying a secret is refused without echo", "POST", "/chat/completions", `{"model":"chat:sk-proj-Zq8xT1vB7nM3kL9pR2sW5yH4dF6gJ0aC1eU8iO7tY3rE2wQ5","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "model", "", "looks like a secret"},
+		{"a malformed residency header is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Residency": "luigi@example.org"}, 400, "invalid_request_error", "X-Molly-Residency", "", "region code"},
 		{"restricted content with no T0 target is a 503", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Sensitivity": "restricted"}, 503, "service_unavailable", "", "no_target_available", "tier T1 not allowed"},
 	}
 	for _, tc := range cases {
@@ -380,6 +384,25 @@ func TestGatewayRejectsBadInputAndKeepsServing(t *testing.T) {
 				t.Fatalf("code %q, want %q", got, tc.code)
 			}
 		})
+	}
+	// A repeated X-Molly-Sensitivity header cannot lower the class: the
+	// highest value wins, so this restricted request finds no T0 target.
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/chat/completions", strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"top secret plan"}]}`))
+	req.Header.Add("X-Molly-Sensitivity", "public")
+	req.Header.Add("X-Molly-Sensitivity", "restricted")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || tr.t3.Contains("top secret plan") {
+		t.Fatalf("repeated sensitivity header: status %d, T3 received it: %v", resp.StatusCode, tr.t3.Contains("top secret plan"))
+	}
+	logs := g.logs.String()
+	for _, leaked := range []string{"sk-proj-Zq8xT1vB7nM3kL9pR2sW5yH4dF6gJ0aC1eU8iO7tY3rE2wQ5", "luigi@example.org", "mario@exam"} {
+		if strings.Contains(logs, leaked) {
+			t.Fatalf("logs contain %q", leaked)
+		}
 	}
 	if !g.alive() {
 		t.Fatal("molly died")
@@ -543,6 +566,19 @@ func TestGatewayWithTheEngineAsT0(t *testing.T) {
 		}
 	}
 
+	// What the engine cannot serve is excluded with the reason, before any work.
+	_, err = c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "molly-demo",
+		Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hello")}})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "does not serve embeddings") {
+		t.Fatalf("embeddings on the engine: want 503 naming the endpoint, got %v", err)
+	}
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("long ", 12000))}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "context window 512 tokens") {
+		t.Fatalf("a prompt beyond the engine's context: want 503 naming the window, got %v", err)
+	}
+
 	// Streaming from the engine through the gateway, with usage.
 	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "molly-demo:support", MaxTokens: openai.Int(6),
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")},
@@ -633,6 +669,18 @@ http://127.0.0.1:{PORT} {
 	}
 	if code, body := post("alien", filepath.Join(other, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusUnprocessableEntity || !strings.Contains(body, "refused") {
 		t.Fatalf("a mismatched adapter: %d %s", code, body)
+	}
+	for _, tc := range []struct {
+		name, path string
+		code       int
+	}{
+		{"legal", filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), http.StatusConflict},
+		{"ghost", "/nope.gguf", http.StatusBadRequest},
+		{"a:b/c", filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), http.StatusBadRequest},
+	} {
+		if code, body := post(tc.name, tc.path); code != tc.code {
+			t.Fatalf("adding %q from %s: %d %s, want %d", tc.name, tc.path, code, body, tc.code)
+		}
 	}
 	if err := ask("molly-demo:alien"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("a refused adapter must not be served, got %v", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -117,4 +118,17 @@ func startMolly(t testing.TB, caddyfile string) *gateway {
 // alive reports whether the process is still running.
 func (g *gateway) alive() bool {
 	return g.cmd.Process.Signal(syscallZero()) == nil
+}
+
+// waitLogs reports whether the process's logs match re within 5 s: some
+// lines (route decisions, cascades) are written after the answer is sent.
+func (g *gateway) waitLogs(re *regexp.Regexp) bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if re.MatchString(g.logs.String()) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }

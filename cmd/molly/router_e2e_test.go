@@ -135,7 +135,7 @@ func TestFeedbackMovesPriorsAndRestartKeepsThem(t *testing.T) {
 		t.Fatalf("after three bad scores: target %q, route %q", h.Get("X-Molly-Target"), h.Get("X-Molly-Route"))
 	}
 	learned := regexp.MustCompile(`external/gpt-4o-mini q=0\.692\d \(learned 3\)`)
-	if !learned.MatchString(g.logs.String()) {
+	if !g.waitLogs(learned) {
 		t.Fatalf("the decision log lacks the learned prior:\n%s", g.logs.String())
 	}
 
@@ -147,7 +147,7 @@ func TestFeedbackMovesPriorsAndRestartKeepsThem(t *testing.T) {
 	if h.Get("X-Molly-Target") != "selfhosted" || !strings.Contains(h.Get("X-Molly-Route"), "; runner-up external/gpt-4o-mini score=0.6") {
 		t.Fatalf("after a restart: target %q, route %q", h.Get("X-Molly-Target"), h.Get("X-Molly-Route"))
 	}
-	if !learned.MatchString(g.logs.String()) {
+	if !g.waitLogs(learned) {
 		t.Fatalf("the restarted decision log lacks the learned prior:\n%s", g.logs.String())
 	}
 }
@@ -186,7 +186,7 @@ func TestOverridesAndMetrics(t *testing.T) {
 	if !asAPIError(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "X-Molly-Prefer" {
 		t.Fatalf("a bad X-Molly-Prefer: %v", err)
 	}
-	if !regexp.MustCompile(`"msg":"route decision".*"excluded":\["selfhosted: expected cost [0-9.]+ USD over X-Molly-Max-Cost 0.000000","external: expected cost`).MatchString(g.logs.String()) {
+	if !g.waitLogs(regexp.MustCompile(`"msg":"route decision".*"excluded":\["selfhosted: expected cost [0-9.]+ USD over X-Molly-Max-Cost 0.000000","external: expected cost`)) {
 		t.Fatalf("no decision log line with the exclusions:\n%s", g.logs.String())
 	}
 
@@ -265,7 +265,7 @@ func TestAdapterOutranksAnUnadaptedTarget(t *testing.T) {
 	}
 	// A question outside the adapters' domains stays with the objective's choice.
 	h := ask(t, g, "Write a haiku about autumn")
-	if h.Get("X-Molly-Target") != "external" || !strings.Contains(g.logs.String(), `"device/molly-demo q=0.3000 (config)`) {
+	if h.Get("X-Molly-Target") != "external" || !g.waitLogs(regexp.MustCompile(regexp.QuoteMeta(`"device/molly-demo q=0.3000 (config)`))) {
 		t.Fatalf("haiku: target %q route %q", h.Get("X-Molly-Target"), h.Get("X-Molly-Route"))
 	}
 }
