@@ -265,14 +265,7 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 			msgs[i] = llama.ChatMessage{Role: role, Content: c}
 		}
 		toks, err := e.tokenizeChat(msgs)
-		if err != nil {
-			return nil, r, err
-		}
-		r.Prompt = toks
-		if err := e.check(r); err != nil {
-			return nil, r, err
-		}
-		return &cr, r, nil
+		return e.withPrompt(&cr, r, toks, err)
 	} else {
 		if cr.Echo {
 			return nil, r, badRequest("echo", "echo is not supported")
@@ -289,6 +282,11 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		return nil, r, err
 	}
 	toks, err := e.Tokenize(text)
+	return e.withPrompt(&cr, r, toks, err)
+}
+
+// withPrompt sets the tokenized prompt on r and checks r against the engine.
+func (e *Engine) withPrompt(cr *completionRequest, r Request, toks []int32, err error) (*completionRequest, Request, error) {
 	if err != nil {
 		return nil, r, err
 	}
@@ -296,7 +294,7 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 	if err := e.check(r); err != nil {
 		return nil, r, err
 	}
-	return &cr, r, nil
+	return cr, r, nil
 }
 
 func newID(prefix string) string {
