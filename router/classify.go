@@ -105,6 +105,8 @@ func EndpointOf(method, path string) (Endpoint, *api.Error) {
 		ep = EndpointEmbeddings
 	case strings.HasSuffix(path, "/models"):
 		ep = EndpointModels
+	case modelPathID(path) != "":
+		ep = EndpointModels // GET /v1/models/{model}
 	default:
 		return "", &api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "Unknown request URL: " + method + " " + shown + "."}
@@ -124,6 +126,12 @@ func EndpointOf(method, path string) (Endpoint, *api.Error) {
 // X-Molly-Sensitivity header value ("" when absent); residency the
 // X-Molly-Residency value. Errors are *api.Error with status 400.
 func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency string) (*Annotation, error) {
+	return c.ClassifyPath(ep, "", body, declared, residency)
+}
+
+// ClassifyPath is Classify for a request whose URL path is known, so that
+// GET /v1/models/{model} names its model.
+func (c *Classifier) ClassifyPath(ep Endpoint, path string, body []byte, declared, residency string) (*Annotation, error) {
 	a := &Annotation{Body: body, Scanned: c.scanner.Types(), vaultOpts: c.vaultOpts}
 	a.Endpoint = ep
 	a.Residency = strings.TrimSpace(residency)
@@ -144,6 +152,13 @@ func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency stri
 		a.Declared = max(a.Declared, s)
 	}
 	if ep == EndpointModels {
+		// GET /v1/models/{model} retrieves one model; GET /v1/models lists them.
+		if id := modelPathID(path); id != "" {
+			if err := c.checkModelName(id); err != nil {
+				return nil, err
+			}
+			a.Model = id
+		}
 		a.Sensitivity = a.Declared
 		a.Modalities = []string{"text"}
 		return a, nil
@@ -212,13 +227,8 @@ func (c *Classifier) capability(a *Annotation, root gjson.Result) *api.Error {
 	if model.Type != gjson.String || model.Str == "" {
 		return wrongType("model", "a non-empty string", model)
 	}
-	if len(model.Str) > 256 {
-		return api.InvalidRequest("model", "Invalid 'model': longer than 256 bytes.")
-	}
-	if len(c.scanner.Scan(model.Str)) > 0 {
-		// Model names are logged and echoed in errors: never a secret or
-		// personal data, so such a name is refused without repeating it.
-		return api.InvalidRequest("model", "Invalid 'model': the name contains what looks like a secret or personal data; it was neither logged nor routed.")
+	if err := c.checkModelName(model.Str); err != nil {
+		return err
 	}
 	a.Model = model.Str
 	if v := root.Get("stream"); v.Exists() && v.Type != gjson.Null {
@@ -802,4 +812,30 @@ func escapePath(key string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// modelPathID returns {model} of a path ending in /models/{model}, or "".
+func modelPathID(path string) string {
+	i := strings.LastIndex(path, "/models/")
+	if i < 0 {
+		return ""
+	}
+	id := path[i+len("/models/"):]
+	if id == "" || strings.Contains(id, "/") {
+		return ""
+	}
+	return id
+}
+
+// checkModelName refuses model names that are too long or carry what
+// looks like a secret or personal data: model names are logged and echoed
+// in errors, so such a name is refused without repeating it.
+func (c *Classifier) checkModelName(name string) *api.Error {
+	if len(name) > 256 {
+		return api.InvalidRequest("model", "Invalid 'model': longer than 256 bytes.")
+	}
+	if len(c.scanner.Scan(name)) > 0 {
+		return api.InvalidRequest("model", "Invalid 'model': the name contains what looks like a secret or personal data; it was neither logged nor routed.")
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -65,7 +66,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 	}
 	w.Header().Set(HeaderDecisionID, d.ID())
 	if a.Endpoint == EndpointModels {
-		return f.models(w, d, IdentityFrom(r.Context()))
+		return f.models(w, d, IdentityFrom(r.Context()), a.Model)
 	}
 	cands, excluded, known, err := f.rank(r, a, d, log) // explain.go: overrides, learned priors, decision log
 	if err != nil {
@@ -196,7 +197,7 @@ func (f *Forwarder) setHeaders(w http.ResponseWriter, resp *http.Response, d *Di
 	h.Set(HeaderTarget, d.target.Name)
 }
 
-func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision, id *Identity) error {
+func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision, id *Identity, one string) error {
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -213,7 +214,16 @@ func (f *Forwarder) models(w http.ResponseWriter, d *policies.Decision, id *Iden
 		}
 		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "molly"})
 	}
-	b, err := json.Marshal(list)
+	var v any = list
+	if one != "" { // GET /v1/models/{model}
+		i := slices.IndexFunc(list.Data, func(m model) bool { return m.ID == one })
+		if i < 0 {
+			return &api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+				Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", one)}
+		}
+		v = list.Data[i]
+	}
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

@@ -155,7 +155,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
 	}
-	ann, err := c.classifier.Classify(ep, body, strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), strings.Join(r.Header.Values("X-Molly-Residency"), ","))
+	ann, err := c.classifier.ClassifyPath(ep, r.URL.Path, body, strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), strings.Join(r.Header.Values("X-Molly-Residency"), ","))
 	if err != nil {
 		api.WriteError(w, err)
 		return nil

@@ -439,6 +439,18 @@ func TestGatewayOtherEndpoints(t *testing.T) {
 	if strings.Join(ids, ",") != "chat,gpt-4o-mini,text-embedding-3-small" {
 		t.Fatalf("models %v, want chat,gpt-4o-mini,text-embedding-3-small (de-duplicated)", ids)
 	}
+	if m, err := c.Models.Get(ctx, "gpt-4o-mini"); err != nil || m.ID != "gpt-4o-mini" || m.Object != "model" {
+		t.Fatalf("retrieving a model: %+v %v", m, err)
+	}
+	var apiErr *openai.Error
+	if _, err := c.Models.Get(ctx, "gpt-9"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" {
+		t.Fatalf("retrieving an unknown model: want 404 model_not_found, got %v", err)
+	}
+	// gpt-4o-mini lives on T3 only: not reachable for confidential data.
+	if _, err := c.Models.Get(ctx, "gpt-4o-mini", option.WithHeader("X-Molly-Sensitivity", "confidential")); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Fatalf("retrieving a model out of reach: want 404, got %v", err)
+	}
+
 	// Models reachable for a caller who declares confidential data: T0–T1 only.
 	models, err = c.Models.List(ctx, option.WithHeader("X-Molly-Sensitivity", "confidential"))
 	if err != nil {
