@@ -73,15 +73,41 @@ var percentDecoded = map[string]byte{
 	"5F": '_', "5f": '_', "3A": ':', "3a": ':', "2F": '/', "2f": '/', "3D": '=', "3d": '=',
 }
 
+// jsonEscape decodes a JSON \uXXXX escape (RFC 8259 §7) at the start of s,
+// returning -1 when s does not start with one or it encodes a surrogate or
+// a control character.
+func jsonEscape(s string) rune {
+	if len(s) < 6 || s[0] != '\\' || s[1] != 'u' {
+		return -1
+	}
+	var r rune
+	for _, h := range []byte(s[2:6]) {
+		switch {
+		case h >= '0' && h <= '9':
+			r = r<<4 | rune(h-'0')
+		case h >= 'a' && h <= 'f':
+			r = r<<4 | rune(h-'a'+10)
+		case h >= 'A' && h <= 'F':
+			r = r<<4 | rune(h-'A'+10)
+		default:
+			return -1
+		}
+	}
+	if r < 0x20 || r >= 0xD800 && r <= 0xDFFF {
+		return -1
+	}
+	return r
+}
+
 // normalise builds the normalised view of text: NFKC per rune (fullwidth
 // digits and letters, ligatures, mathematical alphanumerics become ASCII),
-// format characters dropped, homoglyphs, dashes and spaces mapped, and
-// percent-escapes of address characters decoded. It returns ok=false when
+// format characters dropped, homoglyphs, dashes and spaces mapped,
+// percent-escapes of address characters and JSON \uXXXX escapes decoded. It returns ok=false when
 // the view would equal text, so callers can skip a second scan.
 func normalise(text string) (v view, ok bool) {
 	first := -1
 	for i := 0; i < len(text); i++ {
-		if c := text[i]; c >= 0x80 || c == '%' && i+2 < len(text) && percentDecoded[text[i+1:i+3]] != 0 {
+		if c := text[i]; c >= 0x80 || c == '%' && i+2 < len(text) && percentDecoded[text[i+1:i+3]] != 0 || c == '\\' && jsonEscape(text[i:]) >= 0 {
 			first = i
 			break
 		}
@@ -112,6 +138,20 @@ func normalise(text string) (v view, ok bool) {
 	for i := first; i < len(text); {
 		c := text[i]
 		if c < 0x80 {
+			if c == '\\' {
+				// A JSON \uXXXX escape left in text (tool-call arguments are JSON
+				// inside a JSON string, so "\u0040" there is an '@').
+				if r := jsonEscape(text[i:]); r >= 0 {
+					if m := mapRune(r); m >= 0 {
+						r = m
+					}
+					nfkc = norm.NFKC.AppendString(nfkc[:0], string(r))
+					emit(nfkc, i, i+6)
+					i += 6
+					changed = true
+					continue
+				}
+			}
 			if c == '%' && i+2 < len(text) {
 				if d := percentDecoded[text[i+1:i+3]]; d != 0 {
 					tmp[0] = d

@@ -1,0 +1,40 @@
+package redaction
+
+import "testing"
+
+// TestJSONEscapesDoNotHideValues covers text that is itself JSON (tool-call
+// arguments are JSON inside a JSON string): \uXXXX escapes are decoded in the
+// normalised view and the finding spans the escaped bytes of the original.
+func TestJSONEscapesDoNotHideValues(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, text, typ, value string
+	}{
+		{"an escaped at sign in an e-mail address", `{"to":"anna\u0040example.org"}`, TypeEmail, `anna\u0040example.org`},
+		{"escaped digits of a card number", `{"card":"4111\u00201111\u00201111\u00201111"}`, TypeCreditCard, `4111\u00201111\u00201111\u00201111`},
+		{"an upper-case hex escape", `{"to":"anna\u0040EXAMPLE.org"}`, TypeEmail, `anna\u0040EXAMPLE.org`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var got []string
+			for _, f := range s.Scan(c.text) {
+				if f.Type == c.typ {
+					got = append(got, c.text[f.Start:f.End])
+				}
+			}
+			if len(got) != 1 || got[0] != c.value {
+				t.Fatalf("%s findings %q, want [%q]", c.typ, got, c.value)
+			}
+		})
+	}
+	// Escapes that decode to nothing an entity is made of stay unmatched.
+	if fs := s.Scan(`{"note":"\u00e8 \u0041BC"}`); len(fs) != 0 {
+		t.Fatalf("findings %+v in text without entities", fs)
+	}
+	if r := jsonEscape(`\ud83d`); r != -1 {
+		t.Fatalf("a lone surrogate decoded to %q", r)
+	}
+}
