@@ -1,6 +1,8 @@
 package router
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -55,7 +57,8 @@ const (
 // the client did not ask). An answer whose backend gives no logprobs
 // cannot be scored and is returned as it is. Candidates come only from the
 // policy decision's ranking, so escalation never leaves the allowed tiers.
-// Streams are not cascaded yet.
+// A streamed request is cascaded only with HoldTokens set: its first tokens
+// are held back from the client and scored the same way.
 type Cascade struct {
 	// Threshold is the mean token log-probability, in nats per token (≤ 0),
 	// an answer needs to be returned; below it the request escalates.
@@ -66,6 +69,13 @@ type Cascade struct {
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// Order is OrderCheap (default, "") or OrderScore.
 	Order string `json:"order,omitempty"`
+	// HoldTokens, when above 0, cascades streamed chat requests too: each
+	// attempt's stream is read, and nothing of it sent, until HoldTokens
+	// tokens with logprobs (choices[].logprobs.content entries) arrived or
+	// it ended; their mean log-probability decides as for a whole answer,
+	// and a stream that is kept is relayed from its first event. 0: streams
+	// are not cascaded. Holding delays the first token by HoldTokens tokens.
+	HoldTokens int `json:"hold_tokens,omitempty"`
 }
 
 // Validate checks the settings; errors name the field.
@@ -79,12 +89,14 @@ func (c *Cascade) Validate() error {
 		return fmt.Errorf("cascade: max_attempts %d must be at least 1", c.MaxAttempts)
 	case c.Order != "" && c.Order != OrderCheap && c.Order != OrderScore:
 		return fmt.Errorf("cascade: order %q must be cheap or score", c.Order)
+	case c.HoldTokens < 0:
+		return fmt.Errorf("cascade: hold_tokens %d must be 0 (streams are not cascaded) or more", c.HoldTokens)
 	}
 	return nil
 }
 
 func (c *Cascade) applies(a *Annotation, cands []Candidate) bool {
-	return c != nil && a.Endpoint == EndpointChat && !a.Stream && len(cands) > 1
+	return c != nil && a.Endpoint == EndpointChat && (!a.Stream || c.HoldTokens > 0) && len(cands) > 1
 }
 
 func (c *Cascade) maxAttempts() int {
@@ -152,14 +164,16 @@ type outcome struct {
 	usage   *Usage        // as recorded, for a 2xx answer
 	logprob float64       // MeanLogprob of a 2xx answer
 	tokens  int           // tokens behind logprob; 0: none given
+	stream  *heldStream   // a 2xx stream whose first tokens are held; body is nil
 }
 
 func (o outcome) label() string { return o.cand.Target.Name + "/" + o.cand.Model }
 
-// try sends a request with logprobs to c and reads the whole answer; an
-// upstream that answers 400 to it is asked again without logprobs (unless
-// the client asked for them). A 2xx answer's usage is recorded at once:
-// every attempt consumed tokens, returned to the client or not.
+// try sends a request with logprobs to c and reads the whole answer, or
+// holds the first tokens of a 2xx stream (hold); an upstream that answers
+// 400 to it is asked again without logprobs (unless the client asked for
+// them). A 2xx answer's usage is recorded at once: every attempt consumed
+// tokens, returned to the client or not.
 func (f *Forwarder) try(ctx context.Context, log *zap.Logger, a *Annotation, d *policies.Decision, c Candidate) outcome {
 	o := outcome{cand: c}
 	disp, err := NewDispatch(d, a, c)
@@ -188,6 +202,9 @@ func (f *Forwarder) try(ctx context.Context, log *zap.Logger, a *Annotation, d *
 	if err != nil {
 		o.failure = upstreamErr(err)
 		return o
+	}
+	if a.Stream && resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return f.hold(ctx, log, a, d, o, resp)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
@@ -218,7 +235,9 @@ func (f *Forwarder) try(ctx context.Context, log *zap.Logger, a *Annotation, d *
 // feeds the priors, its tokens and cost the metrics (its usage is already
 // recorded).
 func (f *Forwarder) spend(a *Annotation, o outcome) {
-	f.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, o.total)
+	if o.stream == nil { // a held stream was cut short: its total time says nothing
+		f.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, o.total)
+	}
 	if o.usage != nil {
 		f.Metrics.spent(a, o.cand, o.usage.PromptTokens, o.usage.CompletionTokens)
 	}
@@ -259,9 +278,108 @@ func stripLogprobs(body []byte) []byte {
 	return body
 }
 
-// cascade answers a non-streamed chat request by trying cands (allowed,
-// ranked) in the configured order until an answer scores at least the
-// threshold, MaxAttempts answers were obtained or the candidates run out.
+// heldStream is a 2xx streamed answer whose first events a cascade has
+// read and not yet sent: events are the raw SSE lines read, rest is the
+// remainder of the upstream body.
+type heldStream struct {
+	events []byte
+	rest   *bufio.Reader
+	body   io.Closer
+	meter  *usageMeter // sees the events only when relayed or abandoned
+}
+
+// hold reads the stream in resp until f.Cascade.HoldTokens tokens with
+// logprobs arrived, the stream ended, or a chunk with text but no logprobs
+// showed that the backend gives none; o gets their mean. A stream that
+// breaks off first is a failure (nothing was sent, so the cascade falls
+// back) whose usage is recorded.
+func (f *Forwarder) hold(ctx context.Context, log *zap.Logger, a *Annotation, d *policies.Decision, o outcome, resp *http.Response) outcome {
+	h := &heldStream{rest: bufio.NewReaderSize(resp.Body, 64<<10), body: resp.Body, meter: newUsageMeter(ctx, log, a, d.ID(), o.cand.Target)}
+	o.stream, o.status, o.header = h, resp.StatusCode, resp.Header
+	var sum float64
+	var finished bool // a finish_reason came: an ending without [DONE] is whole, as in relaySSE
+read:
+	for o.tokens < f.Cascade.HoldTokens && len(h.events) < MaxUpstreamBody {
+		line, err := h.rest.ReadBytes('\n')
+		if err != nil {
+			if finished {
+				break
+			}
+			o.usage = h.abandon()
+			o.failure = "stream broke off before " + fmt.Sprint(f.Cascade.HoldTokens) + " tokens: " + upstreamErr(err)
+			return o
+		}
+		h.events = append(h.events, line...)
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		switch data = bytes.TrimSpace(data); {
+		case ok && bytes.Equal(data, []byte("[DONE]")):
+			break read
+		case !ok || !gjson.ValidBytes(data):
+			continue
+		}
+		chunk, n, text := gjson.ParseBytes(data), 0, strings.Builder{}
+		chunk.Get("choices").ForEach(func(_, ch gjson.Result) bool {
+			for _, v := range ch.Get("logprobs.content.#.logprob").Array() {
+				sum += v.Float()
+				n++
+			}
+			if ch.Get("finish_reason").Type == gjson.String {
+				finished = true
+			}
+			return true
+		})
+		o.tokens += n
+		if answerText(&text, chunk); n == 0 && text.Len() > 0 {
+			break // text without logprobs: the backend gives none, waiting is pointless
+		}
+	}
+	o.total = time.Since(o.start)
+	if o.tokens > 0 {
+		o.logprob = sum / float64(o.tokens)
+	}
+	return o
+}
+
+// abandon closes a held stream that is not relayed and records the usage
+// of what it streamed (its usage chunk when it came, else the held text
+// counted); it returns that usage. Calling it again, or after the stream
+// was relayed, only returns the usage.
+func (h *heldStream) abandon() *Usage {
+	if h == nil {
+		return nil
+	}
+	h.body.Close()
+	if !h.meter.recorded {
+		for line := range bytes.Lines(h.events) {
+			if data, ok := bytes.CutPrefix(line, []byte("data:")); ok && !bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
+				h.meter.event(bytes.TrimSpace(data))
+			}
+		}
+		h.meter.streamEnd()
+	}
+	return h.meter.final
+}
+
+// deliverStream relays a held stream kept by the cascade: Molly's headers,
+// then the held events and the rest as relaySSE relays any stream
+// (placeholders restored, usage metered and recorded), logprobs removed
+// from the chunks unless the client asked for them.
+func (f *Forwarder) deliverStream(w http.ResponseWriter, a *Annotation, d *policies.Decision, o outcome, order []Candidate, decision string) error {
+	h := o.stream
+	defer h.body.Close()
+	o.disp.dropLogprobs = !gjson.GetBytes(a.Body, "logprobs").Bool()
+	f.setHeaders(w, &http.Response{Header: o.header}, o.disp)
+	f.explain(w, o.cand, order)
+	err := relaySSE(w, io.MultiReader(bytes.NewReader(h.events), h.rest), o.disp, h.meter)
+	f.observe(a, d, answered{chosen: o.cand, cands: order, start: o.start, ttfb: o.ttfb, status: o.status, meter: h.meter, err: err, decision: decision})
+	return err
+}
+
+// cascade answers a chat request — non-streamed, or streamed with
+// HoldTokens set (its first tokens held and scored, see hold) — by trying
+// cands (allowed, ranked) in the configured order until an answer scores at
+// least the threshold, MaxAttempts answers were obtained or the candidates
+// run out. An escalated stream stays open until a later answer replaces it.
 // An escalated answer scores 0 on its quality prior (QualityObserver).
 // Upstream failures fall back as in Serve; when every candidate after an
 // escalated answer fails, that answer is returned. tried holds failures
@@ -272,10 +390,23 @@ func (f *Forwarder) cascade(w http.ResponseWriter, r *http.Request, a *Annotatio
 	var steps []string
 	var escalated []outcome
 	answers, spentUSD, begin := 0, 0.0, time.Now()
+	drop := func(e *outcome) { // an escalated stream that will not be relayed
+		if e.stream != nil && e.usage == nil {
+			if e.usage = e.stream.abandon(); e.usage != nil {
+				spentUSD += e.usage.CostUSD
+			}
+		}
+	}
+	defer func() { // streams never relayed: the client went away, or a later answer won
+		for i := range escalated {
+			drop(&escalated[i])
+		}
+	}()
 	finish := func(o outcome, step string) {
-		for _, e := range escalated {
-			if e.cand != o.cand {
-				f.spend(a, e)
+		for i := range escalated {
+			if e := &escalated[i]; e.cand != o.cand {
+				drop(e)
+				f.spend(a, *e)
 			}
 		}
 		steps = append(steps, step)
@@ -284,14 +415,26 @@ func (f *Forwarder) cascade(w http.ResponseWriter, r *http.Request, a *Annotatio
 		if len(escalated) > 0 {
 			decision = "escalated"
 		}
+		var err error
+		if o.stream != nil {
+			err = f.deliverStream(w, a, d, o, order, decision)
+			if u := o.stream.meter.final; u != nil {
+				spentUSD += u.CostUSD
+			}
+		} else {
+			f.deliver(w, a, d, o, order, decision)
+		}
 		log.Info("cascade", zap.String("decision_id", d.ID()), zap.Strings("attempts", steps), zap.Float64("threshold", cfg.Threshold),
-			zap.String("answered", o.label()), zap.Float64("cost_usd", spentUSD), zap.Duration("duration", time.Since(begin)))
-		f.deliver(w, a, d, o, order, decision)
+			zap.String("answered", o.label()), zap.Float64("cost_usd", spentUSD), zap.Duration("duration", time.Since(begin)), zap.NamedError("stream_error", err))
 	}
 	for i, c := range order {
 		o := f.try(r.Context(), log, a, d, c)
 		if r.Context().Err() != nil {
+			o.stream.abandon()
 			return nil // the client went away; nothing to answer
+		}
+		if o.usage != nil {
+			spentUSD += o.usage.CostUSD
 		}
 		if o.failure != "" {
 			tried = append(tried, attempt{c.Target.Name, o.failure})
@@ -300,9 +443,6 @@ func (f *Forwarder) cascade(w http.ResponseWriter, r *http.Request, a *Annotatio
 			continue
 		}
 		answers++
-		if o.usage != nil {
-			spentUSD += o.usage.CostUSD
-		}
 		switch {
 		case o.status/100 != 2:
 			finish(o, fmt.Sprintf("%s HTTP %d", o.label(), o.status))
@@ -317,6 +457,9 @@ func (f *Forwarder) cascade(w http.ResponseWriter, r *http.Request, a *Annotatio
 		steps = append(steps, fmt.Sprintf("%s logprob=%.2f<%.2f", o.label(), o.logprob, cfg.Threshold))
 		if _, err := f.Priors.ObserveQuality(c.Key, c.Quality, 0); err != nil {
 			log.Error("saving an escalation to the priors failed", zap.String("prior", c.Key.String()), zap.Error(err))
+		}
+		if n := len(escalated); n > 0 { // keep only the last escalated stream open, for when all later ones fail
+			drop(&escalated[n-1])
 		}
 		escalated = append(escalated, o)
 	}

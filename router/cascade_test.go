@@ -255,6 +255,7 @@ func TestCascadeSettingsAreValidated(t *testing.T) {
 		{"a NaN threshold is refused", Cascade{Threshold: math.NaN()}, "threshold NaN"},
 		{"negative max_attempts are refused", Cascade{Threshold: -1, MaxAttempts: -1}, "max_attempts -1"},
 		{"an unknown order is refused", Cascade{Threshold: -1, Order: "random"}, `order "random"`},
+		{"negative hold_tokens are refused", Cascade{Threshold: -1, HoldTokens: -2}, "hold_tokens -2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -295,4 +296,209 @@ func TestStripLogprobsNullsEveryChoice(t *testing.T) {
 	if want := `{"choices":[{"index":0,"logprobs":null},{"index":1,"logprobs":null}]}`; got != want {
 		t.Fatalf("stripLogprobs = %s, want %s", got, want)
 	}
+}
+
+// streamBody is a streamed chat request for prompt, asking for logprobs
+// when logprobs is set.
+func streamBody(prompt string, logprobs bool) string {
+	lp := ""
+	if logprobs {
+		lp = `"logprobs":true,`
+	}
+	return `{"model":"m","stream":true,` + lp + `"messages":[{"role":"user","content":"` + prompt + `"}]}`
+}
+
+func TestCascadeStream(t *testing.T) {
+	const prompt = "what is the capital of France?"
+	cases := []struct {
+		name        string
+		cascade     Cascade
+		sensitivity string
+		logprobs    [3]float64 // lan, remote, cloud
+		askLogprobs bool
+		wantTarget  string
+		wantCascade string
+		wantCounts  [3]int  // requests lan, remote, cloud received
+		wantLanN    int64   // observations in lan's quality prior
+		wantLanQ    float64 // lan's quality prior afterwards
+	}{
+		{
+			name:        "a low-confidence held stream escalates to the next cheapest candidate",
+			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
+			logprobs:    [3]float64{-3, -0.2, -0.1},
+			wantTarget:  "remote",
+			wantCascade: "lan/m logprob=-3.00<-1.50 -> remote/m logprob=-0.20",
+			wantCounts:  [3]int{1, 1, 0},
+			wantLanN:    1, wantLanQ: 0.45,
+		},
+		{
+			name:        "a confident held stream is relayed without escalating",
+			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
+			logprobs:    [3]float64{-0.5, -0.2, -0.1},
+			wantTarget:  "lan",
+			wantCascade: "lan/m logprob=-0.50",
+			wantCounts:  [3]int{1, 0, 0},
+			wantLanQ:    0.5,
+		},
+		{
+			name:        "a hold longer than the stream scores and relays the whole stream",
+			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 50},
+			logprobs:    [3]float64{-0.5, -0.2, -0.1},
+			wantTarget:  "lan",
+			wantCascade: "lan/m logprob=-0.50",
+			wantCounts:  [3]int{1, 0, 0},
+			wantLanQ:    0.5,
+		},
+		{
+			name:        "a policy allowing T0–T2 never escalates a stream to T3 even when T3 is next by score",
+			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, Order: OrderScore, HoldTokens: 2},
+			sensitivity: "internal",
+			logprobs:    [3]float64{-3, -3, -0.1},
+			wantTarget:  "lan",
+			wantCascade: "remote/m logprob=-3.00<-1.50 -> lan/m logprob=-3.00",
+			wantCounts:  [3]int{1, 1, 0},
+			wantLanQ:    0.5,
+		},
+		{
+			name:        "a client asking for logprobs keeps them in the stream",
+			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
+			logprobs:    [3]float64{-3, -0.2, -0.1},
+			askLogprobs: true,
+			wantTarget:  "remote",
+			wantCascade: "lan/m logprob=-3.00<-1.50 -> remote/m logprob=-0.20",
+			wantCounts:  [3]int{1, 1, 0},
+			wantLanN:    1, wantLanQ: 0.45,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ups, cat := cascadeTiers(t, tc.logprobs)
+			priors := NewPriors()
+			cfg := tc.cascade
+			f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Priors: priors, Cascade: &cfg}
+			var hdr []string
+			if tc.sensitivity != "" {
+				hdr = []string{"X-Molly-Sensitivity", tc.sensitivity}
+			}
+			r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", streamBody(prompt, tc.askLogprobs), hdr...)
+			if r.status != 200 || r.header.Get(HeaderTarget) != tc.wantTarget {
+				t.Fatalf("status %d target %q, want 200 %q: %s", r.status, r.header.Get(HeaderTarget), tc.wantTarget, r.body)
+			}
+			if got := r.header.Get(HeaderCascade); got != tc.wantCascade {
+				t.Errorf("%s = %q, want %q", HeaderCascade, got, tc.wantCascade)
+			}
+			// One coherent stream: the chosen attempt's 4 content chunks and
+			// its finish chunk, one [DONE], no usage chunk (not asked for).
+			if got, want := sseContent(t, r.body), tc.wantTarget+" says: "+prompt; got != want {
+				t.Errorf("streamed answer %q, want %q", got, want)
+			}
+			var chunks, done, withLogprobs int
+			for _, line := range strings.Split(r.body, "\n") {
+				data, ok := strings.CutPrefix(line, "data: ")
+				switch {
+				case !ok:
+				case data == "[DONE]":
+					done++
+				default:
+					chunks++
+					if len(gjson.Get(data, "choices.0.logprobs.content").Array()) == 1 {
+						withLogprobs++
+					}
+				}
+			}
+			wantLogprobs := 0
+			if tc.askLogprobs {
+				wantLogprobs = 4
+			}
+			if chunks != 5 || done != 1 || withLogprobs != wantLogprobs {
+				t.Errorf("stream has %d chunks, %d [DONE], %d with logprobs; want 5, 1, %d:\n%s", chunks, done, withLogprobs, wantLogprobs, r.body)
+			}
+			for i, u := range ups {
+				if u.Count() != tc.wantCounts[i] {
+					t.Errorf("%s received %d requests, want %d", u.Name, u.Count(), tc.wantCounts[i])
+				}
+				for _, b := range u.Received() {
+					if !gjson.GetBytes(b, "logprobs").Bool() || !gjson.GetBytes(b, "stream").Bool() {
+						t.Errorf("%s was not asked for a stream with logprobs: %s", u.Name, b)
+					}
+				}
+			}
+			q, n := priors.Quality(PriorKey{Target: "lan", Model: "m", Category: TaskChat}, 0.5)
+			if n != tc.wantLanN || math.Abs(q-tc.wantLanQ) > 1e-9 {
+				t.Errorf("lan prior = %.4f after %d observations, want %.4f after %d", q, n, tc.wantLanQ, tc.wantLanN)
+			}
+		})
+	}
+}
+
+func TestCascadeStreamIsNotHeldWithoutHoldTokens(t *testing.T) {
+	ups, cat := cascadeTiers(t, [3]float64{-3, -0.2, -0.1})
+	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3}}
+	r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", streamBody("hello", false))
+	if r.status != 200 || r.header.Get(HeaderCascade) != "" || r.header.Get(HeaderTarget) != "cloud" {
+		t.Fatalf("status %d target %q cascade %q, want 200 from cloud (best by score) and no cascade", r.status, r.header.Get(HeaderTarget), r.header.Get(HeaderCascade))
+	}
+	if ups[2].Contains(`"logprobs"`) {
+		t.Error("an uncascaded stream was asked for logprobs")
+	}
+}
+
+func TestCascadeStreamRecordsTheUsageOfAbandonedAttempts(t *testing.T) {
+	const prompt = "what is the capital of France?"
+	ups, cat := cascadeTiers(t, [3]float64{-3, -3, -0.1})
+	ledger := &memLedger{}
+	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2}}
+	r := post(t, chatURLFor(t, f, ledger), streamBody(prompt, false))
+	if r.status != 200 || r.header.Get(HeaderTarget) != "cloud" || sseContent(t, r.body) != "cloud says: "+prompt {
+		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
+	}
+	if got, want := r.header.Get(HeaderCascade), "lan/m logprob=-3.00<-1.50 -> remote/m logprob=-3.00<-1.50 -> cloud/m logprob=-0.10"; got != want {
+		t.Errorf("%s = %q, want %q", HeaderCascade, got, want)
+	}
+	got := ledger.take()
+	if len(got) != 3 || got[0].Target != "lan" || got[1].Target != "remote" || got[2].Target != "cloud" {
+		t.Fatalf("usage recorded %+v, want lan, remote, cloud", got)
+	}
+	// The abandoned streams sent 2 of their 4 chunks ("lan says: what is
+	// th") and no usage chunk: their tokens are counted from that text.
+	for i, u := range got[:2] {
+		held := ups[i].Name + " says: what is th"
+		if !u.Estimated || u.PromptTokens <= 0 || u.CompletionTokens != EstimateTokens(held) {
+			t.Errorf("%s usage %+v, want estimated with %d completion tokens", u.Target, u, EstimateTokens(held))
+		}
+	}
+	if want := float64(got[1].PromptTokens+got[1].CompletionTokens) * 0.1 / 1e6; got[0].CostUSD != 0 || math.Abs(got[1].CostUSD-want) > 1e-15 {
+		t.Errorf("abandoned costs %v and %v USD, want 0 and %v", got[0].CostUSD, got[1].CostUSD, want)
+	}
+	// The relayed stream's usage chunk: 5 prompt tokens, 4 chunks.
+	if u := got[2]; u.Estimated || u.PromptTokens != 5 || u.CompletionTokens != 4 || math.Abs(u.CostUSD-9.0/1e6) > 1e-15 {
+		t.Errorf("cloud usage %+v, want 5+4 tokens reported, 0.000009 USD", u)
+	}
+}
+
+func TestCascadeStreamFallsBackWhenAHeldStreamBreaksOff(t *testing.T) {
+	const prompt = "TRUNCATE what is the capital of France?"
+	ups, cat := cascadeTiers(t, [3]float64{-0.5, -0.2, -0.1})
+	ups[1].Chunks = 1 // remote answers in one chunk, before the fake's truncation point
+	ledger := &memLedger{}
+	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 3}}
+	r := post(t, chatURLFor(t, f, ledger), streamBody(prompt, false))
+	if r.status != 200 || r.header.Get(HeaderTarget) != "remote" || sseContent(t, r.body) != "remote says: "+prompt {
+		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
+	}
+	if got, want := r.header.Get(HeaderCascade), "lan/m failed -> remote/m logprob=-0.20"; got != want {
+		t.Errorf("%s = %q, want %q", HeaderCascade, got, want)
+	}
+	if strings.Contains(r.body, "stream_truncated") || strings.Contains(r.body, "lan says") {
+		t.Errorf("the broken held stream reached the client:\n%s", r.body)
+	}
+	if got := ledger.take(); len(got) != 2 || got[0].Target != "lan" || !got[0].Estimated || got[0].CompletionTokens <= 0 || got[1].Target != "remote" {
+		t.Errorf("usage recorded %+v, want lan (counted) then remote", got)
+	}
+}
+
+// chatURLFor is the chat completions URL of a gateway for f whose
+// caller "alice" records usage in ledger.
+func chatURLFor(t *testing.T, f *Forwarder, ledger *memLedger) string {
+	return forwarderGateway(t, f, &Identity{Member: "alice", Ledger: ledger}).URL + "/v1/chat/completions"
 }

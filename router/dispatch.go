@@ -38,6 +38,9 @@ type Dispatch struct {
 	body       []byte
 	vault      *redaction.Vault // placeholders to restore in the answer; nil when nothing was redacted
 	redacted   int              // distinct values replaced, in any mode
+	// dropLogprobs: the logprobs in a relayed stream's chunks were asked
+	// for by a cascade, not the client; relaySSE sets them to null.
+	dropLogprobs bool
 }
 
 // NewDispatch checks c against d and builds the body for c's tier: the model

@@ -43,7 +43,8 @@ type Forwarder struct {
 	// Cascade, when set, tries cheap candidates first and escalates on low
 	// confidence (cascade.go); Mixture, when set, answers requests of
 	// uncertain category with the fused best of several (mixture.go).
-	// Both apply to non-streamed chat requests only.
+	// Both apply to non-streamed chat requests; a cascade with HoldTokens
+	// to streamed ones too.
 	Cascade *Cascade
 	Mixture *Mixture
 }
@@ -245,7 +246,8 @@ const streamTruncated = "event: error\ndata: {\"error\":{\"message\":\"The upstr
 //
 // m sees every chunk: it takes the upstream's usage, drops it
 // when the client did not ask for it, and records the usage before [DONE]
-// is written (or when the stream ends otherwise).
+// is written (or when the stream ends otherwise). Logprobs a cascade asked
+// for (d.dropLogprobs) are set to null in each chunk.
 func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch, m *usageMeter) error {
 	defer m.streamEnd()
 	rc := http.NewResponseController(w)
@@ -305,6 +307,12 @@ func relaySSE(w http.ResponseWriter, body io.Reader, d *Dispatch, m *usageMeter)
 				} else if m != nil && len(out) != len(data) {
 					data = out
 					line = append(append([]byte("data: "), data...), '\n')
+				}
+				if d.dropLogprobs {
+					if out := stripLogprobs(data); len(out) != len(data) {
+						data = out
+						line = append(append([]byte("data: "), data...), '\n')
+					}
 				}
 				if restore != nil && gjson.ValidBytes(data) {
 					line = append(append([]byte("data: "), restore.event(data)...), '\n')

@@ -42,6 +42,7 @@ func init() {
 //			threshold <mean token logprob, nats>
 //			max_attempts <n>
 //			order cheap|score
+//			hold_tokens <n>
 //		}
 //		mixture {
 //			entropy <nats>
@@ -262,15 +263,22 @@ func parseCascade(d *caddyfile.Dispenser) (*router.Cascade, error) {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch sub := d.Val(); sub {
-		case "threshold", "max_attempts":
+		case "threshold", "max_attempts", "hold_tokens":
 			v, err := floatArg(d)
 			if err != nil {
 				return nil, err
 			}
-			if sub == "threshold" {
+			switch sub {
+			case "threshold":
 				c.Threshold = v
-			} else if c.MaxAttempts = int(v); v < 1 || v != float64(c.MaxAttempts) {
-				return nil, d.Errf("molly: cascade: max_attempts must be a positive integer")
+			case "max_attempts":
+				if c.MaxAttempts = int(v); v < 1 || v != float64(c.MaxAttempts) {
+					return nil, d.Errf("molly: cascade: max_attempts must be a positive integer")
+				}
+			default:
+				if c.HoldTokens = int(v); v < 0 || v != float64(c.HoldTokens) {
+					return nil, d.Errf("molly: cascade: hold_tokens must be a whole number of tokens, 0 or more")
+				}
 			}
 		case "order":
 			if !d.AllArgs(&c.Order) {

@@ -5,8 +5,9 @@
 // Behaviour is steered by the last user message: it is echoed back as the
 // answer; "FAIL500" makes the server answer 500; "TRUNCATE" makes a stream
 // stop after two chunks without a finish_reason or [DONE]. With Logprob set,
-// a non-streamed chat answer to a request with "logprobs": true carries
-// logprobs.content, one entry per word of the answer, each with that logprob.
+// a chat answer to a request with "logprobs": true carries logprobs.content,
+// each entry with that logprob: one per word of a non-streamed answer, one
+// per content chunk of a stream.
 package upstreamtest
 
 import (
@@ -30,8 +31,9 @@ type Upstream struct {
 	// Chunks is how many content chunks a stream is cut into (default 4).
 	Chunks int
 	// Logprob, when non-zero, is the log-probability (nats, ≤ 0) given to
-	// every token of a non-streamed chat answer whose request asked for
-	// "logprobs": true, so their mean is Logprob. Set it before requests.
+	// every token of a chat answer whose request asked for "logprobs": true,
+	// so their mean is Logprob; a stream's content chunk is one token. Set
+	// it before requests.
 	Logprob float64
 
 	srv    *httptest.Server
@@ -144,9 +146,14 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(200)
 	rc := http.NewResponseController(w)
 	parts := split(answer, max(u.Chunks, 1))
+	streamLogprobs := u.Logprob != 0 && gjson.GetBytes(body, "logprobs").Bool()
 	chunk := func(delta map[string]any, finish any) {
+		var logprobs any
+		if tok, ok := delta["content"].(string); ok && streamLogprobs {
+			logprobs = map[string]any{"content": []any{map[string]any{"token": tok, "logprob": u.Logprob, "bytes": byteList(tok), "top_logprobs": []any{}}}, "refusal": nil}
+		}
 		b, _ := json.Marshal(map[string]any{"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": time.Now().Unix(), "model": model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil}}})
+			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}}})
 		fmt.Fprintf(w, "data: %s\n\n", b)
 		_ = rc.Flush()
 	}
