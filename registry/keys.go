@@ -151,3 +151,12 @@ func (r *Registry) Lookup(ctx context.Context, secret string) (Member, Key, erro
 	}
 	return m, k, nil
 }
+
+// DisplayPrefix returns the display prefix of a whole key (KeyPrefix plus
+// the first characters), or s unchanged when s is not longer than a prefix.
+func DisplayPrefix(s string) string {
+	if n := len(KeyPrefix) + prefixLen; strings.HasPrefix(s, KeyPrefix) && len(s) > n {
+		return s[:n]
+	}
+	return s
+}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -54,6 +55,11 @@ func (m *Member) Validate() error {
 	}
 	if m.BudgetUSD < 0 || m.RPM < 0 || m.TPM < 0 {
 		return bad("budget_usd, rpm and tpm must not be negative")
+	}
+	// Money is kept in whole nano-dollars in an int64: bound the budget so
+	// it neither overflows nor rounds to 0 ("no budget").
+	if m.BudgetUSD > 1e9 || m.BudgetUSD != 0 && m.BudgetUSD < 1e-6 || math.IsNaN(m.BudgetUSD) {
+		return bad("budget_usd must be 0 (no budget) or between 0.000001 and 1000000000")
 	}
 	switch m.Period {
 	case PeriodNone, PeriodDay, PeriodMonth:

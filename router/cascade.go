@@ -442,6 +442,14 @@ func (f *Forwarder) cascade(w http.ResponseWriter, r *http.Request, a *Annotatio
 			log.Warn("upstream failed, falling back", zap.String("target", c.Target.Name), zap.String("decision_id", d.ID()), zap.String("error", o.failure))
 			continue
 		}
+		if o.status/100 != 2 && len(escalated) > 0 {
+			// A later candidate refusing the request (e.g. one that rejects
+			// logprobs) does not throw away the answer in hand: go on, and
+			// return the last escalated answer if nothing better comes.
+			tried = append(tried, attempt{c.Target.Name, fmt.Sprintf("HTTP %d", o.status)})
+			steps = append(steps, fmt.Sprintf("%s HTTP %d", o.label(), o.status))
+			continue
+		}
 		answers++
 		switch {
 		case o.status/100 != 2:

@@ -502,3 +502,47 @@ func TestCascadeStreamFallsBackWhenAHeldStreamBreaksOff(t *testing.T) {
 func chatURLFor(t *testing.T, f *Forwarder, ledger *memLedger) string {
 	return forwarderGateway(t, f, &Identity{Member: "alice", Ledger: ledger}).URL + "/v1/chat/completions"
 }
+
+// TestCascadeKeepsTheAnswerInHandWhenALaterCandidateRefuses checks that a
+// 4xx from a candidate asked after an escalation neither reaches the client
+// nor ends the cascade.
+func TestCascadeKeepsTheAnswerInHandWhenALaterCandidateRefuses(t *testing.T) {
+	refuser := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"error":{"message":"logprobs not supported","type":"invalid_request_error","param":null,"code":null}}`)
+	}))
+	t.Cleanup(refuser.Close)
+	for _, tc := range []struct {
+		name      string
+		lastAlive bool
+		target    string
+		header    string
+	}{
+		{"a later good candidate answers", true, "cloud", "lan/m logprob=-3.00<-1.50 -> refuser/m HTTP 400 -> cloud/m logprob=-0.10"},
+		{"with nothing better the escalated answer is returned", false, "lan", "lan/m logprob=-3.00<-1.50 -> refuser/m HTTP 400 -> cloud/m failed -> lan/m returned"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lan, cloud := upstreamtest.Start("lan"), upstreamtest.Start("cloud")
+			lan.Logprob, cloud.Logprob = -3, -0.1
+			t.Cleanup(lan.Close)
+			t.Cleanup(cloud.Close)
+			if !tc.lastAlive {
+				cloud.Close()
+			}
+			cat := newCatalogue(t,
+				&Target{Name: "lan", Tier: "T1", Endpoint: lan.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}},
+				&Target{Name: "refuser", Tier: "T2", Endpoint: refuser.URL + "/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.8}},
+				&Target{Name: "cloud", Tier: "T3", Endpoint: cloud.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.7}},
+			)
+			f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3, Order: "score"}}
+			r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", `{"model":"m","logprobs":true,"messages":[{"role":"user","content":"what is the capital of France?"}]}`)
+			if r.status != 200 || r.header.Get(HeaderTarget) != tc.target {
+				t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
+			}
+			if got := r.header.Get(HeaderCascade); got != tc.header {
+				t.Errorf("%s = %q, want %q", HeaderCascade, got, tc.header)
+			}
+		})
+	}
+}

@@ -106,6 +106,9 @@ func NewDispatch(d *policies.Decision, a *Annotation, c Candidate) (*Dispatch, e
 			if red == field.Text {
 				continue
 			}
+			if strings.HasPrefix(field.Path, "messages.") && strings.HasSuffix(field.Path, ".name") {
+				red = participantName(red)
+			}
 			if body, err = sjson.SetBytes(body, field.Path, red); err != nil {
 				return nil, fmt.Errorf("redacting %s for %s: %w", field.Path, t.Name, err)
 			}
@@ -157,4 +160,25 @@ func (d *Dispatch) send(ctx context.Context) (*http.Response, error) {
 		req.Header.Set("Authorization", "Bearer "+d.target.apiKey)
 	}
 	return d.target.client.Do(req)
+}
+
+// participantName makes a redacted message name fit OpenAI's pattern for
+// participant names, ^[a-zA-Z0-9_-]+$ ("[EMAIL_1]" becomes "EMAIL_1",
+// "[EMAIL#3f2a...]" becomes "EMAIL_3f2a..."), so that an upstream does not
+// refuse the request for the placeholder's brackets.
+func participantName(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '[' || r == ']':
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	if b.Len() == 0 {
+		return "redacted"
+	}
+	return b.String()
 }

@@ -84,7 +84,7 @@ func TestNewDispatchRedactsForTheTier(t *testing.T) {
 		"model":                                      "up-m",
 		"temperature":                                "0.2",
 		"messages.0.content":                         "reply to [EMAIL_2]",
-		"messages.1.name":                            "[EMAIL_3]",
+		"messages.1.name":                            "EMAIL_3", // participant names must match ^[a-zA-Z0-9_-]+$
 		"messages.1.content.0.text":                  "cc [EMAIL_2], pay [CREDIT_CARD_1], call +1 415 555 2671",
 		"messages.1.content.1.image_url.url":         "https://[EMAIL_4]",
 		"messages.2.tool_calls.0.function.arguments": `{"card":"[CREDIT_CARD_2]","to":"[EMAIL_2]"}`,

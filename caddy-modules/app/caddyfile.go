@@ -20,9 +20,11 @@ import (
 func init() {
 	httpcaddyfile.RegisterGlobalOption("molly", parseGlobal)
 	// The request walk is auth → classify → policy → route; plugins may
-	// only be ordered against standard directives, so all four go before
-	// reverse_proxy, in this order (molly_auth lives in caddy-modules/auth).
-	httpcaddyfile.RegisterDirectiveOrder("molly_auth", httpcaddyfile.Before, "reverse_proxy")
+	// only be ordered against standard directives. Authentication goes
+	// right after forward_auth, so it runs before any handle/route block
+	// can answer (molly_auth lives in caddy-modules/auth); the other three
+	// go before reverse_proxy, in this order.
+	httpcaddyfile.RegisterDirectiveOrder("molly_auth", httpcaddyfile.After, "forward_auth")
 	httpcaddyfile.RegisterDirectiveOrder("molly_classify", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterDirectiveOrder("molly_policy", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterDirectiveOrder("molly_route", httpcaddyfile.Before, "reverse_proxy")

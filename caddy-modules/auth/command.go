@@ -81,14 +81,17 @@ func init() {
 			list.Flags().String("member", "", "only this member's keys")
 
 			revoke := &cobra.Command{
-				Use:   "revoke <prefix>",
+				Use:   "revoke <prefix or key>",
 				Short: "Revokes a key; requests with it get 401 from now on",
 				Args:  cobra.ExactArgs(1),
 				RunE: func(c *cobra.Command, args []string) error {
-					if err := call(c, http.MethodDelete, "/molly/keys/"+url.PathEscape(args[0]), nil, nil); err != nil {
+					// A whole key is cut to its display prefix here, so the
+					// secret never travels in a URL (the admin endpoint logs URIs).
+					prefix := registry.DisplayPrefix(args[0])
+					if err := call(c, http.MethodDelete, "/molly/keys/"+url.PathEscape(prefix), nil, nil); err != nil {
 						return err
 					}
-					fmt.Fprintf(os.Stderr, "revoked %s\n", args[0])
+					fmt.Fprintf(os.Stderr, "revoked %s\n", prefix)
 					return nil
 				},
 			}
