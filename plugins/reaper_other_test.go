@@ -1,0 +1,6 @@
+//go:build !linux
+
+package plugins_test
+
+func becomeSubreaper()   {}
+func reapOrphan(pid int) {}
