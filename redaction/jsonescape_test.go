@@ -38,3 +38,24 @@ func TestJSONEscapesDoNotHideValues(t *testing.T) {
 		t.Fatalf("a lone surrogate decoded to %q", r)
 	}
 }
+
+// TestHashPseudonymsFollowTheEntityNotItsSpelling checks that ModeHash gives
+// one pseudonym per entity however it is written.
+func TestHashPseudonymsFollowTheEntityNotItsSpelling(t *testing.T) {
+	v := NewVault(WithMode(TypeEmail, ModeHash), WithMode(TypeCreditCard, ModeHash), WithHMACKey([]byte("0123456789abcdef0123456789abcdef")))
+	for _, tc := range []struct {
+		name, typ, a, b string
+		same            bool
+	}{
+		{"e-mail addresses in any case", TypeEmail, "Alice@Example.com", "alice@example.com", true},
+		{"card numbers with or without spaces", TypeCreditCard, "4111 1111 1111 1111", "4111111111111111", true},
+		{"different addresses", TypeEmail, "alice@example.com", "bob@example.com", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := v.pseudonym(tc.typ, tc.a), v.pseudonym(tc.typ, tc.b)
+			if (pa == pb) != tc.same {
+				t.Fatalf("pseudonyms %s and %s, want same=%v", pa, pb, tc.same)
+			}
+		})
+	}
+}

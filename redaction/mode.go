@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
+	"unicode"
 )
 
 // Mode is how a Vault replaces the values of one entity type.
@@ -87,6 +89,26 @@ func (v *Vault) pseudonym(typ, value string) string {
 	h := hmac.New(sha256.New, key)
 	h.Write([]byte(typ))
 	h.Write([]byte{0})
-	h.Write([]byte(value))
+	h.Write([]byte(canonical(typ, value)))
 	return "[" + typeName(typ) + "#" + hex.EncodeToString(h.Sum(nil)[:8]) + "]"
+}
+
+// canonical is the form of value a pseudonym is computed from, so that
+// one entity written two ways gets one pseudonym: e-mail addresses in
+// lower case (mailbox names are case-insensitive in practice, though RFC
+// 5321 §2.4 lets the local part differ), and card, IBAN and phone numbers
+// without separators and in upper case.
+func canonical(typ, value string) string {
+	switch typ {
+	case TypeEmail:
+		return strings.ToLower(value)
+	case TypeCreditCard, TypeIBAN, TypePhone:
+		return strings.Map(func(r rune) rune {
+			if r == ' ' || r == '-' || r == '.' || r == '(' || r == ')' || r == '\u00a0' {
+				return -1
+			}
+			return unicode.ToUpper(r)
+		}, value)
+	}
+	return value
 }
