@@ -32,6 +32,9 @@ deps:
 
 build: deps
 	$(GO) build -o $(BIN) ./cmd/molly
+	$(GO) build -o bin/molly-payments ./plugins/payments
+	$(GO) build -o bin/molly-billing ./plugins/billing
+	$(GO) build -o bin/molly-support ./plugins/support
 
 # The demo base model and LoRA adapters, generated deterministically (no
 # model can be downloaded): ~13 MB GGUF plus four adapters.

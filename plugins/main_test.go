@@ -27,6 +27,10 @@ const roleEnv = "MOLLY_PLUGINS_TEST_ROLE"
 var (
 	paymentsBin string // the payments plugin, built by TestMain
 	paymentsSum string
+	billingBin  string // the billing plugin, built by TestMain
+	billingSum  string
+	supportBin  string // the support plugin, built by TestMain
+	supportSum  string
 	selfBin     string // this test binary, which also serves as "sleeper"
 	selfSum     string
 )
@@ -46,17 +50,23 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	paymentsBin = filepath.Join(dir, "payments")
+	billingBin = filepath.Join(dir, "billing")
+	supportBin = filepath.Join(dir, "support")
 	code := func() int {
 		defer os.RemoveAll(dir)
-		paymentsBin = filepath.Join(dir, "payments")
-		out, err := exec.Command("go", "build", "-o", paymentsBin, "./payments").CombinedOutput()
+		// One go build for every plugin: the packages share most of their
+		// dependencies (SQLite, gRPC), so building them together is faster.
+		out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./payments", "./billing", "./support").CombinedOutput()
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "building the payments plugin: %v\n%s", err, out)
+			fmt.Fprintf(os.Stderr, "building the plugins: %v\n%s", err, out)
 			return 1
 		}
-		if paymentsSum, err = fileSum(paymentsBin); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		for _, b := range []struct{ bin, sum *string }{{&paymentsBin, &paymentsSum}, {&billingBin, &billingSum}, {&supportBin, &supportSum}} {
+			if *b.sum, err = fileSum(*b.bin); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
 		}
 		if selfBin, err = os.Executable(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
