@@ -17,10 +17,22 @@ type Limited struct {
 	Limit, Used int
 	// RetryAfter is how long until the request would be admitted.
 	RetryAfter time.Duration
+	// Requested is the request's own expected tokens (Reserve); TooLarge
+	// reports a request larger than the TPM itself, which waiting cannot fix.
+	Requested int
+	TooLarge  bool
 }
 
 func (l *Limited) Error() string {
 	unit := map[string]string{"requests": "RPM", "tokens": "TPM"}[l.Kind]
+	if l.TooLarge {
+		return fmt.Sprintf("request too large for the %s per minute limit (%s): limit %d, requested %d; send a shorter prompt or a lower max_tokens",
+			l.Kind, unit, l.Limit, l.Requested)
+	}
+	if l.Requested > 0 {
+		return fmt.Sprintf("rate limit reached on %s per minute (%s): limit %d, used %d (recorded and in flight), requested %d; try again in %s",
+			l.Kind, unit, l.Limit, l.Used, l.Requested, l.RetryAfter.Round(time.Millisecond))
+	}
 	return fmt.Sprintf("rate limit reached on %s per minute (%s): limit %d, used %d; try again in %s",
 		l.Kind, unit, l.Limit, l.Used, l.RetryAfter.Round(time.Millisecond))
 }
@@ -52,9 +64,8 @@ func (w *window) prune(now time.Time) {
 
 // Admit applies m's RPM and TPM limits at the current time and, when the
 // request may go, counts it; otherwise it returns why not and when to retry.
-// TPM counts the tokens recorded in the trailing minute (usage is known
-// only after an answer, so one request may overshoot the limit; the next
-// waits). Windows live in memory: requests counted before a restart are
+// TPM counts the tokens recorded in the trailing minute; a request's own
+// expected tokens are checked, and held while it runs, by Reserve. Windows live in memory: requests counted before a restart are
 // forgotten, recorded tokens are reloaded from the ledger by Open.
 func (r *Registry) Admit(m Member) *Limited {
 	if m.RPM <= 0 && m.TPM <= 0 {

@@ -56,6 +56,9 @@ type Registry struct {
 
 	mu      sync.Mutex
 	windows map[string]*window // rate-limit windows per member, in memory
+
+	resMu    sync.Mutex
+	reserved map[string]reserved // what requests in flight hold, per member (Reserve)
 }
 
 const schema = `
@@ -132,7 +135,7 @@ func Open(path string, opts Options) (*Registry, error) {
 		now = time.Now
 	}
 	_ = os.Chmod(path, 0o600) // key hashes and spend are nobody else's business
-	r := &Registry{db: db, path: path, now: now, windows: map[string]*window{}}
+	r := &Registry{db: db, path: path, now: now, windows: map[string]*window{}, reserved: map[string]reserved{}}
 	if err := r.loadWindows(); err != nil {
 		db.Close()
 		return nil, err

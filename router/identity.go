@@ -41,6 +41,47 @@ type Ledger interface {
 	Record(ctx context.Context, u Usage) error
 }
 
+// Reserver is optionally implemented by a Ledger that admits requests
+// against the member's budget and token rate limit while they run: the
+// forwarder calls Reserve once the candidates are known, with the
+// request's expected tokens (prompt estimate + max_tokens, or
+// DefaultCompletionTokens) and expected cost (the costliest candidate's),
+// and calls release once the request is over (its usage recorded, or it
+// failed). A refusal is an *api.Error (429 insufficient_quota or
+// rate_limit_exceeded) that the forwarder returns unwritten. One
+// candidate's cost is held: a cascade's escalations or a mixture's further
+// members can still spend past it (they are recorded, and the next
+// request sees the spend).
+type Reserver interface {
+	Reserve(ctx context.Context, tokens int, expectedUSD float64) (release func(), err error)
+}
+
+// reserve holds the request's expected tokens and cost on the identity's
+// ledger when it is a Reserver; release is never nil.
+func reserve(ctx context.Context, a *Annotation, cands []Candidate) (release func(), err error) {
+	id := IdentityFrom(ctx)
+	if id == nil {
+		return func() {}, nil
+	}
+	rv, ok := id.Ledger.(Reserver)
+	if !ok {
+		return func() {}, nil
+	}
+	out := a.MaxTokens
+	if out == 0 && a.Endpoint != EndpointEmbeddings {
+		out = DefaultCompletionTokens
+	}
+	expected := 0.0
+	for _, c := range cands {
+		expected = max(expected, c.CostUSD)
+	}
+	release, err = rv.Reserve(ctx, a.PromptTokens+out, expected)
+	if err != nil {
+		return func() {}, err
+	}
+	return release, nil
+}
+
 // Scopes lists the identity's scopes as strings, "model:<name>",
 // "tier:<T>" and "tool:<name>", for the policy input.
 func (id *Identity) Scopes() []string {

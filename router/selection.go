@@ -70,9 +70,9 @@ type Selection struct {
 	// Budgeted and RemainingUSD are the caller's budget (Identity): when
 	// set, candidates expected to cost more than RemainingUSD are excluded,
 	// but only if at least one candidate fits. When none fits every
-	// candidate stays: the budget is enforced by molly_auth, which answers
-	// 429 insufficient_quota once it is spent, and a request that may
-	// overrun the rest by a little is not refused up front.
+	// candidate stays: the budget is enforced by the ledger's reservation
+	// (Reserver), which answers 429 insufficient_quota when the expected
+	// cost does not fit what is neither spent nor held by requests in flight.
 	Budgeted     bool
 	RemainingUSD float64
 }

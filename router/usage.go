@@ -173,3 +173,16 @@ func (m *usageMeter) record(u Usage) {
 		m.log.Error("recording usage failed", zap.String("member", u.Member), zap.String("decision_id", u.DecisionID), zap.Error(err))
 	}
 }
+
+// abandoned records the usage of a request that reached the upstream but
+// whose client went away before the answer: the prompt estimate, no
+// completion tokens (unknown), Estimated; priced like any other, so never
+// free on a target with a price_in.
+func (m *usageMeter) abandoned() {
+	if m == nil || m.recorded {
+		return
+	}
+	u := m.base
+	u.PromptTokens, u.Estimated = m.prompt, true
+	m.record(u)
+}

@@ -154,22 +154,17 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
 	}
 	if budgeted && remaining <= 0 {
-		msg := fmt.Sprintf("You exceeded your budget of %g USD", m.BudgetUSD)
-		if _, end := m.PeriodAt(time.Now()); !end.IsZero() {
-			msg += fmt.Sprintf(" for this %s; it renews at %s", m.Period, end.Format("2006-01-02T15:04:05Z"))
-		}
-		(&api.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}).Write(w)
+		overBudget(m, "").Write(w)
 		return nil
 	}
 	if lim := au.reg.Admit(m); lim != nil {
 		w.Header().Set("X-Ratelimit-Limit-"+titleKind(lim.Kind), strconv.Itoa(lim.Limit))
 		w.Header().Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
-		(&api.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
-			Message: "Rate limit reached for member " + m.Name + ": " + lim.Error() + ".", RetryAfter: int(math.Ceil(lim.RetryAfter.Seconds()))}).Write(w)
+		rateLimited(m, lim).Write(w)
 		return nil
 	}
 	id := &router.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
-		Budgeted: budgeted, RemainingUSD: remaining, Ledger: ledger{au.reg}}
+		Budgeted: budgeted, RemainingUSD: remaining, Ledger: ledger{au.reg, m}}
 	return next.ServeHTTP(w, r.WithContext(router.WithIdentity(ctx, id)))
 }
 
@@ -192,8 +187,53 @@ func unauthorized(w http.ResponseWriter, msg string) {
 	(&api.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).Write(w)
 }
 
-// ledger records the router's usage in the registry.
-type ledger struct{ reg *registry.Registry }
+// overBudget is the 429 insufficient_quota of member m; detail, when set,
+// says why the request does not fit what is left.
+func overBudget(m registry.Member, detail string) *api.Error {
+	msg := fmt.Sprintf("You exceeded your budget of %g USD", m.BudgetUSD)
+	if _, end := m.PeriodAt(time.Now()); !end.IsZero() {
+		msg += fmt.Sprintf(" for this %s; it renews at %s", m.Period, end.Format("2006-01-02T15:04:05Z"))
+	}
+	if detail != "" {
+		msg += " (" + detail + ")"
+	}
+	return &api.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}
+}
+
+// rateLimited is the 429 rate_limit_exceeded of member m; a request larger
+// than the limit itself gets no Retry-After (waiting does not help).
+func rateLimited(m registry.Member, lim *registry.Limited) *api.Error {
+	e := &api.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
+		Message: "Rate limit reached for member " + m.Name + ": " + lim.Error() + "."}
+	if !lim.TooLarge {
+		e.RetryAfter = max(int(math.Ceil(lim.RetryAfter.Seconds())), 1)
+	}
+	return e
+}
+
+// ledger records the router's usage in the registry and holds, through
+// Reserve, the budget and tokens of member m's requests in flight.
+type ledger struct {
+	reg *registry.Registry
+	m   registry.Member
+}
+
+// Reserve implements router.Reserver: the refusals are *api.Error 429s.
+func (l ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (func(), error) {
+	release, err := l.reg.Reserve(ctx, l.m, tokens, expectedUSD)
+	var ob *registry.OverBudget
+	var lim *registry.Limited
+	switch {
+	case errors.As(err, &ob):
+		return nil, overBudget(l.m, fmt.Sprintf("this request is expected to cost %.6f USD; %.6f are spent and %.6f held by requests in flight",
+			ob.ExpectedUSD, ob.SpentUSD, ob.ReservedUSD))
+	case errors.As(err, &lim):
+		return nil, rateLimited(l.m, lim)
+	case err != nil:
+		return nil, &api.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}
+	}
+	return release, nil
+}
 
 func (l ledger) Record(ctx context.Context, u router.Usage) error {
 	return l.reg.Record(ctx, registry.Usage{Member: u.Member, DecisionID: u.DecisionID, Model: u.Model, Target: u.Target, Tier: u.Tier,
@@ -207,4 +247,5 @@ var (
 	_ caddy.CleanerUpper          = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
 	_ router.Ledger               = ledger{}
+	_ router.Reserver             = ledger{}
 )

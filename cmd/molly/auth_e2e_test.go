@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -131,6 +132,7 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 		{"name": "alice", "budget_usd": 0.0003, "period": "month"},
 		{"name": "bob", "rpm": 3},
 		{"name": "carol", "models": []string{"gpt-4o-mini"}},
+		{"name": "erin", "budget_usd": 0.00035},
 	}
 	for _, m := range members {
 		if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", m); code != http.StatusCreated {
@@ -146,7 +148,16 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 	aliceKey, _ := newKey(t, admin, "alice")
 	bobKey, _ := newKey(t, admin, "bob")
 	carolKey, carolPrefix := newKey(t, admin, "carol")
-	keys := []string{aliceKey, bobKey, carolKey}
+	erinKey, _ := newKey(t, admin, "erin")
+	keys := []string{aliceKey, bobKey, carolKey, erinKey}
+	// small asks for one completion token: with the prompt estimate (8 to
+	// 10 tokens) a request is expected to cost 0.00009 to 0.00011 USD, which
+	// molly_auth holds while it runs; the upstream answers 5 + 5 tokens.
+	small := func(text string) openai.ChatCompletionNewParams {
+		p := chat(text)
+		p.MaxTokens = openai.Int(1)
+		return p
+	}
 
 	t.Run("requests without a key or with a wrong one get 401 invalid_api_key", func(t *testing.T) {
 		resp, err := http.Post(g.URL+"/chat/completions", "application/json", strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
@@ -174,7 +185,7 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 	t.Run("the budget trips at the request after the one that spends it", func(t *testing.T) {
 		c := keyClient(g, aliceKey)
 		for i := 1; i <= 3; i++ {
-			if _, err := c.Chat.Completions.New(ctx, chat(fmt.Sprintf("request %d", i))); err != nil {
+			if _, err := c.Chat.Completions.New(ctx, small(fmt.Sprintf("request %d", i))); err != nil {
 				t.Fatalf("request %d of a 0.0003 USD budget at 0.0001 each: %v", i, err)
 			}
 		}
@@ -186,6 +197,37 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 		s := usageOf(t, admin, "alice")
 		if s.Requests != 3 || s.SpentUSD != 0.0003 || s.RemainingUSD == nil || *s.RemainingUSD != 0 || s.PromptTokens != 15 || s.CompletionTokens != 15 {
 			t.Fatalf("alice's usage %+v", s)
+		}
+	})
+
+	t.Run("concurrent requests never spend past the budget", func(t *testing.T) {
+		// 0.00035 USD holds three requests expected at 0.00009-0.00011, not four.
+		c := keyClient(g, erinKey)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		served, refused := 0, 0
+		for i := range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := c.Chat.Completions.New(ctx, small(fmt.Sprintf("parallel %d", i)))
+				mu.Lock()
+				defer mu.Unlock()
+				var apiErr *openai.Error
+				switch {
+				case err == nil:
+					served++
+				case errors.As(err, &apiErr) && apiErr.StatusCode == 429 && apiErr.Code == "insufficient_quota":
+					refused++
+				default:
+					t.Errorf("parallel %d: %v", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		s := usageOf(t, admin, "erin")
+		if served != 3 || refused != 7 || s.Requests != 3 || s.SpentUSD != 0.0003 || s.SpentUSD > 0.00035 {
+			t.Fatalf("served %d, refused %d; erin's usage %+v", served, refused, s)
 		}
 	})
 
