@@ -30,6 +30,10 @@ var Default embed.FS
 // DefaultQuery is the rule Molly evaluates (DESIGN.md §4).
 const DefaultQuery = "data.molly.policy.decision"
 
+// ToolQuery is the rule Molly evaluates before a governed tool runs
+// (policies/tools.rego).
+const ToolQuery = "data.molly.policy.tool_decision"
+
 // DefaultTimeout bounds one evaluation; past it the request is denied.
 const DefaultTimeout = 250 * time.Millisecond
 
@@ -54,7 +58,8 @@ type Engine struct {
 	mu      sync.RWMutex
 	print   string // fingerprint of the loaded files ("" for embedded)
 	query   *rego.PreparedEvalQuery
-	loadErr error // why query is nil after a failed reload
+	tool    *rego.PreparedEvalQuery // ToolQuery, on the same modules
+	loadErr error                   // why query is nil after a failed reload
 }
 
 // New loads and compiles the policy. A policy that does not compile at start
@@ -79,7 +84,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		if err != nil {
 			return nil, err
 		}
-		e.query = q
+		tq, err := prepare(ctx, ToolQuery, mods)
+		if err != nil {
+			return nil, err
+		}
+		e.query, e.tool = q, tq
 		return e, nil
 	}
 	print, err := fingerprint(opts.Dir)
@@ -155,14 +164,20 @@ func fingerprint(dir string) (string, error) {
 
 func (e *Engine) reload(ctx context.Context, print string) error {
 	mods, err := readModules(os.DirFS(e.opts.Dir), ".")
-	var q *rego.PreparedEvalQuery
+	var q, tq *rego.PreparedEvalQuery
 	if err == nil {
 		q, err = prepare(ctx, e.opts.Query, mods)
+	}
+	if err == nil {
+		tq, err = prepare(ctx, ToolQuery, mods)
+	}
+	if err != nil {
+		q, tq = nil, nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.print = print
-	e.query = q
+	e.query, e.tool = q, tq
 	e.loadErr = err
 	if err != nil {
 		e.log.Error("policy reload failed; denying every request until it is fixed", zap.String("dir", e.opts.Dir), zap.Error(err))
@@ -174,10 +189,17 @@ func (e *Engine) reload(ctx context.Context, print string) error {
 
 // current returns the prepared query, reloading first when the directory changed.
 func (e *Engine) current(ctx context.Context) (*rego.PreparedEvalQuery, error) {
+	q, _, err := e.queries(ctx)
+	return q, err
+}
+
+// queries returns the decision and tool queries, reloading first when the
+// directory changed.
+func (e *Engine) queries(ctx context.Context) (*rego.PreparedEvalQuery, *rego.PreparedEvalQuery, error) {
 	if e.opts.Dir != "" {
 		print, err := fingerprint(e.opts.Dir)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		e.mu.RLock()
 		same := print == e.print
@@ -188,10 +210,10 @@ func (e *Engine) current(ctx context.Context) (*rego.PreparedEvalQuery, error) {
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	if e.query == nil {
-		return nil, fmt.Errorf("policy failed to load: %w", e.loadErr)
+	if e.query == nil || e.tool == nil {
+		return nil, nil, fmt.Errorf("policy failed to load: %w", e.loadErr)
 	}
-	return e.query, nil
+	return e.query, e.tool, nil
 }
 
 // Decide evaluates the policy on input (the document of policies/README.md,
@@ -243,4 +265,49 @@ func newID() string {
 	b[8] = b[8]&0x3f | 0x80
 	h := hex.EncodeToString(b[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// ToolDecision is the policy's verdict on one governed-tool call
+// (policies/tools.rego); the zero value denies.
+type ToolDecision struct {
+	Allow   bool
+	Reasons []string
+}
+
+// DecideTool evaluates ToolQuery on input (tool, arguments' findings,
+// identity, tier, amount; router/tools.go builds it). Like Decide it never
+// fails: an error, an undefined or malformed result or a timeout denies.
+func (e *Engine) DecideTool(ctx context.Context, input map[string]any) ToolDecision {
+	_, q, err := e.queries(ctx)
+	if err != nil {
+		e.log.Error("tool policy unavailable", zap.Error(err))
+		return ToolDecision{Reasons: []string{"policy failed to load"}}
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.Timeout)
+	defer cancel()
+	rs, err := q.Eval(ctx, rego.EvalInput(input))
+	if err != nil {
+		e.log.Error("tool policy evaluation failed", zap.Error(err))
+		return ToolDecision{Reasons: []string{"tool policy evaluation failed"}}
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return ToolDecision{Reasons: []string{"tool policy decision is undefined"}}
+	}
+	m, ok := rs[0].Expressions[0].Value.(map[string]any)
+	if !ok {
+		return ToolDecision{Reasons: []string{"tool policy returned a malformed decision"}}
+	}
+	allow, ok := m["allow"].(bool)
+	if !ok {
+		return ToolDecision{Reasons: []string{"tool policy returned a malformed decision"}}
+	}
+	var reasons []string
+	if rl, ok := m["reasons"].([]any); ok {
+		for _, r := range rl {
+			if s, ok := r.(string); ok {
+				reasons = append(reasons, s)
+			}
+		}
+	}
+	return ToolDecision{Allow: allow, Reasons: reasons}
 }

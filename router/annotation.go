@@ -133,7 +133,8 @@ type Annotation struct {
 	Findings []FieldFinding // sorted by field, then offset
 	Scanned  []string       // entity types the scanner looked for (the redactable ones)
 
-	vaultOpts []redaction.VaultOption // per-type modes and the HMAC key, from the Classifier
+	vaultOpts  []redaction.VaultOption // per-type modes and the HMAC key, from the Classifier
+	classifier *Classifier             // that made it; the tool loop (tools.go) classifies the grown conversation again
 }
 
 type annotationKey struct{}

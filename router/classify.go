@@ -132,7 +132,7 @@ func (c *Classifier) Classify(ep Endpoint, body []byte, declared, residency stri
 // ClassifyPath is Classify for a request whose URL path is known, so that
 // GET /v1/models/{model} names its model.
 func (c *Classifier) ClassifyPath(ep Endpoint, path string, body []byte, declared, residency string) (*Annotation, error) {
-	a := &Annotation{Body: body, Scanned: c.scanner.Types(), vaultOpts: c.vaultOpts}
+	a := &Annotation{Body: body, Scanned: c.scanner.Types(), vaultOpts: c.vaultOpts, classifier: c}
 	a.Endpoint = ep
 	a.Residency = strings.TrimSpace(residency)
 	if a.Residency != "" && !residencyRe.MatchString(a.Residency) {

@@ -47,6 +47,13 @@ type Forwarder struct {
 	// to streamed ones too.
 	Cascade *Cascade
 	Mixture *Mixture
+	// Tools, when set with ToolPolicy, are governed tools offered to the
+	// model on non-streamed chat requests that declare none (tools.go), at
+	// most ToolSteps rounds (0: DefaultToolSteps). Such requests are
+	// answered by the tool loop, without cascade or mixture.
+	Tools      ToolRunner
+	ToolPolicy ToolPolicy
+	ToolSteps  int
 }
 
 // attempt records one failed try, for the 503 message and the log.
@@ -80,6 +87,14 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 	if len(cands) == 0 {
 		return noTarget("No allowed target is available for model `"+a.Model+"`", excluded, nil)
 	}
+	release, err := reserve(r.Context(), a, cands) // budget and TPM held while the request runs
+	if err != nil {
+		return err
+	}
+	defer release()
+	if f.toolsApply(a, IdentityFrom(r.Context())) {
+		return f.toolLoop(w, r, a, d, cands, excluded, log)
+	}
 	var tried []attempt
 	if members, rest := f.mixtureMembers(r, a, d, cands); len(members) > 1 {
 		var done bool
@@ -103,6 +118,8 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 		if err != nil {
 			if r.Context().Err() != nil {
 				log.Info("client went away", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier))
+				// The upstream got the prompt: bill its estimate.
+				newUsageMeter(r.Context(), log, a, d.ID(), c.Target).abandoned()
 				return nil // nothing to answer
 			}
 			tried = append(tried, attempt{c.Target.Name, upstreamErr(err)})
@@ -133,6 +150,8 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 		if err != nil || len(body) > MaxUpstreamBody {
 			if r.Context().Err() != nil {
 				log.Info("client went away", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier))
+				// The upstream got the prompt: bill its estimate.
+				newUsageMeter(r.Context(), log, a, d.ID(), c.Target).abandoned()
 				return nil
 			}
 			if err == nil {

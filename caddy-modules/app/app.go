@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router"
 	"github.com/molly-gateway/molly/serving"
@@ -38,12 +39,18 @@ type App struct {
 	// Mixture asks several candidates when the task category is uncertain
 	// and returns the best answer (router.Mixture); nil: no mixtures.
 	Mixture *router.Mixture `json:"mixture,omitempty"`
+	// Tools are the governed tool plugins offered to models (issue 6),
+	// each pinned by its binary's SHA-256; ToolSteps bounds the rounds of
+	// tool calls in one request (0: router.DefaultToolSteps).
+	Tools     []plugins.Config `json:"tools,omitempty"`
+	ToolSteps int              `json:"tool_steps,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
 	catalogue *router.Catalogue
 	forwarder *router.Forwarder
 	logger    *zap.Logger
+	tools     *plugins.Manager
 
 	priors     *priorsHandle // shared across reloads (priors.go)
 	priorsPath string
@@ -96,6 +103,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.forwarder = &router.Forwarder{Catalogue: cat, Weights: w, Logger: a.logger.Named("route"),
 		Priors: a.Priors(), Metrics: router.DefaultMetrics, Cascade: a.Cascade, Mixture: a.Mixture}
+	if a.tools, err = a.provisionTools(); err != nil {
+		return fmt.Errorf("molly: tools: %w", err)
+	}
+	if a.tools != nil {
+		a.forwarder.Tools, a.forwarder.ToolPolicy, a.forwarder.ToolSteps = toolRunner{a.tools}, eng, a.ToolSteps
+	}
 	return nil
 }
 
@@ -111,6 +124,9 @@ func (a *App) Validate() error {
 		return fmt.Errorf("molly: %w", err)
 	}
 	if err := a.Mixture.Validate(); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
+	if err := validateTools(a.Tools, a.ToolSteps); err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
 	return nil
@@ -129,8 +145,11 @@ func (a *App) Stop() error {
 	return nil
 }
 
-// Cleanup closes idle upstream connections and the engine.
+// Cleanup stops the tool plugins, closes idle upstream connections and the engine.
 func (a *App) Cleanup() error {
+	if a.tools != nil {
+		_ = a.tools.Close()
+	}
 	if err := a.cleanupPriors(); err != nil {
 		a.logger.Error("closing the priors", zap.Error(err))
 	}

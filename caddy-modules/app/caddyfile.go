@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/dustin/go-humanize"
 
+	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router"
 	"github.com/molly-gateway/molly/serving"
@@ -144,6 +145,22 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			a.Targets = append(a.Targets, t)
+		case "tool":
+			t, err := parseTool(d)
+			if err != nil {
+				return nil, err
+			}
+			a.Tools = append(a.Tools, t)
+		case "tool_steps":
+			var v string
+			if !d.AllArgs(&v) {
+				return nil, d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return nil, d.Errf("molly: tool_steps %q: want a positive integer", v)
+			}
+			a.ToolSteps = n
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}
@@ -152,6 +169,42 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, d.Err(err.Error())
 	}
 	return httpcaddyfile.App{Name: "molly", Value: caddyconfig.JSON(a, nil)}, nil
+}
+
+// parseTool reads `tool <name> { path <binary>; sha256 <hex>; env <NAME> <value> }`.
+func parseTool(d *caddyfile.Dispenser) (plugins.Config, error) {
+	var c plugins.Config
+	if !d.NextArg() {
+		return c, d.Err("molly: tool needs a name: tool <name> { path ...; sha256 ... }")
+	}
+	c.Name = d.Val()
+	if d.NextArg() {
+		return c, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "path":
+			if !d.AllArgs(&c.Path) {
+				return c, d.ArgErr()
+			}
+		case "sha256":
+			if !d.AllArgs(&c.SHA256) {
+				return c, d.ArgErr()
+			}
+		case "env":
+			var k, v string
+			if !d.AllArgs(&k, &v) {
+				return c, d.Err("molly: tool env needs a name and a value: env <NAME> <value>")
+			}
+			if c.Env == nil {
+				c.Env = map[string]string{}
+			}
+			c.Env[k] = v
+		default:
+			return c, d.Errf("molly: tool %s: unrecognized subdirective %q", c.Name, d.Val())
+		}
+	}
+	return c, nil
 }
 
 func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {

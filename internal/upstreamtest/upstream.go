@@ -3,7 +3,7 @@
 // providers), on loopback only, and records every request it receives.
 //
 // Behaviour is steered by the last user message: it is echoed back as the
-// answer; "FAIL500" makes the server answer 500; "TRUNCATE" makes a stream
+// answer (unless ToolCalls asks for tool calls); "FAIL500" makes the server answer 500; "TRUNCATE" makes a stream
 // stop after two chunks without a finish_reason or [DONE]. With Logprob set,
 // a chat answer to a request with "logprobs": true carries logprobs.content,
 // each entry with that logprob: one per word of a non-streamed answer, one
@@ -35,12 +35,24 @@ type Upstream struct {
 	// so their mean is Logprob; a stream's content chunk is one token. Set
 	// it before requests.
 	Logprob float64
+	// ToolCalls, when set, is asked about every non-streamed chat request;
+	// when it returns calls, the answer carries them as tool_calls
+	// (finish_reason "tool_calls", content null) instead of the echo. Set
+	// it before requests.
+	ToolCalls func(body []byte) []ToolCall
 
 	srv    *httptest.Server
 	mu     sync.Mutex
 	bodies [][]byte
 	paths  []string
 	heads  []http.Header
+}
+
+// ToolCall is one function call in an answer's tool_calls.
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments string // JSON text
 }
 
 // Start starts an upstream named name on 127.0.0.1.
@@ -125,6 +137,19 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 			"choices": []any{map[string]any{"index": 0, "text": answer, "finish_reason": "stop", "logprobs": nil}},
 			"usage":   map[string]any{"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})
 		return
+	}
+	if !gjson.GetBytes(body, "stream").Bool() && u.ToolCalls != nil {
+		if calls := u.ToolCalls(body); len(calls) > 0 {
+			tcs := make([]any, len(calls))
+			for i, c := range calls {
+				tcs[i] = map[string]any{"id": c.ID, "type": "function", "function": map[string]any{"name": c.Name, "arguments": c.Arguments}}
+			}
+			writeJSON(w, 200, map[string]any{"id": "chatcmpl-1", "object": "chat.completion", "created": time.Now().Unix(), "model": model,
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "tool_calls", "logprobs": nil,
+					"message": map[string]any{"role": "assistant", "content": nil, "tool_calls": tcs, "refusal": nil}}},
+				"usage": map[string]any{"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})
+			return
+		}
 	}
 	if !gjson.GetBytes(body, "stream").Bool() {
 		var logprobs any
