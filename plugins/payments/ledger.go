@@ -6,13 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/molly-gateway/molly/plugins"
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	"github.com/molly-gateway/molly/plugins/sqlstore"
 )
 
 // Ledger is the payments book of record: intents, transactions and their
@@ -60,36 +57,14 @@ CREATE TABLE IF NOT EXISTS entries (
 	currency TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_account ON entries(account, currency);
-CREATE TABLE IF NOT EXISTS idempotency (
-	member       TEXT NOT NULL,
-	key          TEXT NOT NULL,
-	request_hash TEXT NOT NULL,               -- SHA-256 of the operation and its arguments
-	response     BLOB NOT NULL,               -- the first result, returned verbatim on replay
-	created      INTEGER NOT NULL,
-	PRIMARY KEY (member, key)
-);
 `
 
 // OpenLedger opens (creating if needed) the ledger file at path.
 func OpenLedger(path string) (*Ledger, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	db, err := sqlstore.Open(path, ledgerSchema)
+	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(5000)", "foreign_keys(1)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
-	if err != nil {
-		return nil, fmt.Errorf("ledger: opening %s: %w", path, err)
-	}
-	// One connection: each call is one transaction, serialised; no SQLITE_BUSY.
-	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(ledgerSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("ledger: creating the schema in %s: %w", path, err)
-	}
-	_ = os.Chmod(path, 0o600)
 	return &Ledger{db: db, now: time.Now}, nil
 }
 

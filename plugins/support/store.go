@@ -6,14 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/molly-gateway/molly/plugins"
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	"github.com/molly-gateway/molly/plugins/sqlstore"
 )
 
 // Store holds the tickets, their comments and the idempotency records in
@@ -47,36 +44,14 @@ CREATE TABLE IF NOT EXISTS comments (
 	created INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS comments_ticket ON comments(ticket, id);
-CREATE TABLE IF NOT EXISTS idempotency (
-	member       TEXT NOT NULL,
-	key          TEXT NOT NULL,
-	request_hash TEXT NOT NULL,               -- SHA-256 of the operation and its arguments
-	response     BLOB NOT NULL,               -- the first result, returned verbatim on replay
-	created      INTEGER NOT NULL,
-	PRIMARY KEY (member, key)
-);
 `
 
 // OpenStore opens (creating if needed) the ticket file at path.
 func OpenStore(path string) (*Store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	db, err := sqlstore.Open(path, storeSchema)
+	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(5000)", "foreign_keys(1)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
-	if err != nil {
-		return nil, fmt.Errorf("store: opening %s: %w", path, err)
-	}
-	// One connection: each call is one transaction, serialised; no SQLITE_BUSY.
-	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(storeSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: creating the schema in %s: %w", path, err)
-	}
-	_ = os.Chmod(path, 0o600)
 	return &Store{db: db, now: time.Now}, nil
 }
 

@@ -1,0 +1,53 @@
+// Package sqlstore opens the SQLite file a tool plugin keeps its state in,
+// the same way for every plugin: WAL, synchronous=NORMAL (durable across a
+// process kill; FULL would also cover power loss), a 5 s busy timeout,
+// foreign keys on, one connection (each call is one transaction, run one at
+// a time, so no SQLITE_BUSY), the file private to its owner, and the shared
+// idempotency table created beside the plugin's own schema.
+package sqlstore
+
+import (
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+)
+
+// IdempotencySchema is the table every plugin records replayable results
+// in: the first result of (member, key), returned verbatim on a retry.
+const IdempotencySchema = `
+CREATE TABLE IF NOT EXISTS idempotency (
+	member       TEXT NOT NULL,
+	key          TEXT NOT NULL,
+	request_hash TEXT NOT NULL,               -- SHA-256 of the operation and its arguments
+	response     BLOB NOT NULL,               -- the first result, returned verbatim on replay
+	created      INTEGER NOT NULL,
+	PRIMARY KEY (member, key)
+);
+`
+
+// Open opens (creating if needed) the database file at path and applies
+// schema plus IdempotencySchema. Errors name the path.
+func Open(path, schema string) (*sql.DB, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(5000)", "foreign_keys(1)"} {
+		q.Add("_pragma", p)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema + IdempotencySchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("creating the schema in %s: %w", path, err)
+	}
+	_ = os.Chmod(path, 0o600)
+	return db, nil
+}
