@@ -143,6 +143,15 @@ func (f *Forwarder) observe(a *Annotation, d *policies.Decision, x answered) {
 	case x.meter != nil && x.meter.reported != nil:
 		prompt, completion = x.meter.reported.PromptTokens, x.meter.reported.CompletionTokens
 	}
+	if x.status/100 == 2 && x.err == nil {
+		// Generation time: after the first byte for streams (tokens arrive
+		// as made); the whole exchange otherwise.
+		gen := total
+		if x.meter != nil {
+			gen = total - x.ttfb
+		}
+		f.Priors.ObserveThroughput(x.chosen.Target.Name, x.chosen.Model, completion, gen)
+	}
 	f.Metrics.served(a, x.chosen, decision, total.Seconds(), x.ttfb.Seconds(), prompt, completion)
 }
 

@@ -21,9 +21,10 @@ func (k PriorKey) String() string { return k.Target + "/" + k.Model + "/" + k.Ca
 
 // Prior kinds, the Kind of a PriorRecord.
 const (
-	PriorQuality = "quality" // answer quality in [0,1] per (target, model, category)
-	PriorTTFB    = "ttfb_s"  // seconds to the first byte of the answer, per target (Model, Category "")
-	PriorTotal   = "total_s" // seconds to the whole answer, per target (Model, Category "")
+	PriorQuality = "quality"      // answer quality in [0,1] per (target, model, category)
+	PriorTTFB    = "ttfb_s"       // seconds to the first byte of the answer, per target (Model, Category "")
+	PriorTotal   = "total_s"      // seconds to the whole answer, per target (Model, Category "")
+	PriorTPS     = "tokens_per_s" // completion tokens per second of generation, per (target, model)
 )
 
 // PriorRecord is one learned value as a PriorStore keeps it.
@@ -309,6 +310,31 @@ func (p *Priors) ObserveLatency(target string, ttfb, total time.Duration) {
 	a := p.alpha(p.LatencyAlpha, DefaultLatencyAlpha)
 	p.observeLocked(recordKey{PriorTTFB, PriorKey{Target: target}}, 0, ttfb.Seconds(), a, true)
 	p.observeLocked(recordKey{PriorTotal, PriorKey{Target: target}}, 0, total.Seconds(), a, true)
+}
+
+// ObserveThroughput folds one answer's generation speed — completion
+// tokens over the seconds spent producing them — into the EWMA of
+// (target, model). Non-positive inputs are ignored.
+func (p *Priors) ObserveThroughput(target, model string, completionTokens int, gen time.Duration) {
+	if p == nil || completionTokens <= 0 || gen <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.observeLocked(recordKey{PriorTPS, PriorKey{Target: target, Model: model}}, 0,
+		float64(completionTokens)/gen.Seconds(), p.alpha(p.LatencyAlpha, DefaultLatencyAlpha), true)
+}
+
+// Throughput returns the learned completion tokens per second of (target,
+// model) and whether any was observed.
+func (p *Priors) Throughput(target, model string) (float64, bool) {
+	if p == nil {
+		return 0, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.values[recordKey{PriorTPS, PriorKey{Target: target, Model: model}}]
+	return r.Value, ok
 }
 
 // Latency returns the target's learned latency in seconds — time to first

@@ -334,3 +334,36 @@ func TestPriorsSurviveARestartThroughTheirStore(t *testing.T) {
 		t.Fatalf("ttfb after restart = %v, %v; want 0.1", l, ok)
 	}
 }
+
+func TestThroughputIsLearnedPerTargetAndModelAndSurvivesARestart(t *testing.T) {
+	store := &MemoryPriorStore{}
+	p := NewPriors()
+	if err := p.Attach(store); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := p.Throughput("lan", "m"); ok {
+		t.Fatal("a throughput before any observation")
+	}
+	p.ObserveThroughput("lan", "m", 50, 2*time.Second) // 25 tokens/s replaces the empty prior
+	p.ObserveThroughput("lan", "m", 0, time.Second)    // nothing generated: ignored
+	if v, ok := p.Throughput("lan", "m"); !ok || v != 25 {
+		t.Fatalf("throughput %v, %v; want 25", v, ok)
+	}
+	p.ObserveThroughput("lan", "m", 45, time.Second) // 45 tokens/s: EWMA 0.3·45 + 0.7·25
+	if v, _ := p.Throughput("lan", "m"); math.Abs(v-(DefaultLatencyAlpha*45+(1-DefaultLatencyAlpha)*25)) > 1e-9 {
+		t.Fatalf("throughput %v after a second observation", v)
+	}
+	if _, ok := p.Throughput("lan", "other"); ok {
+		t.Fatal("throughput leaked to another model")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := NewPriors()
+	if err := again.Attach(store); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := again.Throughput("lan", "m"); !ok || math.Abs(v-(DefaultLatencyAlpha*45+(1-DefaultLatencyAlpha)*25)) > 1e-9 {
+		t.Fatalf("throughput after restart %v, %v", v, ok)
+	}
+}
