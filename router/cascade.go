@@ -223,7 +223,7 @@ func (f *Forwarder) try(ctx context.Context, log *zap.Logger, a *Annotation, d *
 	o.total = time.Since(o.start)
 	o.status, o.header, o.body = resp.StatusCode, resp.Header, body
 	if o.status/100 == 2 {
-		m := newUsageMeter(ctx, log, a, d.ID(), c.Target)
+		m := f.newUsageMeter(ctx, log, a, d.ID(), c.Target)
 		m.body(body)
 		o.usage = m.final
 		o.logprob, o.tokens = MeanLogprob(body)
@@ -294,7 +294,7 @@ type heldStream struct {
 // breaks off first is a failure (nothing was sent, so the cascade falls
 // back) whose usage is recorded.
 func (f *Forwarder) hold(ctx context.Context, log *zap.Logger, a *Annotation, d *policies.Decision, o outcome, resp *http.Response) outcome {
-	h := &heldStream{rest: bufio.NewReaderSize(resp.Body, 64<<10), body: resp.Body, meter: newUsageMeter(ctx, log, a, d.ID(), o.cand.Target)}
+	h := &heldStream{rest: bufio.NewReaderSize(resp.Body, 64<<10), body: resp.Body, meter: f.newUsageMeter(ctx, log, a, d.ID(), o.cand.Target)}
 	o.stream, o.status, o.header = h, resp.StatusCode, resp.Header
 	var sum float64
 	var finished bool // a finish_reason came: an ending without [DONE] is whole, as in relaySSE

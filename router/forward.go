@@ -54,6 +54,15 @@ type Forwarder struct {
 	Tools      ToolRunner
 	ToolPolicy ToolPolicy
 	ToolSteps  int
+	// ToolsHidden names governed tools never offered to models (and so
+	// never run by the tool loop), e.g. the billing tool usage is sent to.
+	ToolsHidden []string
+	// UsageSink, when set, gets every usage record the forwarder makes
+	// (the values written to the identity's Ledger, streams included;
+	// member "anonymous" without an identity), synchronously on the
+	// request's path: it must not block (the app hands it to billing in
+	// the background).
+	UsageSink func(Usage)
 }
 
 // attempt records one failed try, for the 503 message and the log.
@@ -119,7 +128,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 			if r.Context().Err() != nil {
 				log.Info("client went away", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier))
 				// The upstream got the prompt: bill its estimate.
-				newUsageMeter(r.Context(), log, a, d.ID(), c.Target).abandoned()
+				f.newUsageMeter(r.Context(), log, a, d.ID(), c.Target).abandoned()
 				return nil // nothing to answer
 			}
 			tried = append(tried, attempt{c.Target.Name, upstreamErr(err)})
@@ -134,7 +143,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 			continue
 		}
 		isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-		meter := newUsageMeter(r.Context(), log, a, d.ID(), c.Target)
+		meter := f.newUsageMeter(r.Context(), log, a, d.ID(), c.Target)
 		if resp.StatusCode/100 == 2 && isSSE {
 			f.setHeaders(w, resp, disp)
 			f.explain(w, c, cands)
@@ -151,7 +160,7 @@ func (f *Forwarder) Serve(w http.ResponseWriter, r *http.Request, a *Annotation,
 			if r.Context().Err() != nil {
 				log.Info("client went away", zap.String("decision_id", d.ID()), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier))
 				// The upstream got the prompt: bill its estimate.
-				newUsageMeter(r.Context(), log, a, d.ID(), c.Target).abandoned()
+				f.newUsageMeter(r.Context(), log, a, d.ID(), c.Target).abandoned()
 				return nil
 			}
 			if err == nil {

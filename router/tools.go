@@ -34,6 +34,7 @@ type ToolSpec struct {
 	Description string
 	Parameters  json.RawMessage // JSON Schema of the arguments
 	SideEffect  string          // "read", "write" or "money"
+	Result      json.RawMessage // JSON Schema of the result (not offered to models)
 }
 
 // ToolRunner runs governed tools. Invoke returns the result JSON, or an
@@ -69,6 +70,9 @@ func (f *Forwarder) toolsApply(a *Annotation, id *Identity) bool {
 func (f *Forwarder) offered(id *Identity) map[string]ToolSpec {
 	out := map[string]ToolSpec{}
 	for _, s := range f.Tools.Tools() {
+		if slices.Contains(f.ToolsHidden, s.Name) {
+			continue
+		}
 		if id != nil && len(id.Tools) > 0 && !slices.ContainsFunc(id.Tools, func(p string) bool { return scopeMatch(p, s.Name) }) {
 			continue
 		}
@@ -145,7 +149,7 @@ func (f *Forwarder) toolLoop(w http.ResponseWriter, r *http.Request, a *Annotati
 			ttfb := time.Since(start)
 			if err != nil {
 				if r.Context().Err() != nil {
-					newUsageMeter(r.Context(), log, ann, d.ID(), c.Target).abandoned() // the upstream got the prompt
+					f.newUsageMeter(r.Context(), log, ann, d.ID(), c.Target).abandoned() // the upstream got the prompt
 					return nil
 				}
 				if round > 0 {
@@ -172,7 +176,7 @@ func (f *Forwarder) toolLoop(w http.ResponseWriter, r *http.Request, a *Annotati
 				break
 			}
 			if resp.StatusCode/100 == 2 {
-				newUsageMeter(r.Context(), log, ann, d.ID(), c.Target).body(out)
+				f.newUsageMeter(r.Context(), log, ann, d.ID(), c.Target).body(out)
 			}
 			if disp.vault != nil {
 				out = restoreBody(disp.vault, out)
@@ -258,9 +262,54 @@ func argFindings(cl *Classifier, text string) (map[string]any, string) {
 // denial or a failed invocation. It logs one audit line per call, without
 // arguments or results.
 func (f *Forwarder) runTool(ctx context.Context, log *zap.Logger, d *policies.Decision, c Candidate, id *Identity, spec ToolSpec, call gjson.Result, cl *Classifier) []byte {
-	start := time.Now()
-	args := call.Get("function.arguments").Str
 	callID := call.Get("id").Str
+	res, _, te := f.callTool(ctx, log, d.ID(), callID, c.Target.Name, c.Target.Tier, id, spec, call.Get("function.arguments").Str, d.ID()+":"+callID, cl)
+	if te != nil {
+		b, _ := json.Marshal(map[string]any{"error": te})
+		return b
+	}
+	return res
+}
+
+// DirectTier is the tier the tool policy sees for a direct call (CallTool):
+// no model asked for it, the client did, so it counts as the gateway's own
+// tier.
+const DirectTier = "T0"
+
+// DirectTarget is the target named in the audit line of a direct call.
+const DirectTarget = "direct"
+
+// CallTool decides and runs a call a client makes directly (the admin
+// API), outside any conversation: the policy sees tier DirectTier, the
+// idempotency key is the client's, and the audit line is the tool loop's
+// (decision_id empty, tool_call_id the key, target DirectTarget). It
+// returns the result, or a *ToolError: "not_found" for a tool that is not
+// configured, "permission_denied" with the policy's reasons, the tool's own
+// code otherwise.
+func (f *Forwarder) CallTool(ctx context.Context, cl *Classifier, id *Identity, name string, args []byte, key string) ([]byte, []string, *ToolError) {
+	if f.Tools == nil || f.ToolPolicy == nil {
+		return nil, nil, &ToolError{Code: "not_found", Message: "no governed tools are configured"}
+	}
+	var spec ToolSpec
+	for _, s := range f.Tools.Tools() {
+		if s.Name == name {
+			spec = s
+		}
+	}
+	if spec.Name == "" {
+		return nil, nil, &ToolError{Code: "not_found", Message: fmt.Sprintf("no tool %q is configured", name)}
+	}
+	log := f.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return f.callTool(ctx, log, "", key, DirectTarget, DirectTier, id, spec, string(args), key, cl)
+}
+
+// callTool is runTool and CallTool: policy, invocation, one audit line.
+// reasons are the policy's when it denied.
+func (f *Forwarder) callTool(ctx context.Context, log *zap.Logger, decisionID, callID, target, tier string, id *Identity, spec ToolSpec, args, key string, cl *Classifier) (res []byte, reasons []string, te *ToolError) {
+	start := time.Now()
 	member, scopes := "anonymous", []string{}
 	if id != nil {
 		member, scopes = id.Member, id.Scopes()
@@ -270,7 +319,7 @@ func (f *Forwarder) runTool(ctx context.Context, log *zap.Logger, d *policies.De
 		"tool":      map[string]any{"name": spec.Name, "side_effect": spec.SideEffect},
 		"arguments": map[string]any{"findings": argTypes, "sensitivity": argClass},
 		"identity":  identityInput(id),
-		"tier":      c.Target.Tier,
+		"tier":      tier,
 	}
 	if spec.SideEffect == "money" && gjson.Valid(args) {
 		if v := gjson.Get(args, "amount"); v.Exists() {
@@ -280,34 +329,30 @@ func (f *Forwarder) runTool(ctx context.Context, log *zap.Logger, d *policies.De
 			input["currency"] = v.Value()
 		}
 	}
-	audit := []zap.Field{zap.String("decision_id", d.ID()), zap.String("tool", spec.Name), zap.String("tool_call_id", callID),
-		zap.String("member", member), zap.String("target", c.Target.Name), zap.String("tier", c.Target.Tier), zap.Any("argument_findings", argTypes)}
-	errJSON := func(code, msg string) []byte {
-		b, _ := json.Marshal(map[string]any{"error": ToolError{Code: code, Message: msg}})
-		return b
-	}
+	audit := []zap.Field{zap.String("decision_id", decisionID), zap.String("tool", spec.Name), zap.String("tool_call_id", callID),
+		zap.String("member", member), zap.String("target", target), zap.String("tier", tier), zap.Any("argument_findings", argTypes)}
 	if !gjson.Valid(args) || !gjson.Parse(args).IsObject() {
 		log.Info("tool call", append(audit, zap.Bool("allow", false), zap.String("outcome", "invalid_arguments"))...)
-		return errJSON("invalid_argument", "the arguments are not a JSON object")
+		return nil, nil, &ToolError{Code: "invalid_argument", Message: "the arguments are not a JSON object"}
 	}
 	td := f.ToolPolicy.DecideTool(ctx, input)
 	if !td.Allow {
 		log.Info("tool call", append(audit, zap.Bool("allow", false), zap.Strings("reasons", td.Reasons), zap.String("outcome", "denied"))...)
-		return errJSON("permission_denied", "policy: "+strings.Join(td.Reasons, "; "))
+		return nil, td.Reasons, &ToolError{Code: "permission_denied", Message: "policy: " + strings.Join(td.Reasons, "; ")}
 	}
-	res, err := f.Tools.Invoke(ctx, spec.Name, []byte(args), member, scopes, d.ID()+":"+callID)
+	res, err := f.Tools.Invoke(ctx, spec.Name, []byte(args), member, scopes, key)
 	if err != nil {
 		te := &ToolError{Code: "internal", Message: err.Error()}
 		errors.As(err, &te)
 		log.Info("tool call", append(audit, zap.Bool("allow", true), zap.String("outcome", "error:"+te.Code), zap.Duration("duration", time.Since(start)))...)
-		return errJSON(te.Code, te.Message)
+		return nil, nil, te
 	}
 	if !json.Valid(res) {
 		log.Info("tool call", append(audit, zap.Bool("allow", true), zap.String("outcome", "error:internal"), zap.Duration("duration", time.Since(start)))...)
-		return errJSON("internal", "the tool returned invalid JSON")
+		return nil, nil, &ToolError{Code: "internal", Message: "the tool returned invalid JSON"}
 	}
 	resTypes, resClass := argFindings(cl, string(res))
 	log.Info("tool call", append(audit, zap.Bool("allow", true), zap.String("outcome", "ok"), zap.Any("result_findings", resTypes),
 		zap.String("result_sensitivity", resClass), zap.Duration("duration", time.Since(start)))...)
-	return res
+	return res, nil, nil
 }

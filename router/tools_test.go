@@ -217,3 +217,15 @@ func TestToolLoopLeavesRequestsWithTheirOwnTools(t *testing.T) {
 		t.Fatalf("tools sent = %s", got)
 	}
 }
+
+func TestHiddenToolsAreNeverOfferedToModels(t *testing.T) {
+	f := &Forwarder{Tools: &fakeTools{}, ToolsHidden: []string{"payments"}}
+	got := f.offered(&Identity{Member: "alice"})
+	if len(got) != 1 || got["lookup"].Name != "lookup" {
+		t.Fatalf("offered %v, want only lookup", got)
+	}
+	f.ToolsHidden = nil
+	if got := f.offered(&Identity{Member: "alice"}); len(got) != 2 {
+		t.Fatalf("offered %v, want payments and lookup", got)
+	}
+}

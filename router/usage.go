@@ -40,6 +40,7 @@ func (t *Target) Cost(prompt, completion int) float64 {
 type usageMeter struct {
 	ctx    context.Context // the request's, without its cancellation: a client that went still used tokens
 	ledger Ledger
+	sink   func(Usage) // Forwarder.UsageSink
 	log    *zap.Logger
 	base   Usage // member, decision, model, target, tier
 	target *Target
@@ -56,17 +57,21 @@ type usageMeter struct {
 	final *Usage
 }
 
-// newUsageMeter returns the meter of one answer from t. Without an identity
-// carrying a Ledger it records nothing (final is still set), but still
-// strips from streams the usage the client did not ask for (NewDispatch
-// always asks for it).
-func newUsageMeter(ctx context.Context, log *zap.Logger, a *Annotation, decisionID string, t *Target) *usageMeter {
+// newUsageMeter returns the meter of one answer from t. Every usage it
+// records goes to f.UsageSink when set (member "anonymous" without an
+// identity). Without an identity carrying a Ledger it writes no ledger
+// (final is still set), but still strips from streams the usage the
+// client did not ask for (NewDispatch always asks for it).
+func (f *Forwarder) newUsageMeter(ctx context.Context, log *zap.Logger, a *Annotation, decisionID string, t *Target) *usageMeter {
 	m := &usageMeter{ctx: context.WithoutCancel(ctx), log: log, target: t, prompt: a.PromptTokens,
 		base:  Usage{DecisionID: decisionID, Model: a.Model, Target: t.Name, Tier: t.Tier},
 		strip: a.Stream && !a.IncludeUsage,
 	}
 	if id := IdentityFrom(ctx); id != nil {
 		m.ledger, m.base.Member = id.Ledger, id.Member
+	}
+	if f != nil {
+		m.sink = f.UsageSink
 	}
 	return m
 }
@@ -166,6 +171,13 @@ func (m *usageMeter) record(u Usage) {
 	u.CostUSD = m.target.Cost(u.PromptTokens, u.CompletionTokens)
 	u.Time = time.Now()
 	m.final = &u
+	if m.sink != nil {
+		s := u
+		if s.Member == "" {
+			s.Member = "anonymous"
+		}
+		m.sink(s)
+	}
 	if m.ledger == nil {
 		return
 	}

@@ -4,6 +4,7 @@ package app
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router"
 	"github.com/molly-gateway/molly/serving"
 )
@@ -44,6 +46,10 @@ type App struct {
 	// tool calls in one request (0: router.DefaultToolSteps).
 	Tools     []plugins.Config `json:"tools,omitempty"`
 	ToolSteps int              `json:"tool_steps,omitempty"`
+	// UsageTool names a configured tool (the billing plugin) that gets
+	// every usage record as a record_usage call, in the background
+	// (usage.go); "": none.
+	UsageTool string `json:"usage_tool,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -51,6 +57,9 @@ type App struct {
 	forwarder *router.Forwarder
 	logger    *zap.Logger
 	tools     *plugins.Manager
+	usage     *usageSender // UsageTool's sender (usage.go)
+	// toolClassifier classifies direct tool calls (admin.go): the default detectors.
+	toolClassifier *router.Classifier
 
 	priors     *priorsHandle // shared across reloads (priors.go)
 	priorsPath string
@@ -108,6 +117,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.tools != nil {
 		a.forwarder.Tools, a.forwarder.ToolPolicy, a.forwarder.ToolSteps = toolRunner{a.tools}, eng, a.ToolSteps
+		scanner, err := redaction.NewScanner(redaction.Config{})
+		if err != nil {
+			return fmt.Errorf("molly: tools: classifier: %w", err)
+		}
+		a.toolClassifier = router.NewClassifier(scanner, nil)
+	}
+	if a.UsageTool != "" {
+		a.usage = &usageSender{tool: a.UsageTool, runner: toolRunner{a.tools}, log: a.logger.Named("usage"), timeout: usageTimeout, stats: new(UsageStats)}
+		a.forwarder.UsageSink = a.usage.send
+		// The usage tool records spend for the gateway itself: models never see it.
+		a.forwarder.ToolsHidden = []string{a.UsageTool}
 	}
 	return nil
 }
@@ -129,6 +149,9 @@ func (a *App) Validate() error {
 	if err := validateTools(a.Tools, a.ToolSteps); err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
+	if a.UsageTool != "" && !slices.ContainsFunc(a.Tools, func(t plugins.Config) bool { return t.Name == a.UsageTool }) {
+		return fmt.Errorf("molly: usage_tool %q is not a configured tool", a.UsageTool)
+	}
 	return nil
 }
 
@@ -147,6 +170,7 @@ func (a *App) Stop() error {
 
 // Cleanup stops the tool plugins, closes idle upstream connections and the engine.
 func (a *App) Cleanup() error {
+	a.usage.wait() // usage records in flight, each bounded by its timeout
 	if a.tools != nil {
 		_ = a.tools.Close()
 	}
@@ -177,6 +201,15 @@ func (a *App) Policy() *policies.Engine { return a.policy }
 
 // Catalogue returns the target catalogue.
 func (a *App) Catalogue() *router.Catalogue { return a.catalogue }
+
+// UsageStats returns the counts of usage records sent to UsageTool, or
+// nil when none is configured.
+func (a *App) UsageStats() *UsageStats {
+	if a.usage == nil {
+		return nil
+	}
+	return a.usage.stats
+}
 
 // Forwarder returns the router's forwarder.
 func (a *App) Forwarder() *router.Forwarder { return a.forwarder }

@@ -161,6 +161,10 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Errf("molly: tool_steps %q: want a positive integer", v)
 			}
 			a.ToolSteps = n
+		case "usage_tool":
+			if !d.AllArgs(&a.UsageTool) {
+				return nil, d.ArgErr()
+			}
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}

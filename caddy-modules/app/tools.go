@@ -40,7 +40,7 @@ func (t toolRunner) Tools() []router.ToolSpec {
 		if err != nil || d.Name == "" {
 			continue
 		}
-		out = append(out, router.ToolSpec{Name: d.Name, Description: d.Description, Parameters: d.ArgsSchema, SideEffect: string(d.SideEffect)})
+		out = append(out, router.ToolSpec{Name: d.Name, Description: d.Description, Parameters: d.ArgsSchema, SideEffect: string(d.SideEffect), Result: d.ResultSchema})
 	}
 	return out
 }

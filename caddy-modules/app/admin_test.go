@@ -1,0 +1,117 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/redaction"
+	"github.com/molly-gateway/molly/router"
+)
+
+// fakeRunner is one tool, "echo", that returns its call; "fail" in the
+// arguments makes it fail with code "conflict".
+type fakeRunner struct{ calls []string }
+
+func (f *fakeRunner) Tools() []router.ToolSpec {
+	return []router.ToolSpec{{Name: "echo", Description: "echoes", Parameters: json.RawMessage(`{"type":"object"}`), SideEffect: "write",
+		Result: json.RawMessage(`{"type":"object"}`)}}
+}
+
+func (f *fakeRunner) Invoke(_ context.Context, name string, args []byte, member string, scopes []string, key string) ([]byte, error) {
+	f.calls = append(f.calls, name+" "+string(args)+" "+member+" "+strings.Join(scopes, ",")+" "+key)
+	if strings.Contains(string(args), "fail") {
+		return nil, &router.ToolError{Code: "conflict", Message: "key reused"}
+	}
+	return []byte(`{"ok":true}`), nil
+}
+
+// scopePolicy denies a member with a tool scope that lacks the tool, and
+// records the tier it was asked about.
+type scopePolicy struct{ tiers []string }
+
+func (p *scopePolicy) DecideTool(_ context.Context, in map[string]any) policies.ToolDecision {
+	p.tiers = append(p.tiers, in["tier"].(string))
+	tools := in["identity"].(map[string]any)["tools"].([]any)
+	if len(tools) > 0 && tools[0] != "echo" {
+		return policies.ToolDecision{Reasons: []string{"echo is out of scope"}}
+	}
+	return policies.ToolDecision{Allow: true}
+}
+
+func TestToolsAdmin(t *testing.T) {
+	scanner, err := redaction.NewScanner(redaction.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := router.NewClassifier(scanner, nil)
+	runner, policy := &fakeRunner{}, &scopePolicy{}
+	core, logs := observer.New(zap.InfoLevel)
+	f := &router.Forwarder{Tools: runner, ToolPolicy: policy, Logger: zap.New(core)}
+	do := func(method, path, body string) (int, string) {
+		w := httptest.NewRecorder()
+		err := serveTools(w, httptest.NewRequest(method, path, strings.NewReader(body)), f, cl)
+		var ae caddy.APIError
+		if errors.As(err, &ae) {
+			return ae.HTTPStatus, ae.Err.Error()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Code, strings.TrimSpace(w.Body.String())
+	}
+	tests := []struct {
+		name, method, path, body string
+		code                     int
+		want                     string
+	}{
+		{"list", "GET", "/molly/tools", "", 200,
+			`[{"name":"echo","description":"echoes","side_effect":"write","args_schema":{"type":"object"},"result_schema":{"type":"object"}}]`},
+		{"call", "POST", "/molly/tools/echo", `{"member":"ann","scopes":["tool:echo","tier:T1"],"arguments":{"x":1},"idempotency_key":"k1"}`, 200,
+			`{"result":{"ok":true}}`},
+		{"denied", "POST", "/molly/tools/echo", `{"member":"bob","scopes":["tool:other"],"arguments":{}}`, 403,
+			`{"code":"permission_denied","error":"policy: echo is out of scope","reasons":["echo is out of scope"]}`},
+		{"tool error", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{"fail":true},"idempotency_key":"k2"}`, 502,
+			`{"code":"conflict","error":"key reused"}`},
+		{"unknown tool", "POST", "/molly/tools/nope", `{"member":"ann","arguments":{}}`, 404, `no tool "nope" is configured`},
+		{"no member", "POST", "/molly/tools/echo", `{"arguments":{}}`, 400, "member is required"},
+		{"arguments not an object", "POST", "/molly/tools/echo", `{"member":"ann","arguments":[1]}`, 400, "arguments must be a JSON object"},
+		{"unknown field", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{},"colour":1}`, 400, `decoding body: json: unknown field "colour"`},
+		{"bad scope", "POST", "/molly/tools/echo", `{"member":"ann","scopes":["admin"],"arguments":{}}`, 400, `scope "admin": want model:<name>, tier:<tier> or tool:<name>`},
+		{"list by POST", "POST", "/molly/tools", "", 405, "method POST not allowed"},
+		{"call by GET", "GET", "/molly/tools/echo", "", 405, "method GET not allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := do(tt.method, tt.path, tt.body)
+			if code != tt.code || body != tt.want {
+				t.Fatalf("got %d %s\nwant %d %s", code, body, tt.code, tt.want)
+			}
+		})
+	}
+	wantCalls := []string{`echo {"x":1} ann tier:T1,tool:echo k1`, `echo {"fail":true} ann  k2`}
+	if !reflect.DeepEqual(runner.calls, wantCalls) {
+		t.Fatalf("invocations %q, want %q", runner.calls, wantCalls)
+	}
+	if !reflect.DeepEqual(policy.tiers, []string{"T0", "T0", "T0"}) {
+		t.Fatalf("policy asked for tiers %q", policy.tiers)
+	}
+	var outcomes []string
+	for _, e := range logs.FilterMessage("tool call").All() {
+		m := e.ContextMap()
+		outcomes = append(outcomes, m["member"].(string)+" "+m["tool_call_id"].(string)+" "+m["target"].(string)+" "+m["tier"].(string)+" "+m["outcome"].(string))
+	}
+	wantAudit := []string{"ann k1 direct T0 ok", "bob  direct T0 denied", "ann k2 direct T0 error:conflict"}
+	if !reflect.DeepEqual(outcomes, wantAudit) {
+		t.Fatalf("audit %q, want %q", outcomes, wantAudit)
+	}
+}
