@@ -60,7 +60,8 @@ type Description struct {
 type Caller struct {
 	// Member is the registry member name; never empty on a real call.
 	Member string `json:"member"`
-	// Scopes are the member's scopes, e.g. "tools:payments".
+	// Scopes are the member's scopes as molly_auth writes them, e.g.
+	// "tool:payments", "model:gpt-4o-mini", "tier:T1".
 	Scopes []string `json:"scopes,omitempty"`
 }
 
