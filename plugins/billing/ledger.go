@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -89,39 +88,7 @@ type Line struct {
 // fn stores nothing (its effects roll back), so a retry runs it again.
 // (The payments ledger's scheme, unchanged.)
 func (l *Ledger) Idempotent(ctx context.Context, member, key, reqHash string, fn func(tx *sql.Tx) (any, error)) (json.RawMessage, error) {
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, internal(err)
-	}
-	defer tx.Rollback()
-	var hash string
-	var resp []byte
-	err = tx.QueryRowContext(ctx, `SELECT request_hash, response FROM idempotency WHERE member = ? AND key = ?`, member, key).Scan(&hash, &resp)
-	switch {
-	case err == nil:
-		if hash != reqHash {
-			return nil, plugins.Errorf(plugins.CodeConflict, "idempotency key %q was used with different arguments", key)
-		}
-		return resp, nil
-	case !errors.Is(err, sql.ErrNoRows):
-		return nil, internal(err)
-	}
-	v, err := fn(tx)
-	if err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, internal(err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency (member, key, request_hash, response, created) VALUES (?, ?, ?, ?, ?)`,
-		member, key, reqHash, b, l.now().UnixMilli()); err != nil {
-		return nil, internal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, internal(err)
-	}
-	return b, nil
+	return sqlstore.Idempotent(ctx, l.db, l.now(), "ledger", member, key, reqHash, fn)
 }
 
 // InsertUsage stores u, recorded by the caller member by. A decision id

@@ -7,13 +7,19 @@
 package sqlstore
 
 import (
+	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/molly-gateway/molly/plugins"
 )
 
 // IdempotencySchema is the table every plugin records replayable results
@@ -50,4 +56,47 @@ func Open(path, schema string) (*sql.DB, error) {
 	}
 	_ = os.Chmod(path, 0o600)
 	return db, nil
+}
+
+// Idempotent runs fn in one transaction of db unless (member, key) already
+// has a result: a call with the same key and request hash returns the
+// stored bytes without running fn; the same key with another hash is a
+// "conflict" tool error. A failing fn stores nothing (its effects roll
+// back), so a retry runs it again. now stamps the record. Database errors
+// are "internal" tool errors prefixed with what (e.g. "ledger").
+func Idempotent(ctx context.Context, db *sql.DB, now time.Time, what, member, key, reqHash string, fn func(tx *sql.Tx) (any, error)) (json.RawMessage, error) {
+	internal := func(err error) error { return plugins.Errorf(plugins.CodeInternal, "%s: %v", what, err) }
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, internal(err)
+	}
+	defer tx.Rollback()
+	var hash string
+	var resp []byte
+	err = tx.QueryRowContext(ctx, `SELECT request_hash, response FROM idempotency WHERE member = ? AND key = ?`, member, key).Scan(&hash, &resp)
+	switch {
+	case err == nil:
+		if hash != reqHash {
+			return nil, plugins.Errorf(plugins.CodeConflict, "idempotency key %q was used with different arguments", key)
+		}
+		return resp, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, internal(err)
+	}
+	v, err := fn(tx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, internal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency (member, key, request_hash, response, created) VALUES (?, ?, ?, ?, ?)`,
+		member, key, reqHash, b, now.UnixMilli()); err != nil {
+		return nil, internal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, internal(err)
+	}
+	return b, nil
 }
