@@ -8,7 +8,9 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,7 +78,52 @@ type Cascade struct {
 	// and a stream that is kept is relayed from its first event. 0: streams
 	// are not cascaded. Holding delays the first token by HoldTokens tokens.
 	HoldTokens int `json:"hold_tokens,omitempty"`
+	// SelfCheck scores non-streamed chat answers that come without logprobs
+	// by asking the same target, in the same conversation as it saw it
+	// (redacted for its tier), how confident it is from 0 to 10 (the
+	// self-evaluation of Kadavath et al. 2022, "Language Models (Mostly)
+	// Know What They Know"). The answer c becomes the score ln(c/10), in the
+	// same nats as Threshold: c=6 gives −0.51. Its tokens are recorded.
+	SelfCheck bool `json:"self_check,omitempty"`
 }
+
+// selfCheckQuestion is the follow-up a self-check asks.
+const selfCheckQuestion = "On a scale from 0 to 10, how confident are you that your previous answer is correct and complete? Reply with the number only."
+
+// selfCheck asks o's target to rate its own answer (SelfCheck) and returns
+// the score ln(c/10) and whether a number from 0 to 10 came back.
+func (f *Forwarder) selfCheck(ctx context.Context, log *zap.Logger, a *Annotation, d *policies.Decision, o outcome) (float64, bool) {
+	answer := gjson.GetBytes(o.body, "choices.0.message.content")
+	if answer.Type != gjson.String || answer.Str == "" || o.disp == nil {
+		return 0, false
+	}
+	// The answer goes back as the target wrote it (placeholders intact):
+	// the follow-up carries nothing the target's tier has not seen.
+	follow, err := o.disp.followUp(
+		map[string]any{"role": "assistant", "content": answer.Str},
+		map[string]any{"role": "user", "content": selfCheckQuestion})
+	if err != nil {
+		return 0, false
+	}
+	resp, err := follow.send(ctx)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil || resp.StatusCode/100 != 2 {
+		return 0, false
+	}
+	f.newUsageMeter(ctx, log, a, d.ID(), o.cand.Target).body(body)
+	m := selfCheckNumber.FindString(gjson.GetBytes(body, "choices.0.message.content").String())
+	c, err := strconv.ParseFloat(m, 64)
+	if err != nil || c < 0 || c > 10 {
+		return 0, false
+	}
+	return math.Log(max(c, 0.01) / 10), true
+}
+
+var selfCheckNumber = regexp.MustCompile(`\d+(\.\d+)?`)
 
 // Validate checks the settings; errors name the field.
 func (c *Cascade) Validate() error {
@@ -165,9 +212,19 @@ type outcome struct {
 	logprob float64       // MeanLogprob of a 2xx answer
 	tokens  int           // tokens behind logprob; 0: none given
 	stream  *heldStream   // a 2xx stream whose first tokens are held; body is nil
+	// selfChecked: logprob is the self-check score ln(c/10), not logprobs.
+	selfChecked bool
 }
 
 func (o outcome) label() string { return o.cand.Target.Name + "/" + o.cand.Model }
+
+// scoreName names what the score is, for the cascade header.
+func (o outcome) scoreName() string {
+	if o.selfChecked {
+		return "selfcheck"
+	}
+	return "logprob"
+}
 
 // try sends a request with logprobs to c and reads the whole answer, or
 // holds the first tokens of a 2xx stream (hold); an upstream that answers
@@ -227,6 +284,11 @@ func (f *Forwarder) try(ctx context.Context, log *zap.Logger, a *Annotation, d *
 		m.body(body)
 		o.usage = m.final
 		o.logprob, o.tokens = MeanLogprob(body)
+		if o.tokens == 0 && f.Cascade != nil && f.Cascade.SelfCheck && a.Endpoint == EndpointChat {
+			if score, ok := f.selfCheck(ctx, log, a, d, o); ok {
+				o.logprob, o.tokens, o.selfChecked = score, 1, true
+			}
+		}
 	}
 	return o
 }
@@ -459,10 +521,10 @@ func (f *Forwarder) cascade(w http.ResponseWriter, r *http.Request, a *Annotatio
 			finish(o, o.label()+" logprob=none")
 			return nil
 		case o.logprob >= cfg.Threshold || answers >= cfg.maxAttempts() || i == len(order)-1:
-			finish(o, fmt.Sprintf("%s logprob=%.2f", o.label(), o.logprob))
+			finish(o, fmt.Sprintf("%s %s=%.2f", o.label(), o.scoreName(), o.logprob))
 			return nil
 		}
-		steps = append(steps, fmt.Sprintf("%s logprob=%.2f<%.2f", o.label(), o.logprob, cfg.Threshold))
+		steps = append(steps, fmt.Sprintf("%s %s=%.2f<%.2f", o.label(), o.scoreName(), o.logprob, cfg.Threshold))
 		if _, err := f.Priors.ObserveQuality(c.Key, c.Quality, 0); err != nil {
 			log.Error("saving an escalation to the priors failed", zap.String("prior", c.Key.String()), zap.Error(err))
 		}

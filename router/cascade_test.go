@@ -546,3 +546,45 @@ func TestCascadeKeepsTheAnswerInHandWhenALaterCandidateRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestCascadeSelfCheckScoresAnswersWithoutLogprobs checks the self-check:
+// an answer without logprobs is rated by its own target in a follow-up,
+// and a low rating escalates.
+func TestCascadeSelfCheckScoresAnswersWithoutLogprobs(t *testing.T) {
+	rater := func(name, rating string, got *[]string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			*got = append(*got, string(b))
+			content := name + " answer"
+			if gjson.GetBytes(b, "messages.#(role==\"user\")#.content|@reverse|0").String() == selfCheckQuestion {
+				content = rating
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"`+content+`"}}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	var lanGot, cloudGot []string
+	lan, cloud := rater("lan", "3", &lanGot), rater("cloud", "9", &cloudGot)
+	cat := newCatalogue(t,
+		&Target{Name: "lan", Tier: "T1", Endpoint: lan.URL + "/v1", Models: []string{"m"}},
+		&Target{Name: "cloud", Tier: "T2", Endpoint: cloud.URL + "/v1", Models: []string{"m"}, PriceIn: 1, PriceOut: 1},
+	)
+	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: math.Log(0.6), SelfCheck: true}}
+	r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", chatBody("what is the capital of France?"))
+	if r.status != 200 || r.header.Get(HeaderTarget) != "cloud" || gjson.Get(r.body, "choices.0.message.content").String() != "cloud answer" {
+		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
+	}
+	if got, want := r.header.Get(HeaderCascade), "lan/m selfcheck=-1.20<-0.51 -> cloud/m selfcheck=-0.11"; got != want {
+		t.Errorf("%s = %q, want %q", HeaderCascade, got, want)
+	}
+	if len(lanGot) != 2 {
+		t.Fatalf("lan got %d requests, want the question and the self-check", len(lanGot))
+	}
+	follow := lanGot[1]
+	if gjson.Get(follow, "messages.#").Int() != 3 || gjson.Get(follow, "messages.1.content").String() != "lan answer" ||
+		gjson.Get(follow, "messages.2.content").String() != selfCheckQuestion || gjson.Get(follow, "logprobs").Exists() || gjson.Get(follow, "stream").Bool() {
+		t.Errorf("self-check request %s", follow)
+	}
+}

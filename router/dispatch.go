@@ -182,3 +182,31 @@ func participantName(s string) string {
 	}
 	return b.String()
 }
+
+// followUp derives a dispatch to the same target and tier from d: d's body
+// (already redacted as the decision asks for the tier) with msgs appended
+// to its messages, as a short non-streamed request without logprobs or
+// tools. Placeholders in msgs restore as d's do.
+func (d *Dispatch) followUp(msgs ...map[string]any) (*Dispatch, error) {
+	body := d.body
+	var err error
+	for _, p := range []string{"logprobs", "top_logprobs", "tools", "tool_choice", "stream_options", "n", "max_tokens"} {
+		if body, err = sjson.DeleteBytes(body, p); err != nil {
+			return nil, err
+		}
+	}
+	if body, err = sjson.SetBytes(body, "stream", false); err != nil {
+		return nil, err
+	}
+	if body, err = sjson.SetBytes(body, "max_completion_tokens", 8); err != nil {
+		return nil, err
+	}
+	for _, m := range msgs {
+		if body, err = sjson.SetBytes(body, "messages.-1", m); err != nil {
+			return nil, err
+		}
+	}
+	f := *d
+	f.body = body
+	return &f, nil
+}

@@ -45,6 +45,7 @@ func init() {
 //			threshold <mean token logprob, nats>
 //			max_attempts <n>
 //			order cheap|score
+//			self_check
 //			hold_tokens <n>
 //		}
 //		mixture {
@@ -343,6 +344,11 @@ func parseCascade(d *caddyfile.Dispenser) (*router.Cascade, error) {
 			if !d.AllArgs(&c.Order) {
 				return nil, d.ArgErr()
 			}
+		case "self_check":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			c.SelfCheck = true
 		default:
 			return nil, d.Errf("molly: cascade: unrecognized subdirective %q", sub)
 		}
