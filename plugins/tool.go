@@ -15,6 +15,7 @@
 package plugins
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,4 +151,19 @@ func Serve(t Tool) {
 		Plugins:         plugin.PluginSet{pluginName: &toolPlugin{impl: t}},
 		GRPCServer:      plugin.DefaultGRPCServer,
 	})
+}
+
+// DecodeArgs decodes inv.Args into v strictly (unknown fields refused) and
+// requires a caller member: the checks every tool makes before its op.
+// Errors are invalid_argument tool errors.
+func DecodeArgs(inv Invocation, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(inv.Args))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Errorf(CodeInvalidArgument, "arguments: %v", err)
+	}
+	if inv.Caller.Member == "" {
+		return Errorf(CodeInvalidArgument, "no caller member")
+	}
+	return nil
 }

@@ -131,13 +131,8 @@ const maxCount = 1<<53 - 1
 // internal (storage).
 func (t *Tool) Invoke(ctx context.Context, inv plugins.Invocation) (json.RawMessage, error) {
 	var a Args
-	dec := json.NewDecoder(bytes.NewReader(inv.Args))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&a); err != nil {
-		return nil, plugins.Errorf(plugins.CodeInvalidArgument, "arguments: %v", err)
-	}
-	if inv.Caller.Member == "" {
-		return nil, plugins.Errorf(plugins.CodeInvalidArgument, "no caller member")
+	if err := plugins.DecodeArgs(inv, &a); err != nil {
+		return nil, err
 	}
 	switch a.Op {
 	case "record_usage":

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -96,13 +95,8 @@ var customerRE = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,128}$`)
 // with other arguments), internal (storage).
 func (t *Tool) Invoke(ctx context.Context, inv plugins.Invocation) (json.RawMessage, error) {
 	var a Args
-	dec := json.NewDecoder(bytes.NewReader(inv.Args))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&a); err != nil {
-		return nil, plugins.Errorf(plugins.CodeInvalidArgument, "arguments: %v", err)
-	}
-	if inv.Caller.Member == "" {
-		return nil, plugins.Errorf(plugins.CodeInvalidArgument, "no caller member")
+	if err := plugins.DecodeArgs(inv, &a); err != nil {
+		return nil, err
 	}
 	switch a.Op {
 	case "get_intent":

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -130,13 +129,8 @@ var fields = map[string][]string{
 // requester, author or actor.
 func (t *Tool) Invoke(ctx context.Context, inv plugins.Invocation) (json.RawMessage, error) {
 	var a Args
-	dec := json.NewDecoder(bytes.NewReader(inv.Args))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&a); err != nil {
-		return nil, plugins.Errorf(plugins.CodeInvalidArgument, "arguments: %v", err)
-	}
-	if inv.Caller.Member == "" {
-		return nil, plugins.Errorf(plugins.CodeInvalidArgument, "no caller member")
+	if err := plugins.DecodeArgs(inv, &a); err != nil {
+		return nil, err
 	}
 	allowed, ok := fields[a.Op]
 	if !ok {
