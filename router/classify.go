@@ -174,10 +174,11 @@ func (c *Classifier) ClassifyPath(ep Endpoint, path string, body []byte, declare
 		// invalid bytes inside a value could also split an entity for the detectors.
 		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
 	}
-	if jsonDepth(body) > MaxJSONDepth {
+	k, dup, deep := checkStructure(body)
+	if deep {
 		return nil, api.InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
 	}
-	if k, dup := duplicateKey(body); dup {
+	if dup {
 		// gjson reads the first of two equal names, while the JSON parsers
 		// upstream (Go's encoding/json, Python's json) keep the last: a body
 		// could be classified and redacted on one value and answered on the
@@ -662,38 +663,19 @@ const MaxJSONDepth = 64
 
 var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 
-// jsonDepth returns the deepest nesting of arrays and objects in the valid
-// JSON text b, stopping early once past MaxJSONDepth. One linear pass.
-func jsonDepth(b []byte) int {
-	depth, deepest := 0, 0
-	for i := 0; i < len(b); i++ {
-		switch b[i] {
-		case '{', '[':
-			depth++
-			if depth > deepest {
-				deepest = depth
-				if deepest > MaxJSONDepth {
-					return deepest
-				}
-			}
-		case '}', ']':
-			depth--
-		case '"':
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
-			}
-		}
-	}
-	return deepest
+// duplicateKey returns the first object member name (unescaped) that occurs
+// twice in one object of the valid JSON text b.
+func duplicateKey(b []byte) (string, bool) {
+	k, dup, _ := checkStructure(b)
+	return k, dup
 }
 
-// duplicateKey returns the first object member name (unescaped) that occurs
-// twice in one object of the valid JSON text b. One linear pass, no
-// recursion, so deeply nested bodies cost no stack; a map is made only for
-// objects with more than one member.
-func duplicateKey(b []byte) (string, bool) {
+// checkStructure walks the valid JSON text b once and stops at the first
+// problem: an object member name (unescaped) that occurs twice in one
+// object (dup), or nesting deeper than MaxJSONDepth (deep). No recursion,
+// so deeply nested bodies cost no stack; a map is made only for objects
+// with more than one member.
+func checkStructure(b []byte) (key string, dup, deep bool) {
 	type frame struct {
 		object bool
 		first  string              // the first member name
@@ -704,12 +686,12 @@ func duplicateKey(b []byte) (string, bool) {
 	expectKey := false
 	for i := 0; i < len(b); i++ {
 		switch b[i] {
-		case '{':
-			stack = append(stack, frame{object: true})
-			expectKey = true
-		case '[':
-			stack = append(stack, frame{})
-			expectKey = false
+		case '{', '[':
+			if len(stack) == MaxJSONDepth {
+				return "", false, true
+			}
+			stack = append(stack, frame{object: b[i] == '{'})
+			expectKey = b[i] == '{'
 		case '}', ']':
 			if len(stack) > 0 {
 				stack = stack[:len(stack)-1]
@@ -738,12 +720,12 @@ func duplicateKey(b []byte) (string, bool) {
 					f.first = k
 				case 1:
 					if k == f.first {
-						return k, true
+						return k, true, false
 					}
 					f.keys = map[string]struct{}{f.first: {}, k: {}}
 				default:
-					if _, dup := f.keys[k]; dup {
-						return k, true
+					if _, seen := f.keys[k]; seen {
+						return k, true, false
 					}
 					f.keys[k] = struct{}{}
 				}
@@ -753,7 +735,7 @@ func duplicateKey(b []byte) (string, bool) {
 			i = j
 		}
 	}
-	return "", false
+	return "", false, false
 }
 
 // skipLeaves are keys whose strings are not content: binary payloads

@@ -476,3 +476,21 @@ func jsonString(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
+
+func TestCheckStructureBoundsTheNesting(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		depth int
+		deep  bool
+	}{
+		{"64 levels are accepted", MaxJSONDepth, false},
+		{"65 levels are refused", MaxJSONDepth + 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := []byte(strings.Repeat("[", tc.depth) + strings.Repeat("]", tc.depth))
+			if _, dup, deep := checkStructure(b); deep != tc.deep || dup {
+				t.Fatalf("checkStructure at depth %d: dup %v deep %v, want deep %v", tc.depth, dup, deep, tc.deep)
+			}
+		})
+	}
+}
