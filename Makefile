@@ -12,8 +12,12 @@ export GOFLAGS ?= -buildvcs=false
 OLLAMA_DIR = $(shell $(GO) mod download -json github.com/ollama/ollama | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')
 export CGO_ENABLED := 1
 export CGO_CPPFLAGS = -I$(OLLAMA_DIR)/llama/llama.cpp/include -I$(OLLAMA_DIR)/ml/backend/ggml/ggml/include
-export CGO_CFLAGS ?= -O3 -march=native
-export CGO_CXXFLAGS ?= -O3 -march=native
+# -march=native turns on AMX on Sapphire Rapids and later, but the Go build of
+# ggml does not compile its AMX backend (ggml-cpu/amx has no Go file), so the
+# link would fail with an undefined ggml_backend_amx_buffer_type.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+export CGO_CFLAGS ?= -O3 -march=native $(NO_AMX)
+export CGO_CXXFLAGS ?= -O3 -march=native $(NO_AMX)
 
 # Test-time limits: the whole suite stays well under CI's budget.
 TEST_TIMEOUT ?= 25m
