@@ -16,14 +16,20 @@ var Tiers = []string{"T0", "T1", "T2", "T3"}
 // one (through Engine.Decide), so code holding a *Decision knows it came from
 // the policy; the zero value allows nothing.
 type Decision struct {
-	id      string
-	allow   bool
-	tiers   []string
-	redact  map[string][]string
-	maxCost float64 // USD; 0 means no limit from the policy
-	regions []string
-	reasons []string
-	detail  string // why a fail-closed denial happened; logged, never sent to clients
+	id        string
+	allow     bool
+	tiers     []string
+	redact    map[string][]string
+	maxCost   float64 // USD; 0 means no limit from the policy
+	regions   []string
+	reasons   []string
+	detail    string // why a fail-closed denial happened; logged, never sent to clients
+	code      string
+	models    []string // the models the caller may see (endpoint models); nil: not said
+	hasModels bool
+	class     string // the class the policy routed by (optional)
+	revision  string
+	output    map[string]OutputRule
 }
 
 // ID is the decision id (a UUID), also sent as X-Molly-Decision-Id.
@@ -133,6 +139,43 @@ func parseDecision(v any) (*Decision, error) {
 	if d.reasons, err = stringList(m, "reasons"); err != nil {
 		return nil, err
 	}
+	if v, ok := m["models"]; ok && v != nil {
+		if d.models, err = stringList(m, "models"); err != nil {
+			return nil, err
+		}
+		d.hasModels = true
+	}
+	if c, ok := m["class"]; ok && c != nil {
+		if d.class, ok = c.(string); !ok {
+			return nil, fmt.Errorf(`"class" is %T, want a string`, c)
+		}
+	}
+	if c, ok := m["code"]; ok && c != nil {
+		if d.code, ok = c.(string); !ok {
+			return nil, fmt.Errorf(`"code" is %T, want a string`, c)
+		}
+	}
+	if o, ok := m["output"]; ok && o != nil {
+		om, ok := o.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf(`"output" is %T, want an object of tier to {mask, block}`, o)
+		}
+		d.output = map[string]OutputRule{}
+		for tier, v := range om {
+			rm, ok := v.(map[string]any)
+			if !slices.Contains(Tiers, tier) || !ok {
+				return nil, fmt.Errorf(`"output" names unknown tier %q or is not an object`, tier)
+			}
+			var r OutputRule
+			if r.Mask, err = stringList(rm, "mask"); err != nil {
+				return nil, fmt.Errorf(`"output": %w`, err)
+			}
+			if r.Block, err = stringList(rm, "block"); err != nil {
+				return nil, fmt.Errorf(`"output": %w`, err)
+			}
+			d.output[tier] = r
+		}
+	}
 	return d, nil
 }
 
@@ -156,3 +199,12 @@ func stringList(m map[string]any, key string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// Class is the sensitivity class the policy routed by (its "class"
+// member: the detected and declared class raised for opaque content or a
+// failed scan); "" when the policy does not say.
+func (d *Decision) Class() string { return d.class }
+
+// Models returns the model names the caller may see in a model listing
+// (the decision's "models" member), and whether the policy said.
+func (d *Decision) Models() ([]string, bool) { return slices.Clone(d.models), d.hasModels }

@@ -58,8 +58,9 @@ type Engine struct {
 	mu      sync.RWMutex
 	print   string // fingerprint of the loaded files ("" for embedded)
 	query   *rego.PreparedEvalQuery
-	tool    *rego.PreparedEvalQuery // ToolQuery, on the same modules
-	loadErr error                   // why query is nil after a failed reload
+	tool    *rego.PreparedEvalQuery            // ToolQuery, on the same modules
+	loadErr error                              // why query is nil after a failed reload
+	extra   map[string]*rego.PreparedEvalQuery // other rules by query and fingerprint (decided.go)
 }
 
 // New loads and compiles the policy. A policy that does not compile at start
@@ -216,10 +217,10 @@ func (e *Engine) queries(ctx context.Context) (*rego.PreparedEvalQuery, *rego.Pr
 	return e.query, e.tool, nil
 }
 
-// Decide evaluates the policy on input (the document of policies/README.md,
+// decideMap evaluates the policy on input (the document of policies/README.md,
 // as JSON-compatible Go values) and logs the decision. It never fails:
 // whatever goes wrong becomes a denial whose reasons say why.
-func (e *Engine) Decide(ctx context.Context, input map[string]any) *Decision {
+func (e *Engine) decideMap(ctx context.Context, input map[string]any) *Decision {
 	start := time.Now()
 	d := e.decide(ctx, input)
 	d.id = newID()
@@ -311,3 +312,5 @@ func (e *Engine) DecideTool(ctx context.Context, input map[string]any) ToolDecis
 	}
 	return ToolDecision{Allow: allow, Reasons: reasons}
 }
+
+func osDirFS(dir string) fs.FS { return os.DirFS(dir) }

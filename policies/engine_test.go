@@ -79,7 +79,7 @@ func TestDefaultPolicyDecisions(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := e.Decide(context.Background(), input(c.class, c.findings))
+			d := e.decideMap(context.Background(), input(c.class, c.findings))
 			if !d.Allowed() || !slices.Equal(d.Tiers(), c.tiers) {
 				t.Fatalf("allowed=%v tiers=%v reasons=%v, want tiers %v", d.Allowed(), d.Tiers(), d.Reasons(), c.tiers)
 			}
@@ -122,7 +122,7 @@ func TestFailClosed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d := e.Decide(context.Background(), input("public", nil))
+			d := e.decideMap(context.Background(), input("public", nil))
 			if d.Allowed() || d.AllowsTier("T0") {
 				t.Fatalf("allowed: %v", d.Tiers())
 			}
@@ -144,16 +144,16 @@ func TestPolicyEditTakesEffectOnNextRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := e.Decide(context.Background(), input("public", nil)); !d.AllowsTier("T3") {
+	if d := e.decideMap(context.Background(), input("public", nil)); !d.AllowsTier("T3") {
 		t.Fatalf("v1 should allow T3: %v", d.Reasons())
 	}
 	writePolicy(t, dir, "package molly.policy\nimport rego.v1\ndecision := {\"allow\": true, \"tiers\": [\"T0\"], \"reasons\": [\"version two\"]}")
-	d := e.Decide(context.Background(), input("public", nil))
+	d := e.decideMap(context.Background(), input("public", nil))
 	if d.AllowsTier("T3") || !d.AllowsTier("T0") || d.Reasons()[0] != "version two" {
 		t.Fatalf("edit not applied: tiers %v reasons %v", d.Tiers(), d.Reasons())
 	}
 	writePolicy(t, dir, "package molly.policy\nthis is not rego")
-	d = e.Decide(context.Background(), input("public", nil))
+	d = e.decideMap(context.Background(), input("public", nil))
 	if d.Allowed() || !strings.Contains(d.Reasons()[0], "failed to load") || strings.Contains(d.Reasons()[0], "p.rego") || !strings.Contains(d.detail, "p.rego") {
 		t.Fatalf("broken edit must deny, with the compiler error in the log only: %v %v %q", d.Tiers(), d.Reasons(), d.detail)
 	}

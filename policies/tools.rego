@@ -69,3 +69,19 @@ tool_scope_match(p, name) if {
 	endswith(p, "*")
 	startswith(name, trim_suffix(p, "*"))
 }
+
+# May a governed tool be offered to a model on this tier? Input: tool
+# {name, side_effect}, identity, tier. Default: tools in the member's tool
+# scope, never to external APIs (a T3 model could otherwise open tickets or
+# move money on the member's behalf).
+tool_offer_denied_tiers := {"T3"}
+
+tool_offer := {"allow": count(tool_offer_denials) == 0, "reasons": sort(tool_offer_denials)}
+
+tool_offer_denials contains sprintf("tool %s is not in the tool scope of member %s", [input.tool.name, input.identity.member]) if {
+	not tool_in_scope
+}
+
+tool_offer_denials contains sprintf("tool %s is not offered to %s models", [input.tool.name, input.tier]) if {
+	input.tier in tool_offer_denied_tiers
+}

@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/pipeline"
 	"net/http"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/molly-gateway/molly/router"
 )
 
 // ToolsAdmin is the admin API module admin.api.molly_tools, under Caddy's
@@ -22,7 +23,7 @@ import (
 //	                            "arguments": {...}, "idempotency_key": "..."} → 200 {"result": ...}
 //
 // A direct call is decided by policies/tools.rego with tier "T0"
-// (router.DirectTier: no model asked for it) and the member and scopes of
+// (pipeline.DirectTier: no model asked for it) and the member and scopes of
 // the body (scopes as molly_auth gives them: an empty tool scope admits
 // every tool); its arguments and result are classified with the default
 // detectors. Errors: 400 for a bad body, 404 for an unknown tool (or none
@@ -45,10 +46,10 @@ func (ToolsAdmin) CaddyModule() caddy.ModuleInfo {
 func (ToolsAdmin) Routes() []caddy.AdminRoute {
 	h := func(w http.ResponseWriter, r *http.Request) error {
 		cur := Current()
-		if cur == nil || cur.forwarder == nil || cur.forwarder.Tools == nil {
+		if cur == nil || cur.pipeline == nil || cur.pipeline.Tools == nil {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no governed tools are configured")}
 		}
-		return serveTools(w, r, cur.forwarder, cur.toolClassifier)
+		return serveTools(w, r, cur.pipeline, cur.toolClassifier)
 	}
 	return []caddy.AdminRoute{
 		{Pattern: "/molly/tools", Handler: caddy.AdminHandlerFunc(h)},
@@ -74,7 +75,7 @@ type toolCall struct {
 }
 
 // serveTools answers the tools routes on f's tools, classifying with cl.
-func serveTools(w http.ResponseWriter, r *http.Request, f *router.Forwarder, cl *router.Classifier) error {
+func serveTools(w http.ResponseWriter, r *http.Request, f *pipeline.Pipeline, cl *classify.Classifier) error {
 	name, sub := strings.CutPrefix(r.URL.Path, "/molly/tools/")
 	if !sub {
 		if r.Method != http.MethodGet {
@@ -111,19 +112,9 @@ func serveTools(w http.ResponseWriter, r *http.Request, f *router.Forwarder, cl 
 	if a := bytes.TrimSpace(req.Arguments); len(a) == 0 || a[0] != '{' {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("arguments must be a JSON object")}
 	}
-	id := &router.Identity{Member: req.Member}
-	for _, s := range req.Scopes {
-		kind, v, ok := strings.Cut(s, ":")
-		switch {
-		case ok && v != "" && kind == "model":
-			id.Models = append(id.Models, v)
-		case ok && v != "" && kind == "tier":
-			id.Tiers = append(id.Tiers, v)
-		case ok && v != "" && kind == "tool":
-			id.Tools = append(id.Tools, v)
-		default:
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("scope %q: want model:<name>, tier:<tier> or tool:<name>", s)}
-		}
+	id, err := identity.FromScopes(req.Member, req.Scopes)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
 	res, reasons, te := f.CallTool(r.Context(), cl, id, name, req.Arguments, req.IdempotencyKey)
 	switch {

@@ -15,37 +15,25 @@ import (
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/pipeline"
 )
 
 // fakeRunner is one tool, "echo", that returns its call; "fail" in the
 // arguments makes it fail with code "conflict".
 type fakeRunner struct{ calls []string }
 
-func (f *fakeRunner) Tools() []router.ToolSpec {
-	return []router.ToolSpec{{Name: "echo", Description: "echoes", Parameters: json.RawMessage(`{"type":"object"}`), SideEffect: "write",
+func (f *fakeRunner) Tools() []pipeline.ToolSpec {
+	return []pipeline.ToolSpec{{Name: "echo", Description: "echoes", Parameters: json.RawMessage(`{"type":"object"}`), SideEffect: "write",
 		Result: json.RawMessage(`{"type":"object"}`)}}
 }
 
 func (f *fakeRunner) Invoke(_ context.Context, name string, args []byte, member string, scopes []string, key string) ([]byte, error) {
 	f.calls = append(f.calls, name+" "+string(args)+" "+member+" "+strings.Join(scopes, ",")+" "+key)
 	if strings.Contains(string(args), "fail") {
-		return nil, &router.ToolError{Code: "conflict", Message: "key reused"}
+		return nil, &pipeline.ToolError{Code: "conflict", Message: "key reused"}
 	}
 	return []byte(`{"ok":true}`), nil
-}
-
-// scopePolicy denies a member with a tool scope that lacks the tool, and
-// records the tier it was asked about.
-type scopePolicy struct{ tiers []string }
-
-func (p *scopePolicy) DecideTool(_ context.Context, in map[string]any) policies.ToolDecision {
-	p.tiers = append(p.tiers, in["tier"].(string))
-	tools := in["identity"].(map[string]any)["tools"].([]any)
-	if len(tools) > 0 && tools[0] != "echo" {
-		return policies.ToolDecision{Reasons: []string{"echo is out of scope"}}
-	}
-	return policies.ToolDecision{Allow: true}
 }
 
 func TestToolsAdmin(t *testing.T) {
@@ -53,10 +41,14 @@ func TestToolsAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := router.NewClassifier(scanner, nil)
-	runner, policy := &fakeRunner{}, &scopePolicy{}
+	cl := classify.New(scanner, nil)
+	runner := &fakeRunner{}
+	policy, err := policies.New(context.Background(), policies.Options{}) // the embedded default tools.rego
+	if err != nil {
+		t.Fatal(err)
+	}
 	core, logs := observer.New(zap.InfoLevel)
-	f := &router.Forwarder{Tools: runner, ToolPolicy: policy, Logger: zap.New(core)}
+	f := &pipeline.Pipeline{Tools: runner, Policy: policy, Logger: zap.New(core)}
 	do := func(method, path, body string) (int, string) {
 		w := httptest.NewRecorder()
 		err := serveTools(w, httptest.NewRequest(method, path, strings.NewReader(body)), f, cl)
@@ -79,7 +71,7 @@ func TestToolsAdmin(t *testing.T) {
 		{"call", "POST", "/molly/tools/echo", `{"member":"ann","scopes":["tool:echo","tier:T1"],"arguments":{"x":1},"idempotency_key":"k1"}`, 200,
 			`{"result":{"ok":true}}`},
 		{"denied", "POST", "/molly/tools/echo", `{"member":"bob","scopes":["tool:other"],"arguments":{}}`, 403,
-			`{"code":"permission_denied","error":"policy: echo is out of scope","reasons":["echo is out of scope"]}`},
+			`{"code":"permission_denied","error":"policy: tool echo is not in the tool scope of member bob","reasons":["tool echo is not in the tool scope of member bob"]}`},
 		{"tool error", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{"fail":true},"idempotency_key":"k2"}`, 502,
 			`{"code":"conflict","error":"key reused"}`},
 		{"unknown tool", "POST", "/molly/tools/nope", `{"member":"ann","arguments":{}}`, 404, `no tool "nope" is configured`},
@@ -101,9 +93,6 @@ func TestToolsAdmin(t *testing.T) {
 	wantCalls := []string{`echo {"x":1} ann tier:T1,tool:echo k1`, `echo {"fail":true} ann  k2`}
 	if !reflect.DeepEqual(runner.calls, wantCalls) {
 		t.Fatalf("invocations %q, want %q", runner.calls, wantCalls)
-	}
-	if !reflect.DeepEqual(policy.tiers, []string{"T0", "T0", "T0"}) {
-		t.Fatalf("policy asked for tiers %q", policy.tiers)
 	}
 	var outcomes []string
 	for _, e := range logs.FilterMessage("tool call").All() {

@@ -4,6 +4,7 @@ package app
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -14,21 +15,25 @@ import (
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/pipeline"
+	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
 )
 
 // App is the molly app. JSON: {"apps": {"molly": {...}}}.
 type App struct {
 	// Targets are the backends requests may be routed to.
-	Targets []*router.Target `json:"targets,omitempty"`
+	Targets []*route.Target `json:"targets,omitempty"`
 	// PolicyDir is a directory of .rego files used instead of the embedded
 	// defaults; edits take effect on the next request.
 	PolicyDir string `json:"policy_dir,omitempty"`
 	// PolicyTimeout bounds one policy evaluation (default 250ms); past it the request is denied.
 	PolicyTimeout caddy.Duration `json:"policy_timeout,omitempty"`
-	// Weights of the selection objective; defaults router.DefaultWeights.
-	Weights *router.Weights `json:"weights,omitempty"`
+	// Weights of the selection objective; defaults route.DefaultWeights.
+	Weights *route.Weights `json:"weights,omitempty"`
 	// Engine configures the in-process T0 engine (llama.cpp, one base model,
 	// many LoRA adapters) that targets of kind "engine" route to.
 	EngineConfig *serving.Config `json:"engine,omitempty"`
@@ -36,30 +41,35 @@ type App struct {
 	// kept in; default DefaultPriorsDB() (priors.go).
 	PriorsDB string `json:"priors_db,omitempty"`
 	// Cascade tries cheap candidates first and escalates on low confidence
-	// (router.Cascade); nil: no cascades.
-	Cascade *router.Cascade `json:"cascade,omitempty"`
+	// (route.Cascade); nil: no cascades.
+	Cascade *route.Cascade `json:"cascade,omitempty"`
 	// Mixture asks several candidates when the task category is uncertain
-	// and returns the best answer (router.Mixture); nil: no mixtures.
-	Mixture *router.Mixture `json:"mixture,omitempty"`
+	// and returns the best answer (route.Mixture); nil: no mixtures.
+	Mixture *route.Mixture `json:"mixture,omitempty"`
 	// Tools are the governed tool plugins offered to models (issue 6),
 	// each pinned by its binary's SHA-256; ToolSteps bounds the rounds of
-	// tool calls in one request (0: router.DefaultToolSteps).
+	// tool calls in one request (0: route.DefaultToolSteps).
 	Tools     []plugins.Config `json:"tools,omitempty"`
 	ToolSteps int              `json:"tool_steps,omitempty"`
 	// UsageTool names a configured tool (the billing plugin) that gets
 	// every usage record as a record_usage call, in the background
 	// (usage.go); "": none.
 	UsageTool string `json:"usage_tool,omitempty"`
+	// FirstEventTimeout bounds the wait for an upstream stream's first
+	// content event after its headers; past it the attempt falls back
+	// (default pipeline.DefaultFirstEventTimeout).
+	FirstEventTimeout caddy.Duration `json:"first_event_timeout,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
-	catalogue *router.Catalogue
-	forwarder *router.Forwarder
+	catalogue *route.Catalogue
+	egress    *egress.Egress
+	pipeline  *pipeline.Pipeline
 	logger    *zap.Logger
 	tools     *plugins.Manager
 	usage     *usageSender // UsageTool's sender (usage.go)
 	// toolClassifier classifies direct tool calls (admin.go): the default detectors.
-	toolClassifier *router.Classifier
+	toolClassifier *classify.Classifier
 
 	priors     *priorsHandle // shared across reloads (priors.go)
 	priorsPath string
@@ -84,21 +94,25 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("molly: policy: %w", err)
 	}
 	a.policy = eng
-	var engine router.Engine
+	var engine route.Engine
+	var handler http.Handler
 	if a.EngineConfig != nil {
 		a.engine, err = serving.New(*a.EngineConfig)
 		if err != nil {
 			return fmt.Errorf("molly: engine: %w", err)
 		}
-		engine = a.engine
+		engine, handler = a.engine, a.engine
 		a.logger.Info("T0 engine loaded", zap.String("model", a.engine.Name()), zap.Strings("models", a.engine.Models()))
 	}
-	cat, err := router.NewCatalogue(a.Targets, engine)
+	cat, err := route.NewCatalogue(a.Targets, engine)
 	if err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
 	a.catalogue = cat
-	w := router.DefaultWeights
+	if a.egress, err = egress.New(cat, handler); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
+	w := route.DefaultWeights
 	if a.Weights != nil {
 		w = *a.Weights
 	}
@@ -106,28 +120,30 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("molly: priors: %w", err)
 	}
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
-		if err := router.DefaultMetrics.Register(reg); err != nil {
+		if err := meter.DefaultMetrics.Register(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
 		}
 	}
-	a.forwarder = &router.Forwarder{Catalogue: cat, Weights: w, Logger: a.logger.Named("route"),
-		Priors: a.Priors(), Metrics: router.DefaultMetrics, Cascade: a.Cascade, Mixture: a.Mixture}
+	a.pipeline = &pipeline.Pipeline{Catalogue: cat, Egress: a.egress, Policy: eng, Weights: w, Logger: a.logger.Named("route"),
+		Priors: a.Priors(), Metrics: meter.DefaultMetrics,
+		Strategies:        route.Config{Cascade: a.Cascade, Mixture: a.Mixture, ToolSteps: a.ToolSteps},
+		FirstEventTimeout: time.Duration(a.FirstEventTimeout)}
 	if a.tools, err = a.provisionTools(); err != nil {
 		return fmt.Errorf("molly: tools: %w", err)
 	}
 	if a.tools != nil {
-		a.forwarder.Tools, a.forwarder.ToolPolicy, a.forwarder.ToolSteps = toolRunner{a.tools}, eng, a.ToolSteps
+		a.pipeline.Tools, a.pipeline.Strategies.Tools = toolRunner{a.tools}, true
 		scanner, err := redaction.NewScanner(redaction.Config{})
 		if err != nil {
 			return fmt.Errorf("molly: tools: classifier: %w", err)
 		}
-		a.toolClassifier = router.NewClassifier(scanner, nil)
+		a.toolClassifier = classify.New(scanner, nil)
 	}
 	if a.UsageTool != "" {
 		a.usage = &usageSender{tool: a.UsageTool, runner: toolRunner{a.tools}, log: a.logger.Named("usage"), timeout: usageTimeout, stats: new(UsageStats)}
-		a.forwarder.UsageSink = a.usage.send
+		a.pipeline.UsageSink = a.usage.send
 		// The usage tool records spend for the gateway itself: models never see it.
-		a.forwarder.ToolsHidden = []string{a.UsageTool}
+		a.pipeline.ToolsHidden = []string{a.UsageTool}
 	}
 	return nil
 }
@@ -177,8 +193,8 @@ func (a *App) Cleanup() error {
 	if err := a.cleanupPriors(); err != nil {
 		a.logger.Error("closing the priors", zap.Error(err))
 	}
-	if a.catalogue != nil {
-		a.catalogue.Close()
+	if a.egress != nil {
+		a.egress.Close()
 	}
 	if a.engine != nil {
 		return a.engine.Close()
@@ -200,7 +216,7 @@ func (a *App) Engine() *serving.Engine { return a.engine }
 func (a *App) Policy() *policies.Engine { return a.policy }
 
 // Catalogue returns the target catalogue.
-func (a *App) Catalogue() *router.Catalogue { return a.catalogue }
+func (a *App) Catalogue() *route.Catalogue { return a.catalogue }
 
 // UsageStats returns the counts of usage records sent to UsageTool, or
 // nil when none is configured.
@@ -211,8 +227,8 @@ func (a *App) UsageStats() *UsageStats {
 	return a.usage.stats
 }
 
-// Forwarder returns the router's forwarder.
-func (a *App) Forwarder() *router.Forwarder { return a.forwarder }
+// Pipeline returns the request pipeline.
+func (a *App) Pipeline() *pipeline.Pipeline { return a.pipeline }
 
 // Interface guards.
 var (

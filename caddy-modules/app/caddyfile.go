@@ -14,7 +14,7 @@ import (
 
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
 )
 
@@ -110,7 +110,7 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			if a.Weights == nil {
-				w := router.DefaultWeights
+				w := route.DefaultWeights
 				a.Weights = &w
 			}
 			if name == "cost_weight" {
@@ -212,8 +212,8 @@ func parseTool(d *caddyfile.Dispenser) (plugins.Config, error) {
 	return c, nil
 }
 
-func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
-	t := &router.Target{}
+func parseTarget(d *caddyfile.Dispenser) (*route.Target, error) {
+	t := &route.Target{}
 	if !d.NextArg() {
 		return nil, d.Err("molly: target needs a name: target <name> { ... }")
 	}
@@ -315,9 +315,9 @@ func parseTarget(d *caddyfile.Dispenser) (*router.Target, error) {
 }
 
 // parseCascade parses a cascade block; a missing threshold is
-// router.DefaultCascadeThreshold.
-func parseCascade(d *caddyfile.Dispenser) (*router.Cascade, error) {
-	c := &router.Cascade{Threshold: router.DefaultCascadeThreshold}
+// route.DefaultCascadeThreshold.
+func parseCascade(d *caddyfile.Dispenser) (*route.Cascade, error) {
+	c := &route.Cascade{Threshold: route.DefaultCascadeThreshold}
 	if d.NextArg() {
 		return nil, d.Errf("molly: cascade takes a block, not %q", d.Val())
 	}
@@ -360,9 +360,9 @@ func parseCascade(d *caddyfile.Dispenser) (*router.Cascade, error) {
 }
 
 // parseMixture parses a mixture block; a missing entropy is
-// router.DefaultMixtureEntropy.
-func parseMixture(d *caddyfile.Dispenser) (*router.Mixture, error) {
-	m := &router.Mixture{Entropy: router.DefaultMixtureEntropy}
+// route.DefaultMixtureEntropy.
+func parseMixture(d *caddyfile.Dispenser) (*route.Mixture, error) {
+	m := &route.Mixture{Entropy: route.DefaultMixtureEntropy}
 	if d.NextArg() {
 		return nil, d.Errf("molly: mixture takes a block, not %q", d.Val())
 	}

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/registry"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/route"
 )
 
 // PriorsFlushInterval is how often learned latencies are written to the
@@ -21,7 +21,7 @@ const PriorsFlushInterval = 5 * time.Second
 // <Caddy's data directory>/molly/priors.db.
 func DefaultPriorsDB() string { return filepath.Join(caddy.AppDataDir(), "molly", "priors.db") }
 
-// priorsPool shares one router.Priors per file across config reloads (the
+// priorsPool shares one route.Priors per file across config reloads (the
 // new config provisions before the old one is cleaned up), so learned
 // values in memory and the open file carry over.
 var priorsPool = caddy.NewUsagePool()
@@ -29,7 +29,7 @@ var priorsPool = caddy.NewUsagePool()
 // priorsHandle is the pooled value: the priors and, once the app started,
 // their SQLite store.
 type priorsHandle struct {
-	*router.Priors
+	*route.Priors
 	path  string
 	store *registry.PriorStore
 }
@@ -58,7 +58,7 @@ func (a *App) provisionPriors() error {
 		if err != nil {
 			return nil, err
 		}
-		h := &priorsHandle{Priors: router.NewPriors(), path: a.priorsPath, store: s}
+		h := &priorsHandle{Priors: route.NewPriors(), path: a.priorsPath, store: s}
 		if err := h.Attach(priorStore{s}); err != nil {
 			s.Close()
 			return nil, err
@@ -94,30 +94,30 @@ func (a *App) cleanupPriors() error {
 }
 
 // Priors returns the learned priors (for molly_feedback), or nil before Provision.
-func (a *App) Priors() *router.Priors {
+func (a *App) Priors() *route.Priors {
 	if a.priors == nil {
 		return nil
 	}
 	return a.priors.Priors
 }
 
-// priorStore adapts registry.PriorStore to router.PriorStore.
+// priorStore adapts registry.PriorStore to route.PriorStore.
 type priorStore struct{ s *registry.PriorStore }
 
-func (p priorStore) Load() ([]router.PriorRecord, error) {
+func (p priorStore) Load() ([]route.PriorRecord, error) {
 	rows, err := p.s.Load()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]router.PriorRecord, len(rows))
+	out := make([]route.PriorRecord, len(rows))
 	for i, r := range rows {
-		out[i] = router.PriorRecord{Kind: r.Kind, PriorKey: router.PriorKey{Target: r.Target, Model: r.Model, Category: r.Category},
+		out[i] = route.PriorRecord{Kind: r.Kind, PriorKey: route.PriorKey{Target: r.Target, Model: r.Model, Category: r.Category},
 			Value: r.Value, N: r.N, Updated: r.Updated}
 	}
 	return out, nil
 }
 
-func (p priorStore) Save(recs []router.PriorRecord) error {
+func (p priorStore) Save(recs []route.PriorRecord) error {
 	rows := make([]registry.Prior, len(recs))
 	for i, r := range recs {
 		rows[i] = registry.Prior{Kind: r.Kind, Target: r.Target, Model: r.Model, Category: r.Category, Value: r.Value, N: r.N, Updated: r.Updated}

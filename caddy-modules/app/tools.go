@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/plugins"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/pipeline"
 )
 
 // provisionTools starts the configured tool plugins (plugins.Manager); nil
@@ -29,28 +29,28 @@ func (a *App) provisionTools() (*plugins.Manager, error) {
 	return m, nil
 }
 
-// toolRunner is router.ToolRunner on a plugins.Manager.
+// toolRunner is pipeline.ToolRunner on a plugins.Manager.
 type toolRunner struct{ m *plugins.Manager }
 
 // Tools describes every configured tool as its plugin last described itself.
-func (t toolRunner) Tools() []router.ToolSpec {
-	var out []router.ToolSpec
+func (t toolRunner) Tools() []pipeline.ToolSpec {
+	var out []pipeline.ToolSpec
 	for _, n := range t.m.Names() {
 		d, err := t.m.Describe(n)
 		if err != nil || d.Name == "" {
 			continue
 		}
-		out = append(out, router.ToolSpec{Name: d.Name, Description: d.Description, Parameters: d.ArgsSchema, SideEffect: string(d.SideEffect), Result: d.ResultSchema})
+		out = append(out, pipeline.ToolSpec{Name: d.Name, Description: d.Description, Parameters: d.ArgsSchema, SideEffect: string(d.SideEffect), Result: d.ResultSchema})
 	}
 	return out
 }
 
-// Invoke runs one call; failures are *router.ToolError with the tool's code.
+// Invoke runs one call; failures are *pipeline.ToolError with the tool's code.
 func (t toolRunner) Invoke(ctx context.Context, name string, args []byte, member string, scopes []string, key string) ([]byte, error) {
 	res, err := t.m.Invoke(ctx, name, plugins.Invocation{Args: args, Caller: plugins.Caller{Member: member, Scopes: scopes}, IdempotencyKey: key})
 	if err != nil {
 		te := plugins.AsToolError(err)
-		return nil, &router.ToolError{Code: te.Code, Message: te.Message}
+		return nil, &pipeline.ToolError{Code: te.Code, Message: te.Message}
 	}
 	return res, nil
 }

@@ -4,14 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/pipeline"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/molly-gateway/molly/router"
 )
 
 // usageTimeout bounds one record_usage call.
@@ -31,7 +31,7 @@ type UsageStats struct {
 // op, in the background: the answer never waits for billing.
 type usageSender struct {
 	tool    string
-	runner  router.ToolRunner
+	runner  pipeline.ToolRunner
 	log     *zap.Logger
 	timeout time.Duration
 	stats   *UsageStats
@@ -77,7 +77,7 @@ func (s *usageSender) recordID(decision string) string {
 
 // recordUsageArgs are the record_usage arguments for u: cost in integer
 // nano-USD (1 USD = 10^9), rounded; the time in RFC 3339 (UTC).
-func recordUsageArgs(u router.Usage) []byte {
+func recordUsageArgs(u meter.Usage) []byte {
 	cost := int64(math.Round(u.CostUSD * 1e9))
 	if cost < 0 {
 		cost = 0
@@ -92,8 +92,8 @@ func recordUsageArgs(u router.Usage) []byte {
 	return b
 }
 
-// send is router.Forwarder.UsageSink: it starts the call and returns.
-func (s *usageSender) send(u router.Usage) {
+// send is pipeline.Pipeline.UsageSink: it starts the call and returns.
+func (s *usageSender) send(u meter.Usage) {
 	u.DecisionID = s.recordID(u.DecisionID)
 	s.wg.Add(1)
 	go func() {

@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/pipeline"
 	"strings"
 	"testing"
 	"time"
@@ -11,12 +13,10 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/molly-gateway/molly/router"
 )
 
 func TestRecordUsageArgs(t *testing.T) {
-	u := router.Usage{Member: "alice", DecisionID: "d-1", Model: "chat", Target: "lan", Tier: "T1", PromptTokens: 5, CompletionTokens: 4,
+	u := meter.Usage{Member: "alice", DecisionID: "d-1", Model: "chat", Target: "lan", Tier: "T1", PromptTokens: 5, CompletionTokens: 4,
 		CostUSD: 90e-6, Time: time.Date(2026, 11, 30, 10, 0, 0, 5, time.FixedZone("X", 3600))}
 	want := `{"at":"2026-11-30T09:00:00.000000005Z","completion_tokens":4,"cost_nano_usd":90000,"decision_id":"d-1","member":"alice",` +
 		`"model":"chat","op":"record_usage","prompt_tokens":5,"target":"lan","tier":"T1"}`
@@ -31,20 +31,20 @@ type usageRunner struct {
 	fail  bool
 }
 
-func (usageRunner) Tools() []router.ToolSpec { return nil }
+func (usageRunner) Tools() []pipeline.ToolSpec { return nil }
 
 func (r usageRunner) Invoke(ctx context.Context, name string, args []byte, member string, scopes []string, key string) ([]byte, error) {
 	if r.fail {
 		<-ctx.Done()
 		r.calls <- name + " " + member + " " + key
-		return nil, &router.ToolError{Code: "unavailable", Message: "down"}
+		return nil, &pipeline.ToolError{Code: "unavailable", Message: "down"}
 	}
 	r.calls <- name + " " + member + " " + key
 	return []byte(`{}`), nil
 }
 
 func TestUsageSender(t *testing.T) {
-	u := router.Usage{Member: "alice", DecisionID: "d-1", Model: "chat", Target: "lan", Tier: "T1", PromptTokens: 1, CostUSD: 1}
+	u := meter.Usage{Member: "alice", DecisionID: "d-1", Model: "chat", Target: "lan", Tier: "T1", PromptTokens: 1, CostUSD: 1}
 	t.Run("sent in the background with the decision id as key", func(t *testing.T) {
 		r := usageRunner{calls: make(chan string, 1)}
 		s := &usageSender{tool: "billing", runner: r, log: zap.NewNop(), timeout: time.Second, stats: new(UsageStats)}

@@ -1,5 +1,5 @@
 // Package auth is the Caddy handler http.handlers.molly_auth: it turns the
-// request's API key into a router.Identity (member, scopes, remaining
+// request's API key into a identity.Identity (member, scopes, remaining
 // budget) and refuses, in OpenAI's error shapes, requests without a valid
 // key (401), over budget (429 insufficient_quota) or over their rate limits
 // (429 rate_limit_exceeded with Retry-After). Members, keys and the usage
@@ -23,9 +23,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/registry"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // Auth is the molly_auth handler.
@@ -163,9 +164,9 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		rateLimited(m, lim).Write(w)
 		return nil
 	}
-	id := &router.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
+	id := &identity.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
 		Budgeted: budgeted, RemainingUSD: remaining, Ledger: ledger{au.reg, m}}
-	return next.ServeHTTP(w, r.WithContext(router.WithIdentity(ctx, id)))
+	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))
 }
 
 func titleKind(kind string) string { return strings.ToUpper(kind[:1]) + kind[1:] }
@@ -184,12 +185,12 @@ func bearer(r *http.Request) (string, bool) {
 
 func unauthorized(w http.ResponseWriter, msg string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="molly"`)
-	(&api.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).Write(w)
+	(&openai.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).Write(w)
 }
 
 // overBudget is the 429 insufficient_quota of member m; detail, when set,
 // says why the request does not fit what is left.
-func overBudget(m registry.Member, detail string) *api.Error {
+func overBudget(m registry.Member, detail string) *openai.Error {
 	msg := fmt.Sprintf("You exceeded your budget of %g USD", m.BudgetUSD)
 	if _, end := m.PeriodAt(time.Now()); !end.IsZero() {
 		msg += fmt.Sprintf(" for this %s; it renews at %s", m.Period, end.Format("2006-01-02T15:04:05Z"))
@@ -197,13 +198,13 @@ func overBudget(m registry.Member, detail string) *api.Error {
 	if detail != "" {
 		msg += " (" + detail + ")"
 	}
-	return &api.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}
+	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}
 }
 
 // rateLimited is the 429 rate_limit_exceeded of member m; a request larger
 // than the limit itself gets no Retry-After (waiting does not help).
-func rateLimited(m registry.Member, lim *registry.Limited) *api.Error {
-	e := &api.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
+func rateLimited(m registry.Member, lim *registry.Limited) *openai.Error {
+	e := &openai.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
 		Message: "Rate limit reached for member " + m.Name + ": " + lim.Error() + "."}
 	if !lim.TooLarge {
 		e.RetryAfter = max(int(math.Ceil(lim.RetryAfter.Seconds())), 1)
@@ -218,7 +219,7 @@ type ledger struct {
 	m   registry.Member
 }
 
-// Reserve implements router.Reserver: the refusals are *api.Error 429s.
+// Reserve implements meter.Reserver: the refusals are *openai.Error 429s.
 func (l ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (func(), error) {
 	release, err := l.reg.Reserve(ctx, l.m, tokens, expectedUSD)
 	var ob *registry.OverBudget
@@ -230,12 +231,12 @@ func (l ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (f
 	case errors.As(err, &lim):
 		return nil, rateLimited(l.m, lim)
 	case err != nil:
-		return nil, &api.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}
+		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}
 	}
 	return release, nil
 }
 
-func (l ledger) Record(ctx context.Context, u router.Usage) error {
+func (l ledger) Record(ctx context.Context, u meter.Usage) error {
 	return l.reg.Record(ctx, registry.Usage{Member: u.Member, DecisionID: u.DecisionID, Model: u.Model, Target: u.Target, Tier: u.Tier,
 		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, Estimated: u.Estimated, CostUSD: u.CostUSD, Time: u.Time})
 }
@@ -246,6 +247,6 @@ var (
 	_ caddy.Validator             = (*Auth)(nil)
 	_ caddy.CleanerUpper          = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
-	_ router.Ledger               = ledger{}
-	_ router.Reserver             = ledger{}
+	_ meter.Ledger                = ledger{}
+	_ meter.Reserver              = ledger{}
 )

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/registry"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
@@ -37,7 +37,7 @@ func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
 			release, err := l.Reserve(ctx, 10, 0.1)
 			mu.Lock()
 			defer mu.Unlock()
-			var e *api.Error
+			var e *openai.Error
 			switch {
 			case err == nil:
 				admitted++
@@ -65,7 +65,7 @@ func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
 
 	// A request larger than the TPM itself: 429 that says so, no Retry-After.
 	_, err = l.Reserve(ctx, 3000, 0)
-	var e *api.Error
+	var e *openai.Error
 	if !errors.As(err, &e) || e.Status != 429 || e.Code != "rate_limit_exceeded" || e.Type != "tokens" || e.RetryAfter != 0 ||
 		!strings.Contains(e.Message, "request too large for the tokens per minute limit (TPM): limit 1000, requested 3000") {
 		t.Fatalf("a 3000-token request under TPM 1000: %v", err)

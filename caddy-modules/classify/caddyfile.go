@@ -7,7 +7,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/molly-gateway/molly/redaction"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/classify"
 )
 
 func init() {
@@ -62,7 +62,7 @@ func (c *Classify) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&typ, &class) {
 				return d.Err("molly_classify: sensitivity takes <ENTITY_TYPE> <public|internal|confidential|restricted>")
 			}
-			if _, err := router.ParseSensitivity(class); err != nil {
+			if _, err := classify.ParseSensitivity(class); err != nil {
 				return d.Errf("molly_classify: sensitivity %s: %v", typ, err)
 			}
 			if c.Sensitivity == nil {

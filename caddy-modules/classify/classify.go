@@ -16,10 +16,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/redaction"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // DefaultMaxBodyBytes is the request body limit when none is set (8 MiB).
@@ -35,7 +35,7 @@ type Classify struct {
 	// Entities restricts detection to these entity types; empty means all.
 	Entities []string `json:"entities,omitempty"`
 	// Sensitivity maps an entity type to the class its presence implies,
-	// overriding router.DefaultEntityClasses (e.g. {"EMAIL": "public"}).
+	// overriding classify.DefaultEntityClasses (e.g. {"EMAIL": "public"}).
 	// User-defined types default to "confidential".
 	Sensitivity map[string]string `json:"sensitivity,omitempty"`
 	// RedactModes maps an entity type to how its values are replaced for a
@@ -56,7 +56,7 @@ type Classify struct {
 	// found case-insensitively as whole words, e.g. {"PROJECT": ["Falcon"]}.
 	Dictionaries map[string][]string `json:"dictionaries,omitempty"`
 
-	classifier *router.Classifier
+	classifier *classify.Classifier
 }
 
 func init() { caddy.RegisterModule(Classify{}) }
@@ -84,7 +84,7 @@ func (c *Classify) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("molly_classify: %w", err)
 	}
-	var opts []router.ClassifierOption
+	var opts []classify.Option
 	modes := map[string]redaction.Mode{}
 	hash := false
 	for typ, name := range c.RedactModes {
@@ -99,29 +99,29 @@ func (c *Classify) Provision(ctx caddy.Context) error {
 		hash = hash || m == redaction.ModeHash
 	}
 	if len(modes) > 0 {
-		opts = append(opts, router.WithRedactionModes(modes))
+		opts = append(opts, classify.WithRedactionModes(modes))
 	}
 	if c.HashKeyEnv != "" {
 		key := os.Getenv(c.HashKeyEnv)
 		if len(key) < MinHashKeyBytes {
 			return fmt.Errorf("molly_classify: hash_key_env: environment variable %s is unset or shorter than %d bytes", c.HashKeyEnv, MinHashKeyBytes)
 		}
-		opts = append(opts, router.WithHashKey([]byte(key)))
+		opts = append(opts, classify.WithHashKey([]byte(key)))
 	} else if hash {
 		ctx.Logger().Warn("redact_mode hash without hash_key_env: pseudonyms use a random key and change when Molly restarts")
 	}
-	overrides := map[string]router.Sensitivity{}
+	overrides := map[string]classify.Sensitivity{}
 	for typ, class := range c.Sensitivity {
-		s, err := router.ParseSensitivity(class)
+		s, err := classify.ParseSensitivity(class)
 		if err != nil {
 			return fmt.Errorf("molly_classify: sensitivity %s: %w", typ, err)
 		}
 		overrides[typ] = s
 	}
-	c.classifier = router.NewClassifier(scanner, overrides, opts...)
 	if a, err := ctx.AppIfConfigured("molly"); err == nil { // the engine's adapter names are task categories
-		c.classifier.SetDomains(a.(*app.App).Catalogue().Domains)
+		opts = append(opts, classify.WithDomains(a.(*app.App).Catalogue().Domains))
 	}
+	c.classifier = classify.New(scanner, overrides, opts...)
 	return nil
 }
 
@@ -136,32 +136,33 @@ func (c *Classify) Validate() error {
 // ServeHTTP classifies the request and calls next with the annotation in
 // the context; bad requests are answered with OpenAI errors.
 func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	ep, aerr := router.EndpointOf(r.Method, r.URL.Path)
+	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		aerr.Write(w)
 		return nil
 	}
 	var body []byte
-	if ep != router.EndpointModels && r.Body != nil {
+	if ep != openai.EndpointModels && r.Body != nil {
 		var err error
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes))
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
-				(&api.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+				(&openai.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 					Message: fmt.Sprintf("The request body is larger than the limit of %d bytes.", c.MaxBodyBytes)}).Write(w)
 				return nil
 			}
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
 	}
-	ann, err := c.classifier.ClassifyPath(ep, r.URL.Path, body, strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), strings.Join(r.Header.Values("X-Molly-Residency"), ","))
+	ann, err := c.classifier.Classify(classify.Input{Endpoint: ep, Path: r.URL.Path, Body: body,
+		Declared: strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), Residency: strings.Join(r.Header.Values("X-Molly-Residency"), ",")})
 	if err != nil {
-		api.WriteError(w, err)
+		openai.WriteError(w, err)
 		return nil
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	r = r.WithContext(router.WithAnnotation(r.Context(), ann))
+	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
 	return next.ServeHTTP(w, r)
 }
 

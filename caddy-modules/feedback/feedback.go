@@ -2,7 +2,7 @@
 // takes explicit feedback on a routed answer, POST /v1/feedback with
 // {"decision_id": "<X-Molly-Decision-Id of the answer>", "score": 0..1},
 // and folds the score into the quality prior of the (target, model, task
-// category) that answered (router.Priors.Feedback). It is terminal: put it
+// category) that answered (route.Priors.Feedback). It is terminal: put it
 // on its own route, e.g. `handle /v1/feedback { molly_feedback }`.
 //
 // Answers: 200 {"object":"feedback","decision_id","target","model",
@@ -27,9 +27,9 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/caddy-modules/app"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/route"
 )
 
 // MaxBodyBytes bounds a feedback request body (64 KiB).
@@ -63,42 +63,42 @@ func (f *Feedback) Provision(ctx caddy.Context) error {
 // ServeHTTP applies one feedback score.
 func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	if r.Method != http.MethodPost {
-		(&api.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
+		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
 			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use POST."}).Write(w)
 		return nil
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
-		api.InvalidRequest("", "The feedback body could not be read or is larger than %d bytes.", MaxBodyBytes).Write(w)
+		openai.InvalidRequest("", "The feedback body could not be read or is larger than %d bytes.", MaxBodyBytes).Write(w)
 		return nil
 	}
 	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
-		api.InvalidRequest("", "The feedback body must be a JSON object {\"decision_id\": \"...\", \"score\": 0..1}.").Write(w)
+		openai.InvalidRequest("", "The feedback body must be a JSON object {\"decision_id\": \"...\", \"score\": 0..1}.").Write(w)
 		return nil
 	}
 	id, score := gjson.GetBytes(body, "decision_id"), gjson.GetBytes(body, "score")
 	if id.Type != gjson.String || id.Str == "" {
-		api.InvalidRequest("decision_id", "Invalid 'decision_id': expected the X-Molly-Decision-Id of an answer, a non-empty string.").Write(w)
+		openai.InvalidRequest("decision_id", "Invalid 'decision_id': expected the X-Molly-Decision-Id of an answer, a non-empty string.").Write(w)
 		return nil
 	}
 	if score.Type != gjson.Number || score.Num < 0 || score.Num > 1 {
-		api.InvalidRequest("score", "Invalid 'score': expected a number from 0 (bad) to 1 (good), got %s.", orNothing(score.Raw)).Write(w)
+		openai.InvalidRequest("score", "Invalid 'score': expected a number from 0 (bad) to 1 (good), got %s.", orNothing(score.Raw)).Write(w)
 		return nil
 	}
 	res, err := f.app.Priors().Feedback(id.Str, score.Num)
 	switch {
-	case errors.Is(err, router.ErrUnknownDecision):
-		(&api.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "decision_id", Code: "decision_not_found",
+	case errors.Is(err, route.ErrUnknownDecision):
+		(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "decision_id", Code: "decision_not_found",
 			Message: fmt.Sprintf("No routed decision with id `%s` is remembered (decisions are kept for %s, at most %d).",
-				id.Str, router.DefaultDecisionTTL, router.DefaultDecisionCapacity)}).Write(w)
+				id.Str, route.DefaultDecisionTTL, route.DefaultDecisionCapacity)}).Write(w)
 		return nil
-	case errors.Is(err, router.ErrFeedbackGiven):
-		(&api.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: "decision_id", Code: "feedback_already_given",
+	case errors.Is(err, route.ErrFeedbackGiven):
+		(&openai.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: "decision_id", Code: "feedback_already_given",
 			Message: fmt.Sprintf("Decision `%s` already received its feedback.", id.Str)}).Write(w)
 		return nil
 	case err != nil:
 		f.logger.Error("saving feedback failed", zap.String("decision_id", id.Str), zap.Error(err))
-		(&api.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "The feedback could not be saved."}).Write(w)
+		(&openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "The feedback could not be saved."}).Write(w)
 		return nil
 	}
 	f.logger.Info("feedback", zap.String("decision_id", id.Str), zap.Float64("score", score.Num), zap.String("target", res.Key.Target),

@@ -12,9 +12,10 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/caddy-modules/app"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/pipeline"
 )
 
 // Policy is the molly_policy handler. It has no settings of its own: the
@@ -52,23 +53,18 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // ServeHTTP decides and calls next with the decision in the context.
 func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	ann := router.AnnotationFrom(r.Context())
+	ann := classify.From(r.Context())
 	if ann == nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))
 	}
-	id := router.IdentityFrom(r.Context()) // nil without molly_auth: "anonymous", no scopes
-	if aerr := id.Check(ann); aerr != nil {
-		aerr.Write(w) // 403: a model or tool outside the key's scope
+	d := p.app.Pipeline().Decide(r.Context(), ann, identity.From(r.Context())) // nil identity without molly_auth: "anonymous"
+	dec := d.Decision()
+	w.Header().Set(pipeline.HeaderDecisionID, dec.ID())
+	if !dec.Allowed() {
+		pipeline.PolicyError(dec).Write(w)
 		return nil
 	}
-	d := p.app.Policy().Decide(r.Context(), router.PolicyInputFor(ann, id, p.app.Catalogue()))
-	w.Header().Set(router.HeaderDecisionID, d.ID())
-	if !d.Allowed() {
-		(&api.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "policy_denied",
-			Message: "The request was denied by policy.", Extra: map[string]any{"reasons": d.Reasons(), "decision_id": d.ID()}}).Write(w)
-		return nil
-	}
-	return next.ServeHTTP(w, r.WithContext(router.WithDecision(r.Context(), d)))
+	return next.ServeHTTP(w, r.WithContext(pipeline.WithDecided(r.Context(), d)))
 }
 
 // Interface guards.

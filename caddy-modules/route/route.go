@@ -1,5 +1,5 @@
 // Package route is the Caddy handler http.handlers.molly_route: it sends the
-// request to the best target the policy decision allows (router.Forwarder)
+// request to the best target the policy decision allows (pipeline.Pipeline)
 // and writes the answer. It is terminal: it never calls the next handler.
 package route
 
@@ -12,9 +12,10 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/caddy-modules/app"
-	"github.com/molly-gateway/molly/router"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/pipeline"
 )
 
 // Route is the molly_route handler. Targets and weights live in the molly app.
@@ -51,12 +52,13 @@ func (rt *Route) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // ServeHTTP routes the request.
 func (rt *Route) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
-	ann, d := router.AnnotationFrom(r.Context()), router.DecisionFrom(r.Context())
-	if ann == nil || d == nil {
+	ann := classify.From(r.Context())
+	d, ok := pipeline.DecidedFrom(r.Context())
+	if ann == nil || !ok {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_route: no annotation or decision; put molly_classify and molly_policy before molly_route"))
 	}
-	if err := rt.app.Forwarder().Serve(w, r, ann, d); err != nil {
-		api.WriteError(w, err)
+	if err := rt.app.Pipeline().Serve(w, r, ann, d); err != nil {
+		openai.WriteError(w, err)
 	}
 	return nil
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/caddy-modules/app"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // Serve is the molly_serve handler: it answers with the T0 engine directly
@@ -60,7 +60,7 @@ func (s *Serve) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func (s *Serve) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	e := s.app.Engine()
 	if e == nil {
-		(&api.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Message: "No T0 engine is configured."}).Write(w)
+		(&openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Message: "No T0 engine is configured."}).Write(w)
 		return nil
 	}
 	e.ServeHTTP(w, r)

@@ -168,7 +168,7 @@ func TestOverridesAndMetrics(t *testing.T) {
 		t.Fatalf("without overrides: %s", h.Get("X-Molly-Target"))
 	}
 	if h := ask(t, g, prompt, option.WithHeader("X-Molly-Max-Cost", "0")); h.Get("X-Molly-Target") != "lan" ||
-		!strings.HasSuffix(h.Get("X-Molly-Route"), "; runner-up none") {
+		!strings.Contains(h.Get("X-Molly-Route"), "; runner-up none; excluded selfhosted: expected cost 0.000157 USD over X-Molly-Max-Cost 0.000000") {
 		t.Fatalf("max cost 0: target %s, route %q", h.Get("X-Molly-Target"), h.Get("X-Molly-Route"))
 	}
 	// With 10000 completion tokens external costs ≈ 0.006 USD: 0.95 − 10·0.006 still wins by

@@ -1,4 +1,4 @@
-package router
+package relay
 
 import (
 	"fmt"
@@ -11,25 +11,26 @@ import (
 	"github.com/molly-gateway/molly/redaction"
 )
 
-// streamRestore restores placeholders in an SSE stream of chat or text
+// StreamRestore restores placeholders in an SSE stream of chat or text
 // completion chunks. A placeholder may be split across any number of
 // chunks, so each text stream (a choice's delta.content or text, and each
 // tool call's arguments) goes through its own redaction.StreamRestorer,
 // which holds back only a tail that could still start a placeholder. The
 // held-back text is released on the choice's finish_reason chunk, or in one
 // extra chunk before [DONE].
-type streamRestore struct {
+type StreamRestore struct {
 	vault *redaction.Vault
 	rs    map[string]*redaction.StreamRestorer
 	order []string // keys in first-seen order, for a stable final flush
 	tmpl  []byte   // id, object, created, model of the first chunk, for the final flush
 }
 
-func newStreamRestore(v *redaction.Vault) *streamRestore {
-	return &streamRestore{vault: v, rs: map[string]*redaction.StreamRestorer{}}
+// NewStreamRestore returns the restorer of one stream answered under v.
+func NewStreamRestore(v *redaction.Vault) *StreamRestore {
+	return &StreamRestore{vault: v, rs: map[string]*redaction.StreamRestorer{}}
 }
 
-func (s *streamRestore) restorer(key string) *redaction.StreamRestorer {
+func (s *StreamRestore) restorer(key string) *redaction.StreamRestorer {
 	r, ok := s.rs[key]
 	if !ok {
 		r = s.vault.NewStreamRestorer()
@@ -43,8 +44,8 @@ func (s *streamRestore) restorer(key string) *redaction.StreamRestorer {
 	return r
 }
 
-// event rewrites one chunk's JSON data.
-func (s *streamRestore) event(data []byte) []byte {
+// Event rewrites one chunk's JSON data.
+func (s *StreamRestore) Event(data []byte) []byte {
 	if s.tmpl == nil {
 		s.tmpl = []byte(`{}`)
 		for _, f := range []string{"id", "object", "created", "model", "system_fingerprint"} {
@@ -82,7 +83,7 @@ func (s *streamRestore) event(data []byte) []byte {
 }
 
 // flushChoice appends the held-back text of choice idx to the chunk at base.
-func (s *streamRestore) flushChoice(out []byte, base string, idx int64) []byte {
+func (s *StreamRestore) flushChoice(out []byte, base string, idx int64) []byte {
 	prefix := strconv.FormatInt(idx, 10) + "/"
 	for _, key := range s.order {
 		if len(key) < len(prefix) || key[:len(prefix)] != prefix {
@@ -114,8 +115,8 @@ func (s *streamRestore) flushChoice(out []byte, base string, idx int64) []byte {
 	return out
 }
 
-// final returns one extra chunk with whatever is still held back, or nil.
-func (s *streamRestore) final() []byte {
+// Final returns one extra chunk with whatever is still held back, or nil.
+func (s *StreamRestore) Final() []byte {
 	if s.tmpl == nil {
 		return nil
 	}
@@ -150,10 +151,10 @@ func (s *streamRestore) final() []byte {
 	return chunk
 }
 
-// restoreBody restores placeholders in a whole (non-streamed) JSON answer.
+// RestoreBody restores placeholders in a whole (non-streamed) JSON answer.
 // Tool-call arguments are JSON inside a JSON string, so their values are
 // escaped for the inner document first, then the string is re-encoded.
-func restoreBody(v *redaction.Vault, body []byte) []byte {
+func RestoreBody(v *redaction.Vault, body []byte) []byte {
 	out := body
 	gjson.GetBytes(body, "choices").ForEach(func(i, ch gjson.Result) bool {
 		ch.Get("message.tool_calls").ForEach(func(k, tc gjson.Result) bool {
@@ -173,4 +174,20 @@ func restoreBody(v *redaction.Vault, body []byte) []byte {
 		return true
 	})
 	return v.RestoreJSON(out)
+}
+
+// StripLogprobs sets every choice's logprobs to null (logprobs a cascade
+// asked for, not the client).
+func StripLogprobs(body []byte) []byte {
+	n := int(gjson.GetBytes(body, "choices.#").Int())
+	for i := range n {
+		path := "choices." + strconv.Itoa(i) + ".logprobs"
+		if v := gjson.GetBytes(body, path); !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		if out, err := sjson.SetRawBytes(body, path, []byte("null")); err == nil {
+			body = out
+		}
+	}
+	return body
 }

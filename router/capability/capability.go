@@ -1,4 +1,7 @@
-package router
+// Package capability estimates what a request needs from a model: its task
+// category, difficulty and how uncertain the category is, from the prompt
+// text alone, in the request path and without a model call.
+package capability
 
 import (
 	"math"
@@ -336,14 +339,9 @@ func difficulty(text, scan, task string, tools bool, lang string) float64 {
 	return 1 / (1 + math.Exp(-z))
 }
 
-// SetDomains makes the classifier treat the names domains returns (the T0
-// engine's adapter names, read on every request) as task categories. Call it
-// before the classifier serves.
-func (c *Classifier) SetDomains(domains func() []string) { c.estimator = NewEstimator(domains) }
-
-// estimate is the classifier's one call into the estimator; entropy is
-// the category distribution's, in nats (Estimate.Entropy).
-func (c *Classifier) estimate(text string, tools bool) (task string, difficulty, entropy float64) {
-	e := c.estimator.Estimate(text, tools)
-	return e.Task, e.Difficulty, e.Entropy()
+// EstimateTokens approximates the token count of text as ceil(runes/4),
+// OpenAI's rule of thumb for English ("a token is about 4 characters",
+// help.openai.com "What are tokens and how to count them").
+func EstimateTokens(text string) int {
+	return (utf8.RuneCountInString(text) + 3) / 4
 }

@@ -1,9 +1,12 @@
-// Package api holds Molly's OpenAI wire-format helpers: the error body every
-// failure is reported with, shared by the classify, policy and route steps.
+// Package openai holds OpenAI's wire format as Molly speaks it, for the gateway
+// and the T0 engine alike: the endpoints, request validation (one parser, one
+// idea of a valid request), and the error body every failure is reported with,
+// {"error":{"message","type","param","code"}}.
 //
-// The shapes follow OpenAI's published API description (shared/openai/openapi.yaml,
-// schema ErrorResponse): {"error":{"message","type","param","code"}}.
-package api
+// The shapes follow OpenAI's published API description (its OpenAPI document,
+// schemas CreateChatCompletionRequest, CreateCompletionRequest,
+// CreateEmbeddingRequest and ErrorResponse).
+package openai
 
 import (
 	"encoding/json"
@@ -80,4 +83,24 @@ func WriteError(w http.ResponseWriter, err error) {
 // InvalidRequest is a 400 invalid_request_error about param.
 func InvalidRequest(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// Sentinel errors a caller can match with errors.Is on an *Error (Is
+// compares Code), instead of matching message substrings.
+var (
+	ErrModelNotFound   = &Error{Code: "model_not_found"}
+	ErrContextLength   = &Error{Code: "context_length_exceeded"}
+	ErrPolicyDenied    = &Error{Code: "policy_denied"}
+	ErrNoTarget        = &Error{Code: "no_target_available"}
+	ErrRequestTooLarge = &Error{Code: "request_too_large"}
+)
+
+// Is reports whether target is an *Error with the same Code (and, when
+// target sets one, the same Status).
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	if !ok || t.Code == "" {
+		return false
+	}
+	return e.Code == t.Code && (t.Status == 0 || t.Status == e.Status)
 }

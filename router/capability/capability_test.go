@@ -1,4 +1,4 @@
-package router
+package capability
 
 import (
 	"fmt"
@@ -250,21 +250,6 @@ func TestEstimateEntropy(t *testing.T) {
 	two := Estimate{Scores: []CategoryScore{{"coding", 1}, {"math", 1}}}
 	if one.Entropy() != 0 || math.Abs(two.Entropy()-math.Ln2) > 1e-12 {
 		t.Fatalf("entropies %v, %v; want 0 and ln 2", one.Entropy(), two.Entropy())
-	}
-}
-
-func TestClassifierUsesTheAdapterDomains(t *testing.T) {
-	c := NewClassifier(testScanner(t), nil)
-	body := `{"model":"m","messages":[{"role":"user","content":"Why was my card payment declined at checkout?"}]}`
-	a, err := c.Classify(EndpointChat, []byte(body), "", "")
-	if err != nil || a.Task != "chat" {
-		t.Fatalf("without domains: task %q, %v; want chat", a.Task, err)
-	}
-	c.SetDomains(func() []string { return []string{"payments"} })
-	a, err = c.Classify(EndpointChat, []byte(body), "", "")
-	want := NewEstimator(func() []string { return []string{"payments"} }).Estimate("Why was my card payment declined at checkout?", false)
-	if err != nil || a.Task != "payments" || a.Difficulty != want.Difficulty || a.Difficulty <= 0 {
-		t.Fatalf("with payments: task %q difficulty %v, %v; want payments, %v", a.Task, a.Difficulty, err, want.Difficulty)
 	}
 }
 

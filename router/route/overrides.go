@@ -1,4 +1,4 @@
-package router
+package route
 
 import (
 	"net/http"
@@ -6,7 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/molly-gateway/molly/api"
+	"github.com/molly-gateway/molly/router/capability"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // Request headers that steer one request's selection.
@@ -80,19 +81,19 @@ type Selection struct {
 // ParseOverrides reads X-Molly-Max-Cost (a non-negative number of USD) and
 // X-Molly-Prefer (local, cheap or best; case-insensitive). Errors are 400
 // invalid_request_error naming the header.
-func ParseOverrides(h http.Header) (Overrides, *api.Error) {
+func ParseOverrides(h http.Header) (Overrides, *openai.Error) {
 	var o Overrides
 	if v := strings.TrimSpace(h.Get(HeaderMaxCost)); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f < 0 || f != f || f > 1e9 {
-			return o, api.InvalidRequest(HeaderMaxCost, "Invalid %s header %q: expected a non-negative number of USD such as 0.01.", HeaderMaxCost, v)
+			return o, openai.InvalidRequest(HeaderMaxCost, "Invalid %s header %q: expected a non-negative number of USD such as 0.01.", HeaderMaxCost, v)
 		}
 		o.MaxCostUSD, o.HasMaxCost = f, true
 	}
 	if v := strings.TrimSpace(h.Get(HeaderPrefer)); v != "" {
 		p := Prefer(strings.ToLower(v))
 		if !slices.Contains([]Prefer{PreferLocal, PreferCheap, PreferBest}, p) {
-			return o, api.InvalidRequest(HeaderPrefer, "Invalid %s header %q: expected local, cheap or best.", HeaderPrefer, v)
+			return o, openai.InvalidRequest(HeaderPrefer, "Invalid %s header %q: expected local, cheap or best.", HeaderPrefer, v)
 		}
 		o.Prefer = p
 	}
@@ -106,7 +107,7 @@ func ParseOverrides(h http.Header) (Overrides, *api.Error) {
 // adapter's seed is the target's `quality <task>`, the base model's its
 // `quality default` (an unadapted model gets no credit for the domain).
 func (t *Target) adapterVariant(up, task string) (string, bool) {
-	if t.engine == nil || task == "" || task == TaskEmbedding || strings.Contains(up, ":") {
+	if t.engine == nil || task == "" || task == capability.TaskEmbedding || strings.Contains(up, ":") {
 		return "", false
 	}
 	name := up + ":" + task

@@ -1,7 +1,13 @@
-package router
+// Package meter records what requests consume: the usage of each answer
+// (reported by the upstream or counted), written to the caller's ledger
+// before the answer is acknowledged, and the Prometheus metrics.
+package meter
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/route"
 )
 
 // Metrics are the router's Prometheus collectors. Names follow the
@@ -23,7 +29,8 @@ import (
 // answer, cascade.go), mixture (the fused best of parallel answers,
 // mixture.go), upstream_error (the answer was a 4xx), truncated
 // (a stream that broke off), failed
-// (every candidate failed: 503), no_target (none allowed: 503),
+// (every candidate failed), no_target (none allowed), client_closed
+// (the client went away: 499),
 // model_not_found (404), bad_request (an invalid X-Molly-* header: 400).
 // Requests that reached no target have empty tier, target and adapter.
 // Answers obtained but not returned (escalated cascade attempts, mixture
@@ -84,57 +91,44 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// operationName maps the endpoint to gen_ai.operation.name.
-func operationName(e Endpoint) string {
-	switch e {
-	case EndpointChat:
-		return "chat"
-	case EndpointCompletions:
-		return "text_completion"
-	case EndpointEmbeddings:
-		return "embeddings"
-	}
-	return string(e)
-}
-
-// unrouted counts a request that reached no target.
-func (m *Metrics) unrouted(a *Annotation, decision string) {
+// Unrouted counts a request that reached no target.
+func (m *Metrics) Unrouted(a *classify.Annotation, decision string) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues("", "", "", a.Task, decision).Inc()
+	m.requests.WithLabelValues("", "", "", a.Task(), decision).Inc()
 }
 
-// served records one answered request. prompt and completion are token
+// Served records one answered request. prompt and completion are token
 // counts (negative: unknown, not observed).
-func (m *Metrics) served(a *Annotation, c Candidate, decision string, seconds, ttfb float64, prompt, completion int) {
+func (m *Metrics) Served(a *classify.Annotation, c route.Candidate, decision string, seconds, ttfb float64, prompt, completion int) {
 	if m == nil {
 		return
 	}
-	t, ad, op := c.Target, c.Adapter(), operationName(a.Endpoint)
-	m.requests.WithLabelValues(t.Tier, t.Name, ad, a.Task, decision).Inc()
-	m.duration.WithLabelValues(op, t.Tier, t.Name, ad, a.Task, decision).Observe(seconds)
+	t, ad, op := c.Target, c.Adapter(), a.Endpoint().Operation()
+	m.requests.WithLabelValues(t.Tier, t.Name, ad, a.Task(), decision).Inc()
+	m.duration.WithLabelValues(op, t.Tier, t.Name, ad, a.Task(), decision).Observe(seconds)
 	m.ttfb.WithLabelValues(t.Tier, t.Name).Observe(ttfb)
 	if prompt >= 0 {
-		m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task).Observe(float64(prompt))
+		m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
 	}
 	if completion >= 0 {
-		m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task).Observe(float64(completion))
+		m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
 	}
 	if prompt >= 0 || completion >= 0 {
-		m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task).Add(t.Cost(max(prompt, 0), max(completion, 0)))
+		m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task()).Add(t.Cost(max(prompt, 0), max(completion, 0)))
 	}
 }
 
-// spent counts the tokens and cost of an answer that was obtained but not
+// Spent counts the tokens and cost of an answer that was obtained but not
 // returned (an escalated cascade attempt, a losing mixture member); the
 // request itself is counted once, with the answer that was returned.
-func (m *Metrics) spent(a *Annotation, c Candidate, prompt, completion int) {
+func (m *Metrics) Spent(a *classify.Annotation, c route.Candidate, prompt, completion int) {
 	if m == nil {
 		return
 	}
-	t, ad, op := c.Target, c.Adapter(), operationName(a.Endpoint)
-	m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task).Observe(float64(prompt))
-	m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task).Observe(float64(completion))
-	m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task).Add(t.Cost(prompt, completion))
+	t, ad, op := c.Target, c.Adapter(), a.Endpoint().Operation()
+	m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
+	m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
+	m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task()).Add(t.Cost(prompt, completion))
 }

@@ -1,16 +1,14 @@
-package router
+package route
 
 import (
 	"fmt"
-	"net"
-	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // Target kinds.
@@ -60,16 +58,11 @@ type Target struct {
 
 	models map[string]string // client name → upstream name
 	engine Engine            // kind engine: also every model the engine serves now
-	apiKey string
-	client *http.Client
-	base   *url.URL
 }
 
-// Engine is the in-process T0 engine as the router sees it: an OpenAI
-// handler (POST /v1/chat/completions, /v1/completions, GET /v1/models)
-// plus the model names it serves now (base and "<base>:<adapter>").
+// Engine is the in-process T0 engine as routing sees it: the model names
+// it serves now (base and "<base>:<adapter>"). Calling it is egress's job.
 type Engine interface {
-	http.Handler
 	Models() []string
 }
 
@@ -128,8 +121,8 @@ func (t *Target) Validate() error {
 		}
 	}
 	for _, ep := range t.Endpoints {
-		switch Endpoint(ep) {
-		case EndpointChat, EndpointCompletions, EndpointEmbeddings:
+		switch openai.Endpoint(ep) {
+		case openai.EndpointChat, openai.EndpointCompletions, openai.EndpointEmbeddings:
 		default:
 			return fmt.Errorf("target %s: endpoint kind %q must be chat.completions, completions or embeddings", t.Name, ep)
 		}
@@ -165,13 +158,6 @@ func (t *Target) provision(engine Engine) error {
 	if len(t.Modalities) == 0 {
 		t.Modalities = []string{"text"}
 	}
-	if t.APIKeyEnv != "" {
-		t.apiKey = os.Getenv(t.APIKeyEnv)
-	}
-	timeout := time.Duration(t.TimeoutMS) * time.Millisecond
-	if timeout == 0 {
-		timeout = 30 * time.Second
-	}
 	if t.Kind == KindEngine {
 		if engine == nil {
 			return fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
@@ -181,23 +167,24 @@ func (t *Target) provision(engine Engine) error {
 			t.MaxContext = c.ContextTokens()
 		}
 		if len(t.Endpoints) == 0 {
-			t.Endpoints = []string{string(EndpointChat), string(EndpointCompletions)}
+			t.Endpoints = []string{string(openai.EndpointChat), string(openai.EndpointCompletions)}
 		}
-		t.base = &url.URL{Scheme: "http", Host: "engine.molly.internal", Path: "/v1"}
-		t.client = &http.Client{Transport: &handlerTransport{h: engine}}
-		return nil
 	}
-	t.base, _ = url.Parse(strings.TrimSuffix(t.Endpoint, "/"))
-	t.client = &http.Client{Transport: &http.Transport{
-		Proxy:                 nil, // upstreams are addressed directly; no environment proxy
-		DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
-		ResponseHeaderTimeout: timeout,
-		TLSHandshakeTimeout:   min(timeout, 10*time.Second),
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ForceAttemptHTTP2:     true,
-	}}
 	return nil
+}
+
+// Timeout is how long connecting plus waiting for response headers may
+// take (TimeoutMS; default 30 s).
+func (t *Target) Timeout() time.Duration {
+	if t.TimeoutMS > 0 {
+		return time.Duration(t.TimeoutMS) * time.Millisecond
+	}
+	return 30 * time.Second
+}
+
+// Cost returns the USD cost of the tokens at t's prices (USD per 1M tokens).
+func (t *Target) Cost(prompt, completion int) float64 {
+	return (float64(prompt)*t.PriceIn + float64(completion)*t.PriceOut) / 1e6
 }
 
 // quality is the prior for task (falling back to "default", then 0.5).
@@ -235,21 +222,12 @@ func NewCatalogue(targets []*Target, engine Engine) (*Catalogue, error) {
 // Targets returns the targets in declaration order.
 func (c *Catalogue) Targets() []*Target { return c.targets }
 
-// Close releases idle upstream connections.
-func (c *Catalogue) Close() {
-	for _, t := range c.targets {
-		if t.client != nil {
-			t.client.CloseIdleConnections()
-		}
-	}
-}
-
 // Models returns the client-facing model names served by targets that the
 // decision allows, sorted and de-duplicated.
 func (c *Catalogue) Models(d *policies.Decision) []string {
 	var out []string
 	for _, t := range c.targets {
-		if !d.AllowsTier(t.Tier) || !regionAllowed(d, t) {
+		if !d.AllowsTier(t.Tier) || !RegionAllowed(d, t) {
 			continue
 		}
 		out = append(out, t.modelNames()...)
@@ -258,9 +236,20 @@ func (c *Catalogue) Models(d *policies.Decision) []string {
 	return slices.Compact(out)
 }
 
-func regionAllowed(d *policies.Decision, t *Target) bool {
+// RegionAllowed reports whether the decision's regions admit t.
+func RegionAllowed(d *policies.Decision, t *Target) bool {
 	regions := d.Regions()
 	return len(regions) == 0 || slices.Contains(regions, t.Region)
+}
+
+// PolicyView is the targets as the policy input document shows them
+// (input.targets).
+func (c *Catalogue) PolicyView() []any {
+	out := make([]any, 0, len(c.targets))
+	for _, t := range c.targets {
+		out = append(out, t.PolicyView())
+	}
+	return out
 }
 
 // PolicyView is the target as the policy input document shows it.

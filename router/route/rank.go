@@ -1,4 +1,4 @@
-package router
+package route
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // Weights trade quality against cost and latency in the selection objective
@@ -50,8 +52,8 @@ func (e Exclusion) String() string { return e.Target + ": " + e.Reason }
 // Rank returns the targets that may serve a, best first, and the ones the
 // decision or the request's needs excluded, scored with the configured
 // priors and no per-request overrides (RankWith with Selection{Weights: w}).
-// known is false when no target serves a.Model at all (a 404 rather than a 503).
-func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands []Candidate, excluded []Exclusion, known bool) {
+// known is false when no target serves a.Model() at all (a 404 rather than a 503).
+func (c *Catalogue) Rank(a *classify.Annotation, d *policies.Decision, w Weights) (cands []Candidate, excluded []Exclusion, known bool) {
 	return c.RankWith(a, d, Selection{Weights: w})
 }
 
@@ -68,32 +70,29 @@ func (c *Catalogue) Rank(a *Annotation, d *policies.Decision, w Weights) (cands 
 // target asked for a base model, when the request's task names an adapter
 // the engine serves ("<base>:<task>"), that adapter is a candidate of its
 // own (see adapterVariant), ranked before the base model on equal scores.
-func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (cands []Candidate, excluded []Exclusion, known bool) {
+func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Selection) (cands []Candidate, excluded []Exclusion, known bool) {
 	maxCost, capped := d.MaxCostUSD()
 	w := s.Prefer.weights(s.Weights)
-	out := a.MaxTokens
-	if out == 0 && a.Endpoint != EndpointEmbeddings {
-		out = DefaultCompletionTokens
-	}
+	out := CompletionTokens(a)
 	for _, t := range c.targets {
-		up, ok := t.upstream(a.Model)
+		up, ok := t.upstream(a.Model())
 		if !ok {
 			continue
 		}
 		known = true
-		cost := (float64(a.PromptTokens)*t.PriceIn + float64(out)*t.PriceOut) / 1e6
+		cost := (float64(a.PromptTokens())*t.PriceIn + float64(out)*t.PriceOut) / 1e6
 		var why string
 		switch {
 		case !d.AllowsTier(t.Tier):
 			why = fmt.Sprintf("tier %s not allowed by the policy", t.Tier)
-		case !regionAllowed(d, t):
+		case !RegionAllowed(d, t):
 			why = fmt.Sprintf("region %q outside the allowed regions %s", t.Region, strings.Join(d.Regions(), ","))
-		case len(t.Endpoints) > 0 && !slices.Contains(t.Endpoints, string(a.Endpoint)):
-			why = fmt.Sprintf("does not serve %s (serves %s)", a.Endpoint, strings.Join(t.Endpoints, ", "))
-		case !modalitiesOK(a.Modalities, t.Modalities):
-			why = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities, ","))
-		case t.MaxContext > 0 && a.PromptTokens+a.MaxTokens > t.MaxContext:
-			why = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens+a.MaxTokens)
+		case len(t.Endpoints) > 0 && !slices.Contains(t.Endpoints, string(a.Endpoint())):
+			why = fmt.Sprintf("does not serve %s (serves %s)", a.Endpoint(), strings.Join(t.Endpoints, ", "))
+		case !modalitiesOK(a.Modalities(), t.Modalities):
+			why = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities(), ","))
+		case t.MaxContext > 0 && a.PromptTokens()+a.MaxTokens() > t.MaxContext:
+			why = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens()+a.MaxTokens())
 		case capped && cost > maxCost:
 			why = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost)
 		case s.HasMaxCost && cost > s.MaxCostUSD:
@@ -104,7 +103,7 @@ func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (
 			continue
 		}
 		lat := t.LatencyMS / 1000
-		if l, ok := s.Priors.Latency(t.Name, a.Stream); ok {
+		if l, ok := s.Priors.Latency(t.Name, a.Stream()); ok {
 			lat = l
 		}
 		penalty := 0.0
@@ -112,15 +111,15 @@ func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (
 			penalty = LocalPenalty * float64(slices.Index(policies.Tiers, t.Tier))
 		}
 		cand := func(model string, seed float64) Candidate {
-			key := PriorKey{Target: t.Name, Model: model, Category: a.Task}
+			key := PriorKey{Target: t.Name, Model: model, Category: a.Task()}
 			q, n := s.Priors.Quality(key, seed)
 			return Candidate{Target: t, Model: model, Quality: q, CostUSD: cost, LatencyS: lat,
 				Score: q - w.Cost*cost - w.Latency*lat - penalty, Key: key, Learned: n}
 		}
-		if variant, ok := t.adapterVariant(up, a.Task); ok {
-			cands = append(cands, cand(variant, t.seed(variant, a.Task)))
+		if variant, ok := t.adapterVariant(up, a.Task()); ok {
+			cands = append(cands, cand(variant, t.seed(variant, a.Task())))
 		}
-		cands = append(cands, cand(up, t.seed(up, a.Task)))
+		cands = append(cands, cand(up, t.seed(up, a.Task())))
 	}
 	if s.Budgeted {
 		cands, excluded = withinBudget(cands, excluded, s.RemainingUSD)
@@ -133,6 +132,20 @@ func (c *Catalogue) RankWith(a *Annotation, d *policies.Decision, s Selection) (
 		return tierIdx(cands[i].Target.Tier) < tierIdx(cands[j].Target.Tier) // ties go to the more local tier
 	})
 	return cands, excluded, known
+}
+
+// CompletionTokens is the completion budget of one answer to a: its
+// max_tokens (DefaultCompletionTokens when unset, 0 for embeddings) times
+// the choices it generates (n, best_of).
+func CompletionTokens(a *classify.Annotation) int {
+	if a.Endpoint() == openai.EndpointEmbeddings {
+		return 0
+	}
+	out := a.MaxTokens()
+	if out == 0 {
+		out = DefaultCompletionTokens
+	}
+	return out * a.Choices()
 }
 
 // withinBudget drops the candidates expected to cost more than remaining

@@ -1,0 +1,656 @@
+package classify
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/redaction"
+	"github.com/molly-gateway/molly/router/capability"
+	"github.com/molly-gateway/molly/router/openai"
+)
+
+// Classifier turns a request body into an Annotation. Safe for concurrent use.
+type Classifier struct {
+	scanner   *redaction.Scanner
+	classes   map[string]Sensitivity
+	vaultOpts []redaction.VaultOption
+	id        [16]byte // random: digests from differently configured classifiers never collide
+
+	// scan and scanAcross are scanner.Scan and scanner.ScanAcross; tests
+	// replace them to inject detector failures (no config can).
+	scan       func(string) []redaction.Finding
+	scanAcross func([]string) []redaction.SegmentFinding
+
+	estimator *capability.Estimator
+}
+
+// Option configures a Classifier; see New.
+type Option func(*Classifier)
+
+// WithRedactionModes sets, per entity type, how Annotation.Redact replaces
+// the type's values: redaction.ModePlaceholder (reversible "[EMAIL_1]", the
+// default for unlisted types), ModeMask ("[EMAIL]") or ModeHash (keyed HMAC
+// pseudonym, see WithHashKey). The map is copied.
+func WithRedactionModes(modes map[string]redaction.Mode) Option {
+	return func(c *Classifier) {
+		for t, m := range modes {
+			c.vaultOpts = append(c.vaultOpts, redaction.WithMode(t, m))
+		}
+	}
+}
+
+// WithHashKey sets the HMAC-SHA256 key of ModeHash pseudonyms (≥ 32 random
+// bytes recommended), so the same value gets the same pseudonym across
+// requests and restarts. Without it a random key made once per process is
+// used. The key is copied; it is never logged.
+func WithHashKey(key []byte) Option {
+	return func(c *Classifier) { c.vaultOpts = append(c.vaultOpts, redaction.WithHMACKey(key)) }
+}
+
+// WithDomains makes the classifier treat the names domains returns (the T0
+// engine's adapter names, read on every request) as task categories.
+func WithDomains(domains func() []string) Option {
+	return func(c *Classifier) { c.estimator = capability.NewEstimator(domains) }
+}
+
+// New builds a classifier over scanner. overrides replaces entries of
+// DefaultEntityClasses (e.g. {"EMAIL": Public}); types in neither (e.g.
+// user-defined patterns) imply Confidential.
+func New(scanner *redaction.Scanner, overrides map[string]Sensitivity, opts ...Option) *Classifier {
+	classes := make(map[string]Sensitivity, len(DefaultEntityClasses)+len(overrides))
+	for k, v := range DefaultEntityClasses {
+		classes[k] = v
+	}
+	for k, v := range overrides {
+		classes[k] = v
+	}
+	c := &Classifier{scanner: scanner, classes: classes, scan: scanner.Scan, scanAcross: scanner.ScanAcross,
+		estimator: capability.NewEstimator(nil)}
+	_, _ = rand.Read(c.id[:])
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Scanner returns the classifier's scanner.
+func (c *Classifier) Scanner() *redaction.Scanner { return c.scanner }
+
+// Input is one request to classify.
+type Input struct {
+	Endpoint  openai.Endpoint
+	Path      string // the URL path: GET /v1/models/{model} names its model
+	Body      []byte // nil for GET requests
+	Declared  string // X-Molly-Sensitivity header values, comma-joined; "" when absent
+	Residency string // X-Molly-Residency header value; "" when absent
+}
+
+var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// Classify validates in.Body for in.Endpoint (openai.ParseRequest) and
+// builds its annotation: every string, object key and number of the body
+// is scanned, except the OpenAI schema's own enum and id positions
+// (skipPaths) and the model name (checked on its own); what cannot be
+// scanned is listed in Unscanned. Errors are *openai.Error with status 400.
+func (c *Classifier) Classify(in Input) (*Annotation, error) {
+	a := &Annotation{classifier: c, path: in.Path}
+	a.residency = strings.TrimSpace(in.Residency)
+	if a.residency != "" && !residencyRe.MatchString(a.residency) {
+		// Not echoed: the header may carry anything, and errors get logged.
+		return nil, openai.InvalidRequest("X-Molly-Residency", "Invalid X-Molly-Residency header: want a region code of letters, digits, '-' or '_' (at most 32), such as EU.")
+	}
+	// A repeated header is a comma-separated list (RFC 9110 §5.3); the
+	// highest class wins, so no copy of the header can lower another.
+	for _, v := range strings.Split(in.Declared, ",") {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		s, err := ParseSensitivity(v)
+		if err != nil {
+			return nil, openai.InvalidRequest("X-Molly-Sensitivity", "Invalid X-Molly-Sensitivity header: %v.", err)
+		}
+		a.declared = max(a.declared, s)
+	}
+	if in.Endpoint == openai.EndpointModels {
+		a.req = openai.Request{Endpoint: openai.EndpointModels, N: 1}
+		if id := openai.ModelPathID(in.Path); id != "" {
+			if err := c.checkModelName(id); err != nil {
+				return nil, err
+			}
+			a.req.Model = id
+		}
+		a.modal = []string{"text"}
+		a.seal()
+		return a, nil
+	}
+	req, aerr := openai.ParseRequest(in.Endpoint, in.Body)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if err := c.checkModelName(req.Model); err != nil {
+		return nil, err
+	}
+	a.req = *req
+	a.body = string(in.Body)
+	a.modal = []string{"text"}
+	w := walker{a: a}
+	w.walk(gjson.Parse(a.body), 0)
+	if req.TokenPrompts {
+		field := "prompt"
+		if in.Endpoint == openai.EndpointEmbeddings {
+			field = "input"
+		}
+		a.unscanned = append(a.unscanned, Unscanned{Path: field, Reason: "token ids"})
+	}
+	for _, f := range a.fields {
+		if f.kind != kindNumber && f.kind != kindKey { // parameters and structure are not prompt text
+			a.tokens += capability.EstimateTokens(f.text)
+		}
+	}
+	if in.Endpoint == openai.EndpointChat {
+		a.tokens += 3 + 3*req.Messages
+	}
+	switch in.Endpoint {
+	case openai.EndpointEmbeddings:
+		a.task = capability.TaskEmbedding
+		a.lastUser = w.prompts.String()
+	case openai.EndpointCompletions:
+		a.lastUser = w.prompts.String()
+	default:
+		a.lastUser = w.lastUser
+	}
+	if a.task == "" {
+		e := c.estimator.Estimate(a.lastUser, a.Tools())
+		a.task, a.diff, a.entropy = e.Task, e.Difficulty, e.Entropy()
+	}
+	c.sovereignty(a)
+	a.seal()
+	return a, nil
+}
+
+// seal computes the digest; nothing changes the annotation afterwards.
+func (a *Annotation) seal() {
+	h := sha256.New()
+	h.Write(a.classifier.id[:])
+	var n [8]byte
+	put := func(s string) {
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	put(string(a.req.Endpoint))
+	put(a.path)
+	put(a.declared.String())
+	put(a.residency)
+	put(a.body)
+	types := make([]string, 0, len(a.counts))
+	for t := range a.counts {
+		types = append(types, t)
+	}
+	sort.Strings(types)
+	for _, t := range types {
+		put(t)
+		put(strconv.Itoa(a.counts[t]))
+	}
+	for _, u := range a.unscanned {
+		put(u.Path)
+	}
+	if a.failed {
+		put("scan_failed")
+	}
+	h.Sum(a.digest[:0])
+}
+
+// skipPaths are the positions whose strings are the OpenAI schema's own
+// enums and ids, not content: they are not scanned. Segments are object
+// keys; "#" matches any array index. Every other string, object key
+// (outside schemaKeys) and number is scanned.
+var skipPaths = [][]string{
+	{"model"},
+	{"messages", "#", "role"},
+	{"messages", "#", "content", "#", "type"},
+	{"messages", "#", "content", "#", "image_url", "detail"},
+	{"messages", "#", "content", "#", "input_audio", "format"},
+	{"messages", "#", "content", "#", "file", "file_id"},
+	{"messages", "#", "tool_calls", "#", "id"},
+	{"messages", "#", "tool_calls", "#", "type"},
+	{"messages", "#", "tool_call_id"},
+	{"messages", "#", "audio", "id"},
+	{"tools", "#", "type"},
+	{"tool_choice"},
+	{"tool_choice", "type"},
+	{"response_format", "type"},
+	{"service_tier"},
+	{"reasoning_effort"},
+	{"modalities", "#"},
+	{"audio", "voice"},
+	{"audio", "format"},
+	{"prediction", "type"},
+	{"encoding_format"},
+	{"verbosity"},
+	{"web_search_options", "search_context_size"},
+}
+
+// schemaKeys are object member names of OpenAI's request schemas. Such a
+// key carries nothing but the schema's own word, so it is not scanned;
+// any other key (metadata keys, JSON Schema property names, unknown
+// fields) is scanned like a value.
+var schemaKeys = map[string]bool{}
+
+func init() {
+	for _, k := range strings.Fields(`model messages role content name type text image_url url detail input_audio data format
+		file file_data file_id filename refusal tool_calls id function arguments tool_call_id function_call audio
+		tools description parameters strict tool_choice parallel_tool_calls response_format json_schema schema
+		stream stream_options include_usage include_obfuscation max_tokens max_completion_tokens n temperature top_p
+		presence_penalty frequency_penalty logit_bias logprobs top_logprobs stop seed user metadata store
+		service_tier reasoning_effort modalities voice prediction prompt suffix echo best_of input encoding_format
+		dimensions functions verbosity web_search_options search_context_size user_location approximate
+		prompt_cache_key safety_identifier properties required items additionalProperties enum anyOf allOf oneOf
+		title default minimum maximum minLength maxLength pattern $defs $ref definitions const examples nullable
+		country region city timezone`) {
+		schemaKeys[k] = true
+	}
+}
+
+// walker visits every value of the body once, in document order.
+type walker struct {
+	a        *Annotation
+	segs     []string // path segments; "#" stands for the index in matching
+	idx      []bool   // whether segs[i] is an array index
+	lastUser string
+	prompts  strings.Builder
+	user     strings.Builder
+}
+
+func (w *walker) path() string {
+	var b strings.Builder
+	for i, s := range w.segs {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		if w.idx[i] {
+			b.WriteString(s)
+		} else {
+			b.WriteString(escapePath(s))
+		}
+	}
+	return b.String()
+}
+
+// at reports whether the current path matches pattern.
+func (w *walker) at(pattern ...string) bool {
+	if len(pattern) != len(w.segs) {
+		return false
+	}
+	for i, p := range pattern {
+		if p == "#" {
+			if !w.idx[i] {
+				return false
+			}
+		} else if w.idx[i] || p != w.segs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *walker) skipped() bool {
+	for _, p := range skipPaths {
+		if w.at(p...) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *walker) push(seg string, index bool) {
+	w.segs = append(w.segs, seg)
+	w.idx = append(w.idx, index)
+}
+
+func (w *walker) pop() {
+	w.segs = w.segs[:len(w.segs)-1]
+	w.idx = w.idx[:len(w.idx)-1]
+}
+
+func (w *walker) add(text string, kind fieldKind) {
+	w.a.fields = append(w.a.fields, field{path: w.path(), text: text, kind: kind})
+}
+
+func (w *walker) walk(v gjson.Result, depth int) {
+	switch {
+	case v.IsObject():
+		v.ForEach(func(k, e gjson.Result) bool {
+			w.push(k.Str, false)
+			if !schemaKeys[k.Str] {
+				w.add(k.Str, kindKey)
+			}
+			w.walk(e, depth+1)
+			w.pop()
+			return true
+		})
+		if w.at("messages", "#") {
+			w.endMessage(v)
+		}
+	case v.IsArray():
+		i := 0
+		v.ForEach(func(_, e gjson.Result) bool {
+			w.push(strconv.Itoa(i), true)
+			w.walk(e, depth+1)
+			w.pop()
+			i++
+			return true
+		})
+	case v.Type == gjson.String:
+		w.str(v.Str)
+	case v.Type == gjson.Number:
+		if !w.skipped() {
+			w.add(v.Raw, kindNumber)
+		}
+	}
+}
+
+// endMessage notes the text of a user message for the estimator.
+func (w *walker) endMessage(m gjson.Result) {
+	if m.Get("role").Str != "user" {
+		return
+	}
+	w.lastUser = w.user.String()
+	w.user.Reset()
+}
+
+func (w *walker) str(s string) {
+	if len(w.segs) == 0 || w.skipped() {
+		return
+	}
+	if strings.HasPrefix(s, "data:") {
+		w.dataURL(s)
+		return
+	}
+	switch {
+	case w.at("messages", "#", "content"), w.at("messages", "#", "content", "#", "text"), w.at("messages", "#", "content", "#", "refusal"):
+		w.add(s, kindContent)
+		if w.messageRole() == "user" {
+			w.user.WriteString(s)
+			w.user.WriteByte('\n')
+		}
+	case w.at("messages", "#", "name"), w.at("tools", "#", "function", "name"), w.at("functions", "#", "name"),
+		w.at("messages", "#", "tool_calls", "#", "function", "name"), w.at("messages", "#", "function_call", "name"),
+		w.at("tool_choice", "function", "name"):
+		w.add(s, kindName)
+	case w.at("messages", "#", "tool_calls", "#", "function", "arguments"), w.at("messages", "#", "function_call", "arguments"):
+		w.add(s, kindArgs)
+	case w.at("messages", "#", "content", "#", "input_audio", "data"):
+		w.a.addModality("audio")
+		w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "audio data"})
+	case w.at("messages", "#", "content", "#", "file", "file_data"):
+		w.a.addModality("file")
+		w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "file data"})
+	case w.at("prompt"), w.at("prompt", "#"), w.at("input"), w.at("input", "#"):
+		w.add(s, kindPrompt)
+		w.prompts.WriteString(s)
+		w.prompts.WriteByte('\n')
+	default:
+		if w.at("messages", "#", "content", "#", "image_url", "url") {
+			w.a.addModality("image")
+		}
+		w.add(s, kindText)
+	}
+}
+
+// messageRole returns the role of the message the walker is inside.
+func (w *walker) messageRole() string {
+	return gjson.Get(w.a.body, "messages."+w.segs[1]+".role").Str
+}
+
+// textMediaTypes are the data URL media types whose bytes are text the
+// detectors can read; any other media type is binary and left unscanned.
+func textMediaType(mt string) bool {
+	mt = strings.ToLower(mt)
+	return strings.HasPrefix(mt, "text/") || mt == "" || strings.HasSuffix(mt, "+xml") || strings.HasSuffix(mt, "+json") ||
+		mt == "application/json" || mt == "application/xml" || mt == "application/javascript" || mt == "application/x-yaml" ||
+		mt == "application/yaml" || mt == "application/x-www-form-urlencoded"
+}
+
+// dataURL handles an RFC 2397 data: URL: a text media type is decoded and
+// scanned (its redaction is re-encoded as a base64 data URL of the same
+// type); a binary one (an image, audio, a PDF) is listed in Unscanned.
+func (w *walker) dataURL(s string) {
+	meta, payload, ok := strings.Cut(s[len("data:"):], ",")
+	if w.at("messages", "#", "content", "#", "image_url", "url") {
+		w.a.addModality("image")
+	}
+	params := strings.Split(meta, ";")
+	mt := params[0]
+	b64 := slices.Contains(params[1:], "base64")
+	if !ok {
+		w.add(s, kindText)
+		return
+	}
+	if !textMediaType(mt) {
+		w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "binary " + strings.ToLower(mt) + " data URL"})
+		return
+	}
+	var text string
+	if b64 {
+		dec, err := base64.StdEncoding.DecodeString(payload)
+		if err != nil {
+			dec, err = base64.RawStdEncoding.DecodeString(payload)
+		}
+		if err != nil {
+			w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "undecodable base64 data URL"})
+			return
+		}
+		text = string(dec)
+	} else {
+		dec, err := url.PathUnescape(payload)
+		if err != nil {
+			w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "undecodable data URL"})
+			return
+		}
+		text = dec
+	}
+	if mt == "" {
+		mt = "text/plain"
+	}
+	w.a.fields = append(w.a.fields, field{path: w.path(), text: text, kind: kindDataURL, mediaType: mt})
+}
+
+func (a *Annotation) addModality(m string) {
+	if !slices.Contains(a.modal, m) {
+		a.modal = append(a.modal, m)
+	}
+}
+
+// escapePath escapes the characters gjson/sjson paths give meaning to.
+func escapePath(key string) string {
+	if !strings.ContainsAny(key, `.*?\|#@!:=<>%"`) {
+		return key
+	}
+	var b strings.Builder
+	for _, r := range key {
+		if strings.ContainsRune(`.*?\|#@!:=<>%"`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// checkModelName refuses model names that carry what looks like a secret
+// or personal data: model names are logged and echoed in errors, so such a
+// name is refused without repeating it.
+func (c *Classifier) checkModelName(name string) *openai.Error {
+	if len(name) > openai.MaxModelName {
+		return openai.InvalidRequest("model", "Invalid 'model': longer than %d bytes.", openai.MaxModelName)
+	}
+	if len(c.scanner.Scan(name)) > 0 {
+		return openai.InvalidRequest("model", "Invalid 'model': the name contains what looks like a secret or personal data; it was neither logged nor routed.")
+	}
+	return nil
+}
+
+func (c *Classifier) sovereignty(a *Annotation) {
+	for i, f := range a.fields {
+		fs, ok := safeScan(c.scan, f.text)
+		if !ok {
+			a.failed = true
+			continue
+		}
+		for _, fd := range fs {
+			a.findings = append(a.findings, FieldFinding{Field: i, Finding: fd})
+		}
+	}
+	values := c.splitValues(a)
+	for _, f := range a.findings {
+		if f.Split {
+			continue // counted once per value below
+		}
+		c.count(a, f.Type)
+	}
+	for _, typ := range values {
+		c.count(a, typ)
+	}
+}
+
+func (c *Classifier) count(a *Annotation, typ string) {
+	if a.counts == nil {
+		a.counts = map[string]int{}
+	}
+	a.counts[typ]++
+	cls, ok := c.classes[typ]
+	if !ok {
+		cls = Confidential
+	}
+	a.detected = max(a.detected, cls)
+}
+
+// safeScan runs scan on text, turning a panic into ok=false so that a
+// detector bug fails the request closed instead of crashing the handler or
+// letting the text through unscanned.
+func safeScan[T any, R any](scan func(T) R, text T) (out R, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return scan(text), true
+}
+
+// segment is a piece of a field's text that continues in the next segment
+// of its sequence: text == fields[field].text[off:off+len(text)].
+type segment struct {
+	field, off int
+	text       string
+}
+
+// splitValues finds values cut across consecutive segments: the texts of
+// the chat messages in order (every role's), the string values of tool-call
+// arguments in order (within one call and across calls), and the prompts or
+// inputs of completions and embeddings (see redaction.Scanner.ScanAcross).
+// Their parts replace any finding they overlap in a.findings (the joined
+// value is longer); it returns the type of each split value, for counting.
+// A scan failure sets a.failed.
+func (c *Classifier) splitValues(a *Annotation) []string {
+	var msgs, args, prompts []segment
+	for i, f := range a.fields {
+		switch f.kind {
+		case kindContent:
+			msgs = append(msgs, segment{i, 0, f.text})
+		case kindArgs:
+			args = appendArgSegments(args, i, f.text)
+		case kindPrompt:
+			prompts = append(prompts, segment{i, 0, f.text})
+		}
+	}
+	var types []string
+	var parts []FieldFinding
+	for _, seq := range [][]segment{msgs, args, prompts} {
+		if len(seq) < 2 {
+			continue
+		}
+		texts := make([]string, len(seq))
+		for k, sg := range seq {
+			texts[k] = sg.text
+		}
+		found, ok := safeScan(c.scanAcross, texts)
+		if !ok {
+			a.failed = true
+			continue
+		}
+		last := -1
+		for _, sf := range found {
+			sg := seq[sf.Segment]
+			f := sf.Finding
+			f.Start += sg.off
+			f.End += sg.off
+			parts = append(parts, FieldFinding{Field: sg.field, Finding: f, Split: true})
+			if sf.Value > last {
+				last = sf.Value
+				types = append(types, f.Type)
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	kept := a.findings[:0:0]
+	for _, f := range a.findings {
+		clash := false
+		for _, p := range parts {
+			if p.Field == f.Field && p.Start < f.End && f.Start < p.End {
+				clash = true
+				break
+			}
+		}
+		if !clash {
+			kept = append(kept, f)
+		}
+	}
+	a.findings = append(kept, parts...)
+	sort.SliceStable(a.findings, func(i, j int) bool {
+		if a.findings[i].Field != a.findings[j].Field {
+			return a.findings[i].Field < a.findings[j].Field
+		}
+		return a.findings[i].Start < a.findings[j].Start
+	})
+	return types
+}
+
+// appendArgSegments adds the string values of tool-call arguments text (a
+// JSON document) as segments, in document order, or the whole text when it
+// is not JSON. Values holding escapes are skipped: their decoded bytes do
+// not map one to one onto the field's text.
+func appendArgSegments(segs []segment, field int, text string) []segment {
+	if !gjson.Valid(text) {
+		return append(segs, segment{field, 0, text})
+	}
+	var walk func(v gjson.Result)
+	walk = func(v gjson.Result) {
+		switch {
+		case v.Type == gjson.String:
+			raw := v.Raw
+			if v.Index > 0 && v.Index+len(raw) <= len(text) && text[v.Index:v.Index+len(raw)] == raw &&
+				len(raw) >= 2 && !strings.Contains(raw, `\`) {
+				segs = append(segs, segment{field, v.Index + 1, raw[1 : len(raw)-1]})
+			}
+		case v.IsObject() || v.IsArray():
+			v.ForEach(func(_, e gjson.Result) bool {
+				walk(e)
+				return true
+			})
+		}
+	}
+	walk(gjson.Parse(text))
+	return segs
+}

@@ -1,0 +1,256 @@
+// Package egress is the only code that sends a request to an upstream or
+// the in-process T0 engine. Its one constructor, NewDispatch, takes a
+// policies.Decided value bound to the digest of the annotation whose bytes
+// are being sent, refuses a target the decision does not allow, and applies
+// the tier's redaction before anything leaves (DESIGN.md §2, residency
+// invariant). A Dispatch has no exported fields; derivations (WithParam)
+// are explicit and keep the binding.
+package egress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tidwall/sjson"
+
+	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/redaction"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// Errors of NewDispatch and WithParam; match them with errors.Is.
+var (
+	// ErrNotAllowed: the decision does not allow the target's tier or region.
+	ErrNotAllowed = errors.New("target not allowed by the policy decision")
+	// ErrScanFailed: the tier's decision requires redaction, but a detector
+	// failed on the request, so the redaction cannot be guaranteed.
+	ErrScanFailed = errors.New("content scan failed, so the redaction the policy requires cannot be guaranteed")
+	// ErrNotBound: the decision was made for other content than the
+	// annotation's (or is the zero Decided).
+	ErrNotBound = errors.New("the decision was not made for this content")
+	// ErrNotAParam: WithParam was asked to change something other than a
+	// request parameter that carries no content.
+	ErrNotAParam = errors.New("not a content-free request parameter")
+)
+
+// Egress holds the one HTTP client per upstream target and the engine.
+// Safe for concurrent use.
+type Egress struct {
+	clients map[string]*upstream
+}
+
+type upstream struct {
+	client *http.Client
+	base   *url.URL
+	apiKey string
+}
+
+// New makes the clients of the catalogue's targets: an http.Client per
+// openai target (no environment proxy, the target's timeout for connecting
+// and response headers), and an in-process transport to engine for kind
+// engine targets (engine may be nil when there are none).
+func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
+	e := &Egress{clients: map[string]*upstream{}}
+	for _, t := range cat.Targets() {
+		u := &upstream{}
+		if t.APIKeyEnv != "" {
+			u.apiKey = os.Getenv(t.APIKeyEnv)
+		}
+		if t.Kind == route.KindEngine {
+			if engine == nil {
+				return nil, fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
+			}
+			u.base = &url.URL{Scheme: "http", Host: "engine.molly.internal", Path: "/v1"}
+			u.client = &http.Client{Transport: &handlerTransport{h: engine}}
+			e.clients[t.Name] = u
+			continue
+		}
+		base, err := url.Parse(strings.TrimSuffix(t.Endpoint, "/"))
+		if err != nil {
+			return nil, fmt.Errorf("target %s: endpoint: %w", t.Name, err)
+		}
+		u.base = base
+		timeout := t.Timeout()
+		u.client = &http.Client{Transport: &http.Transport{
+			Proxy:                 nil, // upstreams are addressed directly; no environment proxy
+			DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
+			ResponseHeaderTimeout: timeout,
+			TLSHandshakeTimeout:   min(timeout, 10*time.Second),
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			ForceAttemptHTTP2:     true,
+		}}
+		e.clients[t.Name] = u
+	}
+	return e, nil
+}
+
+// Close releases idle upstream connections.
+func (e *Egress) Close() {
+	for _, u := range e.clients {
+		u.client.CloseIdleConnections()
+	}
+}
+
+// Dispatch is a request ready to leave for one target: the body already
+// redacted as the decision requires for the target's tier. Only
+// NewDispatch and WithParam make one.
+type Dispatch struct {
+	egress     *Egress
+	target     *route.Target
+	model      string
+	decisionID string
+	endpoint   openai.Endpoint
+	body       []byte
+	vault      *redaction.Vault
+	redacted   int
+	stream     bool
+	added      []string // parameters WithParam added (not the client's)
+}
+
+// NewDispatch checks c against d and builds the body for c's tier: the model
+// name rewritten to the upstream's, the usage chunk asked for on streams,
+// and every finding whose type the decision lists for the tier replaced
+// (classify.Annotation.Redact). Errors: ErrNotBound when d was not made for
+// a; ErrNotAllowed when the tier or region is not allowed; ErrScanFailed
+// when the tier requires redaction and a detector failed; a type the
+// classifier does not scan for (classify.ErrUnscannedType); a body that
+// cannot be rewritten. All wrapped with the target's name.
+func (e *Egress) NewDispatch(d policies.Decided, a *classify.Annotation, c route.Candidate) (*Dispatch, error) {
+	t := c.Target
+	if t == nil {
+		return nil, fmt.Errorf("<nil>: %w", ErrNotAllowed)
+	}
+	if !d.Binds(a) {
+		return nil, fmt.Errorf("%s: %w", t.Name, ErrNotBound)
+	}
+	dec := d.Decision()
+	if !dec.AllowsTier(t.Tier) || !route.RegionAllowed(dec, t) {
+		return nil, fmt.Errorf("%s (%s): %w", t.Name, t.Tier, ErrNotAllowed)
+	}
+	if _, ok := e.clients[t.Name]; !ok {
+		return nil, fmt.Errorf("%s: no client for this target", t.Name)
+	}
+	disp := &Dispatch{egress: e, target: t, model: c.Model, decisionID: dec.ID(), endpoint: a.Endpoint(), stream: a.Stream()}
+	if a.Endpoint() == openai.EndpointModels {
+		return disp, nil
+	}
+	types := dec.Redact(t.Tier)
+	if len(types) > 0 && a.ScanFailed() {
+		return nil, fmt.Errorf("%s (%s redacts %s): %w", t.Name, t.Tier, strings.Join(types, ","), ErrScanFailed)
+	}
+	red, err := a.Redact(types)
+	if err != nil {
+		return nil, fmt.Errorf("%s (%s): %w", t.Name, t.Tier, err)
+	}
+	body, err := sjson.SetBytes([]byte(red.Body), "model", c.Model)
+	if err == nil && a.Stream() && !a.IncludeUsage() && (a.Endpoint() == openai.EndpointChat || a.Endpoint() == openai.EndpointCompletions) {
+		// Usage is recorded for streams too: always ask for the usage chunk;
+		// the relay strips it again for a client that did not ask.
+		body, err = sjson.SetBytes(body, "stream_options.include_usage", true)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rewriting the request for %s: %w", t.Name, err)
+	}
+	disp.body, disp.vault, disp.redacted = body, red.Vault, red.Replaced
+	return disp, nil
+}
+
+// contentFreeParams are the request parameters WithParam may set: they
+// change how the upstream answers, never what it is told.
+var contentFreeParams = map[string]bool{
+	"logprobs": true, "top_logprobs": true, "stream_options.include_usage": true,
+}
+
+// WithParam returns a copy of d with the request parameter path set to
+// value (sjson path; only content-free parameters: logprobs,
+// top_logprobs, stream_options.include_usage). The copy keeps d's
+// decision, tier and vault. Errors: ErrNotAParam.
+func (d *Dispatch) WithParam(path string, value any) (*Dispatch, error) {
+	if !contentFreeParams[path] {
+		return nil, fmt.Errorf("%s: %w", path, ErrNotAParam)
+	}
+	body, err := sjson.SetBytes(slices.Clone(d.body), path, value)
+	if err != nil {
+		return nil, err
+	}
+	c := *d
+	c.body = body
+	c.added = append(slices.Clone(d.added), path)
+	return &c, nil
+}
+
+// Added reports whether path was set by WithParam, not by the client.
+func (d *Dispatch) Added(path string) bool { return slices.Contains(d.added, path) }
+
+// Target returns the target the dispatch goes to.
+func (d *Dispatch) Target() *route.Target { return d.target }
+
+// Model is the upstream model name sent.
+func (d *Dispatch) Model() string { return d.model }
+
+// DecisionID is the decision the dispatch was made under.
+func (d *Dispatch) DecisionID() string { return d.decisionID }
+
+// Stream reports a streamed request.
+func (d *Dispatch) Stream() bool { return d.stream }
+
+// Body returns a copy of the bytes that will be sent (after redaction).
+func (d *Dispatch) Body() []byte { return slices.Clone(d.body) }
+
+// Vault restores placeholders in the answer; nil when nothing restorable
+// was replaced.
+func (d *Dispatch) Vault() *redaction.Vault { return d.vault }
+
+// Redacted reports how many distinct values were replaced, by placeholders,
+// masks or pseudonyms (a value split across fields counts once per part).
+func (d *Dispatch) Redacted() int { return d.redacted }
+
+// ForwardHeaders are the client request headers sent on to upstreams:
+// request correlation and W3C trace context, nothing that identifies the
+// client to an external API.
+var ForwardHeaders = []string{"X-Request-Id", "Traceparent", "Tracestate"}
+
+// Send performs the upstream call with the headers in hdr that
+// ForwardHeaders lists. It is the only place that builds a request to an
+// upstream.
+func (d *Dispatch) Send(ctx context.Context, hdr http.Header) (*http.Response, error) {
+	u := d.egress.clients[d.target.Name]
+	target := *u.base
+	target.Path += d.endpoint.Path()
+	var req *http.Request
+	var err error
+	if d.endpoint == openai.EndpointModels {
+		req, err = http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
+	} else {
+		req, err = http.NewRequestWithContext(ctx, http.MethodPost, target.String(), bytes.NewReader(d.body))
+	}
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for _, k := range ForwardHeaders {
+		if v := hdr.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	if d.target.Tier != "T3" { // external APIs learn nothing about our decisions
+		req.Header.Set("X-Molly-Decision-Id", d.decisionID)
+	}
+	if u.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+u.apiKey)
+	}
+	return u.client.Do(req)
+}

@@ -1,0 +1,120 @@
+// Package identity is the caller of a request as the auth step (molly_auth)
+// established it from its API key: member, scopes, remaining budget and the
+// ledger its usage is recorded in. What the scopes allow is decided in
+// Rego (policies/residency.rego); this package only carries them.
+package identity
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/molly-gateway/molly/router/meter"
+)
+
+// Identity travels in the request context (With), read-only after it is
+// made. Without molly_auth there is none, and the policy sees member
+// "anonymous" without scopes.
+type Identity struct {
+	// Member is the caller's name in the registry.
+	Member string
+	// Models, Tiers and Tools are the member's scopes: the client model
+	// names it may ask for (a trailing "*" matches a prefix), the tiers its
+	// requests may reach ("T0".."T3"), and the function names its requests
+	// may declare or governed tools it may use. Empty: any.
+	Models, Tiers, Tools []string
+	// Budgeted reports a spending budget; RemainingUSD is then what is left
+	// of it in the current period, in USD (the auth step refuses at ≤ 0).
+	Budgeted     bool
+	RemainingUSD float64
+	// Ledger records what the member's requests consume; nil records
+	// nothing. When it is also a meter.Reserver, requests reserve their
+	// worst case on it.
+	Ledger meter.Ledger
+}
+
+// Name is the member name, "anonymous" for a nil identity.
+func (id *Identity) Name() string {
+	if id == nil {
+		return "anonymous"
+	}
+	return id.Member
+}
+
+// Scopes lists the identity's scopes as strings, "model:<name>",
+// "tier:<T>" and "tool:<name>", for the policy input.
+func (id *Identity) Scopes() []string {
+	out := []string{}
+	if id == nil {
+		return out
+	}
+	for _, s := range []struct {
+		kind string
+		list []string
+	}{{"model", id.Models}, {"tier", id.Tiers}, {"tool", id.Tools}} {
+		for _, v := range s.list {
+			out = append(out, s.kind+":"+v)
+		}
+	}
+	return out
+}
+
+// PolicyInput is the identity as the policy input document shows it
+// (input.identity, schema in policies/README.md); never the key.
+func (id *Identity) PolicyInput() map[string]any {
+	list := func(s []string) []any {
+		out := make([]any, len(s))
+		for i, v := range s {
+			out[i] = v
+		}
+		return out
+	}
+	if id == nil {
+		id = &Identity{Member: "anonymous"}
+	}
+	m := map[string]any{
+		"member": id.Member,
+		"scopes": list(id.Scopes()),
+		"models": list(id.Models),
+		"tiers":  list(id.Tiers),
+		"tools":  list(id.Tools),
+	}
+	if id.Budgeted {
+		m["remaining_usd"] = id.RemainingUSD
+	}
+	return m
+}
+
+type key struct{}
+
+// With returns ctx carrying id.
+func With(ctx context.Context, id *Identity) context.Context {
+	return context.WithValue(ctx, key{}, id)
+}
+
+// From returns the identity set by the auth step, or nil.
+func From(ctx context.Context) *Identity {
+	id, _ := ctx.Value(key{}).(*Identity)
+	return id
+}
+
+// FromScopes makes the identity of member from scope strings as Scopes
+// writes them ("model:<name>", "tier:<T>", "tool:<name>"). Errors name the
+// first malformed scope.
+func FromScopes(member string, scopes []string) (*Identity, error) {
+	id := &Identity{Member: member}
+	for _, s := range scopes {
+		kind, v, ok := strings.Cut(s, ":")
+		switch {
+		case ok && v != "" && kind == "model":
+			id.Models = append(id.Models, v)
+		case ok && v != "" && kind == "tier":
+			id.Tiers = append(id.Tiers, v)
+		case ok && v != "" && kind == "tool":
+			id.Tools = append(id.Tools, v)
+		default:
+			return nil, fmt.Errorf("scope %q: want model:<name>, tier:<tier> or tool:<name>", s)
+		}
+	}
+	return id, nil
+}

@@ -1,0 +1,268 @@
+package meter
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/router/capability"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// Usage is what one answer consumed, as it is written to the caller's Ledger.
+type Usage struct {
+	Member     string
+	DecisionID string
+	Model      string // the client's model name
+	Target     string // the target that answered
+	Tier       string // its tier, "T0".."T3"
+	// PromptTokens and CompletionTokens come from the upstream's "usage"
+	// object (the answer's, or the usage chunks of a stream, merged); when
+	// it gives none, Molly counts them (Estimated): the annotation's prompt
+	// estimate and capability.EstimateTokens over the answer text. Never
+	// both zero.
+	PromptTokens     int
+	CompletionTokens int
+	Estimated        bool
+	// CostUSD is PromptTokens × PriceIn + CompletionTokens × PriceOut of the
+	// target, prices being USD per 1M tokens.
+	CostUSD float64
+	Time    time.Time
+}
+
+// Ledger is where usage is recorded (the registry, through the Caddy glue,
+// which keeps the router free of storage code).
+type Ledger interface {
+	// Record stores u durably and returns once it is committed: the
+	// pipeline acknowledges the request (the body, or the stream's [DONE])
+	// only afterwards.
+	Record(ctx context.Context, u Usage) error
+}
+
+// Reserver is optionally implemented by a Ledger that admits requests
+// against the member's budget and token rate limit while they run: the
+// pipeline calls Reserve once the plan is known, with the plan's worst case
+// (route.Reservation: every answer the strategy may obtain at its full
+// completion budget on the costliest candidates), and calls release once
+// the request is over. A refusal is an *openai.Error (429
+// insufficient_quota or rate_limit_exceeded) returned unwritten.
+type Reserver interface {
+	Reserve(ctx context.Context, tokens int, expectedUSD float64) (release func(), err error)
+}
+
+// Sink gets every usage record as it is made; it must not block.
+type Sink func(Usage)
+
+// Meter follows one answer and records its usage once.
+type Meter struct {
+	ctx    context.Context // the request's, without its cancellation: a client that went still used tokens
+	ledger Ledger
+	sink   Sink
+	log    *zap.Logger
+	base   Usage // member, decision, model, target, tier
+	target *route.Target
+	prompt int // the annotation's prompt estimate, for when the upstream reports none
+
+	// Streams only.
+	strip    bool            // the client did not ask for usage: drop it from the stream
+	reported *Usage          // merged from the upstream's usage chunks
+	text     strings.Builder // streamed answer text, for the estimate
+	recorded bool
+
+	final *Usage
+}
+
+// Options are what a Meter needs besides the answer.
+type Options struct {
+	Ledger Ledger // nil: no ledger (Final is still set)
+	Sink   Sink
+	Log    *zap.Logger
+	// Base is the record's member, decision id, client model, target and tier.
+	Base   Usage
+	Target *route.Target
+	// PromptEstimate is the annotation's prompt estimate.
+	PromptEstimate int
+	// StripUsage: a stream whose client did not ask for usage (Molly always
+	// asks upstreams for it); its usage chunk is hidden from the client.
+	StripUsage bool
+}
+
+// New returns the meter of one answer.
+func New(ctx context.Context, o Options) *Meter {
+	log := o.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if o.Base.Member == "" {
+		o.Base.Member = "anonymous"
+	}
+	return &Meter{ctx: context.WithoutCancel(ctx), ledger: o.Ledger, sink: o.Sink, log: log, base: o.Base,
+		target: o.Target, prompt: o.PromptEstimate, strip: o.StripUsage}
+}
+
+// Final is the usage as recorded (reported or estimated, with its cost);
+// nil until the answer is complete.
+func (m *Meter) Final() *Usage {
+	if m == nil {
+		return nil
+	}
+	return m.final
+}
+
+// Recorded reports whether the usage was recorded.
+func (m *Meter) Recorded() bool { return m != nil && m.recorded }
+
+// Reported is the usage the upstream reported in a stream, nil when none.
+func (m *Meter) Reported() *Usage {
+	if m == nil {
+		return nil
+	}
+	return m.reported
+}
+
+// ReportedUsage reads an OpenAI "usage" object; ok is false when absent or all zero.
+func ReportedUsage(u gjson.Result) (prompt, completion int, ok bool) {
+	if !u.IsObject() {
+		return 0, 0, false
+	}
+	prompt, completion = int(u.Get("prompt_tokens").Int()), int(u.Get("completion_tokens").Int())
+	return prompt, completion, prompt > 0 || completion > 0
+}
+
+// AnswerText collects the text of an answer or of one stream chunk:
+// message or delta content, refusal, tool call names and arguments,
+// completion text.
+func AnswerText(b *strings.Builder, v gjson.Result) {
+	v.Get("choices").ForEach(func(_, ch gjson.Result) bool {
+		for _, m := range []string{"message", "delta"} {
+			b.WriteString(ch.Get(m + ".content").String())
+			b.WriteString(ch.Get(m + ".refusal").String())
+			ch.Get(m + ".tool_calls").ForEach(func(_, tc gjson.Result) bool {
+				b.WriteString(tc.Get("function.name").String())
+				b.WriteString(tc.Get("function.arguments").String())
+				return true
+			})
+		}
+		b.WriteString(ch.Get("text").String())
+		return true
+	})
+}
+
+// Body records the usage of a whole (non-streamed) 2xx answer before it is
+// written to the client.
+func (m *Meter) Body(body []byte) {
+	if m == nil || m.recorded {
+		return
+	}
+	root := gjson.ParseBytes(body)
+	u := m.base
+	if p, c, ok := ReportedUsage(root.Get("usage")); ok {
+		u.PromptTokens, u.CompletionTokens = p, c
+	} else {
+		var b strings.Builder
+		AnswerText(&b, root)
+		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, capability.EstimateTokens(b.String()), true
+	}
+	m.record(u)
+}
+
+// Event looks at one SSE data payload of a stream (not [DONE]): it merges
+// the usage when the chunk carries one (a provider may put prompt tokens on
+// the first chunk and completion tokens on the last: each count keeps its
+// largest report) and counts the text otherwise. When the client did not
+// ask for usage, a usage-only chunk is dropped (drop) and a usage field on
+// a chunk with choices is removed (out).
+func (m *Meter) Event(data []byte) (out []byte, drop bool) {
+	if m == nil || !gjson.ValidBytes(data) {
+		return data, false
+	}
+	root := gjson.ParseBytes(data)
+	AnswerText(&m.text, root)
+	if p, c, ok := ReportedUsage(root.Get("usage")); ok {
+		if m.reported == nil {
+			m.reported = &Usage{}
+		}
+		m.reported.PromptTokens = max(m.reported.PromptTokens, p)
+		m.reported.CompletionTokens = max(m.reported.CompletionTokens, c)
+	}
+	return m.strip1(root, data)
+}
+
+// Strip is Event without counting: for events already counted (a stream
+// held before it was relayed), it only hides the usage the client did not
+// ask for.
+func (m *Meter) Strip(data []byte) (out []byte, drop bool) {
+	if m == nil || !m.strip || !gjson.ValidBytes(data) {
+		return data, false
+	}
+	return m.strip1(gjson.ParseBytes(data), data)
+}
+
+func (m *Meter) strip1(root gjson.Result, data []byte) ([]byte, bool) {
+	if !m.strip || !root.Get("usage").Exists() {
+		return data, false
+	}
+	if n := root.Get("choices.#"); n.Int() == 0 {
+		return nil, true
+	}
+	out, err := sjson.DeleteBytes(data, "usage")
+	if err != nil {
+		return data, false
+	}
+	return out, false
+}
+
+// StreamEnd records a stream's usage: the upstream's usage chunks when
+// there were any, else a count over the streamed text. Called before [DONE]
+// is written, and again (a no-op) when the relay returns however it ends.
+func (m *Meter) StreamEnd() {
+	if m == nil || m.recorded {
+		return
+	}
+	u := m.base
+	if m.reported != nil {
+		u.PromptTokens, u.CompletionTokens = m.reported.PromptTokens, m.reported.CompletionTokens
+		if u.PromptTokens == 0 { // completion tokens only: the prompt is ours to estimate
+			u.PromptTokens, u.Estimated = m.prompt, true
+		}
+	} else {
+		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, capability.EstimateTokens(m.text.String()), true
+	}
+	m.record(u)
+}
+
+// Abandoned records the usage of a request that reached the upstream but
+// whose client went away before the answer: the prompt estimate, no
+// completion tokens (unknown), Estimated; priced like any other, so never
+// free on a target with a price_in.
+func (m *Meter) Abandoned() {
+	if m == nil || m.recorded {
+		return
+	}
+	u := m.base
+	u.PromptTokens, u.Estimated = m.prompt, true
+	m.record(u)
+}
+
+func (m *Meter) record(u Usage) {
+	m.recorded = true
+	if u.PromptTokens <= 0 && u.CompletionTokens <= 0 {
+		u.PromptTokens, u.Estimated = 1, true // a request that reached a model is never free of tokens
+	}
+	u.CostUSD = m.target.Cost(u.PromptTokens, u.CompletionTokens)
+	u.Time = time.Now()
+	m.final = &u
+	if m.sink != nil {
+		m.sink(u)
+	}
+	if m.ledger == nil {
+		return
+	}
+	if err := m.ledger.Record(m.ctx, u); err != nil {
+		m.log.Error("recording usage failed", zap.String("member", u.Member), zap.String("decision_id", u.DecisionID), zap.Error(err))
+	}
+}

@@ -1,0 +1,95 @@
+package openai
+
+import (
+	"net/http"
+	"strings"
+)
+
+// Endpoint names the OpenAI operation a request is for.
+type Endpoint string
+
+// The OpenAI endpoints Molly serves (paths under the client's base URL).
+const (
+	EndpointChat        Endpoint = "chat.completions" // POST /v1/chat/completions
+	EndpointCompletions Endpoint = "completions"      // POST /v1/completions
+	EndpointEmbeddings  Endpoint = "embeddings"       // POST /v1/embeddings
+	EndpointModels      Endpoint = "models"           // GET  /v1/models, GET /v1/models/{model}
+)
+
+// Path is the endpoint's path relative to an OpenAI base URL ending in /v1.
+func (e Endpoint) Path() string {
+	switch e {
+	case EndpointChat:
+		return "/chat/completions"
+	case EndpointCompletions:
+		return "/completions"
+	case EndpointEmbeddings:
+		return "/embeddings"
+	case EndpointModels:
+		return "/models"
+	}
+	return ""
+}
+
+// Operation is the OpenTelemetry GenAI operation name of the endpoint
+// (gen_ai.operation.name): chat, text_completion, embeddings; "" for models.
+func (e Endpoint) Operation() string {
+	switch e {
+	case EndpointChat:
+		return "chat"
+	case EndpointCompletions:
+		return "text_completion"
+	case EndpointEmbeddings:
+		return "embeddings"
+	}
+	return ""
+}
+
+// EndpointOf maps method and path to the endpoint. The path may carry any
+// prefix (clients use base URLs ending in /v1 or not). Errors are OpenAI
+// errors: 404 unknown URL, 405 wrong method.
+func EndpointOf(method, path string) (Endpoint, *Error) {
+	shown := path
+	if len(shown) > 200 {
+		shown = shown[:200] + "..."
+	}
+	path = strings.TrimSuffix(path, "/")
+	var ep Endpoint
+	switch {
+	case strings.HasSuffix(path, "/chat/completions"):
+		ep = EndpointChat
+	case strings.HasSuffix(path, "/completions"):
+		ep = EndpointCompletions
+	case strings.HasSuffix(path, "/embeddings"):
+		ep = EndpointEmbeddings
+	case strings.HasSuffix(path, "/models"):
+		ep = EndpointModels
+	case ModelPathID(path) != "":
+		ep = EndpointModels // GET /v1/models/{model}
+	default:
+		return "", &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+			Message: "Unknown request URL: " + method + " " + shown + "."}
+	}
+	want := http.MethodPost
+	if ep == EndpointModels {
+		want = http.MethodGet
+	}
+	if method != want {
+		return "", &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
+			Message: "Method " + method + " is not allowed on " + path + "; use " + want + "."}
+	}
+	return ep, nil
+}
+
+// ModelPathID returns {model} of a path ending in /models/{model}, or "".
+func ModelPathID(path string) string {
+	i := strings.LastIndex(path, "/models/")
+	if i < 0 {
+		return ""
+	}
+	id := path[i+len("/models/"):]
+	if id == "" || strings.Contains(id, "/") {
+		return ""
+	}
+	return id
+}

@@ -1,0 +1,360 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/relay"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// failure classifies why an attempt did not answer.
+type failure string
+
+// Failure kinds. Every kind but failClientGone falls back to the next
+// candidate while nothing has reached the client.
+const (
+	failNone        failure = ""
+	failRefused     failure = "refused"      // no dispatch could be made (policy, redaction)
+	failConnect     failure = "connect"      // the upstream could not be reached
+	failTimeout     failure = "timeout"      // connect, headers or first event took too long
+	failRateLimited failure = "rate_limited" // 429, or a rate-limit error inside a 200 stream
+	failServer      failure = "server_error" // 5xx, or an error object inside a 200 stream
+	failRead        failure = "read"         // the answer broke off while being read
+	failTooLarge    failure = "too_large"    // the answer is over MaxUpstreamBody
+	failBadAnswer   failure = "bad_answer"   // a 200 that is not JSON, or not SSE when streaming was asked
+	failEmptyStream failure = "empty_stream" // a stream that ended before its first content event
+	failClientGone  failure = "client_gone"  // the client went away: nothing to answer
+)
+
+// outcome is one attempt: an answer in hand (whole or a stream held before
+// its first content event reached the client), or why there is none.
+type outcome struct {
+	cand    route.Candidate
+	disp    *egress.Dispatch
+	kind    failure
+	failure string // what went wrong, for the log and the error message
+	status  int
+	header  http.Header
+	body    []byte      // a whole answer (any status); nil for a stream
+	stream  *heldStream // a 2xx stream, held
+	start   time.Time   // before the upstream call
+	ttfb    time.Duration
+	total   time.Duration
+	meter   *meter.Meter
+	// logprob is the answer's score (mean token log-probability, or the
+	// self-check's ln(c/10) when selfChecked); tokens the tokens behind it,
+	// 0 when there is no score.
+	logprob     float64
+	tokens      int
+	selfChecked bool
+}
+
+func (o *outcome) ok() bool { return o.kind == failNone }
+
+func (o *outcome) label() string { return o.cand.Label() }
+
+// usage is the recorded usage of the answer, nil when none yet.
+func (o *outcome) usage() *meter.Usage { return o.meter.Final() }
+
+// newMeter is the usage meter of one answer from c to rq.
+func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.Meter {
+	o := meter.Options{Sink: p.UsageSink, Log: rq.log, Target: c.Target, PromptEstimate: prompt,
+		StripUsage: rq.a.Stream() && !rq.a.IncludeUsage(),
+		Base:       meter.Usage{Member: rq.id.Name(), DecisionID: rq.dec.ID(), Model: rq.a.Model(), Target: c.Target.Name, Tier: c.Target.Tier}}
+	if rq.id != nil {
+		o.Ledger = rq.id.Ledger
+	}
+	return meter.New(rq.ctx, o)
+}
+
+// attempt sends disp and reads its answer: a whole answer, or a 2xx stream
+// held until its first content event (and, with hold > 0, until hold tokens
+// with logprobs arrived, for a cascade). It classifies every failure,
+// meters a 2xx answer's usage (before it is written: every answer consumed
+// tokens, returned or not) and bills the prompt estimate when the client
+// went away after the upstream got the request.
+func (p *Pipeline) attempt(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) outcome {
+	o := outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt)}
+	resp, err := disp.Send(rq.ctx, rq.r.Header)
+	o.ttfb = time.Since(o.start)
+	if err != nil {
+		switch {
+		case rq.ctx.Err() != nil:
+			o.kind, o.failure = failClientGone, "the client went away"
+			o.meter.Abandoned() // the upstream may have the prompt: bill its estimate
+		case isTimeout(err):
+			o.kind, o.failure = failTimeout, "timed out"
+		default:
+			o.kind, o.failure = failConnect, upstreamErr(err)
+		}
+		return o
+	}
+	o.status, o.header = resp.StatusCode, resp.Header
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		o.kind, o.failure = failServer, "HTTP "+resp.Status
+		if resp.StatusCode == http.StatusTooManyRequests {
+			o.kind = failRateLimited
+		}
+		return o
+	}
+	isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if resp.StatusCode/100 == 2 && disp.Stream() {
+		if !isSSE {
+			resp.Body.Close()
+			o.kind, o.failure = failBadAnswer, "a stream was asked for, the answer is "+contentType(resp)
+			return o
+		}
+		return p.hold(rq, o, resp, hold)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamBody+1))
+	resp.Body.Close()
+	o.total = time.Since(o.start)
+	switch {
+	case err != nil && rq.ctx.Err() != nil:
+		o.kind, o.failure = failClientGone, "the client went away"
+		o.meter.Abandoned()
+		return o
+	case err != nil:
+		o.kind, o.failure = failRead, "reading the answer: "+upstreamErr(err)
+		return o
+	case len(body) > MaxUpstreamBody:
+		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
+		return o
+	case resp.StatusCode/100 == 2 && !gjson.ValidBytes(body):
+		o.kind, o.failure = failBadAnswer, "a 200 answer that is not JSON ("+contentType(resp)+")"
+		return o
+	}
+	o.body = body
+	if resp.StatusCode/100 == 2 {
+		o.meter.Body(body)
+		o.logprob, o.tokens = MeanLogprob(body)
+	}
+	return o
+}
+
+func contentType(resp *http.Response) string {
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		return ct
+	}
+	return "no content type"
+}
+
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func upstreamErr(err error) string {
+	if isTimeout(err) {
+		return "timed out"
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		s = s[i+2:] // drop the URL, keep the cause ("connection refused")
+	}
+	return s
+}
+
+// heldStream is a 2xx streamed answer whose first events were read and not
+// yet sent to the client.
+type heldStream struct {
+	dec    *relay.Decoder
+	events []relay.Event
+	body   io.Closer
+	done   bool // [DONE] or the end of the stream was read while holding
+	ended  bool // a finish_reason was seen
+}
+
+// hold reads the stream in resp until its first content event (a chunk
+// with text, a tool call, a refusal or a finish_reason) and, for hold > 0,
+// until hold tokens with logprobs arrived (o gets their mean), the stream
+// ended, or a chunk with text but no logprobs showed the backend gives
+// none. Nothing is sent. An error object inside the stream, a stream that
+// ends or breaks before its first content event, or one whose first event
+// takes longer than the first-event timeout, is a failed attempt: the
+// client has seen nothing, so the strategy falls back.
+func (p *Pipeline) hold(rq *request, o outcome, resp *http.Response, hold int) outcome {
+	h := &heldStream{dec: relay.NewDecoder(resp.Body), body: resp.Body}
+	timeout := p.FirstEventTimeout
+	if timeout <= 0 {
+		timeout = DefaultFirstEventTimeout
+	}
+	var timedOut atomic.Bool
+	timer := time.AfterFunc(timeout, func() { timedOut.Store(true); resp.Body.Close() })
+	defer timer.Stop()
+	var sum float64
+	content := false
+	fail := func(kind failure, why string) outcome {
+		resp.Body.Close()
+		o.kind, o.failure = kind, why
+		o.meter.StreamEnd() // what it streamed, if anything, was consumed
+		return o
+	}
+	size := 0
+read:
+	for !content || (hold > 0 && o.tokens < hold) {
+		ev, err := h.dec.Next()
+		if err != nil {
+			switch {
+			case rq.ctx.Err() != nil:
+				o.kind, o.failure = failClientGone, "the client went away"
+				resp.Body.Close()
+				o.meter.StreamEnd()
+				return o
+			case timedOut.Load():
+				return fail(failTimeout, fmt.Sprintf("no content event within %s", timeout))
+			case content && (h.ended || err == io.EOF):
+				h.done = true // a short whole answer: deliver what was held
+			case !content:
+				return fail(failEmptyStream, "the stream ended before its first token: "+upstreamErr(err))
+			default:
+				return fail(failRead, "the stream broke off while held: "+upstreamErr(err))
+			}
+			break read
+		}
+		size += len(ev.Data)
+		if size > MaxUpstreamBody {
+			return fail(failTooLarge, "held stream over the size limit")
+		}
+		h.events = append(h.events, ev)
+		if ev.IsDone() {
+			if !content {
+				return fail(failEmptyStream, "the stream ended before its first token")
+			}
+			h.done = true
+			break read
+		}
+		if !gjson.ValidBytes(ev.Data) {
+			continue
+		}
+		chunk := gjson.ParseBytes(ev.Data)
+		o.meter.Event(ev.Data) // counted now; the relay does not count held events again
+		if e := chunk.Get("error"); e.Exists() {
+			kind := failServer
+			if strings.Contains(e.Get("code").String()+e.Get("type").String(), "rate_limit") || e.Get("code").Int() == 429 {
+				kind = failRateLimited
+			}
+			return fail(kind, "an error event inside the stream: "+truncate(e.Get("message").String(), 200))
+		}
+		n, text := 0, false
+		chunk.Get("choices").ForEach(func(_, ch gjson.Result) bool {
+			for _, v := range ch.Get("logprobs.content.#.logprob").Array() {
+				sum += v.Float()
+				n++
+			}
+			if ch.Get("finish_reason").Type == gjson.String {
+				h.ended, content = true, true
+			}
+			d := ch.Get("delta")
+			if d.Get("content").String() != "" || d.Get("refusal").String() != "" || d.Get("tool_calls").Exists() ||
+				ch.Get("text").String() != "" || d.Get("function_call").Exists() {
+				text, content = true, true
+			}
+			return true
+		})
+		o.tokens += n
+		if hold > 0 && n == 0 && text {
+			break read // text without logprobs: the backend gives none, waiting is pointless
+		}
+	}
+	o.total = time.Since(o.start)
+	if o.tokens > 0 {
+		o.logprob = sum / float64(o.tokens)
+	}
+	o.stream = h
+	return o
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// abandon closes a held stream that will not be relayed and records the
+// usage of what it streamed (its usage chunk when it came, else the held
+// text counted).
+func (o *outcome) abandon() {
+	if o.stream != nil {
+		o.stream.body.Close()
+	}
+	o.meter.StreamEnd()
+}
+
+// clientGone handles a client that went away: the attempt's usage is
+// billed as the README says (the prompt estimate once an upstream had the
+// request), the log says so, and the request counts as client_closed
+// (499), never as an upstream failure.
+func (p *Pipeline) clientGone(rq *request, o *outcome) error {
+	if o != nil {
+		o.abandon()
+	}
+	target := ""
+	if o != nil {
+		target = o.cand.Target.Name
+	}
+	rq.log.Info("client went away", zap.String("decision_id", rq.dec.ID()), zap.String("target", target),
+		zap.Duration("after", time.Since(rq.begin)))
+	p.Metrics.Unrouted(rq.a, "client_closed")
+	rq.w.WriteHeader(499) // nginx's "client closed request", for the access log; nobody reads it
+	return nil
+}
+
+// MeanLogprob returns the mean token log-probability (nats per token) of
+// an OpenAI answer over all its choices — chat's
+// choices[].logprobs.content[].logprob, completions'
+// choices[].logprobs.token_logprobs[] — and the number of tokens behind
+// it; n is 0 (and mean 0) when the answer carries none.
+func MeanLogprob(body []byte) (mean float64, n int) {
+	var sum float64
+	gjson.GetBytes(body, "choices").ForEach(func(_, ch gjson.Result) bool {
+		lp := ch.Get("logprobs")
+		for _, v := range lp.Get("content.#.logprob").Array() {
+			sum += v.Float()
+			n++
+		}
+		for _, v := range lp.Get("token_logprobs").Array() {
+			if v.Type == gjson.Number {
+				sum += v.Float()
+				n++
+			}
+		}
+		return true
+	})
+	if n == 0 {
+		return 0, 0
+	}
+	return sum / float64(n), n
+}
+
+// send is the common case of an attempt: a dispatch for c under rq's
+// decision, then the attempt; a dispatch that cannot be made is a refused
+// attempt.
+func (p *Pipeline) send(rq *request, c route.Candidate, hold int) outcome {
+	disp, err := p.Egress.NewDispatch(rq.d, rq.a, c)
+	if err != nil {
+		return outcome{cand: c, kind: failRefused, failure: err.Error()}
+	}
+	return p.attempt(rq, c, disp, rq.a.PromptTokens(), hold)
+}
+
+// note records a failed attempt and logs the fallback.
+func (rq *request) note(o outcome) {
+	rq.tried = append(rq.tried, failed{target: o.cand.Target.Name, err: o.failure, kind: o.kind})
+	rq.log.Warn("upstream failed, falling back", zap.String("target", o.cand.Target.Name), zap.String("decision_id", rq.dec.ID()),
+		zap.String("failure", string(o.kind)), zap.String("error", o.failure))
+}

@@ -1,0 +1,236 @@
+package pipeline
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/relay"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// streamTruncated is the SSE event sent when an upstream stream ends before
+// its terminal chunk or [DONE]: an explicit error, never a made-up ending.
+// OpenAI clients surface a data object with an "error" key as a stream error.
+const streamTruncated = `{"error":{"message":"The upstream stream ended before completion; the answer is incomplete.","type":"upstream_error","param":null,"code":"stream_truncated"}}`
+
+// Decision labels of answers in the metrics besides routed and fallback.
+const (
+	labelEscalated = "escalated"
+	labelMixture   = "mixture"
+)
+
+// setHeaders sets Molly's headers and the upstream's few worth passing on.
+func (p *Pipeline) setHeaders(rq *request, o *outcome) {
+	h := rq.w.Header()
+	for _, k := range []string{"Content-Type", "Cache-Control", "Openai-Processing-Ms"} {
+		if v := o.header.Get(k); v != "" {
+			h.Set(k, v)
+		}
+	}
+	if v := o.header.Get("X-Request-Id"); v != "" && h.Get("X-Request-Id") == "" {
+		h.Set("X-Request-Id", v)
+	}
+	h.Set(HeaderTier, o.cand.Target.Tier)
+	h.Set(HeaderTarget, o.cand.Target.Name)
+	h.Set(HeaderRoute, route.RouteHeader(o.cand, rq.plan.Candidates, rq.plan.Excluded))
+}
+
+// deliver writes a whole answer: logprobs the client did not ask for
+// removed, placeholders restored, Molly's headers set; then observes it.
+// label names the answer in the metrics ("" for routed/fallback).
+func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
+	body := o.body
+	if o.disp.Added("logprobs") {
+		body = relay.StripLogprobs(body)
+	}
+	if v := o.disp.Vault(); v != nil {
+		body = relay.RestoreBody(v, body)
+	}
+	p.setHeaders(rq, o)
+	rq.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	rq.w.WriteHeader(o.status)
+	_, _ = rq.w.Write(body)
+	rq.log.Info("routed", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.String("tier", o.cand.Target.Tier),
+		zap.Int("status", o.status), zap.Int("redacted", o.disp.Redacted()), zap.String("strategy", string(rq.plan.Strategy)),
+		zap.Duration("duration", time.Since(o.start)))
+	p.observe(rq, o, label, body, nil)
+}
+
+// deliverStream relays a held stream: Molly's headers, then the held
+// events and the rest, each chunk with its usage taken (and hidden from a
+// client that did not ask for it), logprobs the client did not ask for set
+// to null, placeholders restored; the usage is recorded before [DONE] is
+// written. A stream that breaks off ends with the stream_truncated error
+// event; upstream event:, id: and retry: lines are not passed on, comments
+// are. It returns the relay's error, if any.
+func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
+	h := o.stream
+	defer h.body.Close()
+	p.setHeaders(rq, o)
+	w := rq.w
+	w.Header().Del("Content-Length")
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	var restore *relay.StreamRestore
+	if v := o.disp.Vault(); v != nil {
+		restore = relay.NewStreamRestore(v)
+	}
+	stripLP := o.disp.Added("logprobs")
+	var buf []byte
+	sawDone, sawFinish := false, h.ended
+	emit := func(ev relay.Event, counted bool) error {
+		buf = buf[:0]
+		for _, c := range ev.Comments {
+			buf = relay.AppendComment(buf, c)
+		}
+		switch {
+		case ev.IsDone():
+			sawDone = true
+			o.meter.StreamEnd()
+			if restore != nil {
+				if extra := restore.Final(); extra != nil {
+					buf = relay.AppendData(buf, extra)
+				}
+			}
+			buf = relay.AppendData(buf, ev.Data)
+		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data):
+			data := ev.Data
+			var drop bool
+			if counted {
+				data, drop = o.meter.Strip(data)
+			} else {
+				data, drop = o.meter.Event(data)
+			}
+			if drop {
+				break
+			}
+			if fr := gjson.GetBytes(data, "choices.#.finish_reason"); strings.Contains(fr.Raw, `"`) {
+				sawFinish = true
+			}
+			if stripLP {
+				data = relay.StripLogprobs(data)
+			}
+			if restore != nil {
+				data = restore.Event(data)
+			}
+			buf = relay.AppendData(buf, data)
+		case len(ev.Data) > 0:
+			rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.Int("bytes", len(ev.Data)))
+		}
+		if len(buf) == 0 {
+			return nil
+		}
+		if _, err := w.Write(buf); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	var err error
+	for _, ev := range h.events {
+		if err = emit(ev, true); err != nil {
+			break
+		}
+	}
+	for err == nil && !sawDone && !h.done {
+		var ev relay.Event
+		ev, err = h.dec.Next()
+		if err != nil {
+			break
+		}
+		err = emit(ev, false)
+	}
+	if rq.ctx.Err() != nil {
+		o.meter.StreamEnd()
+		p.observe(rq, o, "client_closed", nil, err)
+		return err
+	}
+	if err != nil && !(sawFinish || sawDone) {
+		buf = relay.AppendEvent(buf[:0], relay.Event{Type: "error", Data: []byte(streamTruncated)}, false)
+		_, _ = w.Write(buf)
+		_ = rc.Flush()
+		err = fmt.Errorf("upstream stream ended early: %w", err)
+	} else {
+		err = nil
+	}
+	o.meter.StreamEnd()
+	rq.log.Info("routed", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.String("tier", o.cand.Target.Tier),
+		zap.Bool("stream", true), zap.Int("redacted", o.disp.Redacted()), zap.String("strategy", string(rq.plan.Strategy)),
+		zap.Duration("duration", time.Since(o.start)), zap.NamedError("stream_error", err))
+	p.observe(rq, o, label, nil, err)
+	return err
+}
+
+// respond delivers o, whole or streamed.
+func (p *Pipeline) respond(rq *request, o *outcome, label string) error {
+	if o.stream != nil {
+		_ = p.deliverStream(rq, o, label)
+		return nil
+	}
+	p.deliver(rq, o, label)
+	return nil
+}
+
+// observe feeds a delivered answer to the priors (latency, throughput; the
+// decision, for feedback) and the metrics.
+func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, streamErr error) {
+	total := time.Since(o.start)
+	decision := "routed"
+	if len(rq.plan.Candidates) > 0 && !rq.plan.Candidates[0].Same(o.cand) {
+		decision = "fallback"
+	}
+	if label != "" {
+		decision = label
+	}
+	switch {
+	case decision == "client_closed":
+	case o.status/100 != 2:
+		decision = "upstream_error"
+	case streamErr != nil:
+		decision = "truncated"
+	}
+	good := o.status/100 == 2 && streamErr == nil && decision != "client_closed"
+	if good {
+		p.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, total)
+		p.Priors.Remember(rq.dec.ID(), o.cand.Key, o.cand.Quality)
+	}
+	prompt, completion := -1, -1
+	if u := o.usage(); u != nil {
+		prompt, completion = u.PromptTokens, u.CompletionTokens
+	} else if body != nil {
+		if pt, ct, ok := meter.ReportedUsage(gjson.GetBytes(body, "usage")); ok {
+			prompt, completion = pt, ct
+		}
+	}
+	if good {
+		// Generation time: after the first byte for streams (tokens arrive
+		// as made); the whole exchange otherwise.
+		gen := total
+		if o.stream != nil {
+			gen = total - o.ttfb
+		}
+		p.Priors.ObserveThroughput(o.cand.Target.Name, o.cand.Model, completion, gen)
+	}
+	p.Metrics.Served(rq.a, o.cand, decision, total.Seconds(), o.ttfb.Seconds(), prompt, completion)
+}
+
+// spend accounts an answer that was obtained but not returned: its latency
+// feeds the priors, its tokens and cost the metrics (its usage is already
+// recorded).
+func (p *Pipeline) spend(rq *request, o *outcome) {
+	if o.stream == nil { // a held stream was cut short: its total time says nothing
+		p.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, o.total)
+	}
+	if u := o.usage(); u != nil {
+		p.Metrics.Spent(rq.a, o.cand, u.PromptTokens, u.CompletionTokens)
+	}
+}
+

@@ -1,0 +1,264 @@
+// Package pipeline runs a classified, decided request: it makes the route
+// Plan, reserves the plan's worst case, and executes the plan's strategy —
+// single with fallback, cascade, mixture, governed-tool loop — as small
+// functions over one attempt mechanism (attempt.go), delivering the answer
+// through one deliver and one deliverStream (deliver.go). Every request it
+// derives (a tool round) is classified and decided again.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// Response headers Molly adds to every routed answer.
+const (
+	HeaderTier       = "X-Molly-Tier"
+	HeaderTarget     = "X-Molly-Target"
+	HeaderDecisionID = "X-Molly-Decision-Id"
+	HeaderRoute      = route.HeaderRoute
+	HeaderPlan       = "X-Molly-Strategy"
+)
+
+// MaxUpstreamBody bounds a non-streaming upstream answer (64 MiB).
+const MaxUpstreamBody = 64 << 20
+
+// DefaultFirstEventTimeout bounds the wait for a stream's first content
+// event once its headers arrived; past it the attempt fails and falls back.
+const DefaultFirstEventTimeout = 30 * time.Second
+
+// Policy is the policy engine as the pipeline uses it (*policies.Engine).
+type Policy interface {
+	Decide(ctx context.Context, in policies.Input) policies.Decided
+	DecideTool(ctx context.Context, input map[string]any) policies.ToolDecision
+	DecideToolOffer(ctx context.Context, input map[string]any) policies.ToolDecision
+	DecideEscalation(ctx context.Context, input map[string]any) policies.EscalationDecision
+}
+
+// Pipeline serves requests. Its fields are set once before it serves.
+type Pipeline struct {
+	Catalogue *route.Catalogue
+	Egress    *egress.Egress
+	Policy    Policy
+	Weights   route.Weights
+	// Priors learns quality (feedback, outcomes) and latency; nil: the
+	// configured priors only.
+	Priors *route.Priors
+	// Metrics records requests, tokens, cost and latency; nil: none.
+	Metrics *meter.Metrics
+	// Strategies is what the operator configured (cascade, mixture, tools).
+	Strategies route.Config
+	// Tools are the governed tools (tools.go); nil: none.
+	Tools ToolRunner
+	// ToolsHidden names governed tools never offered to models, e.g. the
+	// billing tool usage is sent to.
+	ToolsHidden []string
+	// UsageSink, when set, gets every usage record (must not block).
+	UsageSink meter.Sink
+	// FirstEventTimeout bounds the wait for a stream's first content event
+	// (0: DefaultFirstEventTimeout).
+	FirstEventTimeout time.Duration
+	Logger            *zap.Logger
+}
+
+func (p *Pipeline) log() *zap.Logger {
+	if p.Logger == nil {
+		return zap.NewNop()
+	}
+	return p.Logger
+}
+
+// Decide asks the policy about a for the caller id (nil: anonymous), with
+// the catalogue's targets in the input.
+func (p *Pipeline) Decide(ctx context.Context, a *classify.Annotation, id *identity.Identity) policies.Decided {
+	return p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: id.PolicyInput(), Targets: p.Catalogue.PolicyView()})
+}
+
+// derive classifies body, a request derived from rq's (a tool round), and
+// asks the policy again with the parent decision in input.derived.
+func (p *Pipeline) derive(ctx context.Context, rq *request, kind string, body []byte) (*classify.Annotation, policies.Decided, error) {
+	a, err := rq.a.Derive(body)
+	if err != nil {
+		return nil, policies.Decided{}, err
+	}
+	parent := rq.dec.Class()
+	if parent == "" {
+		parent = rq.a.Sensitivity().String()
+	}
+	findings := map[string]any{}
+	for t, n := range rq.a.Findings() {
+		findings[t] = n
+	}
+	d := p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: rq.id.PolicyInput(), Targets: p.Catalogue.PolicyView(),
+		Derived: map[string]any{"kind": kind, "parent": map[string]any{"decision_id": rq.dec.ID(), "sensitivity": parent, "findings": findings}}})
+	return a, d, nil
+}
+
+// request is one request's state while a strategy runs.
+type request struct {
+	w     http.ResponseWriter
+	r     *http.Request
+	ctx   context.Context
+	a     *classify.Annotation
+	d     policies.Decided
+	dec   *policies.Decision
+	id    *identity.Identity
+	plan  route.Plan
+	log   *zap.Logger
+	begin time.Time
+	tried []failed // attempts that failed, for the error and the log
+	// release gives back the plan's reservation; never nil once reserved.
+	release func()
+}
+
+// failed is one attempt that did not answer.
+type failed struct {
+	target string
+	err    string
+	kind   failure
+}
+
+// Serve answers the request decided by d: the model listing, or the plan's
+// strategy over the allowed candidates. The returned error is an
+// *openai.Error not yet written, or nil once a response has been written
+// (or the client went away).
+func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Annotation, d policies.Decided) error {
+	dec := d.Decision()
+	if !d.Binds(a) || dec == nil {
+		return &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "decision_mismatch",
+			Message: "The policy decision does not belong to this request."}
+	}
+	w.Header().Set(HeaderDecisionID, dec.ID())
+	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
+	if a.Endpoint() == openai.EndpointModels {
+		return p.models(rq)
+	}
+	o, aerr := route.ParseOverrides(r.Header)
+	if aerr != nil {
+		p.Metrics.Unrouted(a, "bad_request")
+		return aerr
+	}
+	sel := route.Selection{Weights: p.Weights, Priors: p.Priors, Overrides: o}
+	if rq.id != nil && rq.id.Budgeted {
+		sel.Budgeted, sel.RemainingUSD = true, rq.id.RemainingUSD
+	}
+	cfg := p.Strategies
+	cfg.Tools = cfg.Tools && p.Tools != nil && len(p.Tools.Tools()) > 0
+	rq.plan = p.Catalogue.NewPlan(a, dec, sel, cfg)
+	p.logPlan(rq, o)
+	if !rq.plan.Known {
+		p.Metrics.Unrouted(a, "model_not_found")
+		return &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", a.Model())}
+	}
+	if len(rq.plan.Candidates) == 0 {
+		p.Metrics.Unrouted(a, "no_target")
+		return noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+	}
+	if err := p.reserve(rq); err != nil {
+		return err
+	}
+	defer rq.release()
+	w.Header().Set(HeaderPlan, string(rq.plan.Strategy))
+	var err error
+	switch rq.plan.Strategy {
+	case route.StrategyTools:
+		err = p.toolLoop(rq)
+	case route.StrategyMixture:
+		err = p.mixture(rq)
+	case route.StrategyCascade:
+		err = p.cascade(rq, rq.plan.Candidates)
+	default:
+		err = p.single(rq, rq.plan.Candidates)
+	}
+	var ae *openai.Error
+	if errors.As(err, &ae) && ae.Code == "no_target_available" {
+		p.Metrics.Unrouted(a, "failed")
+	}
+	return err
+}
+
+// logPlan writes the "route decision" line: every candidate with its score
+// terms and every excluded target with the constraint that removed it.
+func (p *Pipeline) logPlan(rq *request, o route.Overrides) {
+	cs := make([]string, len(rq.plan.Candidates))
+	for i, c := range rq.plan.Candidates {
+		cs[i] = route.Describe(c)
+	}
+	xs := make([]string, len(rq.plan.Excluded))
+	for i, e := range rq.plan.Excluded {
+		xs[i] = e.String()
+	}
+	fields := []zap.Field{zap.String("decision_id", rq.dec.ID()), zap.String("model", rq.a.Model()), zap.String("task", rq.a.Task()),
+		zap.Float64("difficulty", rq.a.Difficulty()), zap.String("strategy", string(rq.plan.Strategy)),
+		zap.Strings("candidates", cs), zap.Strings("excluded", xs), zap.Strings("reasons", rq.plan.Reasons),
+		zap.Int("reserve_tokens", rq.plan.Reserve.Tokens), zap.Float64("reserve_usd", rq.plan.Reserve.CostUSD)}
+	if o.Prefer != route.PreferNone {
+		fields = append(fields, zap.String("prefer", string(o.Prefer)))
+	}
+	if o.HasMaxCost {
+		fields = append(fields, zap.Float64("max_cost_usd", o.MaxCostUSD))
+	}
+	rq.log.Info("route decision", fields...)
+}
+
+// reserve holds the plan's worst case on the caller's ledger when it is a
+// meter.Reserver, before any upstream call.
+func (p *Pipeline) reserve(rq *request) error {
+	rq.release = func() {}
+	if rq.id == nil {
+		return nil
+	}
+	rv, ok := rq.id.Ledger.(meter.Reserver)
+	if !ok {
+		return nil
+	}
+	release, err := rv.Reserve(rq.ctx, rq.plan.Reserve.Tokens, rq.plan.Reserve.CostUSD)
+	if err != nil {
+		return err
+	}
+	rq.release = release
+	return nil
+}
+
+func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Error {
+	var parts []string
+	for _, e := range excluded {
+		parts = append(parts, e.String())
+	}
+	for _, t := range tried {
+		parts = append(parts, t.target+": "+t.err)
+	}
+	if len(parts) > 0 {
+		msg += " (" + strings.Join(parts, "; ") + ")"
+	}
+	return &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
+		Message: msg + ".", RetryAfter: 1}
+}
+
+type decidedKey struct{}
+
+// WithDecided returns ctx carrying d, from the policy step to the route step.
+func WithDecided(ctx context.Context, d policies.Decided) context.Context {
+	return context.WithValue(ctx, decidedKey{}, d)
+}
+
+// DecidedFrom returns the decision set by the policy step (ok false when none).
+func DecidedFrom(ctx context.Context) (policies.Decided, bool) {
+	d, ok := ctx.Value(decidedKey{}).(policies.Decided)
+	return d, ok
+}
