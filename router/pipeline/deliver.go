@@ -233,4 +233,3 @@ func (p *Pipeline) spend(rq *request, o *outcome) {
 		p.Metrics.Spent(rq.a, o.cand, u.PromptTokens, u.CompletionTokens)
 	}
 }
-
