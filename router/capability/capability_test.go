@@ -511,6 +511,9 @@ func TestLexiconsCompile(t *testing.T) {
 }
 
 func TestEstimateAllocatesOnlyTheScores(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocations are not counted under the race detector: sync.Pool drops items at random there")
+	}
 	prompt := strings.Repeat("Please summarise the invoice below and extract the total as JSON. ", 40)
 	var nilE *Estimator
 	for _, e := range []*Estimator{NewEstimator(func() []string { return demoDomains }), nilE} {
