@@ -1,21 +1,21 @@
-// Package capability estimates what a request needs from a model: its task
-// category, difficulty and how uncertain the category is, from the prompt
-// text alone, in the request path and without a model call.
+// Package capability is capability estimation: task category, difficulty
+// and their uncertainty from the prompt, in one linear pass and without a
+// model call.
 package capability
 
 import (
+	"fmt"
 	"math"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode"
-	"unicode/utf8"
 )
 
-// Task categories the capability estimator knows without any adapter. The
-// domains of the T0 engine's adapters ("support", "billing", ...) join them
-// when registered (see Estimator).
+// Task categories the estimator knows without any adapter. The domains of
+// the T0 engine's adapters ("support", "billing", ...) join them when
+// registered (see Estimator).
 const (
 	TaskChat           = "chat"
 	TaskCoding         = "coding"
@@ -37,178 +37,113 @@ type Estimate struct {
 	Task string
 	// Difficulty is in [0,1]: the logistic of the difficulty features.
 	Difficulty float64
-	// Language is "en", "it" or "" (undecided), from stop-word counts.
+	// Language is "en", "it", "fr", "de", "es" or "" (undecided), from
+	// stop-word counts.
 	Language string
-	// Scores holds the raw score of every category that scored, winner first.
+	// Scores holds the raw score of every category that scored, winner
+	// first; ties keep the order of Tasks, then domains alphabetically.
 	Scores []CategoryScore
 }
 
-// CategoryScore is one category's linear score (sum of matched feature weights plus bias).
+// CategoryScore is one category's linear score (sum of matched cue weights plus bias).
 type CategoryScore struct {
 	Task  string
 	Score float64
 }
 
-// Estimator is the fast capability estimator that runs in the request path
-// without a model call. It is a linear classifier over hand-weighted
-// features — keyword and phrase cues in English and Italian, code fences
-// and code-like syntax, arithmetic and maths symbols, question types — one
-// weight vector per category, argmax wins (the bag-of-features linear
-// model of fastText, Joulin et al. 2017, with weights set by hand, not
-// learned). Chat has a bias of ChatBias: another category must collect more
-// than that to win. Difficulty is a logistic over length, question count,
-// reasoning and constraint markers, tool use, language and category, after
-// the query-difficulty signals that RouteLLM (Ong et al. 2024) and Hybrid LLM
-// (Ding et al., ICLR 2024) learn from text; ours are hand-set.
-//
-// Adapter domains: every name that Domains returns (the T0 engine's adapter
-// names, e.g. "billing" for "molly-demo:billing") becomes a category. Names
-// with a built-in lexicon (support, billing, payments, legal, medical, hr)
-// use it; any other name is matched as a word (and its stem) in the prompt.
-// Accuracy on the labelled set in capability_test.go is asserted there.
-//
-// Safe for concurrent use.
-type Estimator struct {
-	// Domains returns the adapter domains registered now; nil means none.
-	Domains func() []string
-
-	mu      sync.Mutex
-	unknown map[string][]feature // rules made from unknown adapter names
-}
-
 // ChatBias is the score chat starts with; a category must beat it to win.
 const ChatBias = 1.0
 
-// MaxEstimateRunes bounds the text the keyword features scan (the head and
-// the tail of longer prompts), so a multi-megabyte prompt costs the same
-// as a 16k one. Length itself is counted on the whole prompt.
-const MaxEstimateRunes = 16 << 10
+// MaxScanBytes bounds the text the cues are matched in: the first
+// 12 KiB and the last 4 KiB of a longer text (cut at rune boundaries),
+// so a multi-megabyte prompt costs what a 16 KiB one does, plus one
+// counting pass over its bytes for the length. Instructions sit at the
+// head of a prompt and questions at its tail; the middle of a long prompt
+// is pasted material whose words should not pick the task.
+const MaxScanBytes = 16 << 10
 
-type feature struct {
-	task string
-	w    float64
-	re   *regexp.Regexp
+const headBytes = MaxScanBytes * 3 / 4
+
+// Estimator is the capability estimator that runs in the request path. It
+// is a linear classifier over hand-weighted cues — keyword and phrase cues
+// in English and Italian (with French, German and Spanish translations),
+// code fences and code-like syntax, arithmetic and maths symbols — one
+// weight per cue, argmax wins (the bag-of-features linear model of
+// fastText, Joulin et al. 2017, with weights set by hand, not learned).
+// Chat has a bias of ChatBias: another category must collect more than
+// that to win. Difficulty is a logistic over length, question count,
+// reasoning and constraint cues, tool use, language and category, after
+// the query-difficulty signals that RouteLLM (Ong et al. 2024) and Hybrid
+// LLM (Ding et al., ICLR 2024) learn from text; ours are hand-set.
+//
+// Every phrase of every cue is in one Aho-Corasick automaton, compiled
+// once per set of adapter domains; a prompt is normalised (lower case,
+// accents folded, one token per symbol) and fed through it in a single
+// pass over at most MaxScanBytes, without allocating except the returned
+// Scores.
+//
+// Adapter domains: every name the domains function returns (the T0
+// engine's adapter names, e.g. "billing" for "molly-demo:billing") becomes
+// a category. Names with a built-in lexicon (support, billing, payments,
+// legal, medical, hr) use it; any other name of at least three ASCII
+// letters is matched as a word prefix (its stem without an English
+// inflection, so "shipping" also matches "shipped"); other names never win.
+//
+// The labelled sets in testdata/ (in-sample, held-out, independent) and
+// the accuracy each must keep are in capability_test.go.
+//
+// The zero value and the nil *Estimator have no adapter domains. Safe for
+// concurrent use.
+type Estimator struct {
+	domains atomic.Pointer[func() []string]
+	model   atomic.Pointer[model]
 }
 
-func rule(task string, w float64, expr string) feature {
-	return feature{task, w, regexp.MustCompile("(?i)" + expr)}
-}
-
-// taskFeatures: strong cues (an explicit instruction verb) weigh 2.5, weak
-// ones 1.0–1.5. Patterns avoid \b after non-ASCII letters (Go's \b is ASCII).
-var taskFeatures = []feature{
-	// coding
-	rule(TaskCoding, 3, "```"),
-	rule(TaskCoding, 2, `\b(def|func|fn|class|public static|import|package|#include|console\.log|print)\b[^\n]*[({:]`),
-	rule(TaskCoding, 1.5, `(;\s*$|=>|:=|\)\s*\{|\bnull pointer|\bsegfault|\bstack ?trace|\btraceback\b|\bnpe\b)`),
-	rule(TaskCoding, 1.5, `\b(python|golang|javascript|typescript|java|rust|c\+\+|kotlin|swift|php|ruby|sql|regex|regexp|bash|shell script|html|css|react|docker|kubernetes|git|linux)\b`),
-	rule(TaskCoding, 1.5, `\b(function|funzione|method|metodo|variable|variabile|compile[rsd]?|compila\w*|debug\w*|refactor\w*|bug|exception|eccezione|unit tests?|codice|code|script|loop|array|endpoint|api|query|recursion|ricorsion\w*|algorithm|algoritmo)\b`),
-	// math / reasoning
-	rule(TaskMath, 2.5, `\b(solve|risolvi|equation|equazione|equazioni|integral|integrale|derivative|derivata|theorem|teorema|prove that|dimostra che|factorial|fattoriale|square root|radice quadrata|prime numbers?|numer[oi] prim[oi]|matrix|matrice|eigen\w*|logarithm|logaritmo|probabilit\w*)\b`),
-	rule(TaskMath, 2, `\b(calculate|calcola|compute|how many|quant[ie] \w+ (ci sono|servono|rimangono|restano|fa|fanno)|percentage|percentuale|per ?cent|average|media di|sum of|somma di|word problem|problema di matematica)\b`),
-	rule(TaskMath, 1.5, `\b(prove|dimostra|dimostrare|lemma|corollary|induction|induzione)\b`),
-	rule(TaskMath, 1.5, `\d+(\.\d+)?\s*[-+*/^×÷]\s*\d+|\b\d+\s*%|\b[xy]\s*[\^²]|[∫∑√π≤≥≠∞]|\bx\s*=|\bkm/h\b|\b\d+\s*(euro|€|\$|dollars|km|kg|ore|hours|minut[ie]|minutes)\b`),
-	// translation
-	rule(TaskTranslation, 3, `\b(translate|translation|translating|tradu(ci|rre|zione|ce|cimi|ca))\w*`),
-	rule(TaskTranslation, 2, `\b(how do you say|come si dice|(render|put) (this|it) (into|in) \w+|what does .{1,40} mean in|in (english|italian|french|german|spanish|portuguese|japanese|chinese|inglese|italiano|francese|tedesco|spagnolo|portoghese|giapponese|cinese))\b`),
-	// summarisation
-	rule(TaskSummarisation, 3, `\b(summari[sz]\w*|summary|tl;?dr|riassum\w*|riassunto|sintetizz\w*|sintesi|condense|in a nutshell)\b`),
-	rule(TaskSummarisation, 1.5, `\b(key points|punti chiave|main points|punti principali|in (one|two|three|a few|poche|due|tre) (sentences?|lines?|bullets?|frasi|righe)|in breve|short version|recap)\b`),
-	// extraction
-	rule(TaskExtraction, 3, `\b(extract|estra(i|rre|ere|tt\w*)|pull out|parse)\b`),
-	rule(TaskExtraction, 2, `\b(as json|in json|json|yaml|csv|list (all|every) (the )?\w+ (mentioned|in)|elenca tutt[ie]|trova tutt[ie]|find all|named entit\w*|fields|campi|table of|tabella)\b`),
-	rule(TaskExtraction, 1, `\b(dates?|date|names?|nomi|amounts?|importi|emails?|addresses|indirizzi|phone numbers|numeri di telefono)\b (mentioned|menzionat\w*|nel testo|in the text|from (the|this))`),
-	// classification
-	rule(TaskClassification, 3, `\b(classify|classifica|categori[sz]e|categorizza\w*|sentiment|label (this|these|each)|etichetta)\b`),
-	rule(TaskClassification, 2, `\b(positive or negative|positivo o negativo|positiva o negativa|spam|which category|quale categoria|what category|intent of|toxic|tossico)\b`),
-	// creative
-	rule(TaskCreative, 3, `\b(poem|poesia|haiku|limerick|sonnet|sonetto|lyrics|song|canzone|short story|racconto|fairy tale|favola|filastrocca|once upon a time|c'era una volta|slogan|tagline)\b`),
-	rule(TaskCreative, 2, `\b(write|scrivi|compose|componi|invent\w*|imagine|immagina)\b.{0,30}\b(story|storia|poem|rhyme|rima|rime|character|personaggio|dialogue|dialogo|scene|scena|names? for|nomi per|tale|joke|barzelletta)\b`),
-	rule(TaskCreative, 1.5, `\b(brainstorm|creative|creativ[oa]|fiction|rhym\w*)\b`),
-}
-
-// domainLexicons are the cues of well-known adapter domains, English and
-// Italian. Each matched rule adds its weight.
-var domainLexicons = map[string][]feature{
-	"support": {
-		rule("support", 2, `\b(can't|cannot|unable to|non riesco ad?|impossibile)\s+(log ?in|sign in|access|accedere|entrare|connect\w*|collegarmi|login)`),
-		rule("support", 2, `\b(password reset|reset (my )?password|reimpost\w*|forgot (my )?password|password dimenticata|account (is )?(locked|blocked|bloccato)|two.factor|2fa)\b`),
-		rule("support", 1.5, `\b(not working|doesn't work|does not work|non funziona|stopped working|smesso di funzionare|keeps crashing|crash\w*|si blocca|error message|messaggio di errore|ticket|help desk|customer service|assistenza|supporto|tracking|spedizione|delivery|consegna|order status|stato dell'ordine|ordine)\b`),
-	},
-	"billing": {
-		rule("billing", 2, `\b(invoice|invoices|fattur\w*|bill|billing|bolletta|bollette|charged twice|double charge|addebitat\w*|addebito|overcharged|refund|rimbors\w*)\b`),
-		rule("billing", 1.5, `\b(subscription|abbonamento|plan|piano tariffario|renewal|rinnovo|vat|iva|receipt|ricevuta|pricing tier|disdire|cancel (my )?subscription|upgrade (my )?plan)\b`),
-	},
-	"payments": {
-		rule("payments", 2, `\b(payment|payments|pagament\w*|pagare|card (was )?declined|carta (è stata )?rifiutata|credit card|carta di credito|debit card|bank transfer|bonifico|wire transfer|iban|sepa|chargeback|storno|paypal|checkout|transaction|transazion\w*)\b`),
-		rule("payments", 1, `\b(pos|merchant|esercente|3-?d ?secure|acquirer|payout|settlement)\b`),
-	},
-	"legal": {
-		rule("legal", 2, `\b(contract|contratto|contratti|clause|clausola|clausole|gdpr|liabilit\w*|liable|lawsuit|causa legale|terms and conditions|termini e condizioni|lawyer|avvocato|court|tribunale|jurisdiction|giurisdizione|non-compete|non concorrenza|nda|indemnif\w*|copyright|trademark|marchio)\b`),
-		rule("legal", 1.5, `\b(legal|legale|legally|law|legge|leggi|compliance|regulation|regolamento|enforceable|valid[ao]? (under|per) (the )?(law|legge)|sue|citare in giudizio|privacy policy|diritto)\b`),
-	},
-	"medical": {
-		rule("medical", 2, `\b(symptoms?|sintomi|diagnos\w*|dosage|dosaggio|medication|farmac\w*|prescription|ricetta medica|doctor|medico|patient|paziente|disease|malattia)\b`),
-	},
-	"hr": {
-		rule("hr", 2, `\b(payroll|busta paga|vacation days|ferie|parental leave|congedo|hiring|assunzion\w*|onboarding|performance review|valutazione annuale|employee|dipendent\w*)\b`),
-	},
-}
-
-// difficulty features.
-var (
-	reasoningRe  = regexp.MustCompile(`(?i)\b(prove|dimostra|step by step|passo passo|explain why|spiega perch|derive|deriva|optimi[sz]e|ottimizza|design|progetta|architecture|architettura|trade-?offs?|compare|confronta|analy[sz]e|analizza|edge cases?|casi limite|complexity|complessit|rigorous|rigoros)`)
-	constraintRe = regexp.MustCompile(`(?i)\b(must|should|at least|at most|without|exactly|only|deve|devono|almeno|al massimo|senza|esattamente|solo)\b`)
-	enStopRe     = regexp.MustCompile(`(?i)\b(the|and|is|are|of|to|what|how|my|this|with|for|you|can|please)\b`)
-	itStopRe     = regexp.MustCompile(`(?i)\b(il|lo|la|gli|le|di|che|è|non|per|una|un|con|mi|come|questo|questa|sono|del|della|puoi)\b`)
-)
-
-// difficultyOffset shifts the difficulty logit by category.
-var difficultyOffset = map[string]float64{
-	TaskMath: 0.6, TaskCoding: 0.5, TaskExtraction: 0.1, TaskClassification: -0.4, TaskChat: -0.4,
-	TaskTranslation: -0.1, TaskSummarisation: 0, TaskCreative: 0, "legal": 0.3,
-}
-
-// NewEstimator returns an estimator whose adapter domains come from domains (nil: none).
+// NewEstimator returns an estimator whose adapter domains come from
+// domains, called on every Estimate (nil: none).
 func NewEstimator(domains func() []string) *Estimator {
-	return &Estimator{Domains: domains}
+	e := &Estimator{}
+	e.SetDomains(domains)
+	return e
+}
+
+// SetDomains replaces the function the adapter domains come from (nil:
+// none). A new set of domains compiles a new automaton once, on the first
+// Estimate that sees it.
+func (e *Estimator) SetDomains(domains func() []string) {
+	e.domains.Store(&domains)
 }
 
 // Estimate scores text (the last user message, or the prompt) and returns
-// the task, difficulty and language. tools says whether the request
-// declares tools or carries tool messages.
+// the task, difficulty, language and category scores. tools says whether
+// the request declares tools or carries tool messages.
 func (e *Estimator) Estimate(text string, tools bool) Estimate {
-	scan := clip(text)
-	scores := map[string]float64{TaskChat: ChatBias}
-	for _, f := range taskFeatures {
-		if f.re.MatchString(scan) {
-			scores[f.task] += f.w
+	m := e.current()
+	st := m.pool.Get().(*state)
+	z := m.scan(text, st)
+
+	sc, has := st.scores, st.has
+	clear(sc)
+	clear(has)
+	sc[0], has[0] = ChatBias, true
+	for i, c := range m.cueCat {
+		if c >= 0 && st.counts[i] > 0 {
+			sc[c] += m.cueW[i]
+			has[c] = true
 		}
 	}
-	var domains []string
-	if e != nil && e.Domains != nil {
-		domains = e.Domains()
-	}
-	for _, d := range domains {
-		for _, f := range e.domainFeatures(d) {
-			if f.re.MatchString(scan) {
-				scores[d] += f.w
-			}
+	n := 0
+	for _, h := range has {
+		if h {
+			n++
 		}
 	}
-	var out Estimate
-	for _, t := range Tasks {
-		if s, ok := scores[t]; ok {
-			out.Scores = append(out.Scores, CategoryScore{t, s})
+	out := Estimate{Scores: make([]CategoryScore, 0, n)}
+	for i, h := range has {
+		if h {
+			out.Scores = append(out.Scores, CategoryScore{m.cats[i], sc[i]})
 		}
 	}
-	slices.Sort(domains)
-	for _, d := range slices.Compact(domains) {
-		if s, ok := scores[d]; ok && !slices.Contains(Tasks, d) {
-			out.Scores = append(out.Scores, CategoryScore{d, s})
-		}
-	}
-	// Stable: ties keep the built-in order, then domains alphabetically.
 	slices.SortStableFunc(out.Scores, func(a, b CategoryScore) int {
 		switch {
 		case a.Score > b.Score:
@@ -219,8 +154,34 @@ func (e *Estimator) Estimate(text string, tools bool) Estimate {
 		return 0
 	})
 	out.Task = out.Scores[0].Task
-	out.Language = language(scan)
-	out.Difficulty = difficulty(text, scan, out.Task, tools, out.Language)
+	out.Language = m.language(st)
+
+	// The difficulty logit:
+	//
+	//	−1.6 + 0.5·ln(1+tokens/40) + 0.25·min(questions−1, 3) + 0.8·min(reasoning cues, 2)
+	//	     + 0.3·min(constraints, 3) + 0.4·tools + 0.3·[code fence and > 20 lines] + 0.2·[not English]
+	//	     + offset(task)
+	//
+	// so "hello" scores ≈ 0.12 and a long multi-part proof ≈ 0.9. Tokens
+	// count the whole text (ceil(runes/4)); the rest the scanned window.
+	lz := -1.6 + 0.5*math.Log1p(float64((runeCount(text)+3)/4)/40)
+	if z.questions > 1 {
+		lz += 0.25 * float64(min(z.questions-1, 3))
+	}
+	lz += 0.8 * float64(min(st.counts[m.reasoning], 2))
+	lz += 0.3 * float64(min(st.counts[m.constraint], 3))
+	if tools {
+		lz += 0.4
+	}
+	if st.counts[m.fence] > 0 && z.lines > 20 {
+		lz += 0.3
+	}
+	if out.Language != "en" {
+		lz += 0.2
+	}
+	lz += difficultyOffset[out.Task]
+	out.Difficulty = 1 / (1 + math.Exp(-lz))
+	m.pool.Put(st)
 	return out
 }
 
@@ -245,103 +206,298 @@ func (e Estimate) Entropy() float64 {
 	return h
 }
 
-func (e *Estimator) domainFeatures(d string) []feature {
-	if fs, ok := domainLexicons[d]; ok {
-		return fs
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if fs, ok := e.unknown[d]; ok {
-		return fs
-	}
-	var fs []feature
-	// An unknown name: the word itself, or its stem without an English
-	// inflection (so "shipping" also matches "shipped"). Names that are not
-	// plain words (e.g. "v2") get no rule and never win.
-	if name := strings.ToLower(d); len(name) >= 3 && isWord(name) {
-		stem := name
-		for _, suf := range []string{"ing", "ed", "es", "s"} {
-			if len(stem)-len(suf) >= 4 && strings.HasSuffix(stem, suf) {
-				stem = strings.TrimSuffix(stem, suf)
-				break
-			}
-		}
-		fs = []feature{rule(d, 2, `\b`+regexp.QuoteMeta(stem)+`\w*`)}
-	}
-	if e.unknown == nil {
-		e.unknown = map[string][]feature{}
-	}
-	e.unknown[d] = fs
-	return fs
+// difficultyOffset shifts the difficulty logit by category.
+var difficultyOffset = map[string]float64{
+	TaskMath: 0.6, TaskCoding: 0.5, TaskExtraction: 0.1, TaskClassification: -0.4, TaskChat: -0.4,
+	TaskTranslation: -0.1, TaskSummarisation: 0, TaskCreative: 0, "legal": 0.3,
 }
 
-func isWord(s string) bool {
-	for _, r := range s {
-		if r > unicode.MaxASCII || !unicode.IsLetter(r) {
+// model is the compiled estimator for one set of adapter domains.
+type model struct {
+	domains []string // sorted, unique
+	cats    []string // Tasks, then the domains that are not one
+	cueCat  []int32  // by cue: index in cats, -1 for counters
+	cueW    []float64
+	ac      *automaton
+
+	fence, reasoning, constraint int32
+	lang                         [len(stopWords)]int32
+
+	pool sync.Pool // *state
+}
+
+// state is one Estimate's scratch memory, pooled per model.
+type state struct {
+	scanState
+	scores []float64
+	has    []bool
+}
+
+// scan feeds the window of text through the automaton.
+func (m *model) scan(text string, st *state) normaliser {
+	m.ac.start(&st.scanState)
+	z := newNormaliser()
+	head, tail := window(text)
+	var out [3]byte
+	for _, part := range [2]string{head, tail} {
+		m.ac.scan(part, &z, &st.scanState)
+		// The end of the head and of the text are newline tokens: no
+		// phrase joins across the cut.
+		m.ac.feed(out[:z.end(&out)], &st.scanState)
+	}
+	return z
+}
+
+// window returns the text the cues are matched in: all of text when it
+// is at most MaxScanBytes, else its first headBytes and its last
+// MaxScanBytes−headBytes, each cut back to a rune boundary.
+func window(text string) (head, tail string) {
+	if len(text) <= MaxScanBytes {
+		return text, ""
+	}
+	h := headBytes
+	for h > 0 && text[h]&0xC0 == 0x80 {
+		h--
+	}
+	t := len(text) - (MaxScanBytes - headBytes)
+	for t < len(text) && text[t]&0xC0 == 0x80 {
+		t++
+	}
+	return text[:h], text[t:]
+}
+
+// language is the language with the most stop words, "" on a tie or none.
+func (m *model) language(st *state) string {
+	best, n, tie := -1, int32(0), false
+	for i, c := range m.lang {
+		switch n1 := st.counts[c]; {
+		case n1 > n:
+			best, n, tie = i, n1, false
+		case n1 == n && n1 > 0:
+			tie = true
+		}
+	}
+	if best < 0 || tie {
+		return ""
+	}
+	return stopWords[best].lang
+}
+
+// sameDomains reports whether ds holds exactly m's domains, in any order
+// and with repeats, without allocating.
+func (m *model) sameDomains(ds []string) bool {
+	if slices.Equal(ds, m.domains) {
+		return true
+	}
+	for _, d := range ds {
+		if _, ok := slices.BinarySearch(m.domains, d); !ok {
+			return false
+		}
+	}
+	for _, d := range m.domains {
+		if !slices.Contains(ds, d) {
 			return false
 		}
 	}
 	return true
 }
 
-// clip keeps the head and tail of a long text (MaxEstimateRunes in all).
-func clip(s string) string {
-	if len(s) <= MaxEstimateRunes { // bytes ≥ runes: short enough
-		return s
+// current returns the model for the domains registered now.
+func (e *Estimator) current() *model {
+	var ds []string
+	if e == nil {
+		return baseModel()
 	}
-	if utf8.RuneCountInString(s) <= MaxEstimateRunes {
-		return s
+	if f := e.domains.Load(); f != nil && *f != nil {
+		ds = (*f)()
 	}
-	r := []rune(s)
-	head := MaxEstimateRunes * 3 / 4
-	return string(r[:head]) + "\n" + string(r[len(r)-(MaxEstimateRunes-head):])
+	if m := e.model.Load(); m != nil && m.sameDomains(ds) {
+		return m
+	}
+	m := modelFor(ds)
+	e.model.Store(m)
+	return m
 }
 
-func language(s string) string {
-	en := len(enStopRe.FindAllStringIndex(s, 50))
-	it := len(itStopRe.FindAllStringIndex(s, 50))
-	switch {
-	case en == 0 && it == 0:
-		return ""
-	case it > en:
-		return "it"
-	case en > it:
-		return "en"
-	}
-	return ""
+// models caches compiled models by domain set, shared by all estimators;
+// it is cleared when it holds maxModels (domain sets change when adapters
+// are loaded, not per request).
+var models struct {
+	sync.Mutex
+	m map[string]*model
 }
 
-// Difficulty weights: the logit is
-//
-//	−1.6 + 0.5·ln(1+tokens/40) + 0.25·min(questions−1, 3) + 0.8·min(reasoning cues, 2)
-//	     + 0.3·min(constraints, 3) + 0.4·tools + 0.3·[code lines > 20] + 0.2·[not English]
-//	     + offset(task)
-//
-// so "hello" scores ≈ 0.12 and a long multi-part proof ≈ 0.9.
-func difficulty(text, scan, task string, tools bool, lang string) float64 {
-	z := -1.6
-	z += 0.5 * math.Log1p(float64(EstimateTokens(text))/40)
-	if q := strings.Count(scan, "?"); q > 1 {
-		z += 0.25 * float64(min(q-1, 3))
+const maxModels = 32
+
+// baseModel is the model without adapter domains, for the nil Estimator.
+var baseModel = sync.OnceValue(func() *model { return modelFor(nil) })
+
+func modelFor(ds []string) *model {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	ds = slices.Compact(ds)
+	key := strings.Join(ds, "\x00")
+	models.Lock()
+	defer models.Unlock()
+	if m, ok := models.m[key]; ok {
+		return m
 	}
-	z += 0.8 * float64(min(len(reasoningRe.FindAllStringIndex(scan, 2)), 2))
-	z += 0.3 * float64(min(len(constraintRe.FindAllStringIndex(scan, 3)), 3))
-	if tools {
-		z += 0.4
+	m, err := compile(ds)
+	if err != nil {
+		// The lexicons are constants and adapter names are sanitised:
+		// only a broken lexicon gets here, and TestLexiconsCompile fails.
+		panic(fmt.Sprintf("capability: compiling the lexicons: %v", err))
 	}
-	if strings.Contains(scan, "```") && strings.Count(scan, "\n") > 20 {
-		z += 0.3
+	if models.m == nil || len(models.m) >= maxModels {
+		models.m = map[string]*model{}
 	}
-	if lang != "en" {
-		z += 0.2
+	models.m[key] = m
+	return m
+}
+
+// compile builds the model for the sorted, unique domains ds.
+func compile(ds []string) (*model, error) {
+	m := &model{domains: ds, cats: slices.Clone(Tasks)}
+	catIndex := map[string]int32{}
+	for i, t := range Tasks {
+		catIndex[t] = int32(i)
 	}
-	z += difficultyOffset[task]
-	return 1 / (1 + math.Exp(-z))
+	for _, d := range ds {
+		if _, ok := catIndex[d]; !ok {
+			catIndex[d] = int32(len(m.cats))
+			m.cats = append(m.cats, d)
+		}
+	}
+	var ps phraseSet
+	var pairs []pair
+	addCue := func(cat int32, w float64, c cueDef) error {
+		id := int32(len(m.cueCat))
+		m.cueCat = append(m.cueCat, cat)
+		m.cueW = append(m.cueW, w)
+		if c.any != "" {
+			if err := ps.add(c.any, action{kind: actCount, cue: id}); err != nil {
+				return err
+			}
+		}
+		for _, n := range c.near {
+			p := int32(len(pairs))
+			pairs = append(pairs, pair{lo: int32(n.gap[0]), hi: int32(n.gap[1]), line: n.line})
+			if err := ps.add(n.first, action{kind: actMark, pair: p}); err != nil {
+				return err
+			}
+			if err := ps.add(n.then, action{kind: actThen, cue: id, pair: p}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	counter := func(phrases string) (int32, error) {
+		id := int32(len(m.cueCat))
+		return id, addCue(-1, 0, cueDef{any: phrases})
+	}
+	for _, c := range taskCues {
+		if err := addCue(catIndex[c.cat], c.w, c); err != nil {
+			return nil, fmt.Errorf("%s cue: %w", c.cat, err)
+		}
+	}
+	for _, d := range ds {
+		cues, ok := domainLexicons[d]
+		if !ok {
+			cues = unknownDomain(d)
+		}
+		for _, c := range cues {
+			if err := addCue(catIndex[d], c.w, c); err != nil {
+				return nil, fmt.Errorf("domain %s: %w", d, err)
+			}
+		}
+	}
+	var err error
+	if m.fence, err = counter("```"); err != nil {
+		return nil, err
+	}
+	if m.reasoning, err = counter(reasoningCues); err != nil {
+		return nil, fmt.Errorf("reasoning cues: %w", err)
+	}
+	if m.constraint, err = counter(constraintCues); err != nil {
+		return nil, fmt.Errorf("constraint cues: %w", err)
+	}
+	for i, sw := range stopWords {
+		if m.lang[i], err = counter(sw.words); err != nil {
+			return nil, fmt.Errorf("%s stop words: %w", sw.lang, err)
+		}
+	}
+	m.ac = ps.build()
+	m.ac.pairs = pairs
+	ncues, ncats := len(m.cueCat), len(m.cats)
+	m.pool.New = func() any {
+		return &state{
+			scanState: scanState{counts: make([]int32, ncues), marks: make([]int32, len(pairs))},
+			scores:    make([]float64, ncats),
+			has:       make([]bool, ncats),
+		}
+	}
+	return m, nil
+}
+
+// unknownDomain is the cue of an adapter name without a lexicon: the word
+// or its stem without an English inflection, as a prefix, weight 2. Names
+// that are not plain ASCII words of three letters or more get no cue.
+func unknownDomain(d string) []cueDef {
+	name := strings.ToLower(d)
+	if len(name) < 3 {
+		return nil
+	}
+	for _, r := range name {
+		if r > unicode.MaxASCII || !unicode.IsLetter(r) {
+			return nil
+		}
+	}
+	stem := name
+	for _, suf := range []string{"ing", "ed", "es", "s"} {
+		if len(stem)-len(suf) >= 4 && strings.HasSuffix(stem, suf) {
+			stem = strings.TrimSuffix(stem, suf)
+			break
+		}
+	}
+	return []cueDef{{cat: d, w: 2, any: stem + "*"}}
+}
+
+// runeCount is utf8.RuneCountInString for valid UTF-8: the bytes that are
+// not continuation bytes (0b10xxxxxx), counted sixteen at a time in the
+// byte lanes of two words (a stray continuation byte in invalid UTF-8 is
+// not counted).
+func runeCount(s string) int {
+	const high = 0x8080808080808080
+	n := len(s)
+	for len(s) >= 16 {
+		// At most 127 rounds of two, so no byte lane passes 255.
+		var lanes uint64
+		for k := 0; k < 127 && len(s) >= 16; k++ {
+			_ = s[15]
+			w := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+				uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+			v := uint64(s[8]) | uint64(s[9])<<8 | uint64(s[10])<<16 | uint64(s[11])<<24 |
+				uint64(s[12])<<32 | uint64(s[13])<<40 | uint64(s[14])<<48 | uint64(s[15])<<56
+			// 1 in a lane for each continuation byte: bit 7 set, bit 6 clear
+			lanes += (w&^(w<<1)&high)>>7 + (v&^(v<<1)&high)>>7
+			s = s[16:]
+		}
+		// Sum the eight byte lanes in 16-bit lanes.
+		const even = 0x00FF00FF00FF00FF
+		x := lanes&even + lanes>>8&even
+		n -= int(x * 0x0001000100010001 >> 48)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i]&0xC0 == 0x80 {
+			n--
+		}
+	}
+	return n
 }
 
 // EstimateTokens approximates the token count of text as ceil(runes/4),
 // OpenAI's rule of thumb for English ("a token is about 4 characters",
 // help.openai.com "What are tokens and how to count them").
 func EstimateTokens(text string) int {
-	return (utf8.RuneCountInString(text) + 3) / 4
+	return (runeCount(text) + 3) / 4
 }

@@ -99,8 +99,8 @@ var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 
 // Classify validates in.Body for in.Endpoint (openai.ParseRequest) and
 // builds its annotation: every string, object key and number of the body
-// is scanned, except the OpenAI schema's own enum and id positions
-// (skipPaths) and the model name (checked on its own); what cannot be
+// is scanned, except the OpenAI schema's own enum values at their
+// positions (enumPaths) and the model name (checked on its own); what cannot be
 // scanned is listed in Unscanned. Errors are *openai.Error with status 400.
 func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	a := &Annotation{classifier: c, path: in.Path}
@@ -211,34 +211,44 @@ func (a *Annotation) seal() {
 	h.Sum(a.digest[:0])
 }
 
-// skipPaths are the positions whose strings are the OpenAI schema's own
-// enums and ids, not content: they are not scanned. Segments are object
-// keys; "#" matches any array index. Every other string, object key
-// (outside schemaKeys) and number is scanned.
-var skipPaths = [][]string{
-	{"model"},
-	{"messages", "#", "role"},
-	{"messages", "#", "content", "#", "type"},
-	{"messages", "#", "content", "#", "image_url", "detail"},
-	{"messages", "#", "content", "#", "input_audio", "format"},
-	{"messages", "#", "content", "#", "file", "file_id"},
-	{"messages", "#", "tool_calls", "#", "id"},
-	{"messages", "#", "tool_calls", "#", "type"},
-	{"messages", "#", "tool_call_id"},
-	{"messages", "#", "audio", "id"},
-	{"tools", "#", "type"},
-	{"tool_choice"},
-	{"tool_choice", "type"},
-	{"response_format", "type"},
-	{"service_tier"},
-	{"reasoning_effort"},
-	{"modalities", "#"},
-	{"audio", "voice"},
-	{"audio", "format"},
-	{"prediction", "type"},
-	{"encoding_format"},
-	{"verbosity"},
-	{"web_search_options", "search_context_size"},
+// enumPaths are the positions whose strings are the OpenAI schema's own
+// enums, with the values each may take; a string there that is one of them
+// is not scanned (it carries nothing but the schema's word), any other
+// value is scanned like text. Ids (tool call ids, file ids) are free-form
+// and scanned. Segments are object keys; "#" matches any array index. The
+// model name is checked on its own (checkModelName).
+var enumPaths = []struct {
+	path   []string
+	values map[string]bool
+}{
+	{[]string{"model"}, nil}, // nil: any value (checked by checkModelName)
+	{[]string{"messages", "#", "role"}, words("system developer user assistant tool function")},
+	{[]string{"messages", "#", "content", "#", "type"}, words("text image_url input_audio refusal file")},
+	{[]string{"messages", "#", "content", "#", "image_url", "detail"}, words("auto low high")},
+	{[]string{"messages", "#", "content", "#", "input_audio", "format"}, words("wav mp3 flac opus pcm16 aac ogg webm m4a")},
+	{[]string{"messages", "#", "tool_calls", "#", "type"}, words("function custom")},
+	{[]string{"tools", "#", "type"}, words("function custom")},
+	{[]string{"tool_choice"}, words("none auto required")},
+	{[]string{"tool_choice", "type"}, words("function custom allowed_tools")},
+	{[]string{"tool_choice", "mode"}, words("auto required")},
+	{[]string{"response_format", "type"}, words("text json_object json_schema")},
+	{[]string{"service_tier"}, words("auto default flex scale priority")},
+	{[]string{"reasoning_effort"}, words("none minimal low medium high")},
+	{[]string{"modalities", "#"}, words("text audio")},
+	{[]string{"audio", "voice"}, words("alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar")},
+	{[]string{"audio", "format"}, words("wav aac mp3 flac opus pcm16")},
+	{[]string{"prediction", "type"}, words("content")},
+	{[]string{"encoding_format"}, words("float base64")},
+	{[]string{"verbosity"}, words("low medium high")},
+	{[]string{"web_search_options", "search_context_size"}, words("low medium high")},
+}
+
+func words(s string) map[string]bool {
+	m := map[string]bool{}
+	for _, w := range strings.Fields(s) {
+		m[w] = true
+	}
+	return m
 }
 
 // schemaKeys are object member names of OpenAI's request schemas. Such a
@@ -304,10 +314,12 @@ func (w *walker) at(pattern ...string) bool {
 	return true
 }
 
-func (w *walker) skipped() bool {
-	for _, p := range skipPaths {
-		if w.at(p...) {
-			return true
+// enum reports whether s at the current path is one of the schema's enum
+// values for it (and so is not content).
+func (w *walker) enum(s string) bool {
+	for _, p := range enumPaths {
+		if w.at(p.path...) {
+			return p.values == nil || p.values[s]
 		}
 	}
 	return false
@@ -354,9 +366,7 @@ func (w *walker) walk(v gjson.Result, depth int) {
 	case v.Type == gjson.String:
 		w.str(v.Str)
 	case v.Type == gjson.Number:
-		if !w.skipped() {
-			w.add(v.Raw, kindNumber)
-		}
+		w.add(v.Raw, kindNumber)
 	}
 }
 
@@ -370,7 +380,7 @@ func (w *walker) endMessage(m gjson.Result) {
 }
 
 func (w *walker) str(s string) {
-	if len(w.segs) == 0 || w.skipped() {
+	if len(w.segs) == 0 || w.enum(s) {
 		return
 	}
 	if strings.HasPrefix(s, "data:") {
