@@ -44,6 +44,7 @@ type Upstream struct {
 	srv    *httptest.Server
 	mu     sync.Mutex
 	bodies [][]byte
+	drained int // bodies before this index were returned by Drain
 	paths  []string
 	heads  []http.Header
 }
@@ -78,6 +79,16 @@ func (u *Upstream) Received() [][]byte {
 	out := make([][]byte, len(u.bodies))
 	copy(out, u.bodies)
 	return out
+}
+
+// Drain returns the request bodies received since the last Drain (or the
+// start) and forgets them.
+func (u *Upstream) Drain() [][]byte {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := u.bodies[u.drained:]
+	u.drained = len(u.bodies)
+	return append([][]byte(nil), out...)
 }
 
 // Headers returns the request headers received so far.
