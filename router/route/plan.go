@@ -108,6 +108,9 @@ func (c *Catalogue) NewPlan(a *classify.Annotation, d *policies.Decision, sel Se
 		return Plan{Strategy: StrategyModels, Known: true, Reasons: []string{"the model listing is answered from the catalogue"}}
 	}
 	cands, excluded, known := c.RankWith(a, d, sel)
+	if cands == nil {
+		cands = []Candidate{}
+	}
 	p := Plan{Strategy: StrategySingle, Candidates: cands, Excluded: excluded, Known: known}
 	if len(cands) > 0 {
 		p.Adapter = cands[0].Adapter()

@@ -43,8 +43,8 @@ type Candidate struct {
 
 // Exclusion says why a target serving the model was not a candidate.
 type Exclusion struct {
-	Target string
-	Reason string
+	Target string `json:"target"`
+	Reason string `json:"reason"`
 }
 
 func (e Exclusion) String() string { return e.Target + ": " + e.Reason }
