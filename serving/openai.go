@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
@@ -61,10 +62,9 @@ func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
 }
 
+// writeError writes OpenAI's error body (the gateway's one writer, openai.Error).
 func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(errorBody(typ, param, code, msg))
+	(&openai.Error{Status: status, Type: typ, Param: param, Code: code, Message: msg}).Write(w)
 }
 
 func errorBody(typ, param, code, msg string) map[string]any {
@@ -166,6 +166,15 @@ func (m chatMessage) text() (string, error) {
 
 // parse validates the body and builds the engine request.
 func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, error) {
+	// One idea of a valid request for the gateway and the engine: the
+	// shared validator first, then the engine's own limits below.
+	ep := openai.EndpointCompletions
+	if chat {
+		ep = openai.EndpointChat
+	}
+	if _, aerr := openai.ParseRequest(ep, body); aerr != nil {
+		return nil, Request{}, &apiError{aerr.Status, aerr.Type, aerr.Param, aerr.Code, aerr.Message}
+	}
 	var cr completionRequest
 	if err := json.Unmarshal(body, &cr); err != nil {
 		return nil, Request{}, badRequest("", "request body is not valid JSON: %v", err)
