@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench lint model deps clean env
+.PHONY: all build run test bench fuzz lint model deps clean env
 
 all: build
 
@@ -56,6 +56,16 @@ test: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 2s -timeout 30m ./...
+
+# Long fuzzing: FUZZTIME per target (default 5m). The canary residency fuzz
+# plants canaries anywhere in valid bodies under every strategy; the others
+# fuzz body parsing, redaction and the SSE decoder.
+FUZZTIME ?= 5m
+fuzz: deps
+	$(GO) test -run '^$$' -fuzz '^FuzzCanaryResidency$$' -fuzztime $(FUZZTIME) ./router/pipeline/
+	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./redaction/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreamRestorer$$' -fuzztime $(FUZZTIME) ./redaction/
+	$(GO) test -run '^$$' -fuzz '^FuzzEstimate$$' -fuzztime $(FUZZTIME) ./router/capability/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
