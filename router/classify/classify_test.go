@@ -161,6 +161,25 @@ func TestClassifyCapability(t *testing.T) {
 }
 
 func TestClassifyReadsTheLastUserTurnForTheTask(t *testing.T) {
+	tests := []struct{ name, prompt, want string }{
+		{"a greeting is chat", "hello, how are you?", "chat"},
+		{"code is coding", "Why does this python function raise?", "coding"},
+		{"a fenced block is coding", "```\nx := 1\n```", "coding"},
+		{"translate is translation", "Translate this sentence please", "translation"},
+		{"Italian translation", "traduci questa frase in inglese", "translation"},
+		{"summarise is summarisation", "Please summarise the following article", "summarisation"},
+		{"arithmetic is math", "what is 12 * 7", "math"},
+		{"solve is math", "Solve x squared equals nine", "math"},
+		{"extract is extraction", "Extract the names from the letter", "extraction"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+", whatever the system prompt says", func(t *testing.T) {
+			body := `{"model":"m","messages":[{"role":"system","content":"translate everything"},{"role":"user","content":` + jsonString(tt.prompt) + `}]}`
+			if got := classifyBody(t, openai.EndpointChat, body, "").Task(); got != tt.want {
+				t.Fatalf("Task = %q, want %q", got, tt.want)
+			}
+		})
+	}
 	t.Run("the last user message decides, not the system prompt or an earlier turn", func(t *testing.T) {
 		body := `{"model":"m","messages":[{"role":"system","content":"translate everything"},{"role":"user","content":"translate this"},{"role":"assistant","content":"ok"},{"role":"user","content":[{"type":"text","text":"now summarise it"}]}]}`
 		a := classifyBody(t, openai.EndpointChat, body, "")
