@@ -380,7 +380,22 @@ func (w *walker) endMessage(m gjson.Result) {
 }
 
 func (w *walker) str(s string) {
-	if len(w.segs) == 0 || w.enum(s) {
+	if len(w.segs) == 0 {
+		return
+	}
+	if w.at("messages", "#", "content", "#", "type") {
+		// A part's type says what the target must accept, whatever the
+		// part holds (a file part may name an uploaded file by id only).
+		switch s {
+		case "image_url":
+			w.a.addModality("image")
+		case "input_audio":
+			w.a.addModality("audio")
+		case "file":
+			w.a.addModality("file")
+		}
+	}
+	if w.enum(s) {
 		return
 	}
 	if strings.HasPrefix(s, "data:") {

@@ -42,9 +42,9 @@ var ErrLineTooLong = errors.New("event stream line over the length limit")
 // CR, a CRLF pair may be split across reads; "data:" with or without the
 // space; several data lines make one multi-line data; unknown fields are
 // ignored; a blank line dispatches the event (an event with no data
-// field is not dispatched, but its comments are kept for the next one). At
-// the end of the stream an unterminated event is discarded, as the
-// standard says.
+// field is not dispatched and its type is dropped, but its comments are
+// kept for the next one). At the end of the stream an unterminated event
+// is discarded, as the standard says.
 type Decoder struct {
 	r       *bufio.Reader
 	lastCR  bool // the previous line ended with CR: a following LF belongs to it
@@ -75,6 +75,7 @@ func (d *Decoder) Next() (Event, error) {
 		}
 		if len(line) == 0 {
 			if !d.hasData {
+				d.pending.Type = "" // the standard empties the event type buffer too
 				continue
 			}
 			ev := d.pending

@@ -1,4 +1,4 @@
-package router
+package pipeline
 
 import (
 	"io"
@@ -6,46 +6,22 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tidwall/gjson"
 
-	"github.com/molly-gateway/molly/api"
 	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/router/capability"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/route"
 )
-
-// forwarderGateway serves classify → default policy → f.Serve, with id (may
-// be nil) in the request context as molly_auth puts it there; the request's
-// X-Molly-Sensitivity header is honoured.
-func forwarderGateway(t *testing.T, f *Forwarder, id *Identity) *httptest.Server {
-	t.Helper()
-	cls, eng := testClassifier(t), defaultEngine(t)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ep, _ := EndpointOf(r.Method, r.URL.Path)
-		body, _ := io.ReadAll(r.Body)
-		a, err := cls.Classify(ep, body, r.Header.Get("X-Molly-Sensitivity"), "")
-		if err != nil {
-			api.WriteError(w, err)
-			return
-		}
-		ctx := r.Context()
-		if id != nil {
-			ctx = WithIdentity(ctx, id)
-		}
-		d := eng.Decide(ctx, PolicyInputFor(a, id, f.Catalogue))
-		if err := f.Serve(w, r.WithContext(ctx), a, d); err != nil {
-			api.WriteError(w, err)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
 
 // cascadeTiers starts T1 lan (free, quality 0.5), T2 remote (0.1 USD per
 // 1M tokens, 0.6) and T3 cloud (1 USD, 0.9) serving "m", whose answers
 // carry logprobs with the given means. Ranked by score: cloud, remote,
 // lan; by cost: lan, remote, cloud.
-func cascadeTiers(t *testing.T, logprobs [3]float64) ([3]*upstreamtest.Upstream, *Catalogue) {
+func cascadeTiers(t *testing.T, logprobs [3]float64) ([3]*upstreamtest.Upstream, []*route.Target) {
 	t.Helper()
 	var ups [3]*upstreamtest.Upstream
 	for i, name := range []string{"lan", "remote", "cloud"} {
@@ -53,19 +29,22 @@ func cascadeTiers(t *testing.T, logprobs [3]float64) ([3]*upstreamtest.Upstream,
 		ups[i].Logprob = logprobs[i]
 		t.Cleanup(ups[i].Close)
 	}
-	cat := newCatalogue(t,
-		&Target{Name: "lan", Tier: "T1", Endpoint: ups[0].URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.5}},
-		&Target{Name: "remote", Tier: "T2", Endpoint: ups[1].URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.6}, PriceIn: 0.1, PriceOut: 0.1},
-		&Target{Name: "cloud", Tier: "T3", Endpoint: ups[2].URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}, PriceIn: 1, PriceOut: 1},
-	)
-	return ups, cat
+	return ups, []*route.Target{
+		{Name: "lan", Tier: "T1", Endpoint: ups[0].URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.5}},
+		{Name: "remote", Tier: "T2", Endpoint: ups[1].URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.6}, PriceIn: 0.1, PriceOut: 0.1},
+		{Name: "cloud", Tier: "T3", Endpoint: ups[2].URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}, PriceIn: 1, PriceOut: 1},
+	}
+}
+
+func withCascade(c route.Cascade, priors *route.Priors) func(*Pipeline) {
+	return func(p *Pipeline) { p.Strategies.Cascade, p.Priors = &c, priors }
 }
 
 func TestCascade(t *testing.T) {
 	const prompt = "what is the capital of France?"
 	cases := []struct {
 		name        string
-		cascade     Cascade
+		cascade     route.Cascade
 		sensitivity string
 		logprobs    [3]float64 // lan, remote, cloud
 		askLogprobs bool
@@ -77,7 +56,7 @@ func TestCascade(t *testing.T) {
 	}{
 		{
 			name:        "a low-confidence local answer escalates to the next cheapest candidate",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3},
 			logprobs:    [3]float64{-3, -0.2, -0.1},
 			wantTarget:  "remote",
 			wantCascade: "lan/m logprob=-3.00<-1.50 -> remote/m logprob=-0.20",
@@ -86,7 +65,7 @@ func TestCascade(t *testing.T) {
 		},
 		{
 			name:        "a confident local answer does not escalate",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3},
 			logprobs:    [3]float64{-0.5, -0.2, -0.1},
 			wantTarget:  "lan",
 			wantCascade: "lan/m logprob=-0.50",
@@ -95,7 +74,7 @@ func TestCascade(t *testing.T) {
 		},
 		{
 			name:        "an answer exactly at the threshold is accepted",
-			cascade:     Cascade{Threshold: -1.5},
+			cascade:     route.Cascade{Threshold: -1.5},
 			logprobs:    [3]float64{-1.5, -0.2, -0.1},
 			wantTarget:  "lan",
 			wantCascade: "lan/m logprob=-1.50",
@@ -104,7 +83,7 @@ func TestCascade(t *testing.T) {
 		},
 		{
 			name:        "max_attempts bounds the escalations and the last answer is returned",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 2},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 2},
 			logprobs:    [3]float64{-3, -2, -0.1},
 			wantTarget:  "remote",
 			wantCascade: "lan/m logprob=-3.00<-1.50 -> remote/m logprob=-2.00",
@@ -113,7 +92,7 @@ func TestCascade(t *testing.T) {
 		},
 		{
 			name:        "order score tries T3 first when the policy allows it",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, Order: OrderScore},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, Order: route.OrderScore},
 			logprobs:    [3]float64{-3, -3, -0.1},
 			wantTarget:  "cloud",
 			wantCascade: "cloud/m logprob=-0.10",
@@ -122,7 +101,7 @@ func TestCascade(t *testing.T) {
 		},
 		{
 			name:        "a policy allowing T0–T2 never escalates to T3 even when T3 is next by score",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, Order: OrderScore},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, Order: route.OrderScore},
 			sensitivity: "internal",
 			logprobs:    [3]float64{-3, -3, -0.1},
 			wantTarget:  "lan",
@@ -132,7 +111,7 @@ func TestCascade(t *testing.T) {
 		},
 		{
 			name:        "a client asking for logprobs keeps them in the answer",
-			cascade:     Cascade{Threshold: -1.5},
+			cascade:     route.Cascade{Threshold: -1.5},
 			logprobs:    [3]float64{-0.5, -0.2, -0.1},
 			askLogprobs: true,
 			wantTarget:  "lan",
@@ -143,11 +122,9 @@ func TestCascade(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ups, cat := cascadeTiers(t, tc.logprobs)
-			priors := NewPriors()
-			cfg := tc.cascade
-			f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Priors: priors, Cascade: &cfg}
-			gw := forwarderGateway(t, f, nil)
+			ups, targets := cascadeTiers(t, tc.logprobs)
+			priors := route.NewPriors()
+			gw, _ := startGateway(t, setup{targets: targets, edit: withCascade(tc.cascade, priors)})
 			body := chatBody(prompt)
 			if tc.askLogprobs {
 				body = `{"model":"m","logprobs":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`
@@ -157,8 +134,8 @@ func TestCascade(t *testing.T) {
 				hdr = []string{"X-Molly-Sensitivity", tc.sensitivity}
 			}
 			r := post(t, gw.URL+"/v1/chat/completions", body, hdr...)
-			if r.status != 200 || r.header.Get(HeaderTarget) != tc.wantTarget {
-				t.Fatalf("status %d target %q, want 200 %q: %s", r.status, r.header.Get(HeaderTarget), tc.wantTarget, r.body)
+			if r.status != 200 || r.header.Get(HeaderTarget) != tc.wantTarget || r.header.Get(HeaderPlan) != "cascade" {
+				t.Fatalf("status %d target %q strategy %q, want 200 %q cascade: %s", r.status, r.header.Get(HeaderTarget), r.header.Get(HeaderPlan), tc.wantTarget, r.body)
 			}
 			if got := r.header.Get(HeaderCascade); got != tc.wantCascade {
 				t.Errorf("%s = %q, want %q", HeaderCascade, got, tc.wantCascade)
@@ -180,7 +157,7 @@ func TestCascade(t *testing.T) {
 					}
 				}
 			}
-			q, n := priors.Quality(PriorKey{Target: "lan", Model: "m", Category: TaskChat}, 0.5)
+			q, n := priors.Quality(route.PriorKey{Target: "lan", Model: "m", Category: capability.TaskChat}, 0.5)
 			if n != tc.wantLanN || math.Abs(q-tc.wantLanQ) > 1e-9 {
 				t.Errorf("lan prior = %.4f after %d observations, want %.4f after %d", q, n, tc.wantLanQ, tc.wantLanN)
 			}
@@ -188,13 +165,20 @@ func TestCascade(t *testing.T) {
 	}
 }
 
+// chatURLFor is the chat completions URL of a gateway whose caller
+// "alice" records usage in ledger.
+func chatURLFor(t *testing.T, s setup, ledger *memLedger) string {
+	s.id = &identity.Identity{Member: "alice", Ledger: ledger}
+	gw, _ := startGateway(t, s)
+	return gw.URL + "/v1/chat/completions"
+}
+
 func TestCascadeFallsBackOnFailuresAndRecordsEveryAttempt(t *testing.T) {
-	ups, cat := cascadeTiers(t, [3]float64{-3, 0, -0.1})
+	ups, targets := cascadeTiers(t, [3]float64{-3, 0, -0.1})
 	ups[1].Close() // remote is down: the escalation goes on to cloud
 	ledger := &memLedger{}
-	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3}}
-	gw := forwarderGateway(t, f, &Identity{Member: "alice", Ledger: ledger})
-	r := post(t, gw.URL+"/v1/chat/completions", chatBody("what is the capital of France?"))
+	r := post(t, chatURLFor(t, setup{targets: targets, edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 3}, nil)}, ledger),
+		chatBody("what is the capital of France?"))
 	if r.status != 200 || r.header.Get(HeaderTarget) != "cloud" {
 		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 	}
@@ -212,10 +196,13 @@ func TestCascadeFallsBackOnFailuresAndRecordsEveryAttempt(t *testing.T) {
 }
 
 func TestCascadeAsksAgainWithoutLogprobsWhenRefused(t *testing.T) {
+	var mu sync.Mutex
 	var bodies []string
 	picky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
 		bodies = append(bodies, string(b))
+		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		if gjson.GetBytes(b, "logprobs").Exists() {
 			w.WriteHeader(http.StatusBadRequest)
@@ -227,12 +214,11 @@ func TestCascadeAsksAgainWithoutLogprobsWhenRefused(t *testing.T) {
 	t.Cleanup(picky.Close)
 	other := upstreamtest.Start("other")
 	t.Cleanup(other.Close)
-	cat := newCatalogue(t,
-		&Target{Name: "picky", Tier: "T1", Endpoint: picky.URL + "/v1", Models: []string{"m"}},
-		&Target{Name: "other", Tier: "T2", Endpoint: other.URL(), Models: []string{"m"}, PriceIn: 1, PriceOut: 1},
-	)
-	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1}}
-	r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", chatBody("hello"))
+	gw, _ := startGateway(t, setup{targets: []*route.Target{
+		{Name: "picky", Tier: "T1", Endpoint: picky.URL + "/v1", Models: []string{"m"}},
+		{Name: "other", Tier: "T2", Endpoint: other.URL(), Models: []string{"m"}, PriceIn: 1, PriceOut: 1},
+	}, edit: withCascade(route.Cascade{Threshold: -1}, nil)})
+	r := post(t, gw.URL+"/v1/chat/completions", chatBody("hello"))
 	if r.status != 200 || r.header.Get(HeaderTarget) != "picky" || gjson.Get(r.body, "choices.0.message.content").String() != "picky answer" {
 		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 	}
@@ -241,29 +227,6 @@ func TestCascadeAsksAgainWithoutLogprobsWhenRefused(t *testing.T) {
 	}
 	if len(bodies) != 2 || gjson.Get(bodies[1], "logprobs").Exists() || other.Count() != 0 {
 		t.Errorf("picky received %q, other %d requests; want a retry without logprobs and no escalation", bodies, other.Count())
-	}
-}
-
-func TestCascadeSettingsAreValidated(t *testing.T) {
-	cases := []struct {
-		name    string
-		cascade Cascade
-		wantErr string
-	}{
-		{"a negative threshold with defaults is valid", Cascade{Threshold: -1.5}, ""},
-		{"a positive threshold is refused", Cascade{Threshold: 0.5}, "threshold 0.5"},
-		{"a NaN threshold is refused", Cascade{Threshold: math.NaN()}, "threshold NaN"},
-		{"negative max_attempts are refused", Cascade{Threshold: -1, MaxAttempts: -1}, "max_attempts -1"},
-		{"an unknown order is refused", Cascade{Threshold: -1, Order: "random"}, `order "random"`},
-		{"negative hold_tokens are refused", Cascade{Threshold: -1, HoldTokens: -2}, "hold_tokens -2"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cascade.Validate()
-			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
-				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.wantErr)
-			}
-		})
 	}
 }
 
@@ -290,29 +253,11 @@ func TestMeanLogprob(t *testing.T) {
 	}
 }
 
-func TestStripLogprobsNullsEveryChoice(t *testing.T) {
-	in := `{"choices":[{"index":0,"logprobs":{"content":[]}},{"index":1,"logprobs":{"content":[]}}]}`
-	got := string(stripLogprobs([]byte(in)))
-	if want := `{"choices":[{"index":0,"logprobs":null},{"index":1,"logprobs":null}]}`; got != want {
-		t.Fatalf("stripLogprobs = %s, want %s", got, want)
-	}
-}
-
-// streamBody is a streamed chat request for prompt, asking for logprobs
-// when logprobs is set.
-func streamBody(prompt string, logprobs bool) string {
-	lp := ""
-	if logprobs {
-		lp = `"logprobs":true,`
-	}
-	return `{"model":"m","stream":true,` + lp + `"messages":[{"role":"user","content":"` + prompt + `"}]}`
-}
-
 func TestCascadeStream(t *testing.T) {
 	const prompt = "what is the capital of France?"
 	cases := []struct {
 		name        string
-		cascade     Cascade
+		cascade     route.Cascade
 		sensitivity string
 		logprobs    [3]float64 // lan, remote, cloud
 		askLogprobs bool
@@ -324,7 +269,7 @@ func TestCascadeStream(t *testing.T) {
 	}{
 		{
 			name:        "a low-confidence held stream escalates to the next cheapest candidate",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
 			logprobs:    [3]float64{-3, -0.2, -0.1},
 			wantTarget:  "remote",
 			wantCascade: "lan/m logprob=-3.00<-1.50 -> remote/m logprob=-0.20",
@@ -333,7 +278,7 @@ func TestCascadeStream(t *testing.T) {
 		},
 		{
 			name:        "a confident held stream is relayed without escalating",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
 			logprobs:    [3]float64{-0.5, -0.2, -0.1},
 			wantTarget:  "lan",
 			wantCascade: "lan/m logprob=-0.50",
@@ -342,7 +287,7 @@ func TestCascadeStream(t *testing.T) {
 		},
 		{
 			name:        "a hold longer than the stream scores and relays the whole stream",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 50},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 50},
 			logprobs:    [3]float64{-0.5, -0.2, -0.1},
 			wantTarget:  "lan",
 			wantCascade: "lan/m logprob=-0.50",
@@ -351,7 +296,7 @@ func TestCascadeStream(t *testing.T) {
 		},
 		{
 			name:        "a policy allowing T0–T2 never escalates a stream to T3 even when T3 is next by score",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, Order: OrderScore, HoldTokens: 2},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, Order: route.OrderScore, HoldTokens: 2},
 			sensitivity: "internal",
 			logprobs:    [3]float64{-3, -3, -0.1},
 			wantTarget:  "lan",
@@ -361,7 +306,7 @@ func TestCascadeStream(t *testing.T) {
 		},
 		{
 			name:        "a client asking for logprobs keeps them in the stream",
-			cascade:     Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
+			cascade:     route.Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2},
 			logprobs:    [3]float64{-3, -0.2, -0.1},
 			askLogprobs: true,
 			wantTarget:  "remote",
@@ -372,15 +317,14 @@ func TestCascadeStream(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ups, cat := cascadeTiers(t, tc.logprobs)
-			priors := NewPriors()
-			cfg := tc.cascade
-			f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Priors: priors, Cascade: &cfg}
+			ups, targets := cascadeTiers(t, tc.logprobs)
+			priors := route.NewPriors()
+			gw, _ := startGateway(t, setup{targets: targets, edit: withCascade(tc.cascade, priors)})
 			var hdr []string
 			if tc.sensitivity != "" {
 				hdr = []string{"X-Molly-Sensitivity", tc.sensitivity}
 			}
-			r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", streamBody(prompt, tc.askLogprobs), hdr...)
+			r := post(t, gw.URL+"/v1/chat/completions", streamBody(prompt, tc.askLogprobs), hdr...)
 			if r.status != 200 || r.header.Get(HeaderTarget) != tc.wantTarget {
 				t.Fatalf("status %d target %q, want 200 %q: %s", r.status, r.header.Get(HeaderTarget), tc.wantTarget, r.body)
 			}
@@ -423,7 +367,7 @@ func TestCascadeStream(t *testing.T) {
 					}
 				}
 			}
-			q, n := priors.Quality(PriorKey{Target: "lan", Model: "m", Category: TaskChat}, 0.5)
+			q, n := priors.Quality(route.PriorKey{Target: "lan", Model: "m", Category: capability.TaskChat}, 0.5)
 			if n != tc.wantLanN || math.Abs(q-tc.wantLanQ) > 1e-9 {
 				t.Errorf("lan prior = %.4f after %d observations, want %.4f after %d", q, n, tc.wantLanQ, tc.wantLanN)
 			}
@@ -432,10 +376,10 @@ func TestCascadeStream(t *testing.T) {
 }
 
 func TestCascadeStreamIsNotHeldWithoutHoldTokens(t *testing.T) {
-	ups, cat := cascadeTiers(t, [3]float64{-3, -0.2, -0.1})
-	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3}}
-	r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", streamBody("hello", false))
-	if r.status != 200 || r.header.Get(HeaderCascade) != "" || r.header.Get(HeaderTarget) != "cloud" {
+	ups, targets := cascadeTiers(t, [3]float64{-3, -0.2, -0.1})
+	gw, _ := startGateway(t, setup{targets: targets, edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 3}, nil)})
+	r := post(t, gw.URL+"/v1/chat/completions", streamBody("hello", false))
+	if r.status != 200 || r.header.Get(HeaderCascade) != "" || r.header.Get(HeaderTarget) != "cloud" || r.header.Get(HeaderPlan) != "single" {
 		t.Fatalf("status %d target %q cascade %q, want 200 from cloud (best by score) and no cascade", r.status, r.header.Get(HeaderTarget), r.header.Get(HeaderCascade))
 	}
 	if ups[2].Contains(`"logprobs"`) {
@@ -445,10 +389,9 @@ func TestCascadeStreamIsNotHeldWithoutHoldTokens(t *testing.T) {
 
 func TestCascadeStreamRecordsTheUsageOfAbandonedAttempts(t *testing.T) {
 	const prompt = "what is the capital of France?"
-	ups, cat := cascadeTiers(t, [3]float64{-3, -3, -0.1})
+	ups, targets := cascadeTiers(t, [3]float64{-3, -3, -0.1})
 	ledger := &memLedger{}
-	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2}}
-	r := post(t, chatURLFor(t, f, ledger), streamBody(prompt, false))
+	r := post(t, chatURLFor(t, setup{targets: targets, edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 2}, nil)}, ledger), streamBody(prompt, false))
 	if r.status != 200 || r.header.Get(HeaderTarget) != "cloud" || sseContent(t, r.body) != "cloud says: "+prompt {
 		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 	}
@@ -460,11 +403,12 @@ func TestCascadeStreamRecordsTheUsageOfAbandonedAttempts(t *testing.T) {
 		t.Fatalf("usage recorded %+v, want lan, remote, cloud", got)
 	}
 	// The abandoned streams sent 2 of their 4 chunks ("lan says: what is
-	// th") and no usage chunk: their tokens are counted from that text.
+	// th", 19 runes: 5 tokens) and no usage chunk: their tokens are counted
+	// from that text, the prompt (30 runes: 8 tokens, +6) estimated.
 	for i, u := range got[:2] {
 		held := ups[i].Name + " says: what is th"
-		if !u.Estimated || u.PromptTokens <= 0 || u.CompletionTokens != EstimateTokens(held) {
-			t.Errorf("%s usage %+v, want estimated with %d completion tokens", u.Target, u, EstimateTokens(held))
+		if want := (len(held) + 3) / 4; !u.Estimated || u.PromptTokens != 14 || u.CompletionTokens != want {
+			t.Errorf("%s usage %+v, want estimated with 14 prompt and %d completion tokens", u.Target, u, want)
 		}
 	}
 	if want := float64(got[1].PromptTokens+got[1].CompletionTokens) * 0.1 / 1e6; got[0].CostUSD != 0 || math.Abs(got[1].CostUSD-want) > 1e-15 {
@@ -478,11 +422,10 @@ func TestCascadeStreamRecordsTheUsageOfAbandonedAttempts(t *testing.T) {
 
 func TestCascadeStreamFallsBackWhenAHeldStreamBreaksOff(t *testing.T) {
 	const prompt = "TRUNCATE what is the capital of France?"
-	ups, cat := cascadeTiers(t, [3]float64{-0.5, -0.2, -0.1})
+	ups, targets := cascadeTiers(t, [3]float64{-0.5, -0.2, -0.1})
 	ups[1].Chunks = 1 // remote answers in one chunk, before the fake's truncation point
 	ledger := &memLedger{}
-	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 3}}
-	r := post(t, chatURLFor(t, f, ledger), streamBody(prompt, false))
+	r := post(t, chatURLFor(t, setup{targets: targets, edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 3, HoldTokens: 3}, nil)}, ledger), streamBody(prompt, false))
 	if r.status != 200 || r.header.Get(HeaderTarget) != "remote" || sseContent(t, r.body) != "remote says: "+prompt {
 		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 	}
@@ -495,12 +438,6 @@ func TestCascadeStreamFallsBackWhenAHeldStreamBreaksOff(t *testing.T) {
 	if got := ledger.take(); len(got) != 2 || got[0].Target != "lan" || !got[0].Estimated || got[0].CompletionTokens <= 0 || got[1].Target != "remote" {
 		t.Errorf("usage recorded %+v, want lan (counted) then remote", got)
 	}
-}
-
-// chatURLFor is the chat completions URL of a gateway for f whose
-// caller "alice" records usage in ledger.
-func chatURLFor(t *testing.T, f *Forwarder, ledger *memLedger) string {
-	return forwarderGateway(t, f, &Identity{Member: "alice", Ledger: ledger}).URL + "/v1/chat/completions"
 }
 
 // TestCascadeKeepsTheAnswerInHandWhenALaterCandidateRefuses checks that a
@@ -530,13 +467,12 @@ func TestCascadeKeepsTheAnswerInHandWhenALaterCandidateRefuses(t *testing.T) {
 			if !tc.lastAlive {
 				cloud.Close()
 			}
-			cat := newCatalogue(t,
-				&Target{Name: "lan", Tier: "T1", Endpoint: lan.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}},
-				&Target{Name: "refuser", Tier: "T2", Endpoint: refuser.URL + "/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.8}},
-				&Target{Name: "cloud", Tier: "T3", Endpoint: cloud.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.7}},
-			)
-			f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: -1.5, MaxAttempts: 3, Order: "score"}}
-			r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", `{"model":"m","logprobs":true,"messages":[{"role":"user","content":"what is the capital of France?"}]}`)
+			gw, _ := startGateway(t, setup{targets: []*route.Target{
+				{Name: "lan", Tier: "T1", Endpoint: lan.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}},
+				{Name: "refuser", Tier: "T2", Endpoint: refuser.URL + "/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.8}},
+				{Name: "cloud", Tier: "T3", Endpoint: cloud.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.7}},
+			}, edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 3, Order: "score"}, nil)})
+			r := post(t, gw.URL+"/v1/chat/completions", `{"model":"m","logprobs":true,"messages":[{"role":"user","content":"what is the capital of France?"}]}`)
 			if r.status != 200 || r.header.Get(HeaderTarget) != tc.target {
 				t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 			}
@@ -551,10 +487,13 @@ func TestCascadeKeepsTheAnswerInHandWhenALaterCandidateRefuses(t *testing.T) {
 // an answer without logprobs is rated by its own target in a follow-up,
 // and a low rating escalates.
 func TestCascadeSelfCheckScoresAnswersWithoutLogprobs(t *testing.T) {
+	var mu sync.Mutex
 	rater := func(name, rating string, got *[]string) *httptest.Server {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
 			*got = append(*got, string(b))
+			mu.Unlock()
 			content := name + " answer"
 			if gjson.GetBytes(b, "messages.#(role==\"user\")#.content|@reverse|0").String() == selfCheckQuestion {
 				content = rating
@@ -567,15 +506,15 @@ func TestCascadeSelfCheckScoresAnswersWithoutLogprobs(t *testing.T) {
 	}
 	var lanGot, cloudGot []string
 	lan, cloud := rater("lan", "3", &lanGot), rater("cloud", "9", &cloudGot)
-	cat := newCatalogue(t,
-		&Target{Name: "lan", Tier: "T1", Endpoint: lan.URL + "/v1", Models: []string{"m"}},
-		&Target{Name: "cloud", Tier: "T2", Endpoint: cloud.URL + "/v1", Models: []string{"m"}, PriceIn: 1, PriceOut: 1},
-	)
-	f := &Forwarder{Catalogue: cat, Weights: DefaultWeights, Cascade: &Cascade{Threshold: math.Log(0.6), SelfCheck: true}}
-	r := post(t, forwarderGateway(t, f, nil).URL+"/v1/chat/completions", chatBody("what is the capital of France?"))
+	ledger := &memLedger{}
+	r := post(t, chatURLFor(t, setup{targets: []*route.Target{
+		{Name: "lan", Tier: "T1", Endpoint: lan.URL + "/v1", Models: []string{"m"}},
+		{Name: "cloud", Tier: "T2", Endpoint: cloud.URL + "/v1", Models: []string{"m"}, PriceIn: 1, PriceOut: 1},
+	}, edit: withCascade(route.Cascade{Threshold: math.Log(0.6), SelfCheck: true}, nil)}, ledger), chatBody("what is the capital of France?"))
 	if r.status != 200 || r.header.Get(HeaderTarget) != "cloud" || gjson.Get(r.body, "choices.0.message.content").String() != "cloud answer" {
 		t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 	}
+	// ln(3/10) = −1.20 under ln(0.6) = −0.51; ln(9/10) = −0.11 over it.
 	if got, want := r.header.Get(HeaderCascade), "lan/m selfcheck=-1.20<-0.51 -> cloud/m selfcheck=-0.11"; got != want {
 		t.Errorf("%s = %q, want %q", HeaderCascade, got, want)
 	}
@@ -584,7 +523,12 @@ func TestCascadeSelfCheckScoresAnswersWithoutLogprobs(t *testing.T) {
 	}
 	follow := lanGot[1]
 	if gjson.Get(follow, "messages.#").Int() != 3 || gjson.Get(follow, "messages.1.content").String() != "lan answer" ||
-		gjson.Get(follow, "messages.2.content").String() != selfCheckQuestion || gjson.Get(follow, "logprobs").Exists() || gjson.Get(follow, "stream").Bool() {
+		gjson.Get(follow, "messages.2.content").String() != selfCheckQuestion || gjson.Get(follow, "logprobs").Exists() || gjson.Get(follow, "stream").Bool() ||
+		gjson.Get(follow, "max_completion_tokens").Int() != route.SelfCheckTokens {
 		t.Errorf("self-check request %s", follow)
+	}
+	// Every answer's tokens are recorded, the self-checks' included.
+	if got := ledger.take(); len(got) != 4 {
+		t.Errorf("%d usage records %+v, want 4 (two answers, two self-checks)", len(got), got)
 	}
 }

@@ -1,0 +1,234 @@
+package openai
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestEndpointOf(t *testing.T) {
+	tests := []struct {
+		name, method, path string
+		want               Endpoint
+		status             int
+	}{
+		{"chat under /v1 is chat completions", "POST", "/v1/chat/completions", EndpointChat, 0},
+		{"chat without the /v1 prefix is chat completions", "POST", "/chat/completions", EndpointChat, 0},
+		{"a trailing slash is ignored", "POST", "/v1/chat/completions/", EndpointChat, 0},
+		{"completions under /v1", "POST", "/v1/completions", EndpointCompletions, 0},
+		{"completions without prefix", "POST", "/completions", EndpointCompletions, 0},
+		{"embeddings under a deeper prefix", "POST", "/openai/v1/embeddings", EndpointEmbeddings, 0},
+		{"models is a GET", "GET", "/v1/models", EndpointModels, 0},
+		{"models without prefix", "GET", "/models", EndpointModels, 0},
+		{"one model is a GET on its path", "GET", "/v1/models/gpt-4o", EndpointModels, 0},
+		{"GET on chat is 405", "GET", "/v1/chat/completions", "", http.StatusMethodNotAllowed},
+		{"POST on models is 405", "POST", "/v1/models", "", http.StatusMethodNotAllowed},
+		{"PUT on embeddings is 405", "PUT", "/v1/embeddings", "", http.StatusMethodNotAllowed},
+		{"an unknown path is 404", "POST", "/v1/images/generations", "", http.StatusNotFound},
+		{"the root is 404", "GET", "/", "", http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := EndpointOf(tt.method, tt.path)
+			if tt.status != 0 {
+				if err == nil || err.Status != tt.status || err.Type != "invalid_request_error" {
+					t.Fatalf("EndpointOf(%s %s) = %q, %v; want status %d", tt.method, tt.path, got, err, tt.status)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("EndpointOf(%s %s) = %q, %v; want %q", tt.method, tt.path, got, err, tt.want)
+			}
+		})
+	}
+	if _, err := EndpointOf("GET", "/v1/chat/completions"); err.Message != "Method GET is not allowed on /v1/chat/completions; use POST." {
+		t.Errorf("405 message = %q", err.Message)
+	}
+	if _, err := EndpointOf("POST", "/v1/nope"); err.Message != "Unknown request URL: POST /v1/nope." || err.Code != "unknown_url" {
+		t.Errorf("404 error = %+v", err)
+	}
+}
+
+func TestEndpointPath(t *testing.T) {
+	for ep, want := range map[Endpoint]string{EndpointChat: "/chat/completions", EndpointCompletions: "/completions",
+		EndpointEmbeddings: "/embeddings", EndpointModels: "/models", "other": ""} {
+		if got := ep.Path(); got != want {
+			t.Errorf("%q.Path() = %q, want %q", ep, got, want)
+		}
+	}
+}
+
+func TestModelPathID(t *testing.T) {
+	for path, want := range map[string]string{"/v1/models/gpt-4o": "gpt-4o", "/models/m": "m", "/v1/models": "", "/v1/models/": "", "/v1/models/a/b": ""} {
+		if got := ModelPathID(path); got != want {
+			t.Errorf("ModelPathID(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
+func TestParseRequestReadsTheView(t *testing.T) {
+	tests := []struct {
+		name string
+		ep   Endpoint
+		body string
+		want Request
+	}{
+		{"a plain chat request", EndpointChat, `{"model":"gpt-x","messages":[{"role":"user","content":"hello there"}]}`,
+			Request{Endpoint: EndpointChat, Model: "gpt-x", N: 1, Messages: 1}},
+		{"streaming with usage", EndpointChat, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", Stream: true, IncludeUsage: true, N: 1, Messages: 1}},
+		{"max_completion_tokens wins over max_tokens", EndpointChat, `{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", MaxTokens: 50, N: 1, Messages: 1}},
+		{"null max_tokens counts as unset", EndpointChat, `{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1}},
+		{"declared tools and functions are listed by name", EndpointChat,
+			`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"functions":[{"name":"g"}],"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1, Tools: []string{"f", "g"}}},
+		{"a tool message is a tool turn", EndpointChat, `{"model":"m","messages":[{"role":"tool","tool_call_id":"c","content":"ok"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1, ToolTurns: true}},
+		{"chat logprobs, n and response_format", EndpointChat, `{"model":"m","logprobs":true,"n":3,"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 3, Logprobs: true, ResponseFormat: "json_object", Messages: 2}},
+		{"completions best_of and logprobs", EndpointCompletions, `{"model":"m","prompt":"x","best_of":4,"n":2,"logprobs":0}`,
+			Request{Endpoint: EndpointCompletions, Model: "m", N: 2, BestOf: 4, Logprobs: true}},
+		{"token-id prompts", EndpointCompletions, `{"model":"m","prompt":["a",[1,2]]}`,
+			Request{Endpoint: EndpointCompletions, Model: "m", N: 1, TokenPrompts: true}},
+		{"token-id embeddings input", EndpointEmbeddings, `{"model":"m","input":[5,6]}`,
+			Request{Endpoint: EndpointEmbeddings, Model: "m", N: 1, TokenPrompts: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseRequest(tt.ep, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Endpoint != tt.want.Endpoint || got.Model != tt.want.Model || got.Stream != tt.want.Stream || got.IncludeUsage != tt.want.IncludeUsage ||
+				got.MaxTokens != tt.want.MaxTokens || got.N != tt.want.N || got.BestOf != tt.want.BestOf || got.Logprobs != tt.want.Logprobs ||
+				strings.Join(got.Tools, ",") != strings.Join(tt.want.Tools, ",") || got.ToolTurns != tt.want.ToolTurns ||
+				got.ResponseFormat != tt.want.ResponseFormat || got.Messages != tt.want.Messages || got.TokenPrompts != tt.want.TokenPrompts {
+				t.Fatalf("ParseRequest = %+v\nwant           %+v", *got, tt.want)
+			}
+		})
+	}
+	t.Run("choices is the larger of n and best_of", func(t *testing.T) {
+		for _, c := range []struct {
+			r    Request
+			want int
+		}{{Request{N: 1}, 1}, {Request{N: 2, BestOf: 5}, 5}, {Request{N: 3}, 3}, {Request{}, 1}} {
+			if got := c.r.Choices(); got != c.want {
+				t.Errorf("Choices(n=%d, best_of=%d) = %d, want %d", c.r.N, c.r.BestOf, got, c.want)
+			}
+		}
+	})
+}
+
+func TestParseRequestRejectsBadBodies(t *testing.T) {
+	tests := []struct {
+		name  string
+		ep    Endpoint
+		body  string
+		param string
+		msg   string // a part of the message
+	}{
+		{"an empty body", EndpointChat, ``, "", "empty"},
+		{"malformed JSON", EndpointChat, `{"model":`, "", "not valid JSON"},
+		{"invalid UTF-8", EndpointChat, "{\"model\":\"m\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "", "not valid UTF-8"},
+		{"a JSON array body", EndpointChat, `[1]`, "", "must be an object, got an array"},
+		{"a duplicate key smuggling a second messages array", EndpointChat,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"messages":[{"role":"user","content":"alice@example.com"}]}`, "", `the key "messages" appears twice`},
+		{"a duplicate content key in a message", EndpointChat,
+			`{"model":"m","messages":[{"role":"user","content":"hi","content":"alice@example.com"}]}`, "", `the key "content" appears twice`},
+		{"a duplicate key spelled with an escape", EndpointChat,
+			`{"model":"m","messages":[{"role":"user","content":"hi","cont\u0065nt":"x"}]}`, "", `the key "content" appears twice`},
+		{"a duplicate key in a deep object", EndpointChat,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","x":{"k":1,"j":2,"k":3}}]}]}`, "", `the key "k" appears twice`},
+		{"nesting deeper than the limit", EndpointChat,
+			`{"model":"m","x":` + strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth) + `,"messages":[{"role":"user","content":"hi"}]}`, "", "nests deeper than 64 levels"},
+		{"a missing model", EndpointChat, `{"messages":[{"role":"user","content":"hi"}]}`, "model", "You must provide a model parameter."},
+		{"a numeric model", EndpointChat, `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, "model", "expected a non-empty string, but got a number"},
+		{"an empty model", EndpointChat, `{"model":"","messages":[{"role":"user","content":"hi"}]}`, "model", "non-empty string"},
+		{"a model name over the limit", EndpointChat, `{"model":"` + strings.Repeat("m", MaxModelName+1) + `","messages":[{"role":"user","content":"hi"}]}`, "model", "longer than 256 bytes"},
+		{"a string stream flag", EndpointChat, `{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, "stream", "expected a boolean, but got a string"},
+		{"a numeric include_usage", EndpointChat, `{"model":"m","stream_options":{"include_usage":1},"messages":[{"role":"user","content":"hi"}]}`, "stream_options.include_usage", "expected a boolean"},
+		{"a zero max_tokens", EndpointChat, `{"model":"m","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "expected a positive integer, but got 0"},
+		{"a fractional max_completion_tokens", EndpointChat, `{"model":"m","max_completion_tokens":1.5,"messages":[{"role":"user","content":"hi"}]}`, "max_completion_tokens", "got 1.5"},
+		{"a string max_tokens", EndpointChat, `{"model":"m","max_tokens":"9","messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "positive integer"},
+		{"a string temperature", EndpointChat, `{"model":"m","temperature":"hot","messages":[{"role":"user","content":"hi"}]}`, "temperature", "expected a number, but got a string"},
+		{"a zero n", EndpointChat, `{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}`, "n", "positive integer"},
+		{"a response_format without a type", EndpointChat, `{"model":"m","response_format":{},"messages":[{"role":"user","content":"hi"}]}`, "response_format.type", "expected a string"},
+		{"missing messages", EndpointChat, `{"model":"m"}`, "messages", "Missing required parameter: 'messages'."},
+		{"messages as a string", EndpointChat, `{"model":"m","messages":"hi"}`, "messages", "expected an array, but got a string"},
+		{"an empty messages array", EndpointChat, `{"model":"m","messages":[]}`, "messages", "empty array"},
+		{"tools as an object", EndpointChat, `{"model":"m","tools":{},"messages":[{"role":"user","content":"hi"}]}`, "tools", "expected an array, but got an object"},
+		{"a tool without a function name", EndpointChat, `{"model":"m","tools":[{"type":"function","function":{}}],"messages":[{"role":"user","content":"hi"}]}`, "tools[0].function.name", "expected a string"},
+		{"a string chat logprobs", EndpointChat, `{"model":"m","logprobs":"yes","messages":[{"role":"user","content":"hi"}]}`, "logprobs", "expected a boolean"},
+		{"a message that is a string", EndpointChat, `{"model":"m","messages":["hi"]}`, "messages[0]", "expected an object, but got a string"},
+		{"a numeric role", EndpointChat, `{"model":"m","messages":[{"role":3,"content":"hi"}]}`, "messages[0].role", "expected a string, but got a number"},
+		{"an unknown role", EndpointChat, `{"model":"m","messages":[{"role":"robot","content":"hi"}]}`, "messages[0].role", "'robot'"},
+		{"a numeric name", EndpointChat, `{"model":"m","messages":[{"role":"user","name":1,"content":"hi"}]}`, "messages[0].name", "expected a string"},
+		{"a null user content", EndpointChat, `{"model":"m","messages":[{"role":"user","content":null}]}`, "messages[0].content", "got null"},
+		{"a numeric content in the second message", EndpointChat, `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":5}]}`, "messages[1].content", "but got a number"},
+		{"a content part that is a string", EndpointChat, `{"model":"m","messages":[{"role":"user","content":["hi"]}]}`, "messages[0].content[0]", "expected an object"},
+		{"an unknown content part type", EndpointChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"video"}]}]}`, "messages[0].content[1].type", "'video'"},
+		{"a numeric content-part text", EndpointChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "messages[0].content[0].text", "expected a string"},
+		{"tool_calls as an object", EndpointChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":{}}]}`, "messages[0].tool_calls", "expected an array"},
+		{"a missing prompt", EndpointCompletions, `{"model":"m"}`, "prompt", "Missing required parameter: 'prompt'."},
+		{"an object prompt", EndpointCompletions, `{"model":"m","prompt":{}}`, "prompt", "expected a string or an array, but got an object"},
+		{"an object inside the prompt array", EndpointCompletions, `{"model":"m","prompt":["a",{}]}`, "prompt[1]", "expected a string or token ids"},
+		{"a fractional best_of", EndpointCompletions, `{"model":"m","prompt":"a","best_of":2.5}`, "best_of", "positive integer"},
+		{"a boolean completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":true}`, "logprobs", "expected an integer"},
+		{"a missing input", EndpointEmbeddings, `{"model":"m"}`, "input", "Missing required parameter: 'input'."},
+		{"a boolean input", EndpointEmbeddings, `{"model":"m","input":true}`, "input", "but got a boolean"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := ParseRequest(tt.ep, []byte(tt.body))
+			if r != nil || err == nil {
+				t.Fatalf("ParseRequest = %+v, %v; want an error", r, err)
+			}
+			if err.Status != http.StatusBadRequest || err.Type != "invalid_request_error" || err.Param != tt.param {
+				t.Fatalf("error = %+v; want 400 invalid_request_error with param %q", err, tt.param)
+			}
+			if !strings.Contains(err.Message, tt.msg) {
+				t.Fatalf("message %q does not say %q", err.Message, tt.msg)
+			}
+		})
+	}
+}
+
+func TestCheckStructure(t *testing.T) {
+	tests := []struct {
+		name, in, key string
+		dup, deep     bool
+	}{
+		{"distinct keys", `{"a":1,"b":{"a":2},"c":[{"a":3},{"a":4}]}`, "", false, false},
+		{"keys that only look equal inside strings", `{"a":"{\"a\":1,\"a\":2}","b":"a"}`, "", false, false},
+		{"a top-level duplicate", `{"a":1,"b":2,"a":3}`, "a", true, false},
+		{"a duplicate of the second key", `{"a":1,"b":2,"c":3,"b":4}`, "b", true, false},
+		{"a duplicate in an array element", `[{"x":1},{"y":1,"y":2}]`, "y", true, false},
+		{"an escaped duplicate", `{"\u0061":1,"a":2}`, "a", true, false},
+		{"a key with an escaped quote", `{"a\"b":1,"a\"b":2}`, `a"b`, true, false},
+		{"64 levels are accepted", strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth), "", false, false},
+		{"65 levels are refused", strings.Repeat("[", MaxJSONDepth+1) + strings.Repeat("]", MaxJSONDepth+1), "", false, true},
+		{"deep nesting is refused before any stack grows", strings.Repeat(`{"a":[`, 10000) + strings.Repeat(`]}`, 10000), "", false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, dup, deep := CheckStructure([]byte(tt.in))
+			if k != tt.key || dup != tt.dup || deep != tt.deep {
+				t.Fatalf("CheckStructure = %q, %v, %v; want %q, %v, %v", k, dup, deep, tt.key, tt.dup, tt.deep)
+			}
+		})
+	}
+}
+
+func TestErrorBodyAndMatching(t *testing.T) {
+	e := &Error{Status: 403, Type: "policy_denied", Code: "model_not_allowed", Message: "no.", Extra: map[string]any{"reasons": []string{"r"}}}
+	if got, want := string(e.Body()), `{"error":{"code":"model_not_allowed","message":"no.","param":null,"reasons":["r"],"type":"policy_denied"}}`; got != want {
+		t.Fatalf("Body = %s, want %s", got, want)
+	}
+	wrapped := errors.Join(errors.New("context"), &Error{Status: 404, Code: "model_not_found"})
+	if !errors.Is(wrapped, ErrModelNotFound) || errors.Is(wrapped, ErrNoTarget) || errors.Is(wrapped, &Error{Code: "model_not_found", Status: 400}) {
+		t.Fatal("errors.Is does not match by code (and status when given)")
+	}
+}

@@ -1,0 +1,90 @@
+package relay
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/redaction"
+)
+
+// vaultFor redacts the e-mail addresses of text into a new vault and
+// returns the vault and the redacted text.
+func vaultFor(t *testing.T, text string) (*redaction.Vault, string) {
+	t.Helper()
+	sc, err := redaction.NewScanner(redaction.Config{Types: []string{redaction.TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := redaction.NewVault()
+	return v, v.Redact(text, sc.Scan(text), map[string]bool{"EMAIL": true})
+}
+
+func TestStripLogprobsNullsEveryChoice(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"choices":[{"index":0,"logprobs":{"content":[]}},{"index":1,"logprobs":{"content":[]}}]}`,
+			`{"choices":[{"index":0,"logprobs":null},{"index":1,"logprobs":null}]}`},
+		{`{"choices":[{"index":0,"logprobs":null},{"index":1}]}`, `{"choices":[{"index":0,"logprobs":null},{"index":1}]}`},
+		{`{"object":"list"}`, `{"object":"list"}`},
+	} {
+		if got := string(StripLogprobs([]byte(tc.in))); got != tc.want {
+			t.Errorf("StripLogprobs(%s) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestRestoreBody(t *testing.T) {
+	v, red := vaultFor(t, "alice@example.com bob@example.org")
+	if red != "[EMAIL_1] [EMAIL_2]" {
+		t.Fatalf("redacted %q", red)
+	}
+	body := `{"choices":[{"index":0,"message":{"role":"assistant","content":"write to [EMAIL_1]","tool_calls":[{"id":"c","type":"function","function":{"name":"send","arguments":"{\"to\":\"[EMAIL_2]\"}"}}]}}]}`
+	out := RestoreBody(v, []byte(body))
+	if !gjson.ValidBytes(out) {
+		t.Fatalf("not JSON: %s", out)
+	}
+	if got := gjson.GetBytes(out, "choices.0.message.content").String(); got != "write to alice@example.com" {
+		t.Errorf("content %q", got)
+	}
+	args := gjson.GetBytes(out, "choices.0.message.tool_calls.0.function.arguments").String()
+	if !gjson.Valid(args) || gjson.Get(args, "to").String() != "bob@example.org" {
+		t.Errorf("arguments %q", args)
+	}
+}
+
+// TestStreamRestoreAcrossChunks: a placeholder cut at any point across
+// chunks is restored; the text held back is released on the choice's
+// finish_reason chunk, or in one extra chunk when the stream ends without.
+func TestStreamRestoreAcrossChunks(t *testing.T) {
+	v, _ := vaultFor(t, "alice@example.com")
+	chunk := func(content string, finish bool) []byte {
+		fr := "null"
+		if finish {
+			fr = `"stop"`
+		}
+		return []byte(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"` + content + `"},"finish_reason":` + fr + `}]}`)
+	}
+	const answer = "mail [EMAIL_1] now"
+	for cut := 1; cut < len(answer); cut++ {
+		s := NewStreamRestore(v)
+		var got strings.Builder
+		for _, c := range [][]byte{chunk(answer[:cut], false), chunk(answer[cut:], false), chunk("", true)} {
+			got.WriteString(gjson.GetBytes(s.Event(c), "choices.0.delta.content").String())
+		}
+		if got.String() != "mail alice@example.com now" {
+			t.Fatalf("cut at %d: streamed %q", cut, got.String())
+		}
+		if s.Final() != nil {
+			t.Fatalf("cut at %d: a final chunk after the finish_reason released everything", cut)
+		}
+	}
+	t.Run("a stream ending without a finish_reason gets the rest in a final chunk", func(t *testing.T) {
+		s := NewStreamRestore(v)
+		first := gjson.GetBytes(s.Event(chunk("to [EMAIL", false)), "choices.0.delta.content").String()
+		final := s.Final()
+		if first != "to " || gjson.GetBytes(final, "choices.0.delta.content").String() != "[EMAIL" || gjson.GetBytes(final, "id").String() != "c" {
+			t.Fatalf("first %q, final %s", first, final)
+		}
+	})
+}
