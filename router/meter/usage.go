@@ -236,11 +236,16 @@ func (m *Meter) StreamEnd() {
 }
 
 // Abandoned records the usage of a request that reached the upstream but
-// whose client went away before the answer: the prompt estimate, no
-// completion tokens (unknown), Estimated; priced like any other, so never
-// free on a target with a price_in.
+// whose client went away before the answer: what a stream had reported or
+// streamed so far when it had, else the prompt estimate with no completion
+// tokens (unknown), Estimated; priced like any other, so never free on a
+// target with a price_in.
 func (m *Meter) Abandoned() {
 	if m == nil || m.recorded {
+		return
+	}
+	if m.reported != nil || m.text.Len() > 0 {
+		m.StreamEnd()
 		return
 	}
 	u := m.base

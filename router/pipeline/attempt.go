@@ -200,7 +200,9 @@ func (p *Pipeline) hold(rq *request, o outcome, resp *http.Response, hold int) o
 	fail := func(kind failure, why string) outcome {
 		resp.Body.Close()
 		o.kind, o.failure = kind, why
-		o.meter.StreamEnd() // what it streamed, if anything, was consumed
+		if content || o.meter.Reported() != nil {
+			o.meter.StreamEnd() // what it streamed was consumed: billed
+		}
 		return o
 	}
 	size := 0
@@ -212,7 +214,7 @@ read:
 			case rq.ctx.Err() != nil:
 				o.kind, o.failure = failClientGone, "the client went away"
 				resp.Body.Close()
-				o.meter.StreamEnd()
+				o.meter.Abandoned() // the upstream had the prompt: its estimate, or what it reported
 				return o
 			case timedOut.Load():
 				return fail(failTimeout, fmt.Sprintf("no content event within %s", timeout))

@@ -36,6 +36,7 @@ import (
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/route"
 )
@@ -217,7 +218,7 @@ func gatewayHandler(cl *classify.Classifier, p *Pipeline) http.Handler {
 			openai.WriteError(w, err)
 			return
 		}
-		d := p.Decide(r.Context(), a, nil)
+		d := p.Decide(r.Context(), a, identity.From(r.Context()))
 		if !d.Decision().Allowed() {
 			PolicyError(d.Decision()).Write(w)
 			return

@@ -18,6 +18,7 @@ import (
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/route"
 )
 
@@ -347,16 +348,21 @@ func TestAStreamThatFailsBeforeItsFirstTokenFallsBack(t *testing.T) {
 			t.Cleanup(bad.Close)
 			lan := upstreamtest.Start("lan")
 			t.Cleanup(lan.Close)
+			ledger := &memLedger{}
 			gw, _ := startGateway(t, setup{targets: []*route.Target{
-				{Name: "best", Tier: "T1", Endpoint: bad.URL + "/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}},
+				{Name: "best", Tier: "T1", Endpoint: bad.URL + "/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}, PriceIn: 1},
 				{Name: "lan", Tier: "T1", Endpoint: lan.URL(), Models: []string{"m"}, Quality: map[string]float64{"default": 0.5}},
-			}, edit: func(p *Pipeline) { p.FirstEventTimeout = tc.timeout }})
+			}, id: &identity.Identity{Member: "ann", Ledger: ledger}, edit: func(p *Pipeline) { p.FirstEventTimeout = tc.timeout }})
 			r := post(t, gw.URL+"/v1/chat/completions", streamBody("hello there", false))
 			if r.status != 200 || r.header.Get(HeaderTarget) != "lan" || sseContent(t, r.body) != "lan says: hello there" {
 				t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
 			}
 			if strings.Contains(r.body, "Rate limit") || strings.Contains(r.body, "keep-alive") {
 				t.Fatalf("the failed stream reached the client: %s", r.body)
+			}
+			// The failed attempt produced nothing: only the answer is billed.
+			if rec := ledger.take(); len(rec) != 1 || rec[0].Target != "lan" {
+				t.Fatalf("billed %+v; want one record, for lan", rec)
 			}
 		})
 	}
