@@ -1,7 +1,11 @@
-# Residency: which tiers a request may reach, from its sensitivity class.
+# Residency: which tiers a request may reach, from its sensitivity class,
+# and the request-level scope rules (model scope, client tool scope, tool
+# results that raise the sensitivity).
 #
-# The decision contract (DESIGN.md §4):
+# The decision contract (DESIGN.md §4, policies/README.md):
 #   {"allow": bool, "tiers": ["T0",...], "redact": {"T3": ["EMAIL",...]},
+#    "output": {"T3": {"mask": ["*"], "block": []}},
+#    "sensitivity": class (optional), "code": "..." (optional, denials),
 #    "max_cost_usd": n (optional), "regions": [..] (optional), "reasons": [...]}
 # The input document is described in policies/README.md.
 package molly.policy
@@ -17,23 +21,89 @@ class_tiers := {
 	"restricted": ["T0"],
 }
 
+# The classes in increasing order of sensitivity.
+class_names := ["public", "internal", "confidential", "restricted"]
+
+class_rank := {c: i | some i, c in class_names}
+
+# Tiers that may receive content no detector could read (token ids, binary
+# media: input.sovereignty.opaque, input.sovereignty.unscanned). By default
+# those of the confidential class: what cannot be scanned is treated as
+# confidential. An operator opts a tier in with a rule in this package
+# (`opaque_tiers contains "T2"`) or with data, e.g. a data.json holding
+# {"molly": {"config": {"opaque_tiers": ["T2"]}}}.
+opaque_tiers contains t if some t in class_tiers.confidential
+
+opaque_tiers contains t if some t in data.molly.config.opaque_tiers
+
 # Fail closed: anything not matched below denies.
 default decision := {
 	"allow": false,
 	"tiers": [],
 	"redact": {},
+	"code": "policy_denied",
 	"reasons": ["no policy rule matched the request"],
 }
 
 decision := object.union(base, residency) if {
-	tiers := scoped(class_tiers[input.sovereignty.sensitivity])
+	count(denials) == 0
+	tiers := scoped(opaque_limited(class_tiers[judged_class]))
 	base := {
 		"allow": count(tiers) > 0,
 		"tiers": tiers,
+		"sensitivity": effective_class,
 		"redact": {t: types | some t in tiers; types := redact[t]},
-		"reasons": array.concat([sprintf("sensitivity %s allows %s", [input.sovereignty.sensitivity, concat(",", tiers)])], sort(why)),
+		"output": {t: rule | some t in tiers; rule := output[t]},
+		"reasons": array.concat([sprintf("sensitivity %s allows %s", [judged_class, concat(",", tiers)])], sort(why)),
 	}
 }
+
+decision := {
+	"allow": false,
+	"tiers": [],
+	"redact": {},
+	"code": denial_code,
+	"reasons": sort([d.reason | some d in denials]),
+} if {
+	count(denials) > 0
+}
+
+# The class the tiers are chosen by: the request's sensitivity (max of
+# detected and declared), raised to restricted when a detector failed, since
+# a failed detector may have missed anything. An unknown class leaves it
+# undefined, which denies.
+judged_class := class_names[max({class_rank[c] | some c in judged})] if {
+	class_rank[input.sovereignty.sensitivity]
+}
+
+judged contains input.sovereignty.sensitivity
+
+judged contains "restricted" if input.sovereignty.scan_failed == true
+
+# The class the request is treated as, reported in the decision (and by the
+# gateway as the parent sensitivity of derived requests): the judged class,
+# raised to confidential for opaque content.
+effective_class := class_names[max({class_rank[judged_class], opaque_rank})]
+
+default opaque_rank := 0
+
+opaque_rank := class_rank.confidential if opaque
+
+# Content no detector read: token ids (opaque) or parts listed as unscanned.
+opaque if input.sovereignty.opaque == true
+
+opaque if unscanned
+
+# Parts listed as unscanned; anything but an absent, null or empty list
+# counts (fail closed).
+unscanned if {
+	"unscanned" in object.keys(input.sovereignty)
+	not input.sovereignty.unscanned in {[], null}
+}
+
+opaque_limited(tiers) := tiers if not opaque
+
+opaque_limited(tiers) := [t | some t in tiers; t in opaque_tiers] if opaque
 
 # A caller whose API key is scoped to some tiers (input.identity.tiers,
 # from molly_auth) only reaches those of them the class allows; an empty or
@@ -64,6 +134,80 @@ why contains sprintf("declared sensitivity %s", [input.sovereignty.declared]) if
 	input.sovereignty.declared != "public"
 }
 
-why contains "content that cannot be scanned (token ids) is treated as confidential" if {
-	input.sovereignty.opaque
+why contains sprintf("content that cannot be scanned (token ids) is treated as confidential: only %s may receive it", [concat(",", sort(opaque_tiers))]) if {
+	input.sovereignty.opaque == true
+	not unscanned
+}
+
+why contains sprintf("%d part(s) could not be scanned (%s) and are treated as confidential: only %s may receive them", [count(input.sovereignty.unscanned), concat(", ", sort({u.reason | some u in input.sovereignty.unscanned})), concat(",", sort(opaque_tiers))]) if {
+	unscanned
+}
+
+why contains "a detector failed on some content, so the request is treated as restricted" if {
+	input.sovereignty.scan_failed == true
+}
+
+why contains sprintf("%s of decision %s", [input.derived.kind, input.derived.parent.decision_id]) if {
+	is_string(input.derived.kind)
+}
+
+# Denials: {"code", "reason"} objects. Any denial refuses the request; the
+# decision's code is the first present in denial_order (then by name).
+denial_order := ["model_not_allowed", "tool_not_allowed", "tool_result_too_sensitive"]
+
+denial_code := sort([[object.get({c: i | some i, c in denial_order}, d.code, count(denial_order)), d.code] | some d in denials])[0][1]
+
+# Model scope: a key scoped to some client model names (input.identity.models,
+# trailing * = prefix) may only ask for those. The models listing is not
+# refused (the gateway filters it to the scope).
+denials contains {
+	"code": "model_not_allowed",
+	"reason": sprintf("member %s may not use the model %s; its scope allows %s", [input.identity.member, model, concat(", ", input.identity.models)]),
+} if {
+	input.request.endpoint != "models"
+	count(object.get(input.identity, "models", [])) > 0
+	model := object.get(input.request, "model", "")
+	not scope_admits(input.identity.models, model)
+}
+
+# Client tool scope: a key scoped to some function names
+# (input.identity.tools) may only declare those (input.request.tools).
+denials contains {
+	"code": "tool_not_allowed",
+	"reason": sprintf("member %s may not use the tool %s; its scope allows %s", [input.identity.member, name, concat(", ", input.identity.tools)]),
+} if {
+	count(object.get(input.identity, "tools", [])) > 0
+	some name in object.get(input.request, "tools", [])
+	not scope_admits(input.identity.tools, name)
+}
+
+# A tool round (the conversation grown by tool results) may not be more
+# sensitive than the decision it continues: a tool result that raised the
+# class would otherwise reach the tier chosen for the lesser class. A parent
+# without a known class denies too.
+denials contains {
+	"code": "tool_result_too_sensitive",
+	"reason": sprintf("a tool result raised the sensitivity from %v to %s", [object.get(input.derived.parent, "sensitivity", null), effective_class]),
+} if {
+	input.derived.kind == "tool_round"
+	not within_parent_class
+}
+
+# (A helper rule: OPA evaluates the operands of a negated comparison outside
+# the negation, so an undefined parent class must be tested this way.)
+within_parent_class if class_rank[effective_class] <= class_rank[input.derived.parent.sensitivity]
+
+# scope_admits reports whether a scope (a list of names, a trailing * making
+# an entry a prefix) admits name. An empty scope is handled by the callers
+# (it admits everything).
+scope_admits(scope, name) if {
+	some p in scope
+	scope_match(p, name)
+}
+
+scope_match(p, name) if p == name
+
+scope_match(p, name) if {
+	endswith(p, "*")
+	startswith(name, trim_suffix(p, "*"))
 }
