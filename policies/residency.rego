@@ -22,9 +22,7 @@ class_tiers := {
 }
 
 # The classes in increasing order of sensitivity.
-class_names := ["public", "internal", "confidential", "restricted"]
-
-class_rank := {c: i | some i, c in class_names}
+class_rank := {"public": 0, "internal": 1, "confidential": 2, "restricted": 3}
 
 # Tiers that may receive content no detector could read (token ids, binary
 # media: input.sovereignty.opaque, input.sovereignty.unscanned). By default
@@ -47,14 +45,13 @@ default decision := {
 
 decision := object.union(base, residency) if {
 	count(denials) == 0
-	tiers := scoped(opaque_limited(class_tiers[judged_class]))
 	base := {
 		"allow": count(tiers) > 0,
 		"tiers": tiers,
 		"sensitivity": effective_class,
-		"redact": {t: types | some t in tiers; types := redact[t]},
-		"output": {t: rule | some t in tiers; rule := output[t]},
-		"reasons": array.concat([sprintf("sensitivity %s allows %s", [judged_class, concat(",", tiers)])], sort(why)),
+		"redact": object.filter(redact, tiers),
+		"output": object.filter(output, tiers),
+		"reasons": array.concat([concat("", ["sensitivity ", judged_class, " allows ", concat(",", tiers)])], sort(why)),
 	}
 }
 
@@ -68,52 +65,49 @@ decision := {
 	count(denials) > 0
 }
 
-# The class the tiers are chosen by: the request's sensitivity (max of
-# detected and declared), raised to restricted when a detector failed, since
-# a failed detector may have missed anything. An unknown class leaves it
-# undefined, which denies.
-judged_class := class_names[max({class_rank[c] | some c in judged})] if {
-	class_rank[input.sovereignty.sensitivity]
-}
-
-judged contains input.sovereignty.sensitivity
-
-judged contains "restricted" if input.sovereignty.scan_failed == true
-
-# The class the request is treated as, reported in the decision (and by the
-# gateway as the parent sensitivity of derived requests): the judged class,
-# raised to confidential for opaque content.
-effective_class := class_names[max({class_rank[judged_class], opaque_rank})]
-
-default opaque_rank := 0
-
-opaque_rank := class_rank.confidential if opaque
-
-# Content no detector read: token ids (opaque) or parts listed as unscanned.
-opaque if input.sovereignty.opaque == true
-
-opaque if unscanned
-
-# Parts listed as unscanned; anything but an absent, null or empty list
-# counts (fail closed).
-unscanned if {
-	"unscanned" in object.keys(input.sovereignty)
-	not input.sovereignty.unscanned in {[], null}
-}
-
-opaque_limited(tiers) := tiers if not opaque
-
-opaque_limited(tiers) := [t | some t in tiers; t in opaque_tiers] if opaque
+# The tiers the request may reach: those of its class that the member's
+# tier scope admits and, for opaque content, that are opted in for it.
+tiers := [t | some t in class_tiers[judged_class]; t in tier_scope; t in opaque_ok_tiers]
 
 # A caller whose API key is scoped to some tiers (input.identity.tiers,
 # from molly_auth) only reaches those of them the class allows; an empty or
 # absent list leaves the class's tiers as they are. An empty intersection
 # denies.
-scoped(tiers) := tiers if count(object.get(input, ["identity", "tiers"], [])) == 0
+tier_scope := input.identity.tiers if count(input.identity.tiers) > 0 else := class_tiers.public
 
-scoped(tiers) := [t | some t in tiers; t in input.identity.tiers] if count(object.get(input, ["identity", "tiers"], [])) > 0
+opaque_ok_tiers := opaque_tiers if opaque else := class_tiers.public
 
-why contains sprintf("member %s is scoped to tiers %s", [input.identity.member, concat(",", input.identity.tiers)]) if {
+# The class the tiers are chosen by: the request's sensitivity (max of
+# detected and declared), raised to restricted when a detector failed, since
+# a failed detector may have missed anything. An unknown class leaves it
+# undefined, which denies.
+judged_class := "restricted" if {
+	input.sovereignty.scan_failed == true
+} else := input.sovereignty.sensitivity if {
+	class_tiers[input.sovereignty.sensitivity]
+}
+
+# The class the request is treated as, reported in the decision (and by the
+# gateway as the parent sensitivity of derived requests): the judged class,
+# raised to confidential for opaque content.
+effective_class := "confidential" if {
+	opaque
+	judged_class in {"public", "internal"}
+} else := judged_class
+
+# Content no detector read: token ids (opaque) or parts listed as unscanned.
+opaque if input.sovereignty.opaque == true
+
+opaque if listed_unscanned
+
+# Parts listed as unscanned: anything but an absent, null or empty list
+# counts (fail closed).
+listed_unscanned if {
+	u := input.sovereignty.unscanned
+	not u in {[], null}
+}
+
+why contains concat("", ["member ", input.identity.member, " is scoped to tiers ", concat(",", input.identity.tiers)]) if {
 	count(input.identity.tiers) > 0
 }
 
@@ -126,7 +120,7 @@ residency := {"regions": [r, "local"]} if {
 	r != ""
 }
 
-why contains sprintf("%s detected %d time(s)", [t, n]) if {
+why contains concat("", [t, " detected ", format_int(n, 10), " time(s)"]) if {
 	some t, n in input.sovereignty.findings
 }
 
@@ -136,11 +130,11 @@ why contains sprintf("declared sensitivity %s", [input.sovereignty.declared]) if
 
 why contains sprintf("content that cannot be scanned (token ids) is treated as confidential: only %s may receive it", [concat(",", sort(opaque_tiers))]) if {
 	input.sovereignty.opaque == true
-	not unscanned
+	not listed_unscanned
 }
 
 why contains sprintf("%d part(s) could not be scanned (%s) and are treated as confidential: only %s may receive them", [count(input.sovereignty.unscanned), concat(", ", sort({u.reason | some u in input.sovereignty.unscanned})), concat(",", sort(opaque_tiers))]) if {
-	unscanned
+	listed_unscanned
 }
 
 why contains "a detector failed on some content, so the request is treated as restricted" if {
@@ -164,8 +158,8 @@ denials contains {
 	"code": "model_not_allowed",
 	"reason": sprintf("member %s may not use the model %s; its scope allows %s", [input.identity.member, model, concat(", ", input.identity.models)]),
 } if {
+	count(input.identity.models) > 0
 	input.request.endpoint != "models"
-	count(object.get(input.identity, "models", [])) > 0
 	model := object.get(input.request, "model", "")
 	not scope_admits(input.identity.models, model)
 }
@@ -176,8 +170,8 @@ denials contains {
 	"code": "tool_not_allowed",
 	"reason": sprintf("member %s may not use the tool %s; its scope allows %s", [input.identity.member, name, concat(", ", input.identity.tools)]),
 } if {
-	count(object.get(input.identity, "tools", [])) > 0
-	some name in object.get(input.request, "tools", [])
+	count(input.identity.tools) > 0
+	some name in input.request.tools
 	not scope_admits(input.identity.tools, name)
 }
 
@@ -200,14 +194,10 @@ within_parent_class if class_rank[effective_class] <= class_rank[input.derived.p
 # scope_admits reports whether a scope (a list of names, a trailing * making
 # an entry a prefix) admits name. An empty scope is handled by the callers
 # (it admits everything).
+scope_admits(scope, name) if name in scope
+
 scope_admits(scope, name) if {
 	some p in scope
-	scope_match(p, name)
-}
-
-scope_match(p, name) if p == name
-
-scope_match(p, name) if {
 	endswith(p, "*")
 	startswith(name, trim_suffix(p, "*"))
 }
