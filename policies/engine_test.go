@@ -65,7 +65,7 @@ func newSubject(members map[string]any) subject {
 	return subject{members: members, digest: sha256.Sum256(b)}
 }
 
-func (s subject) Digest() Digest               { return s.digest }
+func (s subject) Digest() Digest              { return s.digest }
 func (s subject) PolicyInput() map[string]any { return s.members }
 
 // valueSubject also offers the ast fast path.
