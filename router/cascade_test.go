@@ -32,7 +32,7 @@ func forwarderGateway(t *testing.T, f *Forwarder, id *Identity) *httptest.Server
 		if id != nil {
 			ctx = WithIdentity(ctx, id)
 		}
-		d := eng.Decide(ctx, PolicyInputFor(a, id, f.Catalogue))
+		d := eng.DecideMap(ctx, PolicyInputFor(a, id, f.Catalogue))
 		if err := f.Serve(w, r.WithContext(ctx), a, d); err != nil {
 			api.WriteError(w, err)
 		}

@@ -46,7 +46,7 @@ func routedGateway(t *testing.T, targets []*Target) (*httptest.Server, *Priors, 
 			api.WriteError(w, err)
 			return
 		}
-		d := eng.Decide(r.Context(), every) // a decision, and its id, per request
+		d := eng.DecideMap(r.Context(), every) // a decision, and its id, per request
 		if err := f.Serve(w, r, a, d); err != nil {
 			api.WriteError(w, err)
 		}

@@ -39,7 +39,7 @@ func startGateway(t *testing.T, cat *Catalogue, cls *Classifier, eng *policies.E
 			api.WriteError(w, err)
 			return
 		}
-		d := eng.Decide(r.Context(), PolicyInput(a, "tester", cat))
+		d := eng.DecideMap(r.Context(), PolicyInput(a, "tester", cat))
 		if !d.Allowed() {
 			(&api.Error{Status: http.StatusForbidden, Type: "policy_denied", Message: strings.Join(d.Reasons(), "; ")}).Write(w)
 			return

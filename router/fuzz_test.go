@@ -82,7 +82,7 @@ func FuzzResidency(f *testing.F) {
 			if a.Sensitivity < a.Declared || a.Sensitivity < a.Detected || (a.Opaque && a.Sensitivity < Confidential) {
 				t.Fatalf("classifier %d: sensitivity %s below declared %s / detected %s (opaque %v)", ci, a.Sensitivity, a.Declared, a.Detected, a.Opaque)
 			}
-			d := eng.Decide(t.Context(), PolicyInput(a, "fuzz", cat))
+			d := eng.DecideMap(t.Context(), PolicyInput(a, "fuzz", cat))
 			cands, _, _ := cat.Rank(a, d, DefaultWeights)
 			for _, c := range cands {
 				if !d.AllowsTier(c.Target.Tier) {

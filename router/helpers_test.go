@@ -75,7 +75,7 @@ func decisionOf(tb testing.TB, want map[string]any) *policies.Decision {
 	if err != nil {
 		tb.Fatalf("policies.New: %v", err)
 	}
-	d := e.Decide(context.Background(), map[string]any{"decision": want})
+	d := e.DecideMap(context.Background(), map[string]any{"decision": want})
 	if _, ok := want["allow"]; ok && want["allow"] == true && !d.Allowed() {
 		tb.Fatalf("policy denied %v: %v", want, d.Reasons())
 	}
@@ -103,7 +103,7 @@ func allowTiers(tb testing.TB, tiers []string, redact map[string][]string) *poli
 // decideDefault asks the embedded default policy about a.
 func decideDefault(tb testing.TB, e *policies.Engine, a *Annotation, c *Catalogue) *policies.Decision {
 	tb.Helper()
-	return e.Decide(context.Background(), PolicyInput(a, "tester", c))
+	return e.DecideMap(context.Background(), PolicyInput(a, "tester", c))
 }
 
 func newCatalogue(tb testing.TB, targets ...*Target) *Catalogue {

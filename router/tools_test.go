@@ -67,7 +67,7 @@ func toolGateway(t *testing.T, tools ToolRunner, steps int, targets ...*Target) 
 			return
 		}
 		id := &Identity{Member: "alice"}
-		d := eng.Decide(r.Context(), PolicyInputFor(a, id, cat))
+		d := eng.DecideMap(r.Context(), PolicyInputFor(a, id, cat))
 		r = r.WithContext(WithIdentity(r.Context(), id))
 		if err := f.Serve(w, r, a, d); err != nil {
 			api.WriteError(w, err)

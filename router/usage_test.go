@@ -57,7 +57,7 @@ func identityGateway(t *testing.T, cat *Catalogue, id *Identity) *httptest.Serve
 			return
 		}
 		ctx := WithIdentity(r.Context(), id)
-		d := eng.Decide(ctx, PolicyInputFor(a, id, cat))
+		d := eng.DecideMap(ctx, PolicyInputFor(a, id, cat))
 		if err := f.Serve(w, r.WithContext(ctx), a, d); err != nil {
 			api.WriteError(w, err)
 		}
@@ -218,7 +218,7 @@ func TestPolicyInputCarriesTheIdentity(t *testing.T) {
 
 	// The default policy intersects the decision's tiers with the identity's.
 	e, cat := defaultEngine(t), newCatalogue(t, rankTargets()...)
-	d := e.Decide(context.Background(), PolicyInputFor(a, id, cat))
+	d := e.DecideMap(context.Background(), PolicyInputFor(a, id, cat))
 	if !d.Allowed() || !reflect.DeepEqual(d.Tiers(), []string{"T0", "T1"}) {
 		t.Fatalf("scoped decision tiers %v (reasons %v), want T0,T1", d.Tiers(), d.Reasons())
 	}

@@ -61,7 +61,7 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		aerr.Write(w) // 403: a model or tool outside the key's scope
 		return nil
 	}
-	d := p.app.Policy().Decide(r.Context(), router.PolicyInputFor(ann, id, p.app.Catalogue()))
+	d := p.app.Policy().DecideMap(r.Context(), router.PolicyInputFor(ann, id, p.app.Catalogue()))
 	w.Header().Set(router.HeaderDecisionID, d.ID())
 	if !d.Allowed() {
 		(&api.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "policy_denied",
