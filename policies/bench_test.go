@@ -103,6 +103,25 @@ func BenchmarkDecide(b *testing.B) {
 		defer e.Close()
 		run(b, e, Input{Subject: vs, Identity: id, Targets: converted})
 	})
+	// The same, rego alone: what the CPU-time watchdog, the id, the input
+	// object and the parsing add on top of OPA.
+	b.Run("floor/constant-policy-rego-only", func(b *testing.B) {
+		dir := b.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "p.rego"), []byte(allow("constant")), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		e, err := New(ctx, Options{Dir: dir})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.Close()
+		in, err := routeInput(Input{Subject: vs, Identity: id, Targets: converted})
+		if err != nil {
+			b.Fatal(err)
+		}
+		q := &e.rev.Load().decision
+		loop(b, func() { _, _ = q.Eval(ctx, rego.EvalParsedInput(in), rego.EvalMetrics(noMetrics)) })
+	})
 }
 
 // loop runs f b.N times on one locked OS thread and reports, besides
