@@ -69,10 +69,10 @@ func (w *watcher) update(dir string, s *snapshot) {
 	}
 	want := map[string]bool{w.root: true, w.parent: true}
 	for _, d := range s.dirs {
-		want[real(filepath.Join(w.root, d))] = true
+		want[resolved(filepath.Join(w.root, d))] = true
 	}
 	for _, n := range s.names {
-		want[filepath.Dir(real(filepath.Join(w.root, n)))] = true
+		want[filepath.Dir(resolved(filepath.Join(w.root, n)))] = true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -105,8 +105,8 @@ func (w *watcher) forget(p string) {
 	}
 }
 
-// real resolves symlinks in p; p itself when that fails.
-func real(p string) string {
+// resolved resolves symlinks in p; p itself when that fails.
+func resolved(p string) string {
 	if r, err := filepath.EvalSymlinks(p); err == nil {
 		return r
 	}
