@@ -1,24 +1,30 @@
 // Package policies embeds Molly's default Rego policies and evaluates them
-// with OPA (v1/rego prepared queries). Evaluation is fail-closed: an error,
-// an undefined result, a malformed result or a timeout is a denial.
+// with OPA (v1/rego prepared queries on one compiler per revision).
+// Evaluation is fail-closed: an error, an undefined result, a malformed
+// result or a timeout is a denial.
+//
+// A policy directory is loaded as `opa eval -d <dir>` loads it (OPA's own
+// loader: Rego modules, JSON/YAML data documents at their directory's path,
+// .tar.gz bundles, subfolders), compiled once into an immutable revision
+// named by its content hash, and reloaded on file-system events; requests
+// never touch the file system.
 package policies
 
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
 )
 
@@ -27,44 +33,102 @@ import (
 //go:embed *.rego
 var Default embed.FS
 
-// DefaultQuery is the rule Molly evaluates (DESIGN.md §4).
+// DefaultQuery is the route decision rule (DESIGN.md §4, residency.rego).
 const DefaultQuery = "data.molly.policy.decision"
 
-// ToolQuery is the rule Molly evaluates before a governed tool runs
-// (policies/tools.rego).
+// ToolQuery is the rule evaluated before a governed tool runs (tools.rego).
 const ToolQuery = "data.molly.policy.tool_decision"
 
-// DefaultTimeout bounds one evaluation; past it the request is denied.
+// ToolOfferQuery is the rule evaluated before a governed tool's definition
+// is offered to a model on some tier (tools.rego).
+const ToolOfferQuery = "data.molly.policy.tool_offer"
+
+// EscalationQuery is the rule a cascade asks whether to try its next
+// candidate (escalation.rego).
+const EscalationQuery = "data.molly.policy.escalate"
+
+// DefaultTimeout is the CPU time one evaluation may use; past it the
+// decision is a denial (CodePolicyTimeout).
 const DefaultTimeout = 250 * time.Millisecond
+
+// DefaultDebounce is how long the policy directory must be quiet after a
+// file-system event before it is read again.
+const DefaultDebounce = 100 * time.Millisecond
 
 // Options configure an Engine.
 type Options struct {
-	// Dir is a directory of .rego files (tests excluded) loaded instead of
-	// the embedded defaults. Edits take effect on the next evaluation.
+	// Dir is a policy directory loaded instead of the embedded defaults, as
+	// `opa eval -d Dir` loads it: every .rego file (tests excluded), every
+	// .json/.yaml document (at its directory's path below data), every
+	// .tar.gz bundle, in subfolders too; names starting with "." are
+	// skipped (`--ignore '.*'`). Changes are picked up from file-system
+	// events.
 	Dir string
-	// Query is the rule to evaluate; default DefaultQuery.
+	// Query is the route decision rule; default DefaultQuery.
 	Query string
-	// Timeout bounds one evaluation; default DefaultTimeout.
+	// Timeout is the CPU time one evaluation may use; default
+	// DefaultTimeout. An evaluation is also stopped after
+	// max(20×Timeout, 5s) of wall-clock time.
 	Timeout time.Duration
-	// Logger receives one line per decision; nil logs nothing.
+	// Debounce is the quiet time after a file-system event before Dir is
+	// read again; default DefaultDebounce.
+	Debounce time.Duration
+	// Logger receives one line per decision and the reload log; nil logs
+	// nothing.
 	Logger *zap.Logger
+	// OnReload, if set, is called after every reload attempt that changed
+	// the Status (a new revision, or a failure), from the watcher goroutine.
+	OnReload func(Status)
+}
+
+// Status describes the revision serving and the last reload, for the admin
+// endpoint /molly/policy.
+type Status struct {
+	// Revision is the hex SHA-256 of the files loaded: for each file in
+	// lexical order of its slash-separated path below the source, the
+	// path, a NUL byte, the content length as 8 big-endian bytes, then the
+	// content.
+	Revision string `json:"revision"`
+	// LoadedAt is when Revision was compiled.
+	LoadedAt time.Time `json:"loaded_at"`
+	// Source is the policy directory, or "embedded".
+	Source string `json:"source"`
+	// Files lists the files of Revision, relative to Source.
+	Files []string `json:"files"`
+	// LastError is why the newest content of Source was not loaded; ""
+	// when Revision is the newest content.
+	LastError string `json:"last_error,omitempty"`
+	// LastErrorAt is when LastError happened.
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	// Healthy is true when the revision serving is the newest content of
+	// Source (no reload failed since).
+	Healthy bool `json:"healthy"`
 }
 
 // Engine evaluates the policy. Safe for concurrent use.
 type Engine struct {
 	opts Options
 	log  *zap.Logger
+	path string // the route decision's path, as decision logs name it
 
-	mu      sync.RWMutex
-	print   string // fingerprint of the loaded files ("" for embedded)
-	query   *rego.PreparedEvalQuery
-	tool    *rego.PreparedEvalQuery            // ToolQuery, on the same modules
-	loadErr error                              // why query is nil after a failed reload
-	extra   map[string]*rego.PreparedEvalQuery // other rules by query and fingerprint (decided.go)
+	rev atomic.Pointer[revision]
+
+	mu        sync.Mutex // guards the fields below
+	lastErr   string
+	lastErrAt time.Time
+
+	reloadMu   sync.Mutex // one reload at a time; guards the two below
+	failedHash string     // content that failed to compile last
+	failedErr  error
+	w          *watcher
+	closed     chan struct{}
+	once       sync.Once
 }
 
-// New loads and compiles the policy. A policy that does not compile at start
-// is an error; one that breaks later denies every request until fixed.
+// New loads and compiles the policy. A policy that does not load at start is
+// an error; one that breaks later keeps the last good revision serving
+// (Status says so). With Dir set, New watches it until Close is called or
+// ctx ends (a Caddy context ends when its config is unloaded).
 func New(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Query == "" {
 		opts.Query = DefaultQuery
@@ -72,190 +136,253 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	e := &Engine{opts: opts, log: opts.Logger}
+	if opts.Debounce <= 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	e := &Engine{opts: opts, log: opts.Logger, closed: make(chan struct{}), path: rulePath(opts.Query)}
 	if e.log == nil {
 		e.log = zap.NewNop()
 	}
 	if opts.Dir == "" {
-		mods, err := readModules(Default, ".")
+		s, err := readSnapshot(Default)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("reading the embedded policies: %w", err)
 		}
-		q, err := prepare(ctx, opts.Query, mods)
+		r, err := compile(ctx, s, "embedded", opts.Query)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("compiling the embedded policies: %w", err)
 		}
-		tq, err := prepare(ctx, ToolQuery, mods)
-		if err != nil {
-			return nil, err
-		}
-		e.query, e.tool = q, tq
+		e.rev.Store(r)
 		return e, nil
 	}
-	print, err := fingerprint(opts.Dir)
+	// Watch first, so that nothing written between reading and watching is
+	// missed.
+	w, werr := newWatcher(e)
+	s, err := readSnapshot(os.DirFS(opts.Dir))
 	if err != nil {
-		return nil, err
+		w.close()
+		return nil, fmt.Errorf("loading policy directory %s: %w", opts.Dir, err)
 	}
-	if err := e.reload(ctx, print); err != nil {
-		return nil, err
+	r, err := compile(ctx, s, opts.Dir, opts.Query)
+	if err != nil {
+		w.close()
+		return nil, fmt.Errorf("compiling policy directory %s: %w", opts.Dir, err)
+	}
+	e.rev.Store(r)
+	e.log.Info("policy loaded", zap.String("dir", opts.Dir), zap.String("revision", r.id), zap.Strings("files", r.files))
+	e.w = w
+	if werr != nil {
+		w.fw = nil
+		e.setError(fmt.Errorf("watching %s: %w; edits are not picked up until Reload is called", opts.Dir, werr))
+		e.log.Error("policy directory not watched", zap.String("dir", opts.Dir), zap.Error(werr))
+	} else {
+		w.update(opts.Dir, s)
+		go w.run(ctx)
 	}
 	return e, nil
 }
 
-// readModules returns the non-test .rego files of fsys/dir by name.
-func readModules(fsys fs.FS, dir string) (map[string]string, error) {
-	entries, err := fs.ReadDir(fsys, dir)
-	if err != nil {
-		return nil, fmt.Errorf("reading policy directory %s: %w", dir, err)
-	}
-	mods := map[string]string{}
-	for _, ent := range entries {
-		n := ent.Name()
-		if ent.IsDir() || !strings.HasSuffix(n, ".rego") || strings.HasSuffix(n, "_test.rego") {
-			continue
-		}
-		b, err := fs.ReadFile(fsys, filepath.ToSlash(filepath.Join(dir, n)))
-		if err != nil {
-			return nil, fmt.Errorf("reading policy %s: %w", n, err)
-		}
-		mods[n] = string(b)
-	}
-	if len(mods) == 0 {
-		return nil, fmt.Errorf("policy directory %s holds no .rego file", dir)
-	}
-	return mods, nil
-}
-
-func prepare(ctx context.Context, query string, mods map[string]string) (*rego.PreparedEvalQuery, error) {
-	opts := []func(*rego.Rego){rego.Query(query), rego.StrictBuiltinErrors(true)}
-	names := make([]string, 0, len(mods))
-	for n := range mods {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		opts = append(opts, rego.Module(n, mods[n]))
-	}
-	pq, err := rego.New(opts...).PrepareForEval(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("compiling policy: %w", err)
-	}
-	return &pq, nil
-}
-
-// fingerprint hashes names, sizes and modification times of dir's .rego files.
-func fingerprint(dir string) (string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return "", fmt.Errorf("reading policy directory %s: %w", dir, err)
-	}
-	h := sha256.New()
-	for _, ent := range entries {
-		if !strings.HasSuffix(ent.Name(), ".rego") {
-			continue
-		}
-		info, err := ent.Info()
-		if err != nil {
-			return "", fmt.Errorf("reading policy %s: %w", ent.Name(), err)
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00%d\n", ent.Name(), info.Size(), info.ModTime().UnixNano())
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func (e *Engine) reload(ctx context.Context, print string) error {
-	mods, err := readModules(os.DirFS(e.opts.Dir), ".")
-	var q, tq *rego.PreparedEvalQuery
-	if err == nil {
-		q, err = prepare(ctx, e.opts.Query, mods)
-	}
-	if err == nil {
-		tq, err = prepare(ctx, ToolQuery, mods)
-	}
-	if err != nil {
-		q, tq = nil, nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.print = print
-	e.query, e.tool = q, tq
-	e.loadErr = err
-	if err != nil {
-		e.log.Error("policy reload failed; denying every request until it is fixed", zap.String("dir", e.opts.Dir), zap.Error(err))
-		return err
-	}
-	e.log.Info("policy loaded", zap.String("dir", e.opts.Dir), zap.Int("modules", len(mods)))
+// Close stops watching the policy directory. Decisions keep working on the
+// revision loaded last.
+func (e *Engine) Close() error {
+	e.once.Do(func() { close(e.closed) })
 	return nil
 }
 
-// current returns the prepared query, reloading first when the directory changed.
-func (e *Engine) current(ctx context.Context) (*rego.PreparedEvalQuery, error) {
-	q, _, err := e.queries(ctx)
-	return q, err
+// Status reports the revision serving and the outcome of the last reload.
+func (e *Engine) Status() Status {
+	r := e.rev.Load()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return Status{
+		Revision: r.id, LoadedAt: r.loadedAt, Source: r.source, Files: slices.Clone(r.files),
+		LastError: e.lastErr, LastErrorAt: e.lastErrAt, Healthy: e.lastErr == "",
+	}
 }
 
-// queries returns the decision and tool queries, reloading first when the
-// directory changed.
-func (e *Engine) queries(ctx context.Context) (*rego.PreparedEvalQuery, *rego.PreparedEvalQuery, error) {
-	if e.opts.Dir != "" {
-		print, err := fingerprint(e.opts.Dir)
-		if err != nil {
-			return nil, nil, err
-		}
-		e.mu.RLock()
-		same := print == e.print
-		e.mu.RUnlock()
-		if !same {
-			_ = e.reload(ctx, print) // the error is kept in loadErr
-		}
+// setError records the outcome of a reload; it reports whether the
+// recorded error changed.
+func (e *Engine) setError(err error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	prev := e.lastErr
+	if err == nil {
+		e.lastErr, e.lastErrAt = "", time.Time{}
+	} else {
+		e.lastErr, e.lastErrAt = err.Error(), time.Now()
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	if e.query == nil || e.tool == nil {
-		return nil, nil, fmt.Errorf("policy failed to load: %w", e.loadErr)
-	}
-	return e.query, e.tool, nil
+	return prev != e.lastErr
 }
 
-// decideMap evaluates the policy on input (the document of policies/README.md,
-// as JSON-compatible Go values) and logs the decision. It never fails:
-// whatever goes wrong becomes a denial whose reasons say why.
-func (e *Engine) decideMap(ctx context.Context, input map[string]any) *Decision {
-	start := time.Now()
-	d := e.decide(ctx, input)
-	d.id = newID()
-	e.log.Info("policy decision",
-		zap.String("decision_id", d.id),
-		zap.String("path", strings.ReplaceAll(strings.TrimPrefix(e.opts.Query, "data."), ".", "/")),
-		zap.Any("input", input),
-		zap.Object("result", d),
-		zap.Duration("eval_duration", time.Since(start)),
+// errChanging means the directory changed while it was read.
+var errChanging = errors.New("the policy directory changed while it was read")
+
+// Reload reads the policy directory now and, when its content differs from
+// the revision serving, compiles and installs it. A failure keeps the
+// revision serving, is logged and shows in Status. Without Dir it does
+// nothing. The watcher calls it after file-system events; callers may too
+// (e.g. an admin action).
+func (e *Engine) Reload(ctx context.Context) error {
+	if e.opts.Dir == "" {
+		return nil
+	}
+	e.reloadMu.Lock()
+	defer e.reloadMu.Unlock()
+	s, err := e.reload(ctx)
+	if s != nil {
+		e.w.update(e.opts.Dir, s)
+	}
+	return err
+}
+
+func (e *Engine) reload(ctx context.Context) (*snapshot, error) {
+	fsys := os.DirFS(e.opts.Dir)
+	s, err := readSnapshot(fsys)
+	if err != nil {
+		err = &readError{err}
+	} else if !s.sameContent(fsys) {
+		return s, errChanging // not a failure: read again after the next quiet period
+	}
+	old := e.rev.Load()
+	if err == nil && s.hash == old.id {
+		if e.setError(nil) {
+			e.log.Info("policy directory back to the revision serving", zap.String("dir", e.opts.Dir), zap.String("revision", old.id))
+			e.notify()
+		}
+		return s, nil
+	}
+	if err == nil && s.hash == e.failedHash {
+		return s, e.failedErr // the same broken content: already logged
+	}
+	if err == nil {
+		var r *revision
+		if r, err = compile(ctx, s, e.opts.Dir, e.opts.Query); err == nil {
+			e.rev.Store(r)
+			e.setError(nil)
+			e.failedHash, e.failedErr = "", nil
+			e.log.Info("policy revision loaded", zap.String("dir", e.opts.Dir), zap.String("revision", r.id),
+				zap.String("previous", old.id), zap.Strings("files", r.files))
+			e.notify()
+			return s, nil
+		}
+		e.failedHash = s.hash
+	}
+	err = fmt.Errorf("loading policy directory %s: %w", e.opts.Dir, err)
+	e.failedErr = err
+	e.setError(err)
+	e.log.Error("policy reload failed; the last good revision keeps serving",
+		zap.String("dir", e.opts.Dir), zap.String("revision", old.id), zap.Error(err))
+	e.notify()
+	return s, err
+}
+
+func (e *Engine) notify() {
+	if e.opts.OnReload != nil {
+		e.opts.OnReload(e.Status())
+	}
+}
+
+// rulePath turns a query such as data.molly.policy.decision into the path
+// decision logs name it by (molly/policy/decision).
+func rulePath(query string) string {
+	return strings.ReplaceAll(strings.TrimPrefix(query, "data."), ".", "/")
+}
+
+// Decide evaluates the route decision on in and logs it (OPA decision-log
+// shape). It never fails: whatever goes wrong becomes a denial whose Code
+// and Reasons say why. The result is bound to in.Subject's Digest.
+func (e *Engine) Decide(ctx context.Context, in Input) Decided {
+	if in.Subject == nil {
+		d := denyDetail(CodePolicyError, "policy input is incomplete (details in the server log)", "Input.Subject is nil")
+		d.id = newID()
+		e.log.Error("policy decision", zap.String("decision_id", d.id), zap.String("path", e.path), zap.String("error", d.detail))
+		return Decided{decision: d}
+	}
+	digest := in.Subject.Digest()
+	input, err := routeInput(in)
+	if err != nil {
+		d := denyDetail(CodePolicyError, "policy input is malformed (details in the server log)", err.Error())
+		d.id = newID()
+		e.log.Error("policy decision", zap.String("decision_id", d.id), zap.String("path", e.path), zap.String("error", d.detail))
+		return Decided{decision: d, digest: digest}
+	}
+	return Decided{decision: e.decideValue(ctx, input), digest: digest}
+}
+
+// DecideMap evaluates the route decision on an input document given as
+// JSON-compatible Go values (policies/README.md).
+//
+// Deprecated: use Decide with an Input, whose Decided binds the decision to
+// its Subject. DecideMap remains while router/ moves to the sealed pipeline.
+func (e *Engine) DecideMap(ctx context.Context, input map[string]any) *Decision {
+	v, err := ValueOf(input)
+	if err != nil {
+		d := denyDetail(CodePolicyError, "policy input is malformed (details in the server log)", err.Error())
+		d.id = newID()
+		return d
+	}
+	obj, _ := v.(ast.Object)
+	return e.decideValue(ctx, obj)
+}
+
+// decideValue evaluates the route decision on one revision and logs it.
+func (e *Engine) decideValue(ctx context.Context, input ast.Object) *Decision {
+	rev := e.rev.Load()
+	r := eval(ctx, &rev.decision, input, e.opts.Timeout)
+	var d *Decision
+	switch r.outcome {
+	case evalTimeout:
+		d = deny(CodePolicyTimeout, fmt.Sprintf("policy evaluation used more than %s of CPU time", e.opts.Timeout))
+	case evalCanceled:
+		d = denyDetail(CodeClientClosed, "the request ended before the policy decided", r.err.Error())
+	case evalError:
+		d = denyDetail(CodePolicyError, "policy evaluation failed (details in the server log)", r.err.Error())
+	default:
+		if !r.defined {
+			d = deny(CodePolicyError, "policy decision is undefined")
+			break
+		}
+		var err error
+		if d, err = parseDecision(r.value); err != nil {
+			d = denyDetail(CodePolicyError, "policy returned a malformed decision (details in the server log)", err.Error())
+		}
+	}
+	d.id, d.revision = newID(), rev.id
+	e.logDecision(e.path, d.id, rev.id, input, r, d.detail, zap.Object("molly", d))
+	return d
+}
+
+// logDecision writes one decision in the shape of OPA's decision log
+// (https://www.openpolicyagent.org/docs/management-decision-logs):
+// decision_id, path, input, result (absent when undefined), revision,
+// timestamp, metrics, error; extra fields say what Molly made of it.
+func (e *Engine) logDecision(path, id, revision string, input ast.Object, r result, detail string, extra ...zap.Field) {
+	ce := e.log.Check(zap.InfoLevel, "policy decision")
+	if ce == nil {
+		return
+	}
+	fields := make([]zap.Field, 0, 9+len(extra))
+	fields = append(fields,
+		zap.String("decision_id", id),
+		zap.String("path", path),
+		zap.Object("input", astObject{input}),
 	)
-	return d
-}
-
-func (e *Engine) decide(ctx context.Context, input map[string]any) *Decision {
-	q, err := e.current(ctx)
-	if err != nil {
-		return denyDetail("policy failed to load (details in the server log)", err.Error())
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.Timeout)
-	defer cancel()
-	rs, err := q.Eval(ctx, rego.EvalInput(input))
-	if err != nil {
-		if ctx.Err() != nil {
-			return deny(fmt.Sprintf("policy evaluation timed out after %s", e.opts.Timeout))
+	if r.defined {
+		if m, ok := r.value.(map[string]any); ok {
+			fields = append(fields, zap.Object("result", jsonObject(m)))
+		} else {
+			fields = append(fields, zap.Any("result", r.value))
 		}
-		return denyDetail("policy evaluation failed (details in the server log)", err.Error())
 	}
-	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
-		return deny("policy decision is undefined")
+	fields = append(fields,
+		zap.String("revision", revision),
+		zap.String("timestamp", time.Now().UTC().Format(time.RFC3339Nano)),
+		zap.Object("metrics", evalMetrics(r)),
+	)
+	if detail != "" {
+		fields = append(fields, zap.String("error", detail))
 	}
-	d, err := parseDecision(rs[0].Expressions[0].Value)
-	if err != nil {
-		return denyDetail("policy returned a malformed decision (details in the server log)", err.Error())
-	}
-	return d
+	ce.Write(append(fields, extra...)...)
 }
 
 // newID returns a random RFC 4122 version 4 UUID.
@@ -268,49 +395,66 @@ func newID() string {
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-// ToolDecision is the policy's verdict on one governed-tool call
-// (policies/tools.rego); the zero value denies.
-type ToolDecision struct {
-	Allow   bool
-	Reasons []string
-}
+// Keys of the input document, shared by every input built.
+var (
+	keyRequest     = ast.StringTerm("request")
+	keyCapability  = ast.StringTerm("capability")
+	keySovereignty = ast.StringTerm("sovereignty")
+	keyIdentity    = ast.StringTerm("identity")
+	keyTargets     = ast.StringTerm("targets")
+	keyDerived     = ast.StringTerm("derived")
+)
 
-// DecideTool evaluates ToolQuery on input (tool, arguments' findings,
-// identity, tier, amount; router/tools.go builds it). Like Decide it never
-// fails: an error, an undefined or malformed result or a timeout denies.
-func (e *Engine) DecideTool(ctx context.Context, input map[string]any) ToolDecision {
-	_, q, err := e.queries(ctx)
-	if err != nil {
-		e.log.Error("tool policy unavailable", zap.Error(err))
-		return ToolDecision{Reasons: []string{"policy failed to load"}}
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.Timeout)
-	defer cancel()
-	rs, err := q.Eval(ctx, rego.EvalInput(input))
-	if err != nil {
-		e.log.Error("tool policy evaluation failed", zap.Error(err))
-		return ToolDecision{Reasons: []string{"tool policy evaluation failed"}}
-	}
-	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
-		return ToolDecision{Reasons: []string{"tool policy decision is undefined"}}
-	}
-	m, ok := rs[0].Expressions[0].Value.(map[string]any)
-	if !ok {
-		return ToolDecision{Reasons: []string{"tool policy returned a malformed decision"}}
-	}
-	allow, ok := m["allow"].(bool)
-	if !ok {
-		return ToolDecision{Reasons: []string{"tool policy returned a malformed decision"}}
-	}
-	var reasons []string
-	if rl, ok := m["reasons"].([]any); ok {
-		for _, r := range rl {
-			if s, ok := r.(string); ok {
-				reasons = append(reasons, s)
+// routeInput builds the route decision's input document as an ast.Object:
+// the Subject's request, capability and sovereignty members (from
+// PolicyValue when the Subject has it), identity ({} when nil), targets
+// ([] when nil) and derived (absent when nil).
+func routeInput(in Input) (ast.Object, error) {
+	obj := ast.NewObjectWithCapacity(6)
+	if vs, ok := in.Subject.(ValueSubject); ok {
+		so, ok := vs.PolicyValue().(ast.Object)
+		if !ok {
+			return nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", vs.PolicyValue())
+		}
+		for _, k := range []*ast.Term{keyRequest, keyCapability, keySovereignty} {
+			if v := so.Get(k); v != nil {
+				obj.Insert(k, v)
 			}
 		}
+	} else {
+		m := in.Subject.PolicyInput()
+		for _, k := range []*ast.Term{keyRequest, keyCapability, keySovereignty} {
+			x, ok := m[string(k.Value.(ast.String))]
+			if !ok {
+				continue
+			}
+			v, err := ValueOf(x)
+			if err != nil {
+				return nil, fmt.Errorf("input.%s: %w", k.Value.(ast.String), err)
+			}
+			obj.Insert(k, ast.NewTerm(v))
+		}
 	}
-	return ToolDecision{Allow: allow, Reasons: reasons}
+	id, err := ValueOf(in.Identity) // a nil map is {}
+	if err != nil {
+		return nil, fmt.Errorf("input.identity: %w", err)
+	}
+	obj.Insert(keyIdentity, ast.NewTerm(id))
+	targets := make([]*ast.Term, len(in.Targets))
+	for i, t := range in.Targets {
+		v, err := ValueOf(t)
+		if err != nil {
+			return nil, fmt.Errorf("input.targets[%d]: %w", i, err)
+		}
+		targets[i] = ast.NewTerm(v)
+	}
+	obj.Insert(keyTargets, ast.NewTerm(ast.NewArray(targets...)))
+	if in.Derived != nil {
+		v, err := ValueOf(in.Derived)
+		if err != nil {
+			return nil, fmt.Errorf("input.derived: %w", err)
+		}
+		obj.Insert(keyDerived, ast.NewTerm(v))
+	}
+	return obj, nil
 }
-
-func osDirFS(dir string) fs.FS { return os.DirFS(dir) }

@@ -1,5 +1,6 @@
 # Redaction: which detected entity types each tier receives only as
-# placeholders. External APIs (T3) never see a detected value.
+# placeholders, and what to do with entity types a model writes into its
+# answers. External APIs (T3) never see a detected value.
 package molly.policy
 
 import rego.v1
@@ -14,15 +15,13 @@ redact[t] := detected if {
 	some t in external_tiers
 }
 
-# Output guarding: what to do with entity types a model wrote in its
-# answer (not restored placeholders): mask replaces the value in the
-# answer, block refuses the answer; other types pass. Answers from external
-# APIs are masked for every type; the operator's own tiers pass.
-output[t] := {"mask": [], "block": []} if {
-	some t in ["T0", "T1", "T2", "T3"]
-	not t in external_tiers
-}
-
+# Answers: output[tier] says what the gateway does with entity types the
+# model WROTE in an answer from that tier (found by the same detectors in
+# the answer; values the client sent and the gateway restored do not count).
+# "mask" lists types replaced by a mask, "block" types that make the gateway
+# refuse the answer; "*" names every type; block wins over mask. A tier
+# without an entry passes answers as they are. Default: an external API's
+# answer is masked of every type found in it; T0–T2 answers pass.
 output[t] := {"mask": ["*"], "block": []} if {
 	some t in external_tiers
 }

@@ -1,10 +1,17 @@
-# Governed tools (issue 6): may this call of a gateway tool run?
+# Governed tools (issue 6): may a gateway tool be offered to a model, and
+# may this call of it run?
 #
-# Input (router/tools.go): tool {name, side_effect}, arguments {findings
-# (count per entity type; never the values), sensitivity}, identity
-# {member, scopes, tools, ...}, tier (of the model that asked), and for a
-# money tool amount_minor and currency when the arguments carry them.
-# Output: tool_decision {allow, reasons}. Anything else denies.
+# tool_offer: input tool {name, side_effect}, identity {member, scopes,
+# tools, ...}, tier (of the target the request goes to). Output {allow,
+# reasons}; anything else does not offer the tool.
+#
+# tool_decision: input tool {name, side_effect}, arguments {findings (count
+# per entity type; never the values), sensitivity}, identity {member,
+# scopes, tools, ...}, tier (of the model that asked), and for a money tool
+# amount_minor and currency when the arguments carry them. Output {allow,
+# reasons}. Anything else denies.
+#
+# The tool scope is matched with scope_admits (residency.rego).
 package molly.policy
 
 import rego.v1
@@ -58,23 +65,15 @@ is_integer(x) if {
 # An empty tool scope (or none: anonymous, unscoped keys) admits every tool.
 tool_in_scope if count(object.get(input.identity, "tools", [])) == 0
 
-tool_in_scope if {
-	some p in input.identity.tools
-	tool_scope_match(p, input.tool.name)
-}
+tool_in_scope if scope_admits(input.identity.tools, input.tool.name)
 
-tool_scope_match(p, name) if p == name
+# Tiers whose models are offered governed tools: ours, not an external
+# API's, which could otherwise open tickets or read records on a member's
+# behalf. Extend in Rego (`tool_offer_tiers contains "T3"`) or with data,
+# e.g. {"molly": {"config": {"tool_offer_tiers": ["T3"]}}} in a data.json.
+tool_offer_tiers contains t if some t in ["T0", "T1", "T2"]
 
-tool_scope_match(p, name) if {
-	endswith(p, "*")
-	startswith(name, trim_suffix(p, "*"))
-}
-
-# May a governed tool be offered to a model on this tier? Input: tool
-# {name, side_effect}, identity, tier. Default: tools in the member's tool
-# scope, never to external APIs (a T3 model could otherwise open tickets or
-# move money on the member's behalf).
-tool_offer_denied_tiers := {"T3"}
+tool_offer_tiers contains t if some t in data.molly.config.tool_offer_tiers
 
 tool_offer := {"allow": count(tool_offer_denials) == 0, "reasons": sort(tool_offer_denials)}
 
@@ -83,5 +82,9 @@ tool_offer_denials contains sprintf("tool %s is not in the tool scope of member 
 }
 
 tool_offer_denials contains sprintf("tool %s is not offered to %s models", [input.tool.name, input.tier]) if {
-	input.tier in tool_offer_denied_tiers
+	not tool_offered_to_tier
 }
+
+tool_offer_denials contains "the tool offer input is incomplete" if not tool_input_complete
+
+tool_offered_to_tier if input.tier in tool_offer_tiers

@@ -55,3 +55,41 @@ test_missing_input_denies if {
 	not d.allow
 	"the tool call input is incomplete" in d.reasons
 }
+
+offer(name, tier, tools) := {
+	"tool": {"name": name, "side_effect": "write"},
+	"identity": {"member": "alice", "scopes": [], "tools": tools},
+	"tier": tier,
+}
+
+test_tools_are_offered_to_self_hosted_models if {
+	every tier in ["T0", "T1", "T2"] {
+		policy.tool_offer.allow with input as offer("support", tier, [])
+	}
+}
+
+test_tools_are_not_offered_to_external_models if {
+	d := policy.tool_offer with input as offer("support", "T3", [])
+	not d.allow
+	d.reasons == ["tool support is not offered to T3 models"]
+}
+
+test_a_tool_outside_the_scope_is_not_offered if {
+	d := policy.tool_offer with input as offer("payments", "T1", ["support", "search*"])
+	not d.allow
+	d.reasons == ["tool payments is not in the tool scope of member alice"]
+}
+
+test_a_tool_in_a_prefix_scope_is_offered if {
+	policy.tool_offer.allow with input as offer("search_docs", "T1", ["support", "search*"])
+}
+
+test_an_operator_may_offer_tools_to_t3_with_data if {
+	policy.tool_offer.allow with input as offer("support", "T3", []) with data.molly.config.tool_offer_tiers as ["T3"]
+}
+
+test_an_incomplete_offer_is_refused if {
+	d := policy.tool_offer with input as {"tool": {"name": "support"}}
+	not d.allow
+	"the tool offer input is incomplete" in d.reasons
+}

@@ -509,10 +509,19 @@ func TestPolicyEditsApplyWithoutRestart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "residency.rego"), []byte(deny), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := c.Chat.Completions.New(ctx, chat("hello again"))
-	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusForbidden || !strings.Contains(apiErr.RawJSON(), "maintenance window") {
-		t.Fatalf("want 403 with the policy's reason, got %v", err)
+	// The edit is picked up from file-system events (debounced), not on the
+	// request path: ask until the new revision answers, within a deadline.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := c.Chat.Completions.New(ctx, chat("hello again"))
+		var apiErr *openai.Error
+		if errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusForbidden && strings.Contains(apiErr.RawJSON(), "maintenance window") {
+			return
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("want 403 with the policy's reason once the edit is loaded, got %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // between polls of the condition, not as synchronisation
 	}
 }
 

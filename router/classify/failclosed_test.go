@@ -64,8 +64,8 @@ func TestAFailedScanRefusesARedactingTier(t *testing.T) {
 	}
 	t.Run("the default policy treats a failed scan as restricted", func(t *testing.T) {
 		dec := policytest.Decide(t, policytest.Default(t), a).Decision()
-		if !reflect.DeepEqual(dec.Tiers(), []string{"T0"}) || dec.Class() != "restricted" {
-			t.Fatalf("tiers %v class %q (%v), want T0 restricted", dec.Tiers(), dec.Class(), dec.Reasons())
+		if !reflect.DeepEqual(dec.Tiers(), []string{"T0"}) || dec.Sensitivity() != "restricted" {
+			t.Fatalf("tiers %v class %q (%v), want T0 restricted", dec.Tiers(), dec.Sensitivity(), dec.Reasons())
 		}
 	})
 }

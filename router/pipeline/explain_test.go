@@ -247,8 +247,8 @@ func TestDefaultPolicyTiersByClass(t *testing.T) {
 				ep = openai.EndpointCompletions
 			}
 			d := p.Decide(context.Background(), mustClassify(t, ep, tt.body), nil).Decision()
-			if !d.Allowed() || !reflect.DeepEqual(d.Tiers(), tt.want) || d.Class() != tt.class || !reflect.DeepEqual(d.Redact("T3"), tt.redactT3) {
-				t.Fatalf("decision tiers %v, class %q, redact T3 %v, reasons %v; want %v, %s, %v", d.Tiers(), d.Class(), d.Redact("T3"), d.Reasons(), tt.want, tt.class, tt.redactT3)
+			if !d.Allowed() || !reflect.DeepEqual(d.Tiers(), tt.want) || d.Sensitivity() != tt.class || !reflect.DeepEqual(d.Redact("T3"), tt.redactT3) {
+				t.Fatalf("decision tiers %v, class %q, redact T3 %v, reasons %v; want %v, %s, %v", d.Tiers(), d.Sensitivity(), d.Redact("T3"), d.Reasons(), tt.want, tt.class, tt.redactT3)
 			}
 		})
 	}

@@ -95,7 +95,7 @@ func (p *Pipeline) derive(ctx context.Context, rq *request, kind string, body []
 	if err != nil {
 		return nil, policies.Decided{}, err
 	}
-	parent := rq.dec.Class()
+	parent := rq.dec.Sensitivity()
 	if parent == "" {
 		parent = rq.a.Sensitivity().String()
 	}
