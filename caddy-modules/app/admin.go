@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router"
 )
 
@@ -111,20 +112,11 @@ func serveTools(w http.ResponseWriter, r *http.Request, f *router.Forwarder, cl 
 	if a := bytes.TrimSpace(req.Arguments); len(a) == 0 || a[0] != '{' {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("arguments must be a JSON object")}
 	}
-	id := &router.Identity{Member: req.Member}
-	for _, s := range req.Scopes {
-		kind, v, ok := strings.Cut(s, ":")
-		switch {
-		case ok && v != "" && kind == "model":
-			id.Models = append(id.Models, v)
-		case ok && v != "" && kind == "tier":
-			id.Tiers = append(id.Tiers, v)
-		case ok && v != "" && kind == "tool":
-			id.Tools = append(id.Tools, v)
-		default:
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("scope %q: want model:<name>, tier:<tier> or tool:<name>", s)}
-		}
+	sc, err := registry.ParseScopes(req.Scopes)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
+	id := &router.Identity{Member: req.Member, Models: sc.Models, Tiers: sc.Tiers, Tools: sc.Tools}
 	res, reasons, te := f.CallTool(r.Context(), cl, id, name, req.Arguments, req.IdempotencyKey)
 	switch {
 	case te == nil:

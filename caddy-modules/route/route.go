@@ -55,6 +55,10 @@ func (rt *Route) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.H
 	if ann == nil || d == nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_route: no annotation or decision; put molly_classify and molly_policy before molly_route"))
 	}
+	if router.IdentityFrom(r.Context()) == nil {
+		// No molly_auth: the usage is still recorded, in the registry, as "anonymous".
+		r = r.WithContext(router.WithIdentity(r.Context(), rt.app.AnonymousIdentity()))
+	}
 	if err := rt.app.Forwarder().Serve(w, r, ann, d); err != nil {
 		api.WriteError(w, err)
 	}
