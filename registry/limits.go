@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -51,21 +50,21 @@ func (r *Registry) Admit(ctx context.Context, m Member) (*Limited, error) {
 		return nil, nil
 	}
 	var lim *Limited
-	err := r.tx(ctx, func(tx *sql.Tx) error {
+	err := r.txq(ctx, func(tx q) error {
 		now := r.now() // under the write lock
 		cut := ms(now.Add(-RateWindow))
 		if m.RPM > 0 {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM rate_requests WHERE member = ? AND ts <= ?`, m.Name, cut); err != nil {
+			if _, err := tx.exec(qRPMPrune, m.Name, cut); err != nil {
 				return err
 			}
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM rate_requests WHERE member = ?`, m.Name).Scan(&n); err != nil {
+			if err := tx.row(qRPMCount, m.Name).Scan(&n); err != nil {
 				return err
 			}
 			if n >= m.RPM {
 				// The oldest request that must leave the window for one slot to free.
 				var oldest int64
-				if err := tx.QueryRowContext(ctx, `SELECT ts FROM rate_requests WHERE member = ? ORDER BY ts LIMIT 1 OFFSET ?`,
+				if err := tx.row(qRPMOldest,
 					m.Name, n-m.RPM).Scan(&oldest); err != nil {
 					return err
 				}
@@ -74,7 +73,7 @@ func (r *Registry) Admit(ctx context.Context, m Member) (*Limited, error) {
 			}
 		}
 		if m.TPM > 0 {
-			entries, used, err := tokenWindow(ctx, tx, m.Name, now)
+			entries, used, err := tokenWindow(tx, m.Name, now)
 			if err != nil {
 				return err
 			}
@@ -93,7 +92,7 @@ func (r *Registry) Admit(ctx context.Context, m Member) (*Limited, error) {
 			}
 		}
 		if m.RPM > 0 {
-			_, err := tx.ExecContext(ctx, `INSERT INTO rate_requests (member, ts) VALUES (?, ?)`, m.Name, ms(now))
+			_, err := tx.exec(qRPMAdmit, m.Name, ms(now))
 			return err
 		}
 		return nil
@@ -112,8 +111,8 @@ type tokenEntry struct {
 
 // tokenWindow returns member's usage records of the trailing minute, oldest
 // first, and their tokens.
-func tokenWindow(ctx context.Context, tx *sql.Tx, member string, now time.Time) ([]tokenEntry, int, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT ts, prompt_tokens + completion_tokens FROM usage WHERE member = ? AND ts > ? ORDER BY ts, id`,
+func tokenWindow(tx q, member string, now time.Time) ([]tokenEntry, int, error) {
+	rows, err := tx.rows(qTokenWindow,
 		member, ms(now.Add(-RateWindow)))
 	if err != nil {
 		return nil, 0, err
@@ -137,11 +136,11 @@ func tokenWindow(ctx context.Context, tx *sql.Tx, member string, now time.Time) 
 // recorded tokens and the held ones (inFlight); otherwise it says when
 // enough recorded tokens leave the window (1 s when only requests in
 // flight hold it). nil: they fit.
-func (r *Registry) tokensRefusal(ctx context.Context, tx *sql.Tx, m Member, now time.Time, inFlight, tokens int) (error, error) {
+func (r *Registry) tokensRefusal(tx q, m Member, now time.Time, inFlight, tokens int) (refusal, err error) {
 	if m.TPM <= 0 {
 		return nil, nil
 	}
-	entries, recorded, err := tokenWindow(ctx, tx, m.Name, now)
+	entries, recorded, err := tokenWindow(tx, m.Name, now)
 	if err != nil {
 		return nil, err
 	}

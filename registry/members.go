@@ -199,7 +199,7 @@ func (r *Registry) PutMember(ctx context.Context, m Member) (stored Member, crea
 
 const memberCols = `m.name, m.budget_nusd, m.period, m.period_start, m.rpm, m.tpm, m.models, m.tiers, m.tools, m.created`
 
-func scanMember(row interface{ Scan(...any) error }, extra ...any) (Member, error) {
+func scanMember(row scanner, extra ...any) (Member, error) {
 	var m Member
 	var budget, start, created int64
 	var models, tiers, tools string
@@ -212,9 +212,11 @@ func scanMember(row interface{ Scan(...any) error }, extra ...any) (Member, erro
 	return m, nil
 }
 
+const memberQuery = `SELECT ` + memberCols + ` FROM members m WHERE m.name = ?`
+
 // Member returns the member called name. Errors: ErrNotFound.
 func (r *Registry) Member(ctx context.Context, name string) (Member, error) {
-	m, err := scanMember(r.db.QueryRowContext(ctx, `SELECT `+memberCols+` FROM members m WHERE m.name = ?`, name))
+	m, err := scanMember(r.row(ctx, memberQuery, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Member{}, fmt.Errorf("member %q: %w", name, ErrNotFound)
 	}

@@ -71,6 +71,8 @@ type Registry struct {
 	owner string
 	live  atomic.Int64 // reservations of this handle not yet released
 
+	stmts map[string]*sql.Stmt // preparedQueries, prepared at Open; read-only after
+
 	wakeMu sync.Mutex
 	wake   map[chan struct{}]struct{} // deliverers to nudge after a record commits
 
@@ -104,7 +106,11 @@ func Open(path string, opts Options) (*Registry, error) {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	r := &Registry{db: db, path: path, now: now, lease: lease, owner: hex.EncodeToString(id[:]),
-		wake: map[chan struct{}]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
+		stmts: map[string]*sql.Stmt{}, wake: map[chan struct{}]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := r.prepare(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("registry: %s: %w", path, err)
+	}
 	go r.renewLeases()
 	return r, nil
 }
@@ -186,4 +192,71 @@ func words(s string) []string {
 		return nil
 	}
 	return strings.Fields(s)
+}
+
+// prepare prepares preparedQueries on the handle. Parsing and planning a
+// statement is most of a small statement's cost in SQLite, and the request
+// path runs the same few over and over; database/sql re-prepares them by
+// itself on a new connection.
+func (r *Registry) prepare() error {
+	for _, query := range preparedQueries {
+		s, err := r.db.Prepare(query)
+		if err != nil {
+			return fmt.Errorf("preparing %.40q: %w", query, err)
+		}
+		r.stmts[query] = s
+	}
+	return nil
+}
+
+// q runs statements inside one transaction, prepared ones where the query
+// is among preparedQueries.
+type q struct {
+	ctx context.Context
+	tx  *sql.Tx
+	r   *Registry
+}
+
+func (q q) exec(query string, args ...any) (sql.Result, error) {
+	if s, ok := q.r.stmts[query]; ok {
+		return q.tx.StmtContext(q.ctx, s).ExecContext(q.ctx, args...)
+	}
+	return q.tx.ExecContext(q.ctx, query, args...)
+}
+
+func (q q) row(query string, args ...any) scanner {
+	if s, ok := q.r.stmts[query]; ok {
+		return q.tx.StmtContext(q.ctx, s).QueryRowContext(q.ctx, args...)
+	}
+	return q.tx.QueryRowContext(q.ctx, query, args...)
+}
+
+func (q q) rows(query string, args ...any) (*sql.Rows, error) {
+	if s, ok := q.r.stmts[query]; ok {
+		return q.tx.StmtContext(q.ctx, s).QueryContext(q.ctx, args...)
+	}
+	return q.tx.QueryContext(q.ctx, query, args...)
+}
+
+// row and exec run a statement outside a transaction, prepared where the
+// query is among preparedQueries.
+func (r *Registry) row(ctx context.Context, query string, args ...any) scanner {
+	if s, ok := r.stmts[query]; ok {
+		return s.QueryRowContext(ctx, args...)
+	}
+	return r.db.QueryRowContext(ctx, query, args...)
+}
+
+func (r *Registry) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if s, ok := r.stmts[query]; ok {
+		return s.ExecContext(ctx, args...)
+	}
+	return r.db.ExecContext(ctx, query, args...)
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+// txq runs fn in one (IMMEDIATE) transaction and commits it.
+func (r *Registry) txq(ctx context.Context, fn func(q q) error) error {
+	return r.tx(ctx, func(tx *sql.Tx) error { return fn(q{ctx, tx, r}) })
 }

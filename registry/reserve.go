@@ -70,20 +70,14 @@ func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, usd float6
 	}
 	exp, budget := nusd(usd), nusd(m.BudgetUSD)
 	var refusal error
-	err := r.tx(ctx, func(tx *sql.Tx) error {
+	err := r.txq(ctx, func(tx q) error {
 		now := r.now() // under the write lock: admissions and records see one order of time
 		nowMS := ms(now)
-		if _, err := tx.ExecContext(ctx, `DELETE FROM reservations WHERE expires <= ?`, nowMS); err != nil {
+		if _, err := tx.exec(qExpire, nowMS); err != nil {
 			return err
 		}
 		// One statement: the row is inserted only when both limits hold.
-		err := tx.QueryRowContext(ctx, `INSERT INTO reservations (member, nusd, tokens, owner, created, expires)
-			SELECT ?, ?, ?, ?, ?, ?
-			WHERE (? = 0 OR COALESCE((SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?), 0)
-					+ COALESCE((SELECT SUM(nusd) FROM reservations WHERE member = ?), 0) + ? <= ?)
-			  AND (? = 0 OR COALESCE((SELECT SUM(prompt_tokens + completion_tokens) FROM usage WHERE member = ? AND ts > ?), 0)
-					+ COALESCE((SELECT SUM(tokens) FROM reservations WHERE member = ?), 0) + ? <= ?)
-			RETURNING id`,
+		err := tx.row(qReserve,
 			m.Name, exp, tokens, r.owner, nowMS, ms(now.Add(r.lease)),
 			budget, m.Name, periodKey(&m, now), m.Name, exp, budget,
 			m.TPM, m.Name, ms(now.Add(-RateWindow)), m.Name, tokens, m.TPM,
@@ -91,7 +85,7 @@ func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, usd float6
 		if !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		if refusal, err = r.refusal(ctx, tx, m, now, tokens, usd); err == nil && refusal == nil {
+		if refusal, err = r.refusal(tx, m, now, tokens, usd); err == nil && refusal == nil {
 			err = errors.New("the admission found no room but no limit is reached")
 		}
 		return err
@@ -107,14 +101,14 @@ func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, usd float6
 }
 
 // refusal explains why the conditional insert of Reserve found no room.
-func (r *Registry) refusal(ctx context.Context, tx *sql.Tx, m Member, now time.Time, tokens int, usdAmount float64) (error, error) {
+func (r *Registry) refusal(tx q, m Member, now time.Time, tokens int, usdAmount float64) (refusal, err error) {
 	var heldNUSD, heldTokens int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(nusd), 0), COALESCE(SUM(tokens), 0) FROM reservations WHERE member = ?`,
+	if err := tx.row(`SELECT COALESCE(SUM(nusd), 0), COALESCE(SUM(tokens), 0) FROM reservations WHERE member = ?`,
 		m.Name).Scan(&heldNUSD, &heldTokens); err != nil {
 		return nil, err
 	}
 	if m.BudgetUSD > 0 {
-		spent, err := r.spent(ctx, tx, m)
+		spent, err := r.spent(tx.row(spentQuery, m.Name, periodKey(&m, now)), m)
 		if err != nil {
 			return nil, err
 		}
@@ -123,7 +117,7 @@ func (r *Registry) refusal(ctx context.Context, tx *sql.Tx, m Member, now time.T
 			return &OverBudget{BudgetUSD: m.BudgetUSD, SpentUSD: usd(spent), ReservedUSD: usd(heldNUSD), ExpectedUSD: usdAmount, End: end}, nil
 		}
 	}
-	return r.tokensRefusal(ctx, tx, m, now, int(heldTokens), tokens)
+	return r.tokensRefusal(tx, m, now, int(heldTokens), tokens)
 }
 
 // Release frees what the reservation still holds (nothing once its records
@@ -135,7 +129,7 @@ func (res *Reservation) Release(ctx context.Context) error {
 		return nil
 	}
 	res.r.live.Add(-1)
-	if _, err := res.r.db.ExecContext(ctx, `DELETE FROM reservations WHERE id = ?`, res.ID); err != nil {
+	if _, err := res.r.exec(ctx, qRelease, res.ID); err != nil {
 		return fmt.Errorf("registry: releasing reservation %d of %s: %w", res.ID, res.Member, err)
 	}
 	return nil

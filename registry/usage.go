@@ -59,7 +59,7 @@ func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 	}
 	cost := nusd(u.CostUSD)
 	var id string
-	err := r.tx(ctx, func(tx *sql.Tx) error {
+	err := r.txq(ctx, func(tx q) error {
 		// The clock is read under the write lock, so that records and
 		// admissions of every process see time in their commit order.
 		commit := r.now()
@@ -69,38 +69,30 @@ func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 		at, now := ms(u.Time), ms(commit)
 		var m Member
 		var anchor int64
-		err := tx.QueryRowContext(ctx, `SELECT period, period_start FROM members WHERE name = ?`, u.Member).Scan(&m.Period, &anchor)
+		err := tx.row(qMemberPeriod, u.Member).Scan(&m.Period, &anchor)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
 		m.PeriodStart = fromMS(anchor)
 		start := periodKey(&m, u.Time)
-		if id, err = nextRecordID(ctx, tx, u.DecisionID); err != nil {
+		if id, err = nextRecordID(tx, u.DecisionID); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		if _, err := tx.exec(qInsertUsage,
 			id, u.Member, u.DecisionID, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, cost, at); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO spend (member, period_start, spent_nusd, prompt_tokens, completion_tokens, records)
-			VALUES (?, ?, ?, ?, ?, 1)
-			ON CONFLICT (member, period_start) DO UPDATE SET spent_nusd = spend.spent_nusd + excluded.spent_nusd,
-				prompt_tokens = spend.prompt_tokens + excluded.prompt_tokens,
-				completion_tokens = spend.completion_tokens + excluded.completion_tokens, records = spend.records + 1`,
+		if _, err := tx.exec(qAddSpend,
 			u.Member, start, cost, u.PromptTokens, u.CompletionTokens); err != nil {
 			return err
 		}
 		if u.Reservation != 0 {
 			tokens := int64(u.PromptTokens) + int64(u.CompletionTokens)
-			if _, err := tx.ExecContext(ctx, `UPDATE reservations SET
-				nusd = CASE WHEN nusd > ? THEN nusd - ? ELSE 0 END,
-				tokens = CASE WHEN tokens > ? THEN tokens - ? ELSE 0 END
-				WHERE id = ?`, cost, cost, tokens, tokens, u.Reservation); err != nil {
+			if _, err := tx.exec(qSettle, cost, cost, tokens, tokens, u.Reservation); err != nil {
 				return err
 			}
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO outbox (sink, record_id, next_at, created) SELECT name, ?, ?, ? FROM outbox_sinks`, id, now, now)
+		_, err = tx.exec(qQueue, id, now, now)
 		return err
 	})
 	if err != nil {
@@ -113,16 +105,16 @@ func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 // nextRecordID is the id of the next record of decision, inside the
 // recording transaction (which holds the write lock, so no other process
 // can take the same one): decision for the first, decision:n for the n-th.
-func nextRecordID(ctx context.Context, tx *sql.Tx, decision string) (string, error) {
+func nextRecordID(tx q, decision string) (string, error) {
 	if decision == "" {
 		var next int64
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) + 1 FROM usage`).Scan(&next); err != nil {
+		if err := tx.row(qNextID).Scan(&next); err != nil {
 			return "", err
 		}
 		return "usage-" + strconv.FormatInt(next, 10), nil
 	}
 	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM usage WHERE decision_id = ?`, decision).Scan(&n); err != nil {
+	if err := tx.row(qDecisionRecords, decision).Scan(&n); err != nil {
 		return "", err
 	}
 	if n == 0 {
@@ -138,21 +130,20 @@ func (r *Registry) Remaining(ctx context.Context, m Member) (remaining float64, 
 	if m.BudgetUSD <= 0 {
 		return 0, false, nil
 	}
-	spent, err := r.spent(ctx, r.db, m)
+	spent, err := r.spent(r.row(ctx, spentQuery, m.Name, periodKey(&m, r.now())), m)
 	if err != nil {
 		return 0, true, err
 	}
 	return usd(nusd(m.BudgetUSD) - spent), true, nil
 }
 
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// spentQuery reads a member's spend counter of one period (member, period_start).
+const spentQuery = `SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?`
 
-// spent is m's spend counter of the current period, in nano-USD.
-func (r *Registry) spent(ctx context.Context, q querier, m Member) (int64, error) {
+// spent scans m's spend counter (spentQuery's row) in nano-USD; no row is 0.
+func (r *Registry) spent(row scanner, m Member) (int64, error) {
 	var n int64
-	err := q.QueryRowContext(ctx, `SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?`, m.Name, periodKey(&m, r.now())).Scan(&n)
+	err := row.Scan(&n)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return 0, fmt.Errorf("registry: reading the spend of %s: %w", m.Name, err)
 	}

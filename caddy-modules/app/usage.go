@@ -2,8 +2,6 @@ package app
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,7 +9,6 @@ import (
 
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/registry"
-	"github.com/molly-gateway/molly/router"
 )
 
 // usageTimeout bounds one record_usage call.
@@ -20,40 +17,6 @@ const usageTimeout = 10 * time.Second
 // UsageCaller is the member the gateway records usage as (the caller of
 // record_usage; the usage itself is booked to the record's member).
 const UsageCaller = "molly-gateway"
-
-// recordUsageArgs are the record_usage arguments for u: the record id as
-// decision_id (the billing tool's idempotency key), cost in integer nano-USD
-// as the registry stores it, the time in RFC 3339 (UTC, milliseconds as
-// stored). A redelivery builds the same bytes from the same record.
-func recordUsageArgs(u registry.Usage) []byte {
-	args := map[string]any{"op": "record_usage", "decision_id": u.RecordID, "member": u.Member, "model": u.Model,
-		"tier": u.Tier, "target": u.Target, "prompt_tokens": u.PromptTokens, "completion_tokens": u.CompletionTokens,
-		"cost_nano_usd": registry.NanoUSD(u.CostUSD), "at": u.Time.UTC().Format(time.RFC3339Nano)}
-	b, _ := json.Marshal(args)
-	return b
-}
-
-// permanentToolCodes are the tool error codes retrying cannot change: the
-// record is marked failed in the outbox (and logged) instead.
-var permanentToolCodes = map[string]bool{
-	plugins.CodeInvalidArgument:    true,
-	plugins.CodeConflict:           true,
-	plugins.CodeNotFound:           true,
-	plugins.CodeFailedPrecondition: true,
-}
-
-// usageSink is the registry.Sink of the usage tool: one record_usage call
-// with the record id as idempotency key.
-func usageSink(runner router.ToolRunner, tool string) registry.Sink {
-	return func(ctx context.Context, u registry.Usage) error {
-		_, err := runner.Invoke(ctx, tool, recordUsageArgs(u), UsageCaller, nil, u.RecordID)
-		var te *router.ToolError
-		if errors.As(err, &te) && permanentToolCodes[te.Code] {
-			return registry.Permanent(err)
-		}
-		return err
-	}
-}
 
 // usageDeliveries counts the outbox's delivery attempts, by outcome
 // (delivered, retry, failed); usageOutbox reports the outbox of the running
@@ -112,7 +75,7 @@ func (a *App) startUsage() error {
 		return nil
 	}
 	log := a.logger.Named("usage")
-	d, err := a.registry.Deliver(context.Background(), a.UsageTool, usageSink(toolRunner{a.tools}, a.UsageTool), registry.DeliveryOptions{
+	d, err := a.registry.Deliver(context.Background(), a.UsageTool, plugins.RecordUsage(a.tools, a.UsageTool, UsageCaller), registry.DeliveryOptions{
 		Timeout: usageTimeout,
 		Observe: func(at registry.Attempt) {
 			usageDeliveries.WithLabelValues(at.Outcome).Inc()
