@@ -118,10 +118,6 @@ func (au *Auth) Cleanup() error {
 	return err
 }
 
-// DefaultDB is the registry file used when neither the molly app nor
-// molly_auth names one.
-func DefaultDB() string { return app.DefaultRegistry() }
-
 // active is the registry the admin API manages: the latest provisioned.
 var active atomic.Pointer[registry.Registry]
 
