@@ -37,6 +37,9 @@ const (
 // preparedQueries are prepared at Open; a statement run inside a
 // transaction must be among them to use its prepared form (preparing needs
 // the connection the transaction holds).
-var preparedQueries = []string{spentQuery, lookupQuery, memberQuery,
-	qMemberPeriod, qInsertUsage, qAddSpend, qSettle, qQueue, qNextID, qDecisionRecords, qExpire, qReserve, qRelease, qRPMPrune, qRPMCount, qRPMOldest, qRPMAdmit, qTokenWindow,
+var preparedQueries = []string{
+	lookupQuery, memberQuery, spentQuery, // auth
+	qRPMPrune, qRPMCount, qRPMOldest, qRPMAdmit, qTokenWindow, // Admit
+	qExpire, qReserve, qRelease, // Reserve, Release
+	qMemberPeriod, qNextID, qDecisionRecords, qInsertUsage, qAddSpend, qSettle, qQueue, // Record
 }
