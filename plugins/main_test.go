@@ -18,10 +18,11 @@ import (
 	"github.com/molly-gateway/molly/plugins"
 )
 
-// The test binary plays three parts, chosen by MOLLY_PLUGINS_TEST_ROLE:
+// The test binary plays four parts, chosen by MOLLY_PLUGINS_TEST_ROLE:
 // the tests themselves (unset); a tool plugin, "sleeper", whose calls take
-// as long as asked (so a test can kill it mid-call); and a host process
-// that runs a Manager until it is killed (so a test can kill a host).
+// as long as asked (so a test can kill it mid-call); a host process that
+// runs a Manager until it is killed (so a test can kill a host); and
+// "usagehost", the usage side of a gateway (usage_delivery_test.go).
 const roleEnv = "MOLLY_PLUGINS_TEST_ROLE"
 
 var (
@@ -42,6 +43,9 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	case "host":
 		runHost()
+		os.Exit(0)
+	case "usagehost":
+		runUsageHost()
 		os.Exit(0)
 	}
 	becomeSubreaper()

@@ -127,6 +127,9 @@ func (r *Registry) RevokeKey(ctx context.Context, prefix string) error {
 	return nil
 }
 
+const lookupQuery = `SELECT ` + memberCols + `, k.prefix, k.name, k.created, k.revoked
+	FROM keys k JOIN members m ON m.name = k.member WHERE k.hash = ?`
+
 // Lookup finds the member holding secret. Errors: ErrUnknownKey (also for
 // anything not shaped like a Molly key), ErrRevokedKey. The errors never
 // contain the key.
@@ -136,9 +139,7 @@ func (r *Registry) Lookup(ctx context.Context, secret string) (Member, Key, erro
 	}
 	var k Key
 	var created, revoked int64
-	m, err := scanMember(r.db.QueryRowContext(ctx, `SELECT `+memberCols+`, k.prefix, k.name, k.created, k.revoked
-		FROM keys k JOIN members m ON m.name = k.member WHERE k.hash = ?`, hashKey(secret)),
-		&k.Prefix, &k.Name, &created, &revoked)
+	m, err := scanMember(r.row(ctx, lookupQuery, hashKey(secret)), &k.Prefix, &k.Name, &created, &revoked)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Member{}, Key{}, ErrUnknownKey
 	}

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -9,7 +10,7 @@ import (
 // (a sliding log, so there is no burst at a fixed minute's boundary).
 const RateWindow = time.Minute
 
-// Limited says why Admit refused a request.
+// Limited says why Admit or Reserve refused a request.
 type Limited struct {
 	// Kind is "requests" (RPM) or "tokens" (TPM), as in OpenAI's rate-limit errors.
 	Kind string
@@ -17,7 +18,7 @@ type Limited struct {
 	Limit, Used int
 	// RetryAfter is how long until the request would be admitted.
 	RetryAfter time.Duration
-	// Requested is the request's own expected tokens (Reserve); TooLarge
+	// Requested is the request's own worst-case tokens (Reserve); TooLarge
 	// reports a request larger than the TPM itself, which waiting cannot fix.
 	Requested int
 	TooLarge  bool
@@ -37,108 +38,124 @@ func (l *Limited) Error() string {
 		l.Kind, unit, l.Limit, l.Used, l.RetryAfter.Round(time.Millisecond))
 }
 
-// window is one member's trailing minute: admitted requests and recorded tokens.
-type window struct {
-	reqs   []time.Time
-	tokens []tokenEntry
+// Admit applies m's RPM and TPM limits at the current time and, when the
+// request may go, counts it in the RPM window; otherwise it returns why not
+// and when to retry (nil error). The RPM window is a table of the file
+// (rate_requests), so it survives restarts and is shared by every process
+// on the file; TPM counts the tokens of the usage records of the trailing
+// minute (a request's own worst case is checked, and held, by Reserve).
+// Errors are database errors.
+func (r *Registry) Admit(ctx context.Context, m Member) (*Limited, error) {
+	if m.RPM <= 0 && m.TPM <= 0 {
+		return nil, nil
+	}
+	var lim *Limited
+	err := r.txq(ctx, func(tx q) error {
+		now := r.now() // under the write lock
+		cut := ms(now.Add(-RateWindow))
+		if m.RPM > 0 {
+			if _, err := tx.exec(qRPMPrune, m.Name, cut); err != nil {
+				return err
+			}
+			var n int
+			if err := tx.row(qRPMCount, m.Name).Scan(&n); err != nil {
+				return err
+			}
+			if n >= m.RPM {
+				// The oldest request that must leave the window for one slot to free.
+				var oldest int64
+				if err := tx.row(qRPMOldest,
+					m.Name, n-m.RPM).Scan(&oldest); err != nil {
+					return err
+				}
+				lim = &Limited{Kind: "requests", Limit: m.RPM, Used: n, RetryAfter: fromMS(oldest).Add(RateWindow).Sub(now)}
+				return nil
+			}
+		}
+		if m.TPM > 0 {
+			entries, used, err := tokenWindow(tx, m.Name, now)
+			if err != nil {
+				return err
+			}
+			if used >= m.TPM {
+				left := used
+				var at time.Time
+				for _, e := range entries {
+					left -= e.n
+					at = e.at
+					if left < m.TPM {
+						break
+					}
+				}
+				lim = &Limited{Kind: "tokens", Limit: m.TPM, Used: used, RetryAfter: at.Add(RateWindow).Sub(now)}
+				return nil
+			}
+		}
+		if m.RPM > 0 {
+			_, err := tx.exec(qRPMAdmit, m.Name, ms(now))
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("registry: admitting a request of %s: %w", m.Name, err)
+	}
+	return lim, nil
 }
 
+// tokenEntry is one usage record in a TPM window.
 type tokenEntry struct {
 	at time.Time
 	n  int
 }
 
-func (w *window) prune(now time.Time) {
-	cut := now.Add(-RateWindow)
-	i := 0
-	for i < len(w.reqs) && !w.reqs[i].After(cut) {
-		i++
-	}
-	w.reqs = w.reqs[i:]
-	j := 0
-	for j < len(w.tokens) && !w.tokens[j].at.After(cut) {
-		j++
-	}
-	w.tokens = w.tokens[j:]
-}
-
-// Admit applies m's RPM and TPM limits at the current time and, when the
-// request may go, counts it; otherwise it returns why not and when to retry.
-// TPM counts the tokens recorded in the trailing minute; a request's own
-// expected tokens are checked, and held while it runs, by Reserve. Windows live in memory: requests counted before a restart are
-// forgotten, recorded tokens are reloaded from the ledger by Open.
-func (r *Registry) Admit(m Member) *Limited {
-	if m.RPM <= 0 && m.TPM <= 0 {
-		return nil
-	}
-	now := r.now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.win(m.Name)
-	w.prune(now)
-	if m.RPM > 0 && len(w.reqs) >= m.RPM {
-		// The oldest request that must leave the window for one slot to free.
-		oldest := w.reqs[len(w.reqs)-m.RPM]
-		return &Limited{Kind: "requests", Limit: m.RPM, Used: len(w.reqs), RetryAfter: oldest.Add(RateWindow).Sub(now)}
-	}
-	if m.TPM > 0 {
-		used := 0
-		for _, t := range w.tokens {
-			used += t.n
-		}
-		if used >= m.TPM {
-			left := used
-			var at time.Time
-			for _, t := range w.tokens {
-				left -= t.n
-				at = t.at
-				if left < m.TPM {
-					break
-				}
-			}
-			return &Limited{Kind: "tokens", Limit: m.TPM, Used: used, RetryAfter: at.Add(RateWindow).Sub(now)}
-		}
-	}
-	if m.RPM > 0 {
-		w.reqs = append(w.reqs, now)
-	}
-	return nil
-}
-
-func (r *Registry) win(member string) *window {
-	w, ok := r.windows[member]
-	if !ok {
-		w = &window{}
-		r.windows[member] = w
-	}
-	return w
-}
-
-func (r *Registry) addTokens(member string, at time.Time, n int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.win(member)
-	w.prune(r.now())
-	w.tokens = append(w.tokens, tokenEntry{at, n})
-}
-
-// loadWindows refills the TPM windows from the ledger's last minute.
-func (r *Registry) loadWindows() error {
-	rows, err := r.db.Query(`SELECT member, ts, prompt_tokens + completion_tokens FROM usage WHERE ts > ? ORDER BY ts`,
-		ms(r.now().Add(-RateWindow)))
+// tokenWindow returns member's usage records of the trailing minute, oldest
+// first, and their tokens.
+func tokenWindow(tx q, member string, now time.Time) ([]tokenEntry, int, error) {
+	rows, err := tx.rows(qTokenWindow,
+		member, ms(now.Add(-RateWindow)))
 	if err != nil {
-		return fmt.Errorf("registry: loading the last minute of usage: %w", err)
+		return nil, 0, err
 	}
 	defer rows.Close()
+	var out []tokenEntry
+	used := 0
 	for rows.Next() {
-		var member string
 		var ts int64
 		var n int
-		if err := rows.Scan(&member, &ts, &n); err != nil {
-			return fmt.Errorf("registry: loading the last minute of usage: %w", err)
+		if err := rows.Scan(&ts, &n); err != nil {
+			return nil, 0, err
 		}
-		w := r.win(member)
-		w.tokens = append(w.tokens, tokenEntry{fromMS(ts), n})
+		out = append(out, tokenEntry{fromMS(ts), n})
+		used += n
 	}
-	return rows.Err()
+	return out, used, rows.Err()
+}
+
+// tokensRefusal checks that tokens more fit m's TPM window next to the
+// recorded tokens and the held ones (inFlight); otherwise it says when
+// enough recorded tokens leave the window (1 s when only requests in
+// flight hold it). nil: they fit.
+func (r *Registry) tokensRefusal(tx q, m Member, now time.Time, inFlight, tokens int) (refusal, err error) {
+	if m.TPM <= 0 {
+		return nil, nil
+	}
+	entries, recorded, err := tokenWindow(tx, m.Name, now)
+	if err != nil {
+		return nil, err
+	}
+	used := recorded + inFlight
+	if used+tokens <= m.TPM {
+		return nil, nil
+	}
+	retry := time.Second
+	left := used
+	for _, e := range entries {
+		left -= e.n
+		if left+tokens <= m.TPM {
+			retry = max(e.at.Add(RateWindow).Sub(now), time.Millisecond)
+			break
+		}
+	}
+	return &Limited{Kind: "tokens", Limit: m.TPM, Used: used, Requested: tokens, RetryAfter: retry}, nil
 }

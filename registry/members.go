@@ -107,6 +107,33 @@ func (m *Member) PeriodAt(t time.Time) (start, end time.Time) {
 	return time.Time{}, time.Time{}
 }
 
+// periodKey is the spend counter's period_start of time t: the start of m's
+// period holding t in unix ms, or 0 for a member without a period.
+func periodKey(m *Member, t time.Time) int64 {
+	if m.Period == PeriodNone {
+		return 0
+	}
+	start, _ := m.PeriodAt(t)
+	return ms(start)
+}
+
+// rebuildSpend sets m's spend counter of the period holding now to the sum
+// of its usage records in that period.
+func rebuildSpend(ctx context.Context, tx *sql.Tx, m *Member, now time.Time) error {
+	from, to := int64(math.MinInt64), int64(math.MaxInt64)
+	if m.Period != PeriodNone {
+		start, end := m.PeriodAt(now)
+		from, to = ms(start), ms(end)
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO spend (member, period_start, spent_nusd, prompt_tokens, completion_tokens, records)
+		SELECT ?, ?, COALESCE(SUM(cost_nusd), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COUNT(*)
+		FROM usage WHERE member = ? AND ts >= ? AND ts < ?
+		ON CONFLICT (member, period_start) DO UPDATE SET spent_nusd = excluded.spent_nusd, prompt_tokens = excluded.prompt_tokens,
+			completion_tokens = excluded.completion_tokens, records = excluded.records`,
+		m.Name, periodKey(m, now), m.Name, from, to)
+	return err
+}
+
 // addMonths moves a by k months, keeping its day of the month where the
 // month has it and the month's last day otherwise (Jan 31 → Feb 28).
 func addMonths(a time.Time, k int) time.Time {
@@ -137,8 +164,9 @@ func (r *Registry) PutMember(ctx context.Context, m Member) (stored Member, crea
 		return Member{}, false, fmt.Errorf("registry: %w", err)
 	}
 	defer tx.Rollback()
-	var createdMS int64
-	err = tx.QueryRowContext(ctx, `SELECT created FROM members WHERE name = ?`, m.Name).Scan(&createdMS)
+	var createdMS, oldStart int64
+	var oldPeriod string
+	err = tx.QueryRowContext(ctx, `SELECT created, period, period_start FROM members WHERE name = ?`, m.Name).Scan(&createdMS, &oldPeriod, &oldStart)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		created, createdMS = true, ms(now)
@@ -155,6 +183,13 @@ func (r *Registry) PutMember(ctx context.Context, m Member) (stored Member, crea
 	if err != nil {
 		return Member{}, false, fmt.Errorf("registry: storing member %s: %w", m.Name, err)
 	}
+	if created || oldPeriod != m.Period || oldStart != ms(m.PeriodStart) {
+		// New periods: the current one's counter is summed once from the
+		// ledger (usage recorded before, e.g. under the same name).
+		if err := rebuildSpend(ctx, tx, &m, now); err != nil {
+			return Member{}, false, fmt.Errorf("registry: storing member %s: %w", m.Name, err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return Member{}, false, fmt.Errorf("registry: storing member %s: %w", m.Name, err)
 	}
@@ -164,7 +199,7 @@ func (r *Registry) PutMember(ctx context.Context, m Member) (stored Member, crea
 
 const memberCols = `m.name, m.budget_nusd, m.period, m.period_start, m.rpm, m.tpm, m.models, m.tiers, m.tools, m.created`
 
-func scanMember(row interface{ Scan(...any) error }, extra ...any) (Member, error) {
+func scanMember(row scanner, extra ...any) (Member, error) {
 	var m Member
 	var budget, start, created int64
 	var models, tiers, tools string
@@ -177,9 +212,11 @@ func scanMember(row interface{ Scan(...any) error }, extra ...any) (Member, erro
 	return m, nil
 }
 
+const memberQuery = `SELECT ` + memberCols + ` FROM members m WHERE m.name = ?`
+
 // Member returns the member called name. Errors: ErrNotFound.
 func (r *Registry) Member(ctx context.Context, name string) (Member, error) {
-	m, err := scanMember(r.db.QueryRowContext(ctx, `SELECT `+memberCols+` FROM members m WHERE m.name = ?`, name))
+	m, err := scanMember(r.row(ctx, memberQuery, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Member{}, fmt.Errorf("member %q: %w", name, ErrNotFound)
 	}

@@ -1,12 +1,15 @@
 package registry
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/molly-gateway/molly/registry/sqlite"
 )
 
 // Prior is one learned routing prior as stored: an EWMA of answer quality
@@ -21,105 +24,118 @@ type Prior struct {
 	Updated                       time.Time
 }
 
-// PriorStore keeps priors in their own SQLite file (WAL), table priors.
-// Save commits before it returns (see the package comment on durability).
-// Safe for concurrent use.
-type PriorStore struct {
-	db   *sql.DB
-	path string
+// LoadPriors returns every stored prior, ordered by kind, target, model,
+// category.
+func (r *Registry) LoadPriors(ctx context.Context) ([]Prior, error) {
+	out, err := loadPriors(ctx, r.db)
+	if err != nil {
+		return nil, fmt.Errorf("registry: loading priors: %w", err)
+	}
+	return out, nil
 }
 
-const priorsSchema = `
-CREATE TABLE IF NOT EXISTS priors (
-	kind     TEXT NOT NULL,             -- quality | ttfb_s | total_s
-	target   TEXT NOT NULL,
-	model    TEXT NOT NULL DEFAULT '',  -- the upstream model; a T0 adapter is <base>:<adapter>
-	category TEXT NOT NULL DEFAULT '',  -- the task category
-	value    REAL NOT NULL,             -- quality in [0,1], or seconds
-	n        INTEGER NOT NULL,          -- observations
-	updated  INTEGER NOT NULL,          -- unix ms
-	PRIMARY KEY (kind, target, model, category)
-);
-`
-
-// OpenPriorStore opens (creating if needed) the priors file at path and its
-// folder. Errors: the folder cannot be made, the file cannot be opened or
-// its schema created.
-func OpenPriorStore(path string) (*PriorStore, error) {
-	if path == "" {
-		return nil, fmt.Errorf("priors: empty path")
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("priors: %w", err)
-	}
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(5000)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+func loadPriors(ctx context.Context, db *sql.DB) ([]Prior, error) {
+	rows, err := db.QueryContext(ctx, `SELECT kind, target, model, category, value, n, updated FROM priors ORDER BY kind, target, model, category`)
 	if err != nil {
-		return nil, fmt.Errorf("priors: opening %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(priorsSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("priors: creating the schema in %s: %w", path, err)
-	}
-	return &PriorStore{db: db, path: path}, nil
-}
-
-// Path is the file the priors live in.
-func (s *PriorStore) Path() string { return s.path }
-
-// Load returns every stored prior, ordered by kind, target, model, category.
-func (s *PriorStore) Load() ([]Prior, error) {
-	rows, err := s.db.Query(`SELECT kind, target, model, category, value, n, updated FROM priors ORDER BY kind, target, model, category`)
-	if err != nil {
-		return nil, fmt.Errorf("priors: loading: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []Prior
 	for rows.Next() {
 		var p Prior
-		var ms int64
-		if err := rows.Scan(&p.Kind, &p.Target, &p.Model, &p.Category, &p.Value, &p.N, &ms); err != nil {
-			return nil, fmt.Errorf("priors: loading: %w", err)
+		var at int64
+		if err := rows.Scan(&p.Kind, &p.Target, &p.Model, &p.Category, &p.Value, &p.N, &at); err != nil {
+			return nil, err
 		}
-		p.Updated = time.UnixMilli(ms).UTC()
+		p.Updated = time.UnixMilli(at).UTC()
 		out = append(out, p)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("priors: loading: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
-// Save inserts or replaces priors in one transaction.
-func (s *PriorStore) Save(priors []Prior) error {
+// SavePriors inserts or replaces priors in one transaction, committed
+// before it returns.
+func (r *Registry) SavePriors(ctx context.Context, priors []Prior) error {
 	if len(priors) == 0 {
 		return nil
 	}
-	tx, err := s.db.Begin()
-	if err != nil {
-		return fmt.Errorf("priors: saving: %w", err)
-	}
-	defer tx.Rollback()
-	stmt, err := tx.Prepare(`INSERT INTO priors (kind, target, model, category, value, n, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (kind, target, model, category) DO UPDATE SET value = excluded.value, n = excluded.n, updated = excluded.updated`)
-	if err != nil {
-		return fmt.Errorf("priors: saving: %w", err)
-	}
-	defer stmt.Close()
-	for _, p := range priors {
-		if _, err := stmt.Exec(p.Kind, p.Target, p.Model, p.Category, p.Value, p.N, p.Updated.UnixMilli()); err != nil {
-			return fmt.Errorf("priors: saving %s %s/%s/%s: %w", p.Kind, p.Target, p.Model, p.Category, err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("priors: saving: %w", err)
+	if err := r.tx(ctx, func(tx *sql.Tx) error { return savePriors(ctx, tx, priors, true) }); err != nil {
+		return fmt.Errorf("registry: saving priors: %w", err)
 	}
 	return nil
 }
 
-// Close closes the file.
-func (s *PriorStore) Close() error { return s.db.Close() }
+// savePriors upserts priors; replace false keeps the rows already there.
+func savePriors(ctx context.Context, tx *sql.Tx, priors []Prior, replace bool) error {
+	q := `INSERT INTO priors (kind, target, model, category, value, n, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (kind, target, model, category) DO UPDATE SET value = excluded.value, n = excluded.n, updated = excluded.updated`
+	if !replace {
+		q = `INSERT INTO priors (kind, target, model, category, value, n, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (kind, target, model, category) DO NOTHING`
+	}
+	stmt, err := tx.PrepareContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
+	for _, p := range priors {
+		if _, err := stmt.ExecContext(ctx, p.Kind, p.Target, p.Model, p.Category, p.Value, p.N, p.Updated.UnixMilli()); err != nil {
+			return fmt.Errorf("%s %s/%s/%s: %w", p.Kind, p.Target, p.Model, p.Category, err)
+		}
+	}
+	return nil
+}
+
+// ImportPriors copies the priors of a legacy priors file (the priors_db of
+// Molly before the priors joined the registry) into the registry, once per
+// file: the import is remembered in the registry (table meta), and a prior
+// the registry already holds is kept. The legacy file is read, never
+// changed. A missing file imports nothing (0, nil) and is not remembered,
+// so a file that appears later is still imported. Errors: the file cannot
+// be read as a priors file.
+func (r *Registry) ImportPriors(ctx context.Context, legacy string) (imported int, err error) {
+	abs, err := filepath.Abs(legacy)
+	if err != nil {
+		return 0, fmt.Errorf("registry: importing priors from %s: %w", legacy, err)
+	}
+	if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	key := "priors_imported:" + abs
+	var done string
+	switch err := r.db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&done); {
+	case err == nil:
+		return 0, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return 0, fmt.Errorf("registry: importing priors from %s: %w", abs, err)
+	}
+	old, err := sqlite.Open(abs, sqlite.Options{ReadOnly: true})
+	if err != nil {
+		return 0, fmt.Errorf("registry: importing priors from %s: %w", abs, err)
+	}
+	defer old.Close()
+	priors, err := loadPriors(ctx, old)
+	if err != nil {
+		return 0, fmt.Errorf("registry: importing priors from %s: %w", abs, err)
+	}
+	err = r.tx(ctx, func(tx *sql.Tx) error {
+		// Checked again under the write lock: another process may have imported it meanwhile.
+		switch err := tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&done); {
+		case err == nil:
+			priors = nil
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		if err := savePriors(ctx, tx, priors, false); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?)`, key,
+			fmt.Sprintf("%d priors at %s", len(priors), r.now().UTC().Format(time.RFC3339)))
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("registry: importing priors from %s: %w", abs, err)
+	}
+	return len(priors), nil
+}

@@ -1,30 +1,34 @@
 // Package registry is Molly's durable store, on SQLite (modernc.org/sqlite,
-// pure Go, WAL): members, their API keys (hashed), scopes, budgets and rate
-// limits, and the usage ledger that budgets are charged against. It imports
-// no Caddy and no router package; the Caddy glue adapts its types.
+// pure Go, WAL, opened by registry/sqlite): members, their API keys (hashed),
+// scopes, budgets and rate limits; the usage ledger, the book of record that
+// budgets are charged against and the billing tool is fed from (a
+// transactional outbox); the reservations of requests in flight; the RPM
+// windows; the learned routing priors. It imports no Caddy and no router
+// package; the Caddy glue adapts its types.
 //
 // Durability: every write is one transaction committed before the call
-// returns, so whatever Molly acknowledged to a client is on disk. The file
-// runs in WAL mode with synchronous=NORMAL: a committed transaction survives
-// a crash of the process (kill -9), because the WAL write reaches the
-// operating system before COMMIT returns; only a power loss or kernel crash
-// can roll back the last transactions (https://www.sqlite.org/pragma.html#pragma_synchronous,
-// https://www.sqlite.org/wal.html). Options.Synchronous "FULL" also fsyncs
-// each commit, for machines where that matters.
+// returns, so whatever Molly acknowledged to a client is on disk and
+// survives kill -9 (see registry/sqlite for the pragmas and why).
+//
+// Coordination: every transaction begins IMMEDIATE, so several Registry
+// handles on one file — several gateway processes — serialise their
+// admissions and records exactly: two processes cannot together overshoot
+// a budget or a TPM, and record ids stay unique.
 package registry
 
 import (
+	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	"github.com/molly-gateway/molly/registry/sqlite"
 )
 
 // Errors returned by the registry; match them with errors.Is.
@@ -35,9 +39,15 @@ var (
 	ErrUnknownKey = errors.New("unknown API key")
 	// ErrRevokedKey: the presented API key was revoked.
 	ErrRevokedKey = errors.New("revoked API key")
-	// ErrInvalid: a member or key field is out of range; the message names the field.
-	ErrInvalid = errors.New("invalid")
+	// ErrInvalid: a member, key, scope or option is out of range; the message
+	// names the field. The same value as sqlite.ErrInvalid.
+	ErrInvalid = sqlite.ErrInvalid
 )
+
+// DefaultLease is how long a reservation outlives the process that made it:
+// a live Registry renews its reservations every Lease/4, so only a process
+// that died (kill -9) lets them expire and free the budget they held.
+const DefaultLease = 2 * time.Minute
 
 // Options tune Open.
 type Options struct {
@@ -46,117 +56,125 @@ type Options struct {
 	Synchronous string
 	// Now is the clock (default time.Now); tests move it.
 	Now func() time.Time
+	// Lease is how long reservations of this handle stay valid without
+	// renewal (default DefaultLease).
+	Lease time.Duration
 }
 
 // Registry is an open registry file. Its methods are safe for concurrent use.
 type Registry struct {
-	db   *sql.DB
-	path string
-	now  func() time.Time
+	db    *sql.DB
+	path  string
+	now   func() time.Time
+	lease time.Duration
+	// owner names this handle in the reservations it holds (random).
+	owner string
+	live  atomic.Int64 // reservations of this handle not yet released
 
-	mu      sync.Mutex
-	windows map[string]*window // rate-limit windows per member, in memory
+	stmts map[string]*sql.Stmt // preparedQueries, prepared at Open; read-only after
 
-	resMu    sync.Mutex
-	reserved map[string]reserved // what requests in flight hold, per member (Reserve)
+	wakeMu sync.Mutex
+	wake   map[chan struct{}]struct{} // deliverers to nudge after a record commits
+
+	stop chan struct{}
+	done chan struct{}
 }
 
-const schema = `
-CREATE TABLE IF NOT EXISTS members (
-	name         TEXT PRIMARY KEY,
-	budget_nusd  INTEGER NOT NULL DEFAULT 0, -- budget per period in nano-USD (1e-9 USD); 0: none
-	period       TEXT NOT NULL DEFAULT '',   -- '', 'day' or 'month'
-	period_start INTEGER NOT NULL DEFAULT 0, -- anchor of the periods, unix ms UTC
-	rpm          INTEGER NOT NULL DEFAULT 0, -- requests per minute; 0: unlimited
-	tpm          INTEGER NOT NULL DEFAULT 0, -- tokens per minute; 0: unlimited
-	models       TEXT NOT NULL DEFAULT '',   -- scope: space-separated client model names; '': any
-	tiers        TEXT NOT NULL DEFAULT '',   -- scope: space-separated tiers; '': any
-	tools        TEXT NOT NULL DEFAULT '',   -- scope: space-separated tool names; '': any
-	created      INTEGER NOT NULL            -- unix ms
-);
-CREATE TABLE IF NOT EXISTS keys (
-	hash    BLOB PRIMARY KEY,                -- SHA-256 of the whole key
-	prefix  TEXT NOT NULL UNIQUE,            -- first characters, for display and revocation
-	member  TEXT NOT NULL REFERENCES members(name),
-	name    TEXT NOT NULL DEFAULT '',
-	created INTEGER NOT NULL,                -- unix ms
-	revoked INTEGER NOT NULL DEFAULT 0       -- unix ms; 0: live
-);
-CREATE TABLE IF NOT EXISTS usage (
-	id                INTEGER PRIMARY KEY,
-	member            TEXT NOT NULL,
-	decision_id       TEXT NOT NULL,
-	model             TEXT NOT NULL,
-	target            TEXT NOT NULL,
-	tier              TEXT NOT NULL,
-	prompt_tokens     INTEGER NOT NULL,
-	completion_tokens INTEGER NOT NULL,
-	estimated         INTEGER NOT NULL DEFAULT 0, -- 1: tokens counted by Molly, not reported by the upstream
-	cost_nusd         INTEGER NOT NULL,           -- nano-USD
-	ts                INTEGER NOT NULL            -- unix ms
-);
-CREATE INDEX IF NOT EXISTS usage_member_ts ON usage(member, ts);
-`
-
-// Open opens (creating if needed) the registry file at path and its folder.
-// Errors: the folder cannot be made, the file cannot be opened or migrated.
+// Open opens (creating if needed, with its folder) the registry file at path
+// and brings its schema up to date (migrations.go). Errors: ErrInvalid for
+// bad options; the folder cannot be made, the file cannot be opened or
+// migrated.
 func Open(path string, opts Options) (*Registry, error) {
 	if path == "" {
-		return nil, fmt.Errorf("registry: empty path")
-	}
-	mode := strings.ToUpper(opts.Synchronous)
-	switch mode {
-	case "":
-		mode = "NORMAL"
-	case "NORMAL", "FULL":
-	default:
-		return nil, fmt.Errorf("registry: synchronous %q must be NORMAL or FULL: %w", opts.Synchronous, ErrInvalid)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("registry: %w", err)
-	}
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "synchronous(" + mode + ")", "busy_timeout(5000)", "foreign_keys(1)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
-	if err != nil {
-		return nil, fmt.Errorf("registry: opening %s: %w", path, err)
-	}
-	// One connection: writes serialise anyway, and the ledger's few reads
-	// are short; this rules out SQLITE_BUSY between our own connections.
-	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("registry: creating the schema in %s: %w", path, err)
+		return nil, fmt.Errorf("registry: empty path: %w", ErrInvalid)
 	}
 	now := opts.Now
 	if now == nil {
 		now = time.Now
 	}
-	_ = os.Chmod(path, 0o600) // key hashes and spend are nobody else's business
-	r := &Registry{db: db, path: path, now: now, windows: map[string]*window{}, reserved: map[string]reserved{}}
-	if err := r.loadWindows(); err != nil {
-		db.Close()
-		return nil, err
+	if opts.Lease < 0 {
+		return nil, fmt.Errorf("registry: lease %v must not be negative: %w", opts.Lease, ErrInvalid)
 	}
+	lease := opts.Lease
+	if lease == 0 {
+		lease = DefaultLease
+	}
+	db, err := sqlite.Open(path, sqlite.Options{Synchronous: opts.Synchronous}, migrations()...)
+	if err != nil {
+		return nil, fmt.Errorf("registry: %w", err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	r := &Registry{db: db, path: path, now: now, lease: lease, owner: hex.EncodeToString(id[:]),
+		stmts: map[string]*sql.Stmt{}, wake: map[chan struct{}]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := r.prepare(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("registry: %s: %w", path, err)
+	}
+	go r.renewLeases()
 	return r, nil
 }
 
 // Path is the file the registry lives in.
 func (r *Registry) Path() string { return r.path }
 
-// Close closes the file.
-func (r *Registry) Close() error { return r.db.Close() }
+// Close stops renewing this handle's reservations and closes the file.
+// Reservations not released stay until their lease expires.
+func (r *Registry) Close() error {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	<-r.done
+	return r.db.Close()
+}
 
-// nusd converts USD to integer nano-USD, the unit money is stored in, so
-// that sums are exact and a budget trips at exactly the request that spends it.
-func nusd(usd float64) int64 {
+// renewLeases extends the leases of this handle's live reservations every
+// lease/4, so that they expire only when the process is gone.
+func (r *Registry) renewLeases() {
+	defer close(r.done)
+	t := time.NewTicker(r.lease / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			if r.live.Load() == 0 {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), r.lease/4)
+			_, _ = r.db.ExecContext(ctx, `UPDATE reservations SET expires = ? WHERE owner = ?`, ms(r.now().Add(r.lease)), r.owner)
+			cancel()
+		}
+	}
+}
+
+// tx runs fn in one (IMMEDIATE) transaction and commits it.
+func (r *Registry) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// NanoUSD converts USD to integer nano-USD (1 USD = 1e9), the unit money is
+// stored in, rounding half away from zero, so that sums are exact and a
+// budget trips at exactly the request that spends it.
+func NanoUSD(usd float64) int64 {
 	if usd >= 0 {
 		return int64(usd*1e9 + 0.5)
 	}
 	return -int64(-usd*1e9 + 0.5)
 }
+
+func nusd(usd float64) int64 { return NanoUSD(usd) }
 
 func usd(n int64) float64 { return float64(n) / 1e9 }
 
@@ -174,4 +192,71 @@ func words(s string) []string {
 		return nil
 	}
 	return strings.Fields(s)
+}
+
+// prepare prepares preparedQueries on the handle. Parsing and planning a
+// statement is most of a small statement's cost in SQLite, and the request
+// path runs the same few over and over; database/sql re-prepares them by
+// itself on a new connection.
+func (r *Registry) prepare() error {
+	for _, query := range preparedQueries {
+		s, err := r.db.Prepare(query)
+		if err != nil {
+			return fmt.Errorf("preparing %.40q: %w", query, err)
+		}
+		r.stmts[query] = s
+	}
+	return nil
+}
+
+// q runs statements inside one transaction, prepared ones where the query
+// is among preparedQueries.
+type q struct {
+	ctx context.Context
+	tx  *sql.Tx
+	r   *Registry
+}
+
+func (q q) exec(query string, args ...any) (sql.Result, error) {
+	if s, ok := q.r.stmts[query]; ok {
+		return q.tx.StmtContext(q.ctx, s).ExecContext(q.ctx, args...)
+	}
+	return q.tx.ExecContext(q.ctx, query, args...)
+}
+
+func (q q) row(query string, args ...any) scanner {
+	if s, ok := q.r.stmts[query]; ok {
+		return q.tx.StmtContext(q.ctx, s).QueryRowContext(q.ctx, args...)
+	}
+	return q.tx.QueryRowContext(q.ctx, query, args...)
+}
+
+func (q q) rows(query string, args ...any) (*sql.Rows, error) {
+	if s, ok := q.r.stmts[query]; ok {
+		return q.tx.StmtContext(q.ctx, s).QueryContext(q.ctx, args...)
+	}
+	return q.tx.QueryContext(q.ctx, query, args...)
+}
+
+// row and exec run a statement outside a transaction, prepared where the
+// query is among preparedQueries.
+func (r *Registry) row(ctx context.Context, query string, args ...any) scanner {
+	if s, ok := r.stmts[query]; ok {
+		return s.QueryRowContext(ctx, args...)
+	}
+	return r.db.QueryRowContext(ctx, query, args...)
+}
+
+func (r *Registry) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if s, ok := r.stmts[query]; ok {
+		return s.ExecContext(ctx, args...)
+	}
+	return r.db.ExecContext(ctx, query, args...)
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+// txq runs fn in one (IMMEDIATE) transaction and commits it.
+func (r *Registry) txq(ctx context.Context, fn func(q q) error) error {
+	return r.tx(ctx, func(tx *sql.Tx) error { return fn(q{ctx, tx, r}) })
 }

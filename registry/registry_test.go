@@ -236,7 +236,7 @@ func TestBudgetTripsAtTheRightRequestAndSurvivesRestart(t *testing.T) {
 			refusedAt = i
 			break
 		}
-		if err := r.Record(ctx, Usage{Member: "alice", DecisionID: "d", Model: "chat", Target: "t", Tier: "T3",
+		if _, err := r.Record(ctx, Usage{Member: "alice", DecisionID: "d", Model: "chat", Target: "t", Tier: "T3",
 			PromptTokens: 5, CompletionTokens: 5, CostUSD: 0.0001}); err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +271,7 @@ func TestBudgetTripsAtTheRightRequestAndSurvivesRestart(t *testing.T) {
 	if left, _, _ := r2.Remaining(ctx, m); left != 0.0003 {
 		t.Fatalf("next day remaining %v, want 0.0003", left)
 	}
-	if err := r2.Record(ctx, Usage{Member: ""}); !errors.Is(err, ErrInvalid) {
+	if _, err := r2.Record(ctx, Usage{Member: ""}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("usage without a member: %v", err)
 	}
 }
@@ -298,12 +298,16 @@ func TestRateLimits(t *testing.T) {
 			refused := 0
 			var lim *Limited
 			for i := 1; i <= tt.requests; i++ {
-				if lim = r.Admit(tt.m); lim != nil {
+				var err error
+				if lim, err = r.Admit(context.Background(), tt.m); err != nil {
+					t.Fatal(err)
+				}
+				if lim != nil {
 					refused = i
 					break
 				}
 				if i <= len(tt.tokens) {
-					if err := r.Record(context.Background(), Usage{Member: "a", PromptTokens: tt.tokens[i-1]}); err != nil {
+					if _, err := r.Record(context.Background(), Usage{Member: "a", PromptTokens: tt.tokens[i-1]}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -320,8 +324,8 @@ func TestRateLimits(t *testing.T) {
 			}
 			// Once the window has moved on, the request is admitted.
 			c.add(lim.RetryAfter)
-			if again := r.Admit(tt.m); again != nil {
-				t.Fatalf("after waiting Retry-After: %v", again)
+			if again, err := r.Admit(context.Background(), tt.m); again != nil || err != nil {
+				t.Fatalf("after waiting Retry-After: %v, %v", again, err)
 			}
 		})
 	}
@@ -332,13 +336,13 @@ func TestTokenWindowSurvivesRestart(t *testing.T) {
 	c := &clock{t: t0}
 	r := open(t, path, c)
 	m := put(t, r, Member{Name: "a", TPM: 100})
-	if err := r.Record(context.Background(), Usage{Member: "a", PromptTokens: 60, CompletionTokens: 40}); err != nil {
+	if _, err := r.Record(context.Background(), Usage{Member: "a", PromptTokens: 60, CompletionTokens: 40}); err != nil {
 		t.Fatal(err)
 	}
 	c.add(10 * time.Second)
 	r2 := open(t, path, c)
-	if lim := r2.Admit(m); lim == nil || lim.Kind != "tokens" || lim.RetryAfter != 50*time.Second {
-		t.Fatalf("after restart: %+v, want a tokens refusal for 50s", lim)
+	if lim, err := r2.Admit(context.Background(), m); err != nil || lim == nil || lim.Kind != "tokens" || lim.RetryAfter != 50*time.Second {
+		t.Fatalf("after restart: %+v, %v; want a tokens refusal for 50s", lim, err)
 	}
 }
 

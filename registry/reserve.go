@@ -2,13 +2,16 @@ package registry
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
 // OverBudget says why Reserve refused a request on the member's budget:
 // what is spent and held by requests in flight leaves less than the
-// request's expected cost.
+// request's worst-case cost.
 type OverBudget struct {
 	BudgetUSD, SpentUSD, ReservedUSD, ExpectedUSD float64
 	// End is when the period renews (zero: the budget covers all time).
@@ -16,109 +19,130 @@ type OverBudget struct {
 }
 
 func (e *OverBudget) Error() string {
-	return fmt.Sprintf("budget %g USD: spent %.6f, held by requests in flight %.6f, this request is expected to cost %.6f",
+	return fmt.Sprintf("budget %g USD: spent %.6f, held by requests in flight %.6f, this request may cost up to %.6f",
 		e.BudgetUSD, e.SpentUSD, e.ReservedUSD, e.ExpectedUSD)
 }
 
-// reserved is what one member's requests in flight hold: expected cost in
-// nano-USD and expected tokens.
-type reserved struct {
-	nusd   int64
-	tokens int
+// Reservation is what one request in flight holds of its member's budget
+// and TPM, in the registry file (table reservations), so that every process
+// sharing the file sees it. Usage records that name its ID settle it
+// (Usage.Reservation); Release frees what is left. A reservation of a
+// process that dies expires with its lease (Options.Lease).
+type Reservation struct {
+	// ID names the reservation in Usage.Reservation; 0 for a member
+	// without budget and TPM, for whom nothing needs holding.
+	ID     int64
+	Member string
+	// Tokens and USD are what was held at admission.
+	Tokens int
+	USD    float64
+
+	r        *Registry
+	released atomic.Bool
 }
 
-// Reserve admits one request of m expected to use tokens tokens (prompt
-// estimate + max_tokens or a default) and to cost expectedUSD, and holds
-// both until release is called (once the usage is recorded, or the request
-// failed; release is idempotent). It refuses with *OverBudget when spent +
-// reserved + expectedUSD > the budget, and with *Limited (Kind "tokens")
-// when the TPM window (recorded + reserved tokens) cannot fit tokens; a
-// request larger than the TPM itself is refused with RetryAfter 0 (Limited.TooLarge).
+// Reserve admits one request of m whose worst case is tokens tokens and
+// usd USD — the caller computes it: prompt estimate + n × max_tokens,
+// times the attempts a cascade, a mixture or tool rounds may make — and
+// holds both until the request's usage records settle them and Release
+// frees the rest. The check and the hold are one conditional insert inside
+// one IMMEDIATE transaction, so concurrent requests, in this process or in
+// another on the same file, cannot together overshoot:
 //
-// Reservations live in memory, so they bound the requests of one process
-// (a registry file shared by several gateways is not coordinated), and
-// they are forgotten on restart, where no request is in flight. A request
-// whose usage has been recorded but not yet released counts twice for a
-// moment: admission errs on the side of refusing.
-func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, expectedUSD float64) (release func(), err error) {
-	if tokens < 0 {
-		tokens = 0
-	}
-	if expectedUSD < 0 {
-		expectedUSD = 0
-	}
+//   - budget: spent in the period + held by live reservations + usd ≤ budget,
+//     else *OverBudget;
+//   - TPM: tokens recorded in the trailing minute + held + tokens ≤ TPM,
+//     else *Limited (Kind "tokens"; RetryAfter when enough recorded tokens
+//     leave the minute, 1 s when only requests in flight hold it); a
+//     request larger than the TPM itself is refused with TooLarge.
+//
+// Expired reservations (of a process that died) are deleted first.
+// Negative amounts count as 0. Other errors are database errors.
+func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, usd float64) (*Reservation, error) {
+	tokens = max(tokens, 0)
+	usd = max(usd, 0)
 	if m.TPM > 0 && tokens > m.TPM {
 		return nil, &Limited{Kind: "tokens", Limit: m.TPM, Requested: tokens, TooLarge: true}
 	}
-	exp := nusd(expectedUSD)
-	// The spend is read under the lock, so that no reservation is released
-	// (its usage committed) between reading the spend and counting it.
-	r.resMu.Lock()
-	defer r.resMu.Unlock()
-	res := r.reserved[m.Name]
+	res := &Reservation{Member: m.Name, Tokens: tokens, USD: usd, r: r}
+	if m.BudgetUSD <= 0 && m.TPM <= 0 {
+		return res, nil // nothing to hold
+	}
+	exp, budget := nusd(usd), nusd(m.BudgetUSD)
+	var refusal error
+	err := r.txq(ctx, func(tx q) error {
+		now := r.now() // under the write lock: admissions and records see one order of time
+		nowMS := ms(now)
+		if _, err := tx.exec(qExpire, nowMS); err != nil {
+			return err
+		}
+		// One statement: the row is inserted only when both limits hold.
+		err := tx.row(qReserve,
+			m.Name, exp, tokens, r.owner, nowMS, ms(now.Add(r.lease)),
+			budget, m.Name, periodKey(&m, now), m.Name, exp, budget,
+			m.TPM, m.Name, ms(now.Add(-RateWindow)), m.Name, tokens, m.TPM,
+		).Scan(&res.ID)
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if refusal, err = r.refusal(tx, m, now, tokens, usd); err == nil && refusal == nil {
+			err = errors.New("the admission found no room but no limit is reached")
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("registry: reserving for %s: %w", m.Name, err)
+	}
+	if refusal != nil {
+		return nil, refusal
+	}
+	r.live.Add(1)
+	return res, nil
+}
+
+// refusal explains why the conditional insert of Reserve found no room.
+func (r *Registry) refusal(tx q, m Member, now time.Time, tokens int, usdAmount float64) (refusal, err error) {
+	var heldNUSD, heldTokens int64
+	if err := tx.row(`SELECT COALESCE(SUM(nusd), 0), COALESCE(SUM(tokens), 0) FROM reservations WHERE member = ?`,
+		m.Name).Scan(&heldNUSD, &heldTokens); err != nil {
+		return nil, err
+	}
 	if m.BudgetUSD > 0 {
-		left, _, err := r.Remaining(ctx, m)
+		spent, err := r.spent(tx.row(spentQuery, m.Name, periodKey(&m, now)), m)
 		if err != nil {
 			return nil, err
 		}
-		budget := nusd(m.BudgetUSD)
-		spent := budget - nusd(left)
-		if spent+res.nusd+exp > budget {
-			_, end := m.PeriodAt(r.now())
-			return nil, &OverBudget{BudgetUSD: m.BudgetUSD, SpentUSD: usd(spent), ReservedUSD: usd(res.nusd), ExpectedUSD: expectedUSD, End: end}
+		if spent+heldNUSD+nusd(usdAmount) > nusd(m.BudgetUSD) {
+			_, end := m.PeriodAt(now)
+			return &OverBudget{BudgetUSD: m.BudgetUSD, SpentUSD: usd(spent), ReservedUSD: usd(heldNUSD), ExpectedUSD: usdAmount, End: end}, nil
 		}
 	}
-	if m.TPM > 0 {
-		if lim := r.fitTokens(m, res.tokens, tokens); lim != nil {
-			return nil, lim
-		}
-	}
-	res.nusd += exp
-	res.tokens += tokens
-	r.reserved[m.Name] = res
-	done := false
-	return func() {
-		r.resMu.Lock()
-		defer r.resMu.Unlock()
-		if done {
-			return
-		}
-		done = true
-		res := r.reserved[m.Name]
-		res.nusd -= exp
-		res.tokens -= tokens
-		if res.nusd <= 0 && res.tokens <= 0 {
-			delete(r.reserved, m.Name)
-			return
-		}
-		r.reserved[m.Name] = res
-	}, nil
+	return r.tokensRefusal(tx, m, now, int(heldTokens), tokens)
 }
 
-// fitTokens checks that tokens more fit m's TPM window next to the recorded
-// tokens and held ones (inFlight); otherwise it says when enough recorded
-// tokens leave the window (1 s when only requests in flight hold it).
-func (r *Registry) fitTokens(m Member, inFlight, tokens int) *Limited {
-	now := r.now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.win(m.Name)
-	w.prune(now)
-	used := inFlight
-	for _, t := range w.tokens {
-		used += t.n
-	}
-	if used+tokens <= m.TPM {
+// Release frees what the reservation still holds (nothing once its records
+// settled all of it). Idempotent; safe on a nil reservation. The
+// reservation's row is deleted, so Release needs the database: on an error
+// the row stays until its lease expires.
+func (res *Reservation) Release(ctx context.Context) error {
+	if res == nil || res.ID == 0 || !res.released.CompareAndSwap(false, true) {
 		return nil
 	}
-	retry := time.Second
-	left := used
-	for _, t := range w.tokens {
-		left -= t.n
-		if left+tokens <= m.TPM {
-			retry = max(t.at.Add(RateWindow).Sub(now), time.Millisecond)
-			break
-		}
+	res.r.live.Add(-1)
+	if _, err := res.r.exec(ctx, qRelease, res.ID); err != nil {
+		return fmt.Errorf("registry: releasing reservation %d of %s: %w", res.ID, res.Member, err)
 	}
-	return &Limited{Kind: "tokens", Limit: m.TPM, Used: used, Requested: tokens, RetryAfter: retry}
+	return nil
+}
+
+// Held returns what live (unexpired) reservations of member hold now:
+// cost in USD and tokens.
+func (r *Registry) Held(ctx context.Context, member string) (usdHeld float64, tokens int, err error) {
+	var n, t int64
+	err = r.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(nusd), 0), COALESCE(SUM(tokens), 0) FROM reservations WHERE member = ? AND expires > ?`,
+		member, ms(r.now())).Scan(&n, &t)
+	if err != nil {
+		return 0, 0, fmt.Errorf("registry: reading reservations of %s: %w", member, err)
+	}
+	return usd(n), int(t), nil
 }

@@ -2,12 +2,22 @@ package registry
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
-// Usage is one ledger entry: what one answered request consumed.
+// Usage is one record of the ledger: what one answer (or one attempt of a
+// request: a cascade's step, a mixture's member, a tool round) consumed.
 type Usage struct {
+	// RecordID is the record's durable id, assigned by Record inside its
+	// transaction: the decision id for the decision's first record,
+	// "<decision id>:<n>" for its n-th, "usage-<n>" for a record without a
+	// decision id. The billing tool books one record per id (its
+	// idempotency key), so a redelivery never books twice.
+	RecordID   string `json:"record_id,omitempty"`
 	Member     string `json:"member"`
 	DecisionID string `json:"decision_id"` // the policy decision id (X-Molly-Decision-Id)
 	Model      string `json:"model"`       // the client's model name
@@ -19,50 +29,125 @@ type Usage struct {
 	CompletionTokens int  `json:"completion_tokens"`
 	Estimated        bool `json:"estimated,omitempty"`
 	// CostUSD is tokens × the target's prices (USD per 1M tokens); stored to
-	// the nano-USD.
-	CostUSD float64   `json:"cost_usd"`
-	Time    time.Time `json:"time"` // default: now
+	// the nano-USD (NanoUSD).
+	CostUSD float64 `json:"cost_usd"`
+	// Time is when the usage happened. The ledger keeps the later of Time
+	// and the commit (read under the write lock), to the millisecond: the
+	// TPM window and the budget period of a record are those of its commit,
+	// so admissions and records of every process see one order of time.
+	Time time.Time `json:"time"`
+	// Reservation, when not 0, is the Reservation.ID this record settles:
+	// in the same transaction its held cost and tokens shrink by the
+	// record's (not below 0), since the record now counts them.
+	Reservation int64 `json:"-"`
 }
 
-// Record appends u to the ledger and returns once it is committed, so the
-// caller may acknowledge the request afterwards. The tokens also count
-// towards the member's TPM window. Errors: ErrInvalid for a usage without a
-// member or with negative numbers; database errors.
-func (r *Registry) Record(ctx context.Context, u Usage) error {
+// Record appends u to the ledger and returns its record id once committed,
+// so the caller may acknowledge the request afterwards. In the same
+// transaction it adds u to the member's spend counter of the period holding
+// u.Time, settles u.Reservation, and queues the record in the outbox of
+// every registered sink (RegisterSink). Its tokens count towards the
+// member's TPM window from u.Time. Errors: ErrInvalid for a usage without a
+// member or with negative numbers; database errors (nothing is recorded).
+func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 	if u.Member == "" || u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CostUSD < 0 {
-		return fmt.Errorf("usage for %q: member, non-negative tokens and cost are required: %w", u.Member, ErrInvalid)
-	}
-	if u.Time.IsZero() {
-		u.Time = r.now()
+		return "", fmt.Errorf("usage for %q: member, non-negative tokens and cost are required: %w", u.Member, ErrInvalid)
 	}
 	est := 0
 	if u.Estimated {
 		est = 1
 	}
-	_, err := r.db.ExecContext(ctx, `INSERT INTO usage (member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		u.Member, u.DecisionID, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, nusd(u.CostUSD), ms(u.Time))
+	cost := nusd(u.CostUSD)
+	var id string
+	err := r.txq(ctx, func(tx q) error {
+		// The clock is read under the write lock, so that records and
+		// admissions of every process see time in their commit order.
+		commit := r.now()
+		if u.Time.Before(commit) {
+			u.Time = commit
+		}
+		at, now := ms(u.Time), ms(commit)
+		var m Member
+		var anchor int64
+		err := tx.row(qMemberPeriod, u.Member).Scan(&m.Period, &anchor)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		m.PeriodStart = fromMS(anchor)
+		start := periodKey(&m, u.Time)
+		if id, err = nextRecordID(tx, u.DecisionID); err != nil {
+			return err
+		}
+		if _, err := tx.exec(qInsertUsage,
+			id, u.Member, u.DecisionID, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, cost, at); err != nil {
+			return err
+		}
+		if _, err := tx.exec(qAddSpend,
+			u.Member, start, cost, u.PromptTokens, u.CompletionTokens); err != nil {
+			return err
+		}
+		if u.Reservation != 0 {
+			tokens := int64(u.PromptTokens) + int64(u.CompletionTokens)
+			if _, err := tx.exec(qSettle, cost, cost, tokens, tokens, u.Reservation); err != nil {
+				return err
+			}
+		}
+		_, err = tx.exec(qQueue, id, now, now)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("registry: recording usage for %s: %w", u.Member, err)
+		return "", fmt.Errorf("registry: recording usage for %s: %w", u.Member, err)
 	}
-	r.addTokens(u.Member, u.Time, u.PromptTokens+u.CompletionTokens)
-	return nil
+	r.nudge()
+	return id, nil
+}
+
+// nextRecordID is the id of the next record of decision, inside the
+// recording transaction (which holds the write lock, so no other process
+// can take the same one): decision for the first, decision:n for the n-th.
+func nextRecordID(tx q, decision string) (string, error) {
+	if decision == "" {
+		var next int64
+		if err := tx.row(qNextID).Scan(&next); err != nil {
+			return "", err
+		}
+		return "usage-" + strconv.FormatInt(next, 10), nil
+	}
+	var n int
+	if err := tx.row(qDecisionRecords, decision).Scan(&n); err != nil {
+		return "", err
+	}
+	if n == 0 {
+		return decision, nil
+	}
+	return decision + ":" + strconv.Itoa(n+1), nil
 }
 
 // Remaining returns m's budget left in the current period in USD (≤ 0 when
-// spent) and whether m has a budget at all.
+// spent) and whether m has a budget at all. It reads the period's spend
+// counter (one row), not the ledger.
 func (r *Registry) Remaining(ctx context.Context, m Member) (remaining float64, budgeted bool, err error) {
 	if m.BudgetUSD <= 0 {
 		return 0, false, nil
 	}
-	start, _ := m.PeriodAt(r.now())
-	var n int64
-	err = r.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(cost_nusd), 0) FROM usage WHERE member = ? AND ts >= ?`,
-		m.Name, ms(start)).Scan(&n)
+	spent, err := r.spent(r.row(ctx, spentQuery, m.Name, periodKey(&m, r.now())), m)
 	if err != nil {
-		return 0, true, fmt.Errorf("registry: summing spend of %s: %w", m.Name, err)
+		return 0, true, err
 	}
-	return usd(nusd(m.BudgetUSD) - n), true, nil
+	return usd(nusd(m.BudgetUSD) - spent), true, nil
+}
+
+// spentQuery reads a member's spend counter of one period (member, period_start).
+const spentQuery = `SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?`
+
+// spent scans m's spend counter (spentQuery's row) in nano-USD; no row is 0.
+func (r *Registry) spent(row scanner, m Member) (int64, error) {
+	var n int64
+	err := row.Scan(&n)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("registry: reading the spend of %s: %w", m.Name, err)
+	}
+	return n, nil
 }
 
 // Summary is a member's usage in the current budget period, as the admin
@@ -75,47 +160,89 @@ type Summary struct {
 	BudgetUSD        float64   `json:"budget_usd,omitempty"`
 	SpentUSD         float64   `json:"spent_usd"`
 	RemainingUSD     *float64  `json:"remaining_usd,omitempty"` // absent without a budget
-	Requests         int       `json:"requests"`
+	Requests         int       `json:"requests"`                // usage records
 	PromptTokens     int       `json:"prompt_tokens"`
 	CompletionTokens int       `json:"completion_tokens"`
 	// Recent holds the latest entries of the period, newest first.
 	Recent []Usage `json:"recent"`
 }
 
-// Summarize returns member's usage in the current period with up to recent
-// latest entries. Errors: ErrNotFound for an unknown member.
+// Summarize returns member's usage in the current period (its spend
+// counter) with up to recent latest entries. Errors: ErrNotFound for an
+// unknown member.
 func (r *Registry) Summarize(ctx context.Context, member string, recent int) (Summary, error) {
 	m, err := r.Member(ctx, member)
 	if err != nil {
 		return Summary{}, err
 	}
-	start, end := m.PeriodAt(r.now())
+	now := r.now()
+	start, end := m.PeriodAt(now)
 	s := Summary{Member: m.Name, Period: m.Period, PeriodStart: start, PeriodEnd: end, BudgetUSD: m.BudgetUSD, Recent: []Usage{}}
 	var spent int64
-	err = r.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_nusd), 0)
-		FROM usage WHERE member = ? AND ts >= ?`, m.Name, ms(start)).Scan(&s.Requests, &s.PromptTokens, &s.CompletionTokens, &spent)
-	if err != nil {
-		return Summary{}, fmt.Errorf("registry: summing usage of %s: %w", m.Name, err)
+	err = r.db.QueryRowContext(ctx, `SELECT spent_nusd, records, prompt_tokens, completion_tokens FROM spend WHERE member = ? AND period_start = ?`,
+		m.Name, periodKey(&m, now)).Scan(&spent, &s.Requests, &s.PromptTokens, &s.CompletionTokens)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return Summary{}, fmt.Errorf("registry: reading the spend of %s: %w", m.Name, err)
 	}
 	s.SpentUSD = usd(spent)
 	if m.BudgetUSD > 0 {
 		left := usd(nusd(m.BudgetUSD) - spent)
 		s.RemainingUSD = &left
 	}
-	rows, err := r.db.QueryContext(ctx, `SELECT decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts
-		FROM usage WHERE member = ? AND ts >= ? ORDER BY ts DESC, id DESC LIMIT ?`, m.Name, ms(start), recent)
+	from := int64(0)
+	if m.Period != PeriodNone {
+		from = ms(start)
+	}
+	rows, err := r.db.QueryContext(ctx, `SELECT `+usageCols+` FROM usage WHERE member = ? AND ts >= ? ORDER BY ts DESC, id DESC LIMIT ?`, m.Name, from, recent)
 	if err != nil {
 		return Summary{}, fmt.Errorf("registry: reading usage of %s: %w", m.Name, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		u := Usage{Member: m.Name}
-		var cost, ts int64
-		if err := rows.Scan(&u.DecisionID, &u.Model, &u.Target, &u.Tier, &u.PromptTokens, &u.CompletionTokens, &u.Estimated, &cost, &ts); err != nil {
+		u, err := scanUsage(rows)
+		if err != nil {
 			return Summary{}, fmt.Errorf("registry: reading usage of %s: %w", m.Name, err)
 		}
-		u.CostUSD, u.Time = usd(cost), fromMS(ts)
 		s.Recent = append(s.Recent, u)
 	}
 	return s, rows.Err()
+}
+
+const usageCols = `id, record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts`
+
+func scanUsage(row interface{ Scan(...any) error }) (Usage, error) {
+	var u Usage
+	var seq, cost, ts int64
+	if err := row.Scan(&seq, &u.RecordID, &u.Member, &u.DecisionID, &u.Model, &u.Target, &u.Tier, &u.PromptTokens, &u.CompletionTokens,
+		&u.Estimated, &cost, &ts); err != nil {
+		return Usage{}, err
+	}
+	u.CostUSD, u.Time = usd(cost), fromMS(ts)
+	return u, nil
+}
+
+// UsageRecords returns up to limit records of the ledger after the one at
+// position after (0: from the start), in the order they were committed,
+// with the position of the last one returned (pass it as after for the
+// next page). For audits and for comparing the ledger with the billing
+// tool's, record for record.
+func (r *Registry) UsageRecords(ctx context.Context, after int64, limit int) ([]Usage, int64, error) {
+	rows, err := r.db.QueryContext(ctx, `SELECT `+usageCols+` FROM usage WHERE id > ? ORDER BY id LIMIT ?`, after, limit)
+	if err != nil {
+		return nil, after, fmt.Errorf("registry: listing usage: %w", err)
+	}
+	defer rows.Close()
+	out := []Usage{}
+	last := after
+	for rows.Next() {
+		var u Usage
+		var seq, cost, ts int64
+		if err := rows.Scan(&seq, &u.RecordID, &u.Member, &u.DecisionID, &u.Model, &u.Target, &u.Tier, &u.PromptTokens, &u.CompletionTokens,
+			&u.Estimated, &cost, &ts); err != nil {
+			return nil, after, fmt.Errorf("registry: listing usage: %w", err)
+		}
+		u.CostUSD, u.Time = usd(cost), fromMS(ts)
+		out, last = append(out, u), seq
+	}
+	return out, last, rows.Err()
 }

@@ -5,13 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/molly-gateway/molly/router/classify"
-	"github.com/molly-gateway/molly/router/identity"
-	"github.com/molly-gateway/molly/router/pipeline"
 	"net/http"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/molly-gateway/molly/registry"
+	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/pipeline"
 )
 
 // ToolsAdmin is the admin API module admin.api.molly_tools, under Caddy's
@@ -112,10 +114,11 @@ func serveTools(w http.ResponseWriter, r *http.Request, f *pipeline.Pipeline, cl
 	if a := bytes.TrimSpace(req.Arguments); len(a) == 0 || a[0] != '{' {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("arguments must be a JSON object")}
 	}
-	id, err := identity.FromScopes(req.Member, req.Scopes)
+	sc, err := registry.ParseScopes(req.Scopes)
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
+	id := &identity.Identity{Member: req.Member, Models: sc.Models, Tiers: sc.Tiers, Tools: sc.Tools}
 	res, reasons, te := f.CallTool(r.Context(), cl, id, name, req.Arguments, req.IdempotencyKey)
 	switch {
 	case te == nil:

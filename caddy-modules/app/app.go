@@ -15,8 +15,10 @@ import (
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
+	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/pipeline"
 	"github.com/molly-gateway/molly/router/route"
@@ -37,8 +39,13 @@ type App struct {
 	// Engine configures the in-process T0 engine (llama.cpp, one base model,
 	// many LoRA adapters) that targets of kind "engine" route to.
 	EngineConfig *serving.Config `json:"engine,omitempty"`
-	// PriorsDB is the SQLite file learned quality and latency priors are
-	// kept in; default DefaultPriorsDB() (priors.go).
+	// RegistryFile is the registry's SQLite file (members, keys, the usage
+	// ledger, learned priors), shared with molly_auth; default
+	// DefaultRegistry() (registry.go).
+	RegistryFile string `json:"registry,omitempty"`
+	// PriorsDB is deprecated: priors live in the registry. A priors file
+	// of an older Molly named here (default DefaultLegacyPriors(), if it
+	// exists) is imported into the registry once (priors.go).
 	PriorsDB string `json:"priors_db,omitempty"`
 	// Cascade tries cheap candidates first and escalates on low confidence
 	// (route.Cascade); nil: no cascades.
@@ -52,8 +59,9 @@ type App struct {
 	Tools     []plugins.Config `json:"tools,omitempty"`
 	ToolSteps int              `json:"tool_steps,omitempty"`
 	// UsageTool names a configured tool (the billing plugin) that gets
-	// every usage record as a record_usage call, in the background
-	// (usage.go); "": none.
+	// every usage record of the registry as a record_usage call, through
+	// the registry's transactional outbox: retried until acknowledged,
+	// across restarts, idempotent by record id (usage.go); "": none.
 	UsageTool string `json:"usage_tool,omitempty"`
 	// FirstEventTimeout bounds the wait for an upstream stream's first
 	// content event after its headers; past it the attempt falls back
@@ -67,12 +75,14 @@ type App struct {
 	pipeline  *pipeline.Pipeline
 	logger    *zap.Logger
 	tools     *plugins.Manager
-	usage     *usageSender // UsageTool's sender (usage.go)
+	usage     *registry.Deliverer // UsageTool's deliverer (usage.go)
 	// toolClassifier classifies direct tool calls (admin.go): the default detectors.
 	toolClassifier *classify.Classifier
 
-	priors     *priorsHandle // shared across reloads (priors.go)
-	priorsPath string
+	registry     *registry.Registry // shared with molly_auth and across reloads (registry.go)
+	registryPath string
+	anonymous    *identity.Identity // requests without molly_auth (registry.go)
+	priors       *priorsHandle      // shared across reloads (priors.go)
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -116,11 +126,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.Weights != nil {
 		w = *a.Weights
 	}
+	if err := a.provisionRegistry(); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
+	a.anonymous = &identity.Identity{Member: AnonymousMember, Ledger: anonymousLedger{a.registry}}
 	if err := a.provisionPriors(); err != nil {
 		return fmt.Errorf("molly: priors: %w", err)
 	}
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
 		if err := meter.DefaultMetrics.Register(reg); err != nil {
+			return fmt.Errorf("molly: metrics: %w", err)
+		}
+		if err := registerUsageMetrics(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
 		}
 	}
@@ -140,8 +157,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.toolClassifier = classify.New(scanner, nil)
 	}
 	if a.UsageTool != "" {
-		a.usage = &usageSender{tool: a.UsageTool, runner: toolRunner{a.tools}, log: a.logger.Named("usage"), timeout: usageTimeout, stats: new(UsageStats)}
-		a.pipeline.UsageSink = a.usage.send
+		if err := a.provisionUsage(ctx); err != nil {
+			return fmt.Errorf("molly: usage_tool: %w", err)
+		}
 		// The usage tool records spend for the gateway itself: models never see it.
 		a.pipeline.ToolsHidden = []string{a.UsageTool}
 	}
@@ -171,27 +189,36 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start makes this app the one the admin API talks to.
+// Start makes this app the one the admin API talks to and starts the
+// priors' flushing and the usage tool's delivery.
 func (a *App) Start() error {
 	current.Store(a)
+	if err := a.startUsage(); err != nil {
+		return fmt.Errorf("molly: usage_tool: %w", err)
+	}
 	return a.startPriors()
 }
 
 // Stop detaches the admin API if it still points at this app (on a reload
-// the new app has started before the old one stops).
+// the new app has started before the old one stops) and stops delivering
+// usage (what is pending stays in the registry's outbox).
 func (a *App) Stop() error {
 	current.CompareAndSwap(a, nil)
+	a.stopUsage()
 	return nil
 }
 
 // Cleanup stops the tool plugins, closes idle upstream connections and the engine.
 func (a *App) Cleanup() error {
-	a.usage.wait() // usage records in flight, each bounded by its timeout
+	a.stopUsage() // sends in flight, each bounded by its timeout (Stop did it unless Start never ran)
 	if a.tools != nil {
 		_ = a.tools.Close()
 	}
 	if err := a.cleanupPriors(); err != nil {
 		a.logger.Error("closing the priors", zap.Error(err))
+	}
+	if err := a.cleanupRegistry(); err != nil {
+		a.logger.Error("closing the registry", zap.Error(err))
 	}
 	if a.egress != nil {
 		a.egress.Close()
@@ -217,15 +244,6 @@ func (a *App) Policy() *policies.Engine { return a.policy }
 
 // Catalogue returns the target catalogue.
 func (a *App) Catalogue() *route.Catalogue { return a.catalogue }
-
-// UsageStats returns the counts of usage records sent to UsageTool, or
-// nil when none is configured.
-func (a *App) UsageStats() *UsageStats {
-	if a.usage == nil {
-		return nil
-	}
-	return a.usage.stats
-}
 
 // Pipeline returns the request pipeline.
 func (a *App) Pipeline() *pipeline.Pipeline { return a.pipeline }

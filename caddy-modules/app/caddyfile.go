@@ -40,7 +40,8 @@ func init() {
 //		policy_timeout <duration>
 //		cost_weight <per-USD>
 //		latency_weight <per-second>
-//		priors_db <sqlite path>
+//		registry <sqlite path>
+//		priors_db <sqlite path>   # deprecated: a legacy priors file imported into the registry once
 //		cascade {
 //			threshold <mean token logprob, nats>
 //			max_attempts <n>
@@ -117,6 +118,10 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				a.Weights.Cost = v
 			} else {
 				a.Weights.Latency = v
+			}
+		case "registry":
+			if !d.AllArgs(&a.RegistryFile) {
+				return nil, d.ArgErr()
 			}
 		case "priors_db":
 			if !d.AllArgs(&a.PriorsDB) {

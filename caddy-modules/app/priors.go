@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -13,64 +14,68 @@ import (
 )
 
 // PriorsFlushInterval is how often learned latencies are written to the
-// priors file; quality updates (feedback) are written before they are
+// registry; quality updates (feedback) are written before they are
 // acknowledged.
 const PriorsFlushInterval = 5 * time.Second
 
-// DefaultPriorsDB is the priors file when priors_db is not set:
-// <Caddy's data directory>/molly/priors.db.
-func DefaultPriorsDB() string { return filepath.Join(caddy.AppDataDir(), "molly", "priors.db") }
+// DefaultLegacyPriors is where Molly kept priors before they joined the
+// registry (priors_db's default): <Caddy's data directory>/molly/priors.db.
+// If the file exists it is imported into the registry once.
+func DefaultLegacyPriors() string { return filepath.Join(caddy.AppDataDir(), "molly", "priors.db") }
 
-// priorsPool shares one route.Priors per file across config reloads (the
-// new config provisions before the old one is cleaned up), so learned
-// values in memory and the open file carry over.
+// priorsPool shares one route.Priors per registry file across config
+// reloads (the new config provisions before the old one is cleaned up), so
+// learned values in memory carry over.
 var priorsPool = caddy.NewUsagePool()
 
-// priorsHandle is the pooled value: the priors and, once the app started,
-// their SQLite store.
+// priorsHandle is the pooled value: the priors, attached to the registry
+// they are kept in (the handle holds its own reference to the registry).
 type priorsHandle struct {
 	*route.Priors
-	path  string
-	store *registry.PriorStore
+	path string // the registry file
 }
 
-// Destruct flushes the priors and closes the file (last user gone).
+// Destruct flushes the priors, then gives back the registry (last user gone).
 func (h *priorsHandle) Destruct() error {
 	err := h.Priors.Close()
-	if h.store != nil {
-		if cerr := h.store.Close(); err == nil {
-			err = cerr
-		}
+	if _, rerr := ReleaseRegistry(h.path); err == nil {
+		err = rerr
 	}
 	return err
 }
 
-// provisionPriors takes the priors of the configured file from the pool
-// and, the first time, opens the file and loads it, so the learned priors
-// are in place before any request is routed.
+// provisionPriors takes the priors of the app's registry from the pool and,
+// the first time, imports a legacy priors file (priors_db, or its default
+// if present) and loads them, so the learned priors are in place before
+// any request is routed.
 func (a *App) provisionPriors() error {
-	a.priorsPath = a.PriorsDB
-	if a.priorsPath == "" {
-		a.priorsPath = DefaultPriorsDB()
-	}
-	v, loaded, err := priorsPool.LoadOrNew(a.priorsPath, func() (caddy.Destructor, error) {
-		s, err := registry.OpenPriorStore(a.priorsPath)
+	v, loaded, err := priorsPool.LoadOrNew(a.registryPath, func() (caddy.Destructor, error) {
+		reg, err := AcquireRegistry(a.registryPath)
 		if err != nil {
 			return nil, err
 		}
-		h := &priorsHandle{Priors: route.NewPriors(), path: a.priorsPath, store: s}
-		if err := h.Attach(priorStore{s}); err != nil {
-			s.Close()
+		legacy := a.PriorsDB
+		if legacy == "" {
+			legacy = DefaultLegacyPriors()
+		}
+		if n, err := reg.ImportPriors(context.Background(), legacy); err != nil {
+			a.logger.Error("importing the legacy priors file failed; it is left as it is", zap.String("path", legacy), zap.Error(err))
+		} else if n > 0 {
+			a.logger.Info("legacy priors imported into the registry", zap.String("from", legacy), zap.String("registry", a.registryPath), zap.Int("priors", n))
+		}
+		h := &priorsHandle{Priors: route.NewPriors(), path: a.registryPath}
+		if err := h.Attach(priorStore{reg}); err != nil {
+			_, _ = ReleaseRegistry(a.registryPath)
 			return nil, err
 		}
 		return h, nil
 	})
 	if err != nil {
-		return fmt.Errorf("priors_db %s: %w", a.priorsPath, err)
+		return fmt.Errorf("priors in %s: %w", a.registryPath, err)
 	}
 	a.priors = v.(*priorsHandle)
 	if !loaded {
-		a.logger.Info("priors loaded", zap.String("path", a.priorsPath))
+		a.logger.Info("priors loaded", zap.String("registry", a.registryPath))
 	}
 	return nil
 }
@@ -88,7 +93,7 @@ func (a *App) cleanupPriors() error {
 	if a.priors == nil {
 		return nil
 	}
-	_, err := priorsPool.Delete(a.priorsPath)
+	_, err := priorsPool.Delete(a.registryPath)
 	a.priors = nil
 	return err
 }
@@ -101,11 +106,11 @@ func (a *App) Priors() *route.Priors {
 	return a.priors.Priors
 }
 
-// priorStore adapts registry.PriorStore to route.PriorStore.
-type priorStore struct{ s *registry.PriorStore }
+// priorStore adapts the registry's priors to route.PriorStore.
+type priorStore struct{ reg *registry.Registry }
 
 func (p priorStore) Load() ([]route.PriorRecord, error) {
-	rows, err := p.s.Load()
+	rows, err := p.reg.LoadPriors(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -122,5 +127,5 @@ func (p priorStore) Save(recs []route.PriorRecord) error {
 	for i, r := range recs {
 		rows[i] = registry.Prior{Kind: r.Kind, Target: r.Target, Model: r.Model, Category: r.Category, Value: r.Value, N: r.N, Updated: r.Updated}
 	}
-	return p.s.Save(rows)
+	return p.reg.SavePriors(context.Background(), rows)
 }

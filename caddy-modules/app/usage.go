@@ -2,118 +2,116 @@ package app
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"github.com/molly-gateway/molly/router/meter"
-	"github.com/molly-gateway/molly/router/pipeline"
-	"math"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/molly-gateway/molly/plugins"
+	"github.com/molly-gateway/molly/registry"
 )
 
 // usageTimeout bounds one record_usage call.
 const usageTimeout = 10 * time.Second
 
 // UsageCaller is the member the gateway records usage as (the caller of
-// record_usage; the usage itself is booked to the request's member).
+// record_usage; the usage itself is booked to the record's member).
 const UsageCaller = "molly-gateway"
 
-// UsageStats counts the usage records handed to the usage tool.
-type UsageStats struct {
-	Sent   atomic.Int64 `json:"-"` // recorded by the tool (a replay included)
-	Failed atomic.Int64 `json:"-"` // the call failed or timed out; logged
-}
+// usageDeliveries counts the outbox's delivery attempts, by outcome
+// (delivered, retry, failed); usageOutbox reports the outbox of the running
+// app's usage tool (pending, failed).
+var (
+	usageDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "molly_usage_deliveries_total",
+		Help: "Usage records sent to the usage tool, by outcome: delivered, retry (sent again later), failed (refused for good)."}, []string{"outcome"})
+	usageOutbox = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "molly_usage_outbox_pending",
+		Help: "Usage records committed in the registry and not yet acknowledged by the usage tool."}, func() float64 { return outboxCount(false) })
+	usageFailed = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "molly_usage_outbox_failed",
+		Help: "Usage records the usage tool refused for good (see the log; requeue once fixed)."}, func() float64 { return outboxCount(true) })
+)
 
-// usageSender hands each usage record to the usage tool's record_usage
-// op, in the background: the answer never waits for billing.
-type usageSender struct {
-	tool    string
-	runner  pipeline.ToolRunner
-	log     *zap.Logger
-	timeout time.Duration
-	stats   *UsageStats
-	wg      sync.WaitGroup
-
-	mu  sync.Mutex
-	seq map[string]seqEntry // records sent per decision id, recent ones only
-}
-
-type seqEntry struct {
-	n  int
-	at time.Time
-}
-
-// recordID names the n-th usage record of a decision: the decision id for
-// the first, "<id>:<n>" after it. One request can make several records (a
-// cascade's attempts, a mixture's members, tool-loop rounds), and the usage
-// tool keeps one record per id (its idempotency key), so each needs its own.
-// Entries older than 10 minutes are dropped once 10000 are kept.
-func (s *usageSender) recordID(decision string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	if s.seq == nil {
-		s.seq = map[string]seqEntry{}
+func outboxCount(failed bool) float64 {
+	a := Current()
+	if a == nil || a.registry == nil || a.UsageTool == "" {
+		return 0
 	}
-	if len(s.seq) >= 10000 {
-		for k, e := range s.seq {
-			if now.Sub(e.at) > 10*time.Minute {
-				delete(s.seq, k)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s, err := a.registry.Outbox(ctx, a.UsageTool)
+	if err != nil {
+		return 0
+	}
+	if failed {
+		return float64(s.Failed)
+	}
+	return float64(s.Pending)
+}
+
+func registerUsageMetrics(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{usageDeliveries, usageOutbox, usageFailed} {
+		if err := reg.Register(c); err != nil {
+			if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
+				return err
 			}
 		}
 	}
-	e := s.seq[decision]
-	e.n++
-	e.at = now
-	s.seq[decision] = e
-	if e.n == 1 {
-		return decision
-	}
-	return fmt.Sprintf("%s:%d", decision, e.n)
+	return nil
 }
 
-// recordUsageArgs are the record_usage arguments for u: cost in integer
-// nano-USD (1 USD = 10^9), rounded; the time in RFC 3339 (UTC).
-func recordUsageArgs(u meter.Usage) []byte {
-	cost := int64(math.Round(u.CostUSD * 1e9))
-	if cost < 0 {
-		cost = 0
+// provisionUsage registers the usage tool as an outbox sink of the
+// registry before any request is served, so that every usage record from
+// now on, in this process or another on the file, is queued for it.
+func (a *App) provisionUsage(ctx context.Context) error {
+	if a.UsageTool == "" {
+		return nil
 	}
-	args := map[string]any{"op": "record_usage", "decision_id": u.DecisionID, "member": u.Member, "model": u.Model,
-		"tier": u.Tier, "target": u.Target, "prompt_tokens": u.PromptTokens, "completion_tokens": u.CompletionTokens,
-		"cost_nano_usd": cost}
-	if !u.Time.IsZero() {
-		args["at"] = u.Time.UTC().Format(time.RFC3339Nano)
-	}
-	b, _ := json.Marshal(args)
-	return b
+	return a.registry.RegisterSink(ctx, a.UsageTool)
 }
 
-// send is pipeline.Pipeline.UsageSink: it starts the call and returns.
-func (s *usageSender) send(u meter.Usage) {
-	u.DecisionID = s.recordID(u.DecisionID)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		defer cancel()
-		if _, err := s.runner.Invoke(ctx, s.tool, recordUsageArgs(u), UsageCaller, nil, u.DecisionID); err != nil {
-			n := s.stats.Failed.Add(1)
-			// The error is the tool's code and message; the record carries no prompt text.
-			s.log.Error("recording usage in the usage tool failed", zap.String("tool", s.tool), zap.String("decision_id", u.DecisionID),
-				zap.String("member", u.Member), zap.Int64("failed_total", n), zap.Error(err))
-			return
-		}
-		s.stats.Sent.Add(1)
-	}()
+// startUsage starts delivering the outbox (records of earlier runs
+// included) to the usage tool.
+func (a *App) startUsage() error {
+	if a.UsageTool == "" {
+		return nil
+	}
+	log := a.logger.Named("usage")
+	d, err := a.registry.Deliver(context.Background(), a.UsageTool, plugins.RecordUsage(a.tools, a.UsageTool, UsageCaller), registry.DeliveryOptions{
+		Timeout: usageTimeout,
+		Observe: func(at registry.Attempt) {
+			usageDeliveries.WithLabelValues(at.Outcome).Inc()
+			// Record ids, members and the tool's code: never prompt text.
+			switch at.Outcome {
+			case "retry":
+				log.Warn("recording usage in the usage tool failed; it is sent again later", zap.String("tool", at.Sink),
+					zap.String("record_id", at.Usage.RecordID), zap.String("member", at.Usage.Member), zap.Int("attempt", at.N),
+					zap.Time("next", at.Next), zap.Error(at.Err))
+			case "failed":
+				log.Error("the usage tool refused a usage record for good", zap.String("tool", at.Sink),
+					zap.String("record_id", at.Usage.RecordID), zap.String("member", at.Usage.Member), zap.Error(at.Err))
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	a.usage = d
+	return nil
 }
 
-// wait returns when no record is in flight (each bounded by the timeout).
-func (s *usageSender) wait() {
-	if s != nil {
-		s.wg.Wait()
+// stopUsage stops the deliverer once its sends in flight are over (each
+// bounded by usageTimeout); what is pending stays for the next start.
+func (a *App) stopUsage() {
+	if a.usage != nil {
+		a.usage.Close()
+		a.usage = nil
 	}
+}
+
+// UsageDelivery returns the counts of the usage tool's deliverer, or false
+// when none runs.
+func (a *App) UsageDelivery() (registry.DeliveryStats, bool) {
+	if a.usage == nil {
+		return registry.DeliveryStats{}, false
+	}
+	return a.usage.Stats(), true
 }

@@ -3,8 +3,9 @@
 // budget) and refuses, in OpenAI's error shapes, requests without a valid
 // key (401), over budget (429 insufficient_quota) or over their rate limits
 // (429 rate_limit_exceeded with Retry-After). Members, keys and the usage
-// ledger live in the registry (SQLite); this package is the glue, plus the
-// admin API routes (admin.api.molly_keys) and the `molly keys` command.
+// ledger live in the registry (SQLite), the molly app's (its `registry`
+// option); this package is the glue, plus the admin API routes
+// (admin.api.molly_keys) and the `molly keys` command.
 package auth
 
 import (
@@ -14,8 +15,10 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +26,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
@@ -31,8 +35,10 @@ import (
 
 // Auth is the molly_auth handler.
 type Auth struct {
-	// DB is the registry file (SQLite). Default: molly/molly.db under
-	// Caddy's data directory (caddy.AppDataDir, e.g. ~/.local/share/caddy).
+	// DB is kept as an alias of the molly app's registry file (its
+	// `registry` option; default molly/molly.db under Caddy's data
+	// directory): when set it must name the same file, else Provision
+	// fails saying so. There is one registry per gateway.
 	DB string `json:"db,omitempty"`
 	// Anonymous, when set, serves requests without a Molly key as this
 	// member (created without limits if missing): for local use. A request
@@ -41,6 +47,7 @@ type Auth struct {
 	Anonymous string `json:"anonymous,omitempty"`
 
 	reg    *registry.Registry
+	path   string // the registry file, absolute
 	logger *zap.Logger
 }
 
@@ -51,29 +58,30 @@ func (Auth) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "http.handlers.molly_auth", New: func() caddy.Module { return new(Auth) }}
 }
 
-// Provision opens the registry (shared by every handler and config
-// generation using the same file) and makes sure the anonymous member exists.
+// Provision takes the molly app's registry (shared by every handler and
+// config generation using the same file) and makes sure the anonymous
+// member exists.
 func (au *Auth) Provision(ctx caddy.Context) error {
 	au.logger = ctx.Logger()
-	if au.DB == "" {
-		au.DB = DefaultDB()
-	}
-	path, err := filepath.Abs(au.DB)
+	a, err := app.Load(ctx, "molly_auth")
 	if err != nil {
-		return fmt.Errorf("molly_auth: db %s: %w", au.DB, err)
+		return err
 	}
-	au.DB = path
-	v, _, err := registries.LoadOrNew(path, func() (caddy.Destructor, error) {
-		reg, err := registry.Open(path, registry.Options{})
+	path := a.RegistryPath()
+	if au.DB != "" {
+		db, err := filepath.Abs(au.DB)
 		if err != nil {
-			return nil, err
+			return fmt.Errorf("molly_auth: db %s: %w", au.DB, err)
 		}
-		return pooled{reg}, nil
-	})
-	if err != nil {
+		if db != path {
+			return fmt.Errorf("molly_auth: db %s is not the registry of the molly app (%s): members, keys, usage and priors live in one registry; "+
+				"set `registry %s` in the global molly option and drop db here (db is only an alias of that file)", db, path, db)
+		}
+	}
+	if au.reg, err = app.AcquireRegistry(path); err != nil {
 		return fmt.Errorf("molly_auth: %w", err)
 	}
-	au.reg = v.(pooled).Registry
+	au.path = path
 	active.Store(au.reg)
 	if au.Anonymous != "" {
 		if _, err := au.reg.Member(ctx, au.Anonymous); errors.Is(err, registry.ErrNotFound) {
@@ -104,23 +112,12 @@ func (au *Auth) Cleanup() error {
 	if au.reg == nil {
 		return nil
 	}
-	deleted, err := registries.Delete(au.DB)
-	if deleted {
+	closed, err := app.ReleaseRegistry(au.path)
+	if closed {
 		active.CompareAndSwap(au.reg, nil)
 	}
 	return err
 }
-
-// DefaultDB is the registry file used when molly_auth names none.
-func DefaultDB() string { return filepath.Join(caddy.AppDataDir(), "molly", "molly.db") }
-
-// registries holds the open registry files by absolute path, so that a
-// config reload keeps the same registry (and its rate-limit windows).
-var registries = caddy.NewUsagePool()
-
-type pooled struct{ *registry.Registry }
-
-func (p pooled) Destruct() error { return p.Close() }
 
 // active is the registry the admin API manages: the latest provisioned.
 var active atomic.Pointer[registry.Registry]
@@ -158,14 +155,18 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		overBudget(m, "").Write(w)
 		return nil
 	}
-	if lim := au.reg.Admit(m); lim != nil {
+	lim, err := au.reg.Admit(ctx, m)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
+	}
+	if lim != nil {
 		w.Header().Set("X-Ratelimit-Limit-"+titleKind(lim.Kind), strconv.Itoa(lim.Limit))
 		w.Header().Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
 		rateLimited(m, lim).Write(w)
 		return nil
 	}
 	id := &identity.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
-		Budgeted: budgeted, RemainingUSD: remaining, Ledger: ledger{au.reg, m}}
+		Budgeted: budgeted, RemainingUSD: remaining, Ledger: &ledger{reg: au.reg, m: m}}
 	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))
 }
 
@@ -212,33 +213,60 @@ func rateLimited(m registry.Member, lim *registry.Limited) *openai.Error {
 	return e
 }
 
-// ledger records the router's usage in the registry and holds, through
-// Reserve, the budget and tokens of member m's requests in flight.
+// ledger is one request's: it holds, through Reserve, the worst case of
+// member m's request in the registry, and records the request's usage
+// there, each record settling the reservation in its transaction.
 type ledger struct {
 	reg *registry.Registry
 	m   registry.Member
+
+	mu   sync.Mutex
+	held []*registry.Reservation // this request's live reservations, latest last
 }
 
-// Reserve implements meter.Reserver: the refusals are *openai.Error 429s.
-func (l ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (func(), error) {
-	release, err := l.reg.Reserve(ctx, l.m, tokens, expectedUSD)
+// releaseTimeout bounds the release of a reservation; past it the row stays
+// until its lease expires.
+const releaseTimeout = 5 * time.Second
+
+// Reserve implements meter.Reserver: tokens and expectedUSD are the
+// request's worst case; the refusals are *openai.Error 429s.
+func (l *ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (func(), error) {
+	res, err := l.reg.Reserve(ctx, l.m, tokens, expectedUSD)
 	var ob *registry.OverBudget
 	var lim *registry.Limited
 	switch {
 	case errors.As(err, &ob):
-		return nil, overBudget(l.m, fmt.Sprintf("this request is expected to cost %.6f USD; %.6f are spent and %.6f held by requests in flight",
+		return nil, overBudget(l.m, fmt.Sprintf("this request may cost up to %.6f USD; %.6f are spent and %.6f held by requests in flight",
 			ob.ExpectedUSD, ob.SpentUSD, ob.ReservedUSD))
 	case errors.As(err, &lim):
 		return nil, rateLimited(l.m, lim)
 	case err != nil:
 		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}
 	}
-	return release, nil
+	l.mu.Lock()
+	l.held = append(l.held, res)
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		l.held = slices.DeleteFunc(l.held, func(r *registry.Reservation) bool { return r == res })
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		_ = res.Release(ctx) // on failure the lease expires it
+	}, nil
 }
 
-func (l ledger) Record(ctx context.Context, u meter.Usage) error {
-	return l.reg.Record(ctx, registry.Usage{Member: u.Member, DecisionID: u.DecisionID, Model: u.Model, Target: u.Target, Tier: u.Tier,
-		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, Estimated: u.Estimated, CostUSD: u.CostUSD, Time: u.Time})
+// Record implements meter.Ledger: the usage goes to the registry, settling
+// the request's latest reservation.
+func (l *ledger) Record(ctx context.Context, u meter.Usage) error {
+	var res int64
+	l.mu.Lock()
+	if n := len(l.held); n > 0 {
+		res = l.held[n-1].ID
+	}
+	l.mu.Unlock()
+	_, err := l.reg.Record(ctx, app.RegistryUsage(u, res))
+	return err
 }
 
 // Interface guards.
@@ -247,6 +275,6 @@ var (
 	_ caddy.Validator             = (*Auth)(nil)
 	_ caddy.CleanerUpper          = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
-	_ meter.Ledger                = ledger{}
-	_ meter.Reserver              = ledger{}
+	_ meter.Ledger                = (*ledger)(nil)
+	_ meter.Reserver              = (*ledger)(nil)
 )

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/molly-gateway/molly/registry"
+	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/openai"
 )
 
@@ -23,7 +24,7 @@ func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := ledger{reg, m}
+	l := &ledger{reg: reg, m: m}
 
 	// A budget that fits exactly three requests admits exactly three of ten concurrent ones.
 	var wg sync.WaitGroup
@@ -79,5 +80,36 @@ func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
 	_, err = l.Reserve(ctx, 200, 0)
 	if !errors.As(err, &e) || e.Status != 429 || e.Code != "rate_limit_exceeded" || e.RetryAfter != 1 {
 		t.Fatalf("200 tokens next to 900 in flight under TPM 1000: %v", err)
+	}
+}
+
+func TestEachRecordOfARequestSettlesItsReservation(t *testing.T) {
+	ctx := context.Background()
+	reg, err := registry.Open(filepath.Join(t.TempDir(), "molly.db"), registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	m, _, err := reg.PutMember(ctx, registry.Member{Name: "bob", BudgetUSD: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &ledger{reg: reg, m: m}
+	release, err := l.Reserve(ctx, 100, 0.5) // the worst case: e.g. two cascade attempts
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Record(ctx, meter.Usage{Member: "bob", DecisionID: "d", Model: "m", Target: "t", Tier: "T1", PromptTokens: 10, CostUSD: 0.2}); err != nil {
+		t.Fatal(err)
+	}
+	if usd, _, _ := reg.Held(ctx, "bob"); usd != 0.3 {
+		t.Fatalf("held %v after a 0.2 record on a 0.5 hold, want 0.3", usd)
+	}
+	release()
+	if usd, _, _ := reg.Held(ctx, "bob"); usd != 0 {
+		t.Fatalf("held %v after the release, want 0", usd)
+	}
+	if left, _, _ := reg.Remaining(ctx, m); left != 0.8 {
+		t.Fatalf("remaining %v, want 0.8", left)
 	}
 }

@@ -19,7 +19,7 @@ func init() {
 func (f *Feedback) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next()
 	if d.NextArg() || d.NextBlock(0) {
-		return d.Errf("molly_feedback: takes no arguments; priors are configured in the global molly option (priors_db)")
+		return d.Errf("molly_feedback: takes no arguments; priors live in the registry of the global molly option (registry)")
 	}
 	return nil
 }

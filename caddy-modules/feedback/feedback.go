@@ -36,7 +36,7 @@ import (
 const MaxBodyBytes = 64 << 10
 
 // Feedback is the molly_feedback handler. It has no settings: the priors
-// live in the molly app (priors_db).
+// live in the molly app's registry (its registry option).
 type Feedback struct {
 	app    *app.App
 	logger *zap.Logger

@@ -14,6 +14,7 @@ import (
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/pipeline"
 )
@@ -56,6 +57,10 @@ func (rt *Route) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.H
 	d, ok := pipeline.DecidedFrom(r.Context())
 	if ann == nil || !ok {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_route: no annotation or decision; put molly_classify and molly_policy before molly_route"))
+	}
+	if identity.From(r.Context()) == nil {
+		// No molly_auth: the usage is still recorded, in the registry, as "anonymous".
+		r = r.WithContext(identity.With(r.Context(), rt.app.AnonymousIdentity()))
 	}
 	if err := rt.app.Pipeline().Serve(w, r, ann, d); err != nil {
 		openai.WriteError(w, err)

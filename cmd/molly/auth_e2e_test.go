@@ -21,7 +21,8 @@ import (
 
 // authCaddyfile serves one T2 target priced so that each non-streamed
 // answer of the test upstream (5 prompt + 5 completion tokens) costs
-// exactly 0.0001 USD, behind molly_auth on db. molly_auth is written after
+// exactly 0.0001 USD, behind molly_auth on the registry db (molly_auth's
+// db names it again, as the alias it is kept as). molly_auth is written after
 // molly_classify on purpose: the directive order must put it first.
 func authCaddyfile(tr *tiers, adminPort int, db, extraAuth string) string {
 	return `{
@@ -29,6 +30,7 @@ func authCaddyfile(tr *tiers, adminPort int, db, extraAuth string) string {
 	auto_https off
 	persist_config off
 	molly {
+		registry ` + db + `
 		target selfhosted {
 			tier T2
 			endpoint ` + tr.t2.URL() + `
@@ -333,8 +335,11 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 		if s := usageOf(t, admin2, "alice"); s.SpentUSD != 0.0003 || s.Requests != 3 {
 			t.Fatalf("alice's usage after restart %+v", s)
 		}
-		if _, err := keyClient(g2, bobKey).Chat.Completions.New(ctx, chat("bob is back")); err != nil {
-			t.Fatalf("bob after restart: %v", err)
+		// The RPM window is in the registry too: bob's three requests of
+		// this minute still count (issue 13: RPM windows persist across restarts).
+		_, err = keyClient(g2, bobKey).Chat.Completions.New(ctx, chat("bob is back"))
+		if apiErr := apiError(t, err); apiErr.StatusCode != 429 || apiErr.Code != "rate_limit_exceeded" || apiErr.Response.Header.Get("Retry-After") == "" {
+			t.Fatalf("bob after restart, his minute still full: %d %s", apiErr.StatusCode, apiErr.RawJSON())
 		}
 
 		// With `anonymous guest`, a request without a Molly key is guest's.

@@ -66,11 +66,11 @@ func ask(t *testing.T, g *gateway, prompt string, opts ...option.RequestOption) 
 
 // TestFeedbackMovesPriorsAndRestartKeepsThem: explicit feedback lowers the
 // chosen target's prior until another wins; a new process on the same
-// priors_db decides the same way.
+// registry (where the priors live) decides the same way.
 func TestFeedbackMovesPriorsAndRestartKeepsThem(t *testing.T) {
 	tr := startTiers(t)
-	db := filepath.Join(t.TempDir(), "priors.db")
-	cfg := routerCaddyfile(tr, "priors_db "+db)
+	db := filepath.Join(t.TempDir(), "molly.db")
+	cfg := routerCaddyfile(tr, "registry "+db)
 	g := startMolly(t, cfg)
 	const prompt = "Write a haiku about autumn" // creative, public: every tier
 

@@ -14,7 +14,7 @@ import (
 // Ledger is the billing book of record: one row per usage event (a gateway
 // decision) and the idempotency records, in one SQLite file opened as the
 // payments ledger is (modernc.org/sqlite, WAL, synchronous=NORMAL: a
-// committed call survives kill -9; see registry.Open for the reasoning).
+// committed call survives kill -9; see registry/sqlite for the reasoning).
 //
 // Costs are non-negative integer nano-USD (1 USD = 1e9 nano-USD): integers
 // add exactly, and a per-token price of a fraction of a cent still has

@@ -15,7 +15,7 @@ import (
 // Ledger is the payments book of record: intents, transactions and their
 // double-entry postings, and the idempotency records, in one SQLite file
 // (modernc.org/sqlite, WAL, synchronous=NORMAL: a committed call survives
-// kill -9; see registry.Open for the reasoning).
+// kill -9; see registry/sqlite for the reasoning).
 //
 // Double entry: every transaction posts entries whose signed amounts sum to
 // zero in its currency; money flows from the account posted negative to the

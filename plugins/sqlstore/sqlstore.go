@@ -1,9 +1,9 @@
 // Package sqlstore opens the SQLite file a tool plugin keeps its state in,
-// the same way for every plugin: WAL, synchronous=NORMAL (durable across a
-// process kill; FULL would also cover power loss), a 5 s busy timeout,
-// foreign keys on, one connection (each call is one transaction, run one at
-// a time, so no SQLITE_BUSY), the file private to its owner, and the shared
-// idempotency table created beside the plugin's own schema.
+// the same way for every plugin and for the registry: through
+// registry/sqlite (WAL, synchronous=NORMAL — durable across a process kill —,
+// a 5 s busy timeout, foreign keys on, IMMEDIATE transactions, one
+// connection, the file private to its owner), with the plugin's schema and
+// the shared idempotency table as its first versioned migration.
 package sqlstore
 
 import (
@@ -11,15 +11,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"time"
 
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
-
 	"github.com/molly-gateway/molly/plugins"
+	"github.com/molly-gateway/molly/registry/sqlite"
 )
 
 // IdempotencySchema is the table every plugin records replayable results
@@ -35,26 +30,17 @@ CREATE TABLE IF NOT EXISTS idempotency (
 );
 `
 
-// Open opens (creating if needed) the database file at path and applies
-// schema plus IdempotencySchema. Errors name the path.
-func Open(path, schema string) (*sql.DB, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+// Open opens (creating if needed) the database file at path with schema
+// plus IdempotencySchema as migration 1 (CREATE … IF NOT EXISTS statements,
+// so a file made before migrations were versioned adopts it); later
+// versions of a plugin's schema go in more, applied in order. Errors name
+// the path.
+func Open(path, schema string, more ...sqlite.Migration) (*sql.DB, error) {
+	migrations := append([]sqlite.Migration{{Version: 1, Name: "schema", SQL: schema + IdempotencySchema}}, more...)
+	db, err := sqlite.Open(path, sqlite.Options{}, migrations...)
+	if err != nil {
 		return nil, err
 	}
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(5000)", "foreign_keys(1)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
-	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema + IdempotencySchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("creating the schema in %s: %w", path, err)
-	}
-	_ = os.Chmod(path, 0o600)
 	return db, nil
 }
 

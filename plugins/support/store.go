@@ -16,7 +16,7 @@ import (
 // Store holds the tickets, their comments and the idempotency records in
 // one SQLite file, opened as the payments ledger is (modernc.org/sqlite,
 // WAL, synchronous=NORMAL: a committed call survives kill -9; see
-// registry.Open for the reasoning).
+// registry/sqlite for the reasoning).
 type Store struct {
 	db  *sql.DB
 	now func() time.Time

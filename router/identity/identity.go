@@ -6,8 +6,6 @@ package identity
 
 import (
 	"context"
-	"fmt"
-	"strings"
 
 	"github.com/molly-gateway/molly/router/meter"
 )
@@ -96,25 +94,4 @@ func With(ctx context.Context, id *Identity) context.Context {
 func From(ctx context.Context) *Identity {
 	id, _ := ctx.Value(key{}).(*Identity)
 	return id
-}
-
-// FromScopes makes the identity of member from scope strings as Scopes
-// writes them ("model:<name>", "tier:<T>", "tool:<name>"). Errors name the
-// first malformed scope.
-func FromScopes(member string, scopes []string) (*Identity, error) {
-	id := &Identity{Member: member}
-	for _, s := range scopes {
-		kind, v, ok := strings.Cut(s, ":")
-		switch {
-		case ok && v != "" && kind == "model":
-			id.Models = append(id.Models, v)
-		case ok && v != "" && kind == "tier":
-			id.Tiers = append(id.Tiers, v)
-		case ok && v != "" && kind == "tool":
-			id.Tools = append(id.Tools, v)
-		default:
-			return nil, fmt.Errorf("scope %q: want model:<name>, tier:<tier> or tool:<name>", s)
-		}
-	}
-	return id, nil
 }

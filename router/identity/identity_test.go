@@ -32,22 +32,3 @@ func TestPolicyInputCarriesTheScopesNeverTheKey(t *testing.T) {
 		t.Fatalf("nil identity: %q %v", anon.Name(), anon.Scopes())
 	}
 }
-
-func TestFromScopes(t *testing.T) {
-	id, err := FromScopes("bob", []string{"model:gpt-*", "tier:T2", "tool:payments", "model:m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := &Identity{Member: "bob", Models: []string{"gpt-*", "m"}, Tiers: []string{"T2"}, Tools: []string{"payments"}}
-	if !reflect.DeepEqual(id, want) {
-		t.Fatalf("FromScopes = %+v, want %+v", id, want)
-	}
-	if got := id.Scopes(); !reflect.DeepEqual(got, []string{"model:gpt-*", "model:m", "tier:T2", "tool:payments"}) {
-		t.Fatalf("Scopes = %v", got)
-	}
-	for _, bad := range []string{"model:", "admin", "region:EU", ":x"} {
-		if _, err := FromScopes("bob", []string{"tier:T0", bad}); err == nil || err.Error() != `scope "`+bad+`": want model:<name>, tier:<tier> or tool:<name>` {
-			t.Errorf("FromScopes(%q) = %v", bad, err)
-		}
-	}
-}

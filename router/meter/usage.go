@@ -54,14 +54,10 @@ type Reserver interface {
 	Reserve(ctx context.Context, tokens int, expectedUSD float64) (release func(), err error)
 }
 
-// Sink gets every usage record as it is made; it must not block.
-type Sink func(Usage)
-
 // Meter follows one answer and records its usage once.
 type Meter struct {
 	ctx    context.Context // the request's, without its cancellation: a client that went still used tokens
 	ledger Ledger
-	sink   Sink
 	log    *zap.Logger
 	base   Usage // member, decision, model, target, tier
 	target *route.Target
@@ -79,7 +75,6 @@ type Meter struct {
 // Options are what a Meter needs besides the answer.
 type Options struct {
 	Ledger Ledger // nil: no ledger (Final is still set)
-	Sink   Sink
 	Log    *zap.Logger
 	// Base is the record's member, decision id, client model, target and tier.
 	Base   Usage
@@ -100,7 +95,7 @@ func New(ctx context.Context, o Options) *Meter {
 	if o.Base.Member == "" {
 		o.Base.Member = "anonymous"
 	}
-	return &Meter{ctx: context.WithoutCancel(ctx), ledger: o.Ledger, sink: o.Sink, log: log, base: o.Base,
+	return &Meter{ctx: context.WithoutCancel(ctx), ledger: o.Ledger, log: log, base: o.Base,
 		target: o.Target, prompt: o.PromptEstimate, strip: o.StripUsage}
 }
 
@@ -261,9 +256,6 @@ func (m *Meter) record(u Usage) {
 	u.CostUSD = m.target.Cost(u.PromptTokens, u.CompletionTokens)
 	u.Time = time.Now()
 	m.final = &u
-	if m.sink != nil {
-		m.sink(u)
-	}
 	if m.ledger == nil {
 		return
 	}

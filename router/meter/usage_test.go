@@ -24,28 +24,27 @@ func (l *ledger) Record(ctx context.Context, u Usage) error {
 
 // newMeter is a meter for target "t" (1 and 2 USD per 1M tokens) with a
 // prompt estimate of 8 tokens.
-func newMeter(ctx context.Context, strip bool) (*Meter, *ledger, *[]Usage) {
+func newMeter(ctx context.Context, strip bool) (*Meter, *ledger) {
 	l := &ledger{}
-	var sunk []Usage
-	m := New(ctx, Options{Ledger: l, Sink: func(u Usage) { sunk = append(sunk, u) }, Target: &route.Target{Name: "t", PriceIn: 1, PriceOut: 2},
+	m := New(ctx, Options{Ledger: l, Target: &route.Target{Name: "t", PriceIn: 1, PriceOut: 2},
 		PromptEstimate: 8, StripUsage: strip, Base: Usage{DecisionID: "d", Model: "m", Target: "t", Tier: "T1"}})
-	return m, l, &sunk
+	return m, l
 }
 
 func TestMeterWholeAnswers(t *testing.T) {
-	t.Run("the upstream's usage is recorded once, priced, to the ledger and the sink", func(t *testing.T) {
-		m, l, sunk := newMeter(context.Background(), false)
+	t.Run("the upstream's usage is recorded once, priced, to the ledger", func(t *testing.T) {
+		m, l := newMeter(context.Background(), false)
 		m.Body([]byte(`{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":7}}`))
 		m.Body([]byte(`{"usage":{"prompt_tokens":50,"completion_tokens":70}}`))
 		u := m.Final()
 		// 5·1 + 7·2 = 19 µUSD.
-		if len(l.got) != 1 || len(*sunk) != 1 || u.PromptTokens != 5 || u.CompletionTokens != 7 || u.Estimated || u.CostUSD != 19e-6 ||
+		if len(l.got) != 1 || u.PromptTokens != 5 || u.CompletionTokens != 7 || u.Estimated || u.CostUSD != 19e-6 ||
 			u.Member != "anonymous" || u.DecisionID != "d" || u.Time.IsZero() || !m.Recorded() {
-			t.Fatalf("recorded %+v (%d ledger, %d sink)", u, len(l.got), len(*sunk))
+			t.Fatalf("recorded %+v (%d in the ledger)", u, len(l.got))
 		}
 	})
 	t.Run("without usage Molly counts: the prompt estimate and the answer's text", func(t *testing.T) {
-		m, _, _ := newMeter(context.Background(), false)
+		m, _ := newMeter(context.Background(), false)
 		// "hello world!" 3 tokens, the tool call's name and arguments "f{\"a\":1}" 2.
 		m.Body([]byte(`{"choices":[{"message":{"content":"hello world!","tool_calls":[{"function":{"name":"f","arguments":"{\"a\":1}"}}]}}]}`))
 		if u := m.Final(); u.PromptTokens != 8 || u.CompletionTokens != 3+2 || !u.Estimated || u.CostUSD != (8+10)/1e6 {
@@ -54,7 +53,7 @@ func TestMeterWholeAnswers(t *testing.T) {
 	})
 	t.Run("a client that went away does not stop the record", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		m, l, _ := newMeter(ctx, false)
+		m, l := newMeter(ctx, false)
 		cancel()
 		m.Abandoned()
 		if u := m.Final(); len(l.got) != 1 || !l.live[0] || u.PromptTokens != 8 || u.CompletionTokens != 0 || !u.Estimated || u.CostUSD != 8e-6 {
@@ -85,7 +84,7 @@ func TestMeterStreams(t *testing.T) {
 		return []byte(`{"choices":[{"index":0,"delta":{"content":"` + content + `"}}]}`)
 	}
 	t.Run("usage chunks are merged, each count keeping its largest report", func(t *testing.T) {
-		m, l, _ := newMeter(context.Background(), false)
+		m, l := newMeter(context.Background(), false)
 		for _, ev := range [][]byte{[]byte(`{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,"completion_tokens":0}}`),
 			chunk("b"), []byte(`{"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":9}}`)} {
 			if out, drop := m.Event(ev); drop || string(out) != string(ev) {
@@ -99,7 +98,7 @@ func TestMeterStreams(t *testing.T) {
 		}
 	})
 	t.Run("completion tokens alone: the prompt is estimated", func(t *testing.T) {
-		m, _, _ := newMeter(context.Background(), false)
+		m, _ := newMeter(context.Background(), false)
 		m.Event([]byte(`{"choices":[],"usage":{"completion_tokens":4}}`))
 		m.StreamEnd()
 		if u := m.Final(); u.PromptTokens != 8 || u.CompletionTokens != 4 || !u.Estimated {
@@ -107,7 +106,7 @@ func TestMeterStreams(t *testing.T) {
 		}
 	})
 	t.Run("no usage chunk: the streamed text is counted", func(t *testing.T) {
-		m, _, _ := newMeter(context.Background(), false)
+		m, _ := newMeter(context.Background(), false)
 		m.Event(chunk("hello "))
 		m.Event(chunk("world!"))
 		m.StreamEnd()
@@ -116,7 +115,7 @@ func TestMeterStreams(t *testing.T) {
 		}
 	})
 	t.Run("usage a client did not ask for is hidden from it", func(t *testing.T) {
-		m, _, _ := newMeter(context.Background(), true)
+		m, _ := newMeter(context.Background(), true)
 		if out, drop := m.Event([]byte(`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}`)); !drop || out != nil {
 			t.Fatalf("a usage-only chunk was kept: %s", out)
 		}

@@ -69,7 +69,7 @@ func (o *outcome) usage() *meter.Usage { return o.meter.Final() }
 
 // newMeter is the usage meter of one answer from c to rq.
 func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.Meter {
-	o := meter.Options{Sink: p.UsageSink, Log: rq.log, Target: c.Target, PromptEstimate: prompt,
+	o := meter.Options{Log: rq.log, Target: c.Target, PromptEstimate: prompt,
 		StripUsage: rq.a.Stream() && !rq.a.IncludeUsage(),
 		Base:       meter.Usage{Member: rq.id.Name(), DecisionID: rq.dec.ID(), Model: rq.a.Model(), Target: c.Target.Name, Tier: c.Target.Tier}}
 	if rq.id != nil {

@@ -17,8 +17,8 @@ import (
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/classify"
-	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/route"
 )
 

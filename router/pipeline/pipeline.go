@@ -67,8 +67,6 @@ type Pipeline struct {
 	// ToolsHidden names governed tools never offered to models, e.g. the
 	// billing tool usage is sent to.
 	ToolsHidden []string
-	// UsageSink, when set, gets every usage record (must not block).
-	UsageSink meter.Sink
 	// FirstEventTimeout bounds the wait for a stream's first content event
 	// (0: DefaultFirstEventTimeout).
 	FirstEventTimeout time.Duration

@@ -1,0 +1,45 @@
+package registry
+
+// The statements of the request path, prepared once per handle at Open
+// (Registry.stmt): auth, admission, recording, release.
+const (
+	qMemberPeriod = `SELECT period, period_start FROM members WHERE name = ?`
+	qInsertUsage  = `INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	qAddSpend = `INSERT INTO spend (member, period_start, spent_nusd, prompt_tokens, completion_tokens, records)
+			VALUES (?, ?, ?, ?, ?, 1)
+			ON CONFLICT (member, period_start) DO UPDATE SET spent_nusd = spend.spent_nusd + excluded.spent_nusd,
+				prompt_tokens = spend.prompt_tokens + excluded.prompt_tokens,
+				completion_tokens = spend.completion_tokens + excluded.completion_tokens, records = spend.records + 1`
+	qSettle = `UPDATE reservations SET
+				nusd = CASE WHEN nusd > ? THEN nusd - ? ELSE 0 END,
+				tokens = CASE WHEN tokens > ? THEN tokens - ? ELSE 0 END
+				WHERE id = ?`
+	qQueue           = `INSERT INTO outbox (sink, record_id, next_at, created) SELECT name, ?, ?, ? FROM outbox_sinks`
+	qNextID          = `SELECT COALESCE(MAX(id), 0) + 1 FROM usage`
+	qDecisionRecords = `SELECT COUNT(*) FROM usage WHERE decision_id = ?`
+	qExpire          = `DELETE FROM reservations WHERE expires <= ?`
+	qReserve         = `INSERT INTO reservations (member, nusd, tokens, owner, created, expires)
+			SELECT ?, ?, ?, ?, ?, ?
+			WHERE (? = 0 OR COALESCE((SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?), 0)
+					+ COALESCE((SELECT SUM(nusd) FROM reservations WHERE member = ?), 0) + ? <= ?)
+			  AND (? = 0 OR COALESCE((SELECT SUM(prompt_tokens + completion_tokens) FROM usage WHERE member = ? AND ts > ?), 0)
+					+ COALESCE((SELECT SUM(tokens) FROM reservations WHERE member = ?), 0) + ? <= ?)
+			RETURNING id`
+	qRelease     = `DELETE FROM reservations WHERE id = ?`
+	qRPMPrune    = `DELETE FROM rate_requests WHERE member = ? AND ts <= ?`
+	qRPMCount    = `SELECT COUNT(*) FROM rate_requests WHERE member = ?`
+	qRPMOldest   = `SELECT ts FROM rate_requests WHERE member = ? ORDER BY ts LIMIT 1 OFFSET ?`
+	qRPMAdmit    = `INSERT INTO rate_requests (member, ts) VALUES (?, ?)`
+	qTokenWindow = `SELECT ts, prompt_tokens + completion_tokens FROM usage WHERE member = ? AND ts > ? ORDER BY ts, id`
+)
+
+// preparedQueries are prepared at Open; a statement run inside a
+// transaction must be among them to use its prepared form (preparing needs
+// the connection the transaction holds).
+var preparedQueries = []string{
+	lookupQuery, memberQuery, spentQuery, // auth
+	qRPMPrune, qRPMCount, qRPMOldest, qRPMAdmit, qTokenWindow, // Admit
+	qExpire, qReserve, qRelease, // Reserve, Release
+	qMemberPeriod, qNextID, qDecisionRecords, qInsertUsage, qAddSpend, qSettle, qQueue, // Record
+}
