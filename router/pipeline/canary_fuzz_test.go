@@ -2,26 +2,21 @@ package pipeline
 
 // The residency canary fuzz (issue 9): canary values — a user-defined
 // pattern type and a known test card number — are planted at random
-// positions and in random shapes of valid OpenAI bodies, the bodies go
-// through the real classifier, the real OPA policy and the real pipeline
-// under every strategy, and the oracle checks every body an external (T3)
-// upstream received for the canary. The oracle does not use the detectors:
-// it decodes the received JSON with encoding/json, decodes base64 and
-// percent-encoding itself, and searches the alphanumeric skeleton of every
-// string, key and number for the canary's.
+// positions and in random shapes of valid OpenAI bodies
+// (internal/canarytest), the bodies go through the real classifier, the
+// real OPA policy and the real pipeline under every strategy, and the
+// oracle (canarytest.Leaked, which does not use the detectors) checks every
+// body an external (T3) upstream received for the canary.
 
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"io"
 	"io/fs"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +26,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/canarytest"
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
@@ -40,12 +36,6 @@ import (
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/route"
 )
-
-// canaryCard is the Visa test card number issuers publish for testing.
-const canaryCard = "4111111111111111"
-
-// canaryPattern is the custom pattern type the fuzz classifier detects.
-const canaryPattern = `MOLLY-CANARY-[0-9A-F]{8}`
 
 // recorder is an upstream that records every body and answers like
 // upstreamtest, or always 500 (fail).
@@ -164,7 +154,7 @@ func newCanaryHarness() (*canaryHarness, error) {
 	if err != nil {
 		return nil, err
 	}
-	scanner, err := redaction.NewScanner(redaction.Config{Patterns: map[string][]string{"CANARY": {canaryPattern}}})
+	scanner, err := redaction.NewScanner(redaction.Config{Patterns: map[string][]string{"CANARY": {canarytest.Pattern}}})
 	if err != nil {
 		return nil, err
 	}
@@ -229,186 +219,25 @@ func gatewayHandler(cl *classify.Classifier, p *Pipeline) http.Handler {
 	})
 }
 
-// canaryCase is one generated request.
-type canaryCase struct {
-	strategy string
-	body     []byte
-	canary   string // what must never reach T3: its alphanumeric skeleton
-	tool     string // the tool result, for the tools strategy
-}
-
-var strategies = []string{"single", "fallback", "cascade", "mixture", "tools"}
-
-// genCase builds a valid chat body from r with one canary planted.
-func genCase(r *rand.Rand) canaryCase {
-	c := canaryCase{strategy: strategies[r.IntN(len(strategies))]}
-	var value string
-	if r.IntN(2) == 0 {
-		value = fmt.Sprintf("MOLLY-CANARY-%08X", r.Uint32())
-	} else {
-		value = []string{canaryCard, "4111 1111 1111 1111", "4111-1111-1111-1111"}[r.IntN(3)]
-	}
-	c.canary = skeleton(value)
-	wrap := func(s string) string { // the canary inside some text
-		return []string{s, "my value is " + s + ".", "ref:" + s, s + " thanks", "a\n" + s + "\nb"}[r.IntN(5)]
-	}
-	msgs := []any{map[string]any{"role": "user", "content": "hello there"}}
-	body := map[string]any{"model": "m", "messages": msgs, "max_tokens": 16}
-	stream := r.IntN(3) == 0 && c.strategy != "mixture" && c.strategy != "tools"
-	if stream {
-		body["stream"] = true
-	}
-	user := func(content any) { msgs = append(msgs, map[string]any{"role": "user", "content": content}) }
-	switch pos := r.IntN(20); pos {
-	case 0:
-		user(wrap(value))
-	case 1:
-		user([]any{map[string]any{"type": "text", "text": wrap(value)}})
-	case 2:
-		msgs = append([]any{map[string]any{"role": "system", "content": wrap(value)}}, msgs...)
-	case 3:
-		msgs = append(msgs, map[string]any{"role": "assistant", "content": wrap(value)}, map[string]any{"role": "user", "content": "and?"})
-	case 4:
-		msgs = append(msgs, map[string]any{"role": "user", "name": strings.ReplaceAll(value, " ", "_"), "content": "hi"})
-	case 5:
-		body["metadata"] = map[string]any{"ref": wrap(value)}
-	case 6:
-		body["metadata"] = map[string]any{value: "x"}
-	case 7:
-		body["user"] = wrap(value)
-	case 8:
-		body["stop"] = []any{"END", wrap(value)}
-	case 9:
-		body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "out", "description": wrap(value),
-			"schema": map[string]any{"type": "object", "properties": map[string]any{value: map[string]any{"type": "string"}}}}}
-	case 10:
-		args, _ := json.Marshal(map[string]any{"note": wrap(value)})
-		msgs = append(msgs, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": "call_9", "type": "function",
-			"function": map[string]any{"name": "f", "arguments": string(args)}}}}, map[string]any{"role": "tool", "tool_call_id": "call_9", "content": "done"})
-	case 11:
-		id := "call_" + strings.ReplaceAll(value, " ", "")
-		msgs = append(msgs, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": id, "type": "function",
-			"function": map[string]any{"name": "f", "arguments": "{}"}}}}, map[string]any{"role": "tool", "tool_call_id": id, "content": wrap(value)})
-	case 12:
-		body["x_vendor"] = map[string]any{"deep": []any{map[string]any{"deeper": wrap(value)}}}
-	case 13:
-		if v := strings.ReplaceAll(value, " ", ""); !strings.Contains(v, "-") {
-			body["seed"] = json.Number(v) // a number, not a string
-		} else {
-			body["seed_note"] = v
-		}
-	case 14:
-		enc := base64.StdEncoding.EncodeToString([]byte("note: " + value))
-		user([]any{map[string]any{"type": "text", "text": "see"}, map[string]any{"type": "image_url", "image_url": map[string]any{"url": "data:text/plain;base64," + enc}}})
-	case 15:
-		png := append([]byte("\x89PNG\r\n\x1a\n"), []byte(value)...)
-		user([]any{map[string]any{"type": "text", "text": "look"}, map[string]any{"type": "image_url", "image_url": map[string]any{"url": "data:image/png;base64," + base64.StdEncoding.EncodeToString(png)}}})
-	case 16:
-		body["tool_choice"] = value // not one of the enum's values: content
-	case 17:
-		cut := len(value) / 2
-		user(value[:cut])
-		user(value[cut:])
-	case 18:
-		body["tools"] = []any{map[string]any{"type": "function", "function": map[string]any{"name": "g", "description": wrap(value), "parameters": map[string]any{"type": "object"}}}}
-	case 19:
-		c.tool = wrap(value)
-		c.strategy = "tools"
-	}
-	if c.strategy == "tools" && c.tool == "" {
-		c.tool = "nothing to see"
-	}
-	body["messages"] = msgs
-	c.body, _ = json.Marshal(body)
-	return c
-}
-
-// skeleton is s's letters and digits, upper-cased: the oracle's canonical form.
-func skeleton(s string) string {
-	var b strings.Builder
-	for _, r := range strings.ToUpper(s) {
-		if r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
-// leaked reports whether body (as an upstream received it) carries the
-// canary: in any string, key or number, raw, percent-decoded or
-// base64-decoded (a data: URL's payload or any base64 run).
-func leaked(body []byte, canary string) bool {
-	if strings.Contains(skeleton(string(body)), canary) {
-		// fast path on the raw bytes; JSON escapes are handled below
-		return true
-	}
-	var v any
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if dec.Decode(&v) != nil {
-		return false
-	}
-	var texts []string
-	var walk func(any)
-	walk = func(x any) {
-		switch t := x.(type) {
-		case map[string]any:
-			for k, e := range t {
-				texts = append(texts, k)
-				walk(e)
-			}
-		case []any:
-			for _, e := range t {
-				walk(e)
-			}
-		case string:
-			texts = append(texts, t)
-		case json.Number:
-			texts = append(texts, string(t))
-		}
-	}
-	walk(v)
-	for _, s := range texts {
-		forms := []string{s}
-		if u, err := url.PathUnescape(s); err == nil {
-			forms = append(forms, u)
-		}
-		if _, payload, ok := strings.Cut(s, ";base64,"); ok {
-			if d, err := base64.StdEncoding.DecodeString(payload); err == nil {
-				forms = append(forms, string(d))
-			}
-		}
-		if d, err := base64.StdEncoding.DecodeString(s); err == nil {
-			forms = append(forms, string(d))
-		}
-		for _, f := range forms {
-			if strings.Contains(skeleton(f), canary) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // runCanary sends c through its strategy's gateway and fails when any T3
 // upstream received the canary, or the gateway answered 500.
-func runCanary(t *testing.T, h *canaryHarness, c canaryCase) {
+func runCanary(t *testing.T, h *canaryHarness, c canarytest.Case) {
 	for _, r := range h.t3 {
 		r.drain()
 	}
 	h.tool.mu.Lock()
-	h.tool.result = c.tool
+	h.tool.result = c.Tool
 	h.tool.mu.Unlock()
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(c.body))
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(c.Body))
 	w := httptest.NewRecorder()
-	h.gateways[c.strategy].ServeHTTP(w, req)
+	h.gateways[c.Strategy].ServeHTTP(w, req)
 	if w.Code == http.StatusInternalServerError {
-		t.Fatalf("%s: 500 for %s: %s", c.strategy, c.body, w.Body.String())
+		t.Fatalf("%s: 500 for %s: %s", c.Strategy, c.Body, w.Body.String())
 	}
 	for _, r := range h.t3 {
 		for _, got := range r.drain() {
-			if leaked(got, c.canary) {
-				t.Fatalf("canary %s reached T3 unredacted under %s (status %d)\nsent:     %s\nreceived: %s", c.canary, c.strategy, w.Code, c.body, got)
+			if canarytest.Leaked(got, c.Canary) {
+				t.Fatalf("canary %s reached T3 unredacted under %s (status %d)\nsent:     %s\nreceived: %s", c.Canary, c.Strategy, w.Code, c.Body, got)
 			}
 		}
 	}
@@ -428,7 +257,7 @@ func FuzzCanaryResidency(f *testing.F) {
 		h := canaryGateways(t)
 		canaryMu.Lock()
 		defer canaryMu.Unlock()
-		runCanary(t, h, genCase(rand.New(rand.NewPCG(s1, s2))))
+		runCanary(t, h, canarytest.Generate(rand.New(rand.NewPCG(s1, s2))))
 	})
 }
 
@@ -444,32 +273,8 @@ func TestCanaryResidency(t *testing.T) {
 		func() {
 			canaryMu.Lock()
 			defer canaryMu.Unlock()
-			runCanary(t, h, genCase(r))
+			runCanary(t, h, canarytest.Generate(r))
 		}()
 	}
 	t.Logf("%d cases, no canary reached T3", n)
-}
-
-// TestCanaryOracleSeesEveryForm checks the oracle itself: it finds the
-// canary in each shape it may take in a received body, and not in a
-// redacted one.
-func TestCanaryOracleSeesEveryForm(t *testing.T) {
-	canary := skeleton("MOLLY-CANARY-0A1B2C3D")
-	for _, body := range []string{
-		`{"a":"MOLLY-CANARY-0A1B2C3D"}`,
-		`{"a":"MOLLY\u002dCANARY\u002d0A1B2C3D"}`,
-		`{"MOLLY-CANARY-0A1B2C3D":1}`,
-		`{"a":"data:text/plain;base64,` + base64.StdEncoding.EncodeToString([]byte("x MOLLY-CANARY-0A1B2C3D")) + `"}`,
-		`{"a":"MOLLY%2DCANARY%2D0A1B2C3D"}`,
-	} {
-		if !leaked([]byte(body), canary) {
-			t.Errorf("the oracle misses the canary in %s", body)
-		}
-	}
-	if leaked([]byte(`{"a":"[CANARY_1]","b":"[CREDIT_CARD_1]"}`), canary) || leaked([]byte(`{"seed":"[CREDIT_CARD_1]"}`), skeleton(canaryCard)) {
-		t.Error("the oracle flags a redacted body")
-	}
-	if !leaked([]byte(`{"seed":4111111111111111}`), skeleton(canaryCard)) {
-		t.Error("the oracle misses a card number sent as a JSON number")
-	}
 }
