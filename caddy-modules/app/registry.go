@@ -9,6 +9,7 @@ import (
 
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/meter"
 )
 
@@ -79,12 +80,8 @@ func (a *App) Registry() *registry.Registry { return a.registry }
 func (a *App) RegistryPath() string { return a.registryPath }
 
 // RegistryUsage converts a router usage record for the registry; res, when
-// not 0, is the reservation it settles.
-func RegistryUsage(u meter.Usage, res int64) registry.Usage {
-	return registry.Usage{Member: u.Member, DecisionID: u.DecisionID, Model: u.Model, Target: u.Target, Tier: u.Tier,
-		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, Estimated: u.Estimated, CostUSD: u.CostUSD, Time: u.Time,
-		Reservation: res}
-}
+// not 0, is the reservation it settles (keyauth.RegistryUsage).
+func RegistryUsage(u meter.Usage, res int64) registry.Usage { return keyauth.RegistryUsage(u, res) }
 
 // AnonymousMember is the member requests without molly_auth are recorded as.
 const AnonymousMember = "anonymous"

@@ -9,18 +9,11 @@
 package auth
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -29,7 +22,7 @@ import (
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/identity"
-	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/openai"
 )
 
@@ -127,146 +120,21 @@ var active atomic.Pointer[registry.Registry]
 // request before next sees it.
 func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ctx := r.Context()
-	key, hasKey := bearer(r)
+	key, hasKey := keyauth.Bearer(r.Header.Get("Authorization"))
 	r.Header.Del("Authorization")
-	var m registry.Member
-	var err error
-	switch {
-	case au.Anonymous != "" && (!hasKey || !strings.HasPrefix(key, registry.KeyPrefix)):
-		m, err = au.reg.Member(ctx, au.Anonymous)
-	case !hasKey:
-		unauthorized(w, "You didn't provide an API key. Send it as Authorization: Bearer <key>; an administrator creates keys with `molly keys create`.")
+	id, hdr, err := (&keyauth.Authenticator{Registry: au.reg, Anonymous: au.Anonymous}).Authenticate(ctx, key, hasKey)
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	var refusal *openai.Error
+	if errors.As(err, &refusal) {
+		refusal.Write(w)
 		return nil
-	default:
-		m, _, err = au.reg.Lookup(ctx, key)
-		if errors.Is(err, registry.ErrUnknownKey) || errors.Is(err, registry.ErrRevokedKey) {
-			unauthorized(w, "Incorrect API key provided. An administrator creates keys with `molly keys create`.")
-			return nil
-		}
 	}
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
 	}
-	remaining, budgeted, err := au.reg.Remaining(ctx, m)
-	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
-	}
-	if budgeted && remaining <= 0 {
-		overBudget(m, "").Write(w)
-		return nil
-	}
-	lim, err := au.reg.Admit(ctx, m)
-	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
-	}
-	if lim != nil {
-		w.Header().Set("X-Ratelimit-Limit-"+titleKind(lim.Kind), strconv.Itoa(lim.Limit))
-		w.Header().Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
-		rateLimited(m, lim).Write(w)
-		return nil
-	}
-	id := &identity.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
-		Budgeted: budgeted, RemainingUSD: remaining, Ledger: &ledger{reg: au.reg, m: m}}
 	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))
-}
-
-func titleKind(kind string) string { return strings.ToUpper(kind[:1]) + kind[1:] }
-
-// bearer returns the token of an "Authorization: Bearer <token>" header
-// (RFC 6750 §2.1; the scheme is case-insensitive).
-func bearer(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
-	scheme, token, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	token = strings.TrimSpace(token)
-	return token, token != ""
-}
-
-func unauthorized(w http.ResponseWriter, msg string) {
-	w.Header().Set("WWW-Authenticate", `Bearer realm="molly"`)
-	(&openai.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).Write(w)
-}
-
-// overBudget is the 429 insufficient_quota of member m; detail, when set,
-// says why the request does not fit what is left.
-func overBudget(m registry.Member, detail string) *openai.Error {
-	msg := fmt.Sprintf("You exceeded your budget of %g USD", m.BudgetUSD)
-	if _, end := m.PeriodAt(time.Now()); !end.IsZero() {
-		msg += fmt.Sprintf(" for this %s; it renews at %s", m.Period, end.Format("2006-01-02T15:04:05Z"))
-	}
-	if detail != "" {
-		msg += " (" + detail + ")"
-	}
-	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}
-}
-
-// rateLimited is the 429 rate_limit_exceeded of member m; a request larger
-// than the limit itself gets no Retry-After (waiting does not help).
-func rateLimited(m registry.Member, lim *registry.Limited) *openai.Error {
-	e := &openai.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
-		Message: "Rate limit reached for member " + m.Name + ": " + lim.Error() + "."}
-	if !lim.TooLarge {
-		e.RetryAfter = max(int(math.Ceil(lim.RetryAfter.Seconds())), 1)
-	}
-	return e
-}
-
-// ledger is one request's: it holds, through Reserve, the worst case of
-// member m's request in the registry, and records the request's usage
-// there, each record settling the reservation in its transaction.
-type ledger struct {
-	reg *registry.Registry
-	m   registry.Member
-
-	mu   sync.Mutex
-	held []*registry.Reservation // this request's live reservations, latest last
-}
-
-// releaseTimeout bounds the release of a reservation; past it the row stays
-// until its lease expires.
-const releaseTimeout = 5 * time.Second
-
-// Reserve implements meter.Reserver: tokens and expectedUSD are the
-// request's worst case; the refusals are *openai.Error 429s.
-func (l *ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (func(), error) {
-	res, err := l.reg.Reserve(ctx, l.m, tokens, expectedUSD)
-	var ob *registry.OverBudget
-	var lim *registry.Limited
-	switch {
-	case errors.As(err, &ob):
-		return nil, overBudget(l.m, fmt.Sprintf("this request may cost up to %.6f USD; %.6f are spent and %.6f held by requests in flight",
-			ob.ExpectedUSD, ob.SpentUSD, ob.ReservedUSD))
-	case errors.As(err, &lim):
-		return nil, rateLimited(l.m, lim)
-	case err != nil:
-		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}
-	}
-	l.mu.Lock()
-	l.held = append(l.held, res)
-	l.mu.Unlock()
-	return func() {
-		l.mu.Lock()
-		l.held = slices.DeleteFunc(l.held, func(r *registry.Reservation) bool { return r == res })
-		l.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		_ = res.Release(ctx) // on failure the lease expires it
-	}, nil
-}
-
-// Record implements meter.Ledger: the usage goes to the registry, settling
-// the request's latest reservation.
-func (l *ledger) Record(ctx context.Context, u meter.Usage) error {
-	var res int64
-	l.mu.Lock()
-	if n := len(l.held); n > 0 {
-		res = l.held[n-1].ID
-	}
-	l.mu.Unlock()
-	_, err := l.reg.Record(ctx, app.RegistryUsage(u, res))
-	return err
 }
 
 // Interface guards.
@@ -275,6 +143,4 @@ var (
 	_ caddy.Validator             = (*Auth)(nil)
 	_ caddy.CleanerUpper          = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
-	_ meter.Ledger                = (*ledger)(nil)
-	_ meter.Reserver              = (*ledger)(nil)
 )

@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -44,30 +43,5 @@ func TestValidateRefusesABadAnonymousName(t *testing.T) {
 	}
 	if err := (&Auth{Anonymous: "local"}).Validate(); err != nil {
 		t.Fatalf("Validate(local) = %v", err)
-	}
-}
-
-func TestBearer(t *testing.T) {
-	tests := []struct {
-		name, header, want string
-		ok                 bool
-	}{
-		{"a bearer token is read", "Bearer sk-molly-abc", "sk-molly-abc", true},
-		{"the scheme is case-insensitive", "bearer sk-molly-abc", "sk-molly-abc", true},
-		{"another scheme is no key", "Basic dXNlcjpwYXNz", "", false},
-		{"an empty token is no key", "Bearer ", "", false},
-		{"no header is no key", "", "", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := httptest.NewRequest("GET", "/v1/models", nil)
-			if tt.header != "" {
-				r.Header.Set("Authorization", tt.header)
-			}
-			got, ok := bearer(r)
-			if got != tt.want || ok != tt.ok {
-				t.Fatalf("bearer(%q) = %q, %v; want %q, %v", tt.header, got, ok, tt.want, tt.ok)
-			}
-		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -226,31 +227,14 @@ var ForwardHeaders = []string{"X-Request-Id", "Traceparent", "Tracestate"}
 // ForwardHeaders lists. It is the only place that builds a request to an
 // upstream.
 func (d *Dispatch) Send(ctx context.Context, hdr http.Header) (*http.Response, error) {
-	u := d.egress.clients[d.target.Name]
-	target := *u.base
-	target.Path += d.endpoint.Path()
-	var req *http.Request
-	var err error
-	if d.endpoint == openai.EndpointModels {
-		req, err = http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
-	} else {
-		req, err = http.NewRequestWithContext(ctx, http.MethodPost, target.String(), bytes.NewReader(d.body))
+	var body io.Reader
+	if d.endpoint != openai.EndpointModels {
+		body = bytes.NewReader(d.body)
 	}
+	req, err := http.NewRequestWithContext(ctx, d.Method(), d.URL().String(), body)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for _, k := range ForwardHeaders {
-		if v := hdr.Get(k); v != "" {
-			req.Header.Set(k, v)
-		}
-	}
-	if d.target.Tier != "T3" { // external APIs learn nothing about our decisions
-		req.Header.Set("X-Molly-Decision-Id", d.decisionID)
-	}
-	if u.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+u.apiKey)
-	}
-	return u.client.Do(req)
+	req.Header = d.Header(hdr)
+	return d.egress.clients[d.target.Name].client.Do(req)
 }

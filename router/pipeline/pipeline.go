@@ -145,27 +145,10 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	if a.Endpoint() == openai.EndpointModels {
 		return p.models(rq)
 	}
-	o, aerr := route.ParseOverrides(r.Header)
-	if aerr != nil {
-		p.Metrics.Unrouted(a, "bad_request")
-		return aerr
-	}
-	sel := route.Selection{Weights: p.Weights, Priors: p.Priors, Overrides: o}
-	if rq.id != nil && rq.id.Budgeted {
-		sel.Budgeted, sel.RemainingUSD = true, rq.id.RemainingUSD
-	}
 	cfg := p.Strategies
 	cfg.Tools = cfg.Tools && p.Tools != nil && len(p.Tools.Tools()) > 0
-	rq.plan = p.Catalogue.NewPlan(a, dec, sel, cfg)
-	p.logPlan(rq, o)
-	if !rq.plan.Known {
-		p.Metrics.Unrouted(a, "model_not_found")
-		return &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", a.Model())}
-	}
-	if len(rq.plan.Candidates) == 0 {
-		p.Metrics.Unrouted(a, "no_target")
-		return noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+	if err := p.plan(rq, r.Header, cfg); err != nil {
+		return err
 	}
 	if err := p.reserve(rq); err != nil {
 		return err
@@ -188,6 +171,36 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 		p.Metrics.Unrouted(a, "failed")
 	}
 	return err
+}
+
+// plan makes rq's plan under the strategies cfg, with the selection from
+// the operator's weights and the learned priors, the caller's remaining
+// budget and the X-Molly-* overrides in h, and logs it. Errors are
+// *openai.Error not yet written: 400 for a bad override header, 404 for a
+// model no target serves, 503 when no allowed target is left.
+func (p *Pipeline) plan(rq *request, h http.Header, cfg route.Config) error {
+	a := rq.a
+	o, aerr := route.ParseOverrides(h)
+	if aerr != nil {
+		p.Metrics.Unrouted(a, "bad_request")
+		return aerr
+	}
+	sel := route.Selection{Weights: p.Weights, Priors: p.Priors, Overrides: o}
+	if rq.id != nil && rq.id.Budgeted {
+		sel.Budgeted, sel.RemainingUSD = true, rq.id.RemainingUSD
+	}
+	rq.plan = p.Catalogue.NewPlan(a, rq.dec, sel, cfg)
+	p.logPlan(rq, o)
+	if !rq.plan.Known {
+		p.Metrics.Unrouted(a, "model_not_found")
+		return &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", a.Model())}
+	}
+	if len(rq.plan.Candidates) == 0 {
+		p.Metrics.Unrouted(a, "no_target")
+		return noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+	}
+	return nil
 }
 
 // logPlan writes the "route decision" line: every candidate with its score

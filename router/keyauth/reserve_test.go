@@ -1,4 +1,4 @@
-package auth
+package keyauth
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &ledger{reg: reg, m: m}
+	l := &Ledger{Registry: reg, Member: m}
 
 	// A budget that fits exactly three requests admits exactly three of ten concurrent ones.
 	var wg sync.WaitGroup
@@ -94,7 +94,7 @@ func TestEachRecordOfARequestSettlesItsReservation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &ledger{reg: reg, m: m}
+	l := &Ledger{Registry: reg, Member: m}
 	release, err := l.Reserve(ctx, 100, 0.5) // the worst case: e.g. two cascade attempts
 	if err != nil {
 		t.Fatal(err)
