@@ -62,6 +62,11 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 	// weaker one.
 	glued := func(typ string, parts []piece) bool {
 		for qi, q := range parts {
+			// A message ending a sentence ("Please continue.") does not
+			// continue into the next one's address.
+			if typ == TypeEmail && qi+1 < len(parts) && strings.HasSuffix(segments[q.seg][q.off:q.off+q.n], ".") {
+				return true
+			}
 			k := [3]int{q.seg, 0, len(segments[q.seg])}
 			fs, ok := within[k]
 			if !ok {
@@ -80,7 +85,7 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 				// own ("4111111111111111" + "alice@example.com") is that
 				// value, not the start of a weaker one.
 				if f.Type != typ {
-					if s.prio[f.Type] < s.prio[typ] {
+					if s.prio[f.Type] < s.prio[typ] && f.Start <= q.off && f.End >= q.off+q.n {
 						return true
 					}
 					continue
@@ -94,32 +99,7 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 		}
 		return false
 	}
-	var spans []piece
-	for b := 1; b < len(segments); b++ {
-		// The pieces around boundary b: tails of segments b-1, b-2, ... and
-		// heads of b, b+1, ..., up to acrossWindow bytes on each side.
-		spans = spans[:0]
-		need := acrossWindow
-		for k := b - 1; k >= 0 && need > 0; k-- {
-			seg := segments[k]
-			off := max(0, len(seg)-need)
-			for off > 0 && off < len(seg) && !utf8.RuneStart(seg[off]) {
-				off++
-			}
-			spans = append(spans, piece{seg: k, off: off, n: len(seg) - off})
-			need -= len(seg) - off + 1
-		}
-		slices.Reverse(spans)
-		need = acrossWindow
-		for k := b; k < len(segments) && need > 0; k++ {
-			seg := segments[k]
-			end := min(len(seg), need)
-			for end < len(seg) && !utf8.RuneStart(seg[end]) {
-				end--
-			}
-			spans = append(spans, piece{seg: k, n: end})
-			need -= end + 1
-		}
+	process := func(spans []piece) {
 		// Every choice of separator per inner boundary when there are at
 		// most three (a value cut in four), else all-nothing and all-space.
 		inner := len(spans) - 1
@@ -166,6 +146,52 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 				seen[key.String()] = true
 				groups = append(groups, group{typ: f.Type, sub: f.Subtype, parts: parts, size: size})
 			}
+		}
+	}
+	var spans []piece
+	for b := 1; b < len(segments); b++ {
+		// The pieces around boundary b: tails of segments b-1, b-2, ... and
+		// heads of b, b+1, ..., up to acrossWindow bytes on each side.
+		spans = spans[:0]
+		need := acrossWindow
+		for k := b - 1; k >= 0 && need > 0; k-- {
+			seg := segments[k]
+			off := max(0, len(seg)-need)
+			for off > 0 && off < len(seg) && !utf8.RuneStart(seg[off]) {
+				off++
+			}
+			spans = append(spans, piece{seg: k, off: off, n: len(seg) - off})
+			need -= len(seg) - off + 1
+		}
+		slices.Reverse(spans)
+		need = acrossWindow
+		for k := b; k < len(segments) && need > 0; k++ {
+			seg := segments[k]
+			end := min(len(seg), need)
+			for end < len(seg) && !utf8.RuneStart(seg[end]) {
+				end--
+			}
+			spans = append(spans, piece{seg: k, n: end})
+			need -= end + 1
+		}
+		process(spans)
+	}
+	// A value split around another turn: the tail of segment k joined
+	// with the head of segment k+2 (an IBAN in two user messages
+	// with the assistant's reply between them).
+	for d := 2; d <= 2; d++ {
+		for k := 0; k+d < len(segments); k++ {
+			tail, head := segments[k], segments[k+d]
+			off := max(0, len(tail)-acrossWindow)
+			for off > 0 && off < len(tail) && !utf8.RuneStart(tail[off]) {
+				off++
+			}
+			end := min(len(head), acrossWindow)
+			for end < len(head) && !utf8.RuneStart(head[end]) {
+				end--
+			}
+			spans = append(spans[:0], piece{seg: k, off: off, n: len(tail) - off}, piece{seg: k + d, n: end})
+			process(spans)
 		}
 	}
 	if len(groups) == 0 {

@@ -27,10 +27,13 @@
 package redaction
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
+	"time"
 )
 
 // Entity type names. They are used verbatim in Rego policies
@@ -45,6 +48,7 @@ const (
 	TypeITFiscalCode   = "IT_FISCAL_CODE"  // Italian codice fiscale, DM 23/12/1976 check character
 	TypeIPAddress      = "IP_ADDRESS"      // IPv4 dotted quad or IPv6; Subtype "public", "private", "loopback", ...
 	TypeURLCredentials = "URL_CREDENTIALS" // userinfo "user:password" inside a URL (RFC 3986 §3.2.1)
+	TypePerson         = "PERSON"          // a person's name in context (see person.go)
 )
 
 // builtinTypes lists every built-in type in tie-break priority order: when
@@ -60,6 +64,7 @@ var builtinTypes = []string{
 	TypeEmail,
 	TypeIPAddress,
 	TypePhone,
+	TypePerson,
 }
 
 // BuiltinTypes returns the names of all built-in entity types, in tie-break
@@ -104,22 +109,76 @@ type Config struct {
 	// as whole words; spaces inside a phrase match any run of white space.
 	// A type may have both patterns and words. Always enabled.
 	Dictionaries map[string][]string
+	// PhoneRegions lists further regions (ISO 3166-1 alpha-2) whose
+	// national formats are accepted beside DefaultRegion's, e.g. ["US"]
+	// for a gateway in Italy with American users. Numbers written with
+	// '+' or 00 are checked against their own country whatever this says.
+	PhoneRegions []string
+	// ScanTimeout bounds the wall-clock time of one ScanBounded or
+	// ScanAcrossBounded call; past it they return ErrScanBudget. Zero means
+	// DefaultScanTimeout; negative means no time limit (the work bound
+	// below still holds).
+	ScanTimeout time.Duration
+	// MaxScanBytes is the longest text ScanBounded accepts; a longer one
+	// returns ErrScanBudget at once. Zero means DefaultMaxScanBytes.
+	MaxScanBytes int
 }
+
+// Defaults of the scan budget (see Config).
+const (
+	DefaultScanTimeout  = 250 * time.Millisecond
+	DefaultMaxScanBytes = 16 << 20
+	// workPerByte bounds the candidate work of one scan (validator calls,
+	// regular-expression bytes, decoded bytes) to this many units per byte
+	// of text, plus workSlack. Linear detectors stay far below it; it
+	// only trips on inputs built to make some stage superlinear.
+	workPerByte = 64
+	workSlack   = 1 << 16
+)
+
+// ErrScanBudget is returned by ScanBounded and ScanAcrossBounded when a
+// text is longer than Config.MaxScanBytes or its scan would take more
+// than Config.ScanTimeout or its work bound. The findings of such a scan
+// are incomplete: the caller must treat the text as opaque (not scanned),
+// i.e. fail closed.
+var ErrScanBudget = errors.New("redaction: scan budget exceeded")
 
 // Scanner runs a fixed set of detectors over text. Build it once with
 // NewScanner; it is safe for concurrent use.
 type Scanner struct {
-	detectors []Detector
-	types     []string
-	prio      map[string]int
+	detectors    []Detector // user-defined
+	types        []string
+	prio         map[string]int
+	on           map[string]bool // enabled built-in types
+	secrets      *secretDetector
+	index        keywordIndex
+	kwRules      [][]int32 // keyword id -> secret rules using it
+	atWord       map[int32]atWordInfo
+	schemeKW     int32 // id of "://" in index
+	phoneRegions []*phoneRegion
+	person       *personDetector
+	timeout      time.Duration
+	maxBytes     int
+	states       sync.Pool
+}
+
+type atWordInfo struct {
+	word   string
+	strong bool
+}
+
+// scanState is the reusable memory of one scan.
+type scanState struct {
+	a    anchors
+	hits [][]int32
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
 // naming the offending value when cfg.Types holds an unknown type name or a
-// duplicate, when cfg.DefaultRegion is not a region known to the phone
-// number metadata, or when a user-defined type is badly named, is a
-// built-in name, has an expression that does not compile or matches the
-// empty string, or has an empty word.
+// duplicate, when cfg.DefaultRegion or a PhoneRegions entry is not a region
+// known to the phone number metadata, or when a user-defined type is badly
+// named, is a built-in name, has an expression that does not compile or
+// matches the empty string, or has an empty word.
 func NewScanner(cfg Config) (*Scanner, error) {
 	region := strings.ToUpper(strings.TrimSpace(cfg.DefaultRegion))
 	if region == "" {
@@ -128,53 +187,75 @@ func NewScanner(cfg Config) (*Scanner, error) {
 	if !validRegion(region) {
 		return nil, fmt.Errorf("redaction: default_region %q is not a known ISO 3166-1 alpha-2 region", cfg.DefaultRegion)
 	}
+	s := &Scanner{prio: make(map[string]int, len(builtinTypes)), on: map[string]bool{}, timeout: cfg.ScanTimeout, maxBytes: cfg.MaxScanBytes}
+	if s.timeout == 0 {
+		s.timeout = DefaultScanTimeout
+	}
+	if s.maxBytes <= 0 {
+		s.maxBytes = DefaultMaxScanBytes
+	}
+	s.phoneRegions = append(s.phoneRegions, phoneRegionFor(region))
+	for _, r := range cfg.PhoneRegions {
+		r = strings.ToUpper(strings.TrimSpace(r))
+		if !validRegion(r) {
+			return nil, fmt.Errorf("redaction: phone region %q is not a known ISO 3166-1 alpha-2 region", r)
+		}
+		if pr := phoneRegionFor(r); !slices.Contains(s.phoneRegions, pr) {
+			s.phoneRegions = append(s.phoneRegions, pr)
+		}
+	}
 	types := cfg.Types
 	if len(types) == 0 {
 		types = builtinTypes
 	}
-	seen := make(map[string]bool, len(types))
 	for _, t := range types {
 		if !slices.Contains(builtinTypes, t) {
 			return nil, fmt.Errorf("redaction: unknown entity type %q (known: %s)", t, strings.Join(builtinTypes, ", "))
 		}
-		if seen[t] {
+		if s.on[t] {
 			return nil, fmt.Errorf("redaction: entity type %q listed twice", t)
 		}
-		seen[t] = true
+		s.on[t] = true
 	}
-	s := &Scanner{prio: make(map[string]int, len(builtinTypes))}
 	for i, t := range builtinTypes {
 		s.prio[t] = i
-		if !seen[t] {
-			continue
+		if s.on[t] {
+			s.types = append(s.types, t)
 		}
-		var d Detector
-		switch t {
-		case TypeEmail:
-			d = emailDetector{}
-		case TypePhone:
-			d = phoneDetector{region: region}
-		case TypeCreditCard:
-			d = cardDetector{}
-		case TypeIBAN:
-			d = ibanDetector{}
-		case TypeSecret:
-			sd, err := newSecretDetector()
-			if err != nil {
-				return nil, err
+	}
+	if s.on[TypeSecret] {
+		sd, err := newSecretDetector()
+		if err != nil {
+			return nil, err
+		}
+		s.secrets = sd
+		for ri, r := range sd.rules {
+			for _, k := range r.keywords {
+				if len(k) < 2 {
+					continue
+				}
+				id := s.index.add(k)
+				for int(id) >= len(s.kwRules) {
+					s.kwRules = append(s.kwRules, nil)
+				}
+				if !slices.Contains(s.kwRules[id], int32(ri)) {
+					s.kwRules[id] = append(s.kwRules[id], int32(ri))
+				}
 			}
-			d = sd
-		case TypeUSSSN:
-			d = ssnDetector{}
-		case TypeITFiscalCode:
-			d = fiscalCodeDetector{}
-		case TypeIPAddress:
-			d = ipDetector{}
-		case TypeURLCredentials:
-			d = urlCredentialsDetector{}
 		}
-		s.detectors = append(s.detectors, d)
-		s.types = append(s.types, t)
+	}
+	s.atWord = map[int32]atWordInfo{}
+	if s.on[TypeEmail] {
+		for _, w := range atWords {
+			s.atWord[s.index.add(w.word)] = atWordInfo{w.word, w.strong}
+		}
+	}
+	s.schemeKW = s.index.add("://")
+	if s.on[TypePerson] {
+		s.person = newPersonDetector(&s.index)
+	}
+	for len(s.kwRules) < len(s.index.words) {
+		s.kwRules = append(s.kwRules, nil)
 	}
 	// User-defined types come after the built-ins in tie-break order: on
 	// exactly the same bytes, a built-in's validated finding (and the
@@ -200,24 +281,100 @@ func (s *Scanner) Types() []string { return slices.Clone(s.types) }
 // When two candidates overlap, the longer one wins; on equal length the
 // type earlier in BuiltinTypes wins, then the earlier start. Offsets are
 // byte offsets into text, also for values only visible in the normalised
-// view (see the package comment). Scan is safe for concurrent use.
+// view (see the package comment). Scan is safe for concurrent use. It has
+// no time limit and runs in time linear in len(text) (see BenchmarkScan);
+// use ScanBounded where a caller must fail closed on a budget.
 func (s *Scanner) Scan(text string) []Finding {
+	return s.scan(text, nil, 0)
+}
+
+// ScanBounded is Scan under the scan budget of Config (ScanTimeout,
+// MaxScanBytes and a work bound linear in len(text)). When the budget is
+// exceeded it returns the findings so far and an error wrapping
+// ErrScanBudget: the caller must then treat text as opaque.
+func (s *Scanner) ScanBounded(text string) ([]Finding, error) {
+	b, err := s.newBudget(len(text))
+	if err != nil {
+		return nil, err
+	}
+	fs := s.scan(text, b, 0)
+	if b.exceeded {
+		return fs, fmt.Errorf("scanning %d bytes: %w", len(text), ErrScanBudget)
+	}
+	return fs, nil
+}
+
+func (s *Scanner) newBudget(n int) (*budget, error) {
+	if n > s.maxBytes {
+		return nil, fmt.Errorf("text of %d bytes is over the %d-byte limit: %w", n, s.maxBytes, ErrScanBudget)
+	}
+	b := &budget{left: int64(n)*workPerByte + workSlack}
+	if s.timeout > 0 {
+		b.deadline = time.Now().Add(s.timeout)
+	}
+	return b, nil
+}
+
+// budget is the work and time left to one scan; a nil budget is
+// unlimited.
+type budget struct {
+	left     int64
+	deadline time.Time
+	tick     int
+	exceeded bool
+}
+
+// spend takes w units of work and reports whether the scan may go on.
+func (b *budget) spend(w int) bool {
+	if b == nil {
+		return true
+	}
+	if b.exceeded {
+		return false
+	}
+	b.left -= int64(w)
+	if b.left < 0 {
+		b.exceeded = true
+		return false
+	}
+	if !b.deadline.IsZero() {
+		if b.tick += w; b.tick >= 1024 {
+			b.tick = 0
+			if time.Now().After(b.deadline) {
+				b.exceeded = true
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (s *Scanner) state() *scanState {
+	if st, ok := s.states.Get().(*scanState); ok {
+		return st
+	}
+	return &scanState{}
+}
+
+// scan is Scan at nesting depth depth (values inside encodings).
+func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 	if text == "" {
 		return nil
 	}
-	var cand []Finding
+	if !b.spend(len(text) / 64) {
+		return nil
+	}
 	v, ok := normalise(text)
 	scan := text
 	if ok {
 		// The view only removes obfuscation (see normalise), so scanning
-		// it alone finds what a raw scan finds and more, at the cost of
-		// one scan.
+		// it alone finds what a raw scan finds and more.
 		scan = v.text
 	}
-	for _, d := range s.detectors {
-		cand = d.Detect(scan, cand)
-	}
-	cand = s.detectEncoded(scan, cand)
+	st := s.state()
+	s.index.prefilter(scan, &st.a)
+	cand := s.detect(scan, st, b, depth)
+	s.states.Put(st)
 	if ok {
 		for i := range cand {
 			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
@@ -226,17 +383,76 @@ func (s *Scanner) Scan(text string) []Finding {
 	return s.resolve(cand)
 }
 
-// detectEncoded scans the decoded text of every base64 or hex run in text
-// and, for a run hiding a value, appends one finding covering the whole
-// run (the value cannot be replaced inside the encoding), with the type
-// and subtype of the highest-priority value inside.
-func (s *Scanner) detectEncoded(text string, dst []Finding) []Finding {
-	var inner []Finding
-	for _, seg := range encodedSegments(text) {
-		inner = inner[:0]
-		for _, d := range s.detectors {
-			inner = d.Detect(seg.decoded, inner)
+// detect runs every enabled detector on the candidates of text.
+func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Finding {
+	var cand []Finding
+	a := &st.a
+	if s.on[TypeCreditCard] || s.on[TypeIBAN] || s.on[TypeUSSSN] || s.on[TypePhone] || s.on[TypeIPAddress] {
+		cand = s.detectNumbers(text, a, cand, b)
+	}
+	if s.on[TypeEmail] {
+		cand = s.detectEmails(text, a, cand)
+	}
+	if s.on[TypeIPAddress] {
+		cand = detectIPv6(text, a.colons, cand)
+	}
+	if s.on[TypeITFiscalCode] {
+		cand = detectFiscal(text, a.tok16, cand)
+	}
+	var schemes []int32
+	for _, h := range a.kw {
+		if h.id == s.schemeKW {
+			schemes = append(schemes, h.pos)
 		}
+	}
+	if s.on[TypeURLCredentials] && len(schemes) > 0 {
+		cand = detectURLCredentials(text, schemes, cand)
+	}
+	if s.secrets != nil && len(a.kw) > 0 {
+		if st.hits == nil {
+			st.hits = make([][]int32, len(s.secrets.rules))
+		}
+		for i := range st.hits {
+			st.hits[i] = st.hits[i][:0]
+		}
+		any := false
+		for _, h := range a.kw {
+			for _, r := range s.kwRules[h.id] {
+				st.hits[r] = append(st.hits[r], h.pos)
+				any = true
+			}
+		}
+		if any {
+			cand = s.secrets.detect(text, st.hits, cand, b)
+		}
+	}
+	if s.person != nil {
+		cand = s.person.detect(text, a, cand, b)
+	}
+	for _, d := range s.detectors {
+		if !b.spend(len(text) / 64) {
+			break
+		}
+		cand = d.Detect(text, cand)
+	}
+	if depth < maxEncodedDepth && len(a.runs) > 0 || depth < maxEncodedDepth && strings.ContainsAny(text, " :") {
+		cand = s.detectEncoded(text, a.runs, cand, b, depth)
+	}
+	return cand
+}
+
+// detectEncoded scans the decoded text of every base64 or hex run in text
+// (recursively, up to maxEncodedDepth levels) and, for a run hiding a
+// value, appends one finding covering the whole run (the value cannot be
+// replaced inside the encoding), with the type and subtype of the
+// highest-priority value inside.
+func (s *Scanner) detectEncoded(text string, runs [][2]int32, dst []Finding, b *budget, depth int) []Finding {
+	segs := encodedSegments(text, slices.Clone(runs), b)
+	for _, seg := range segs {
+		if !b.spend(len(seg.decoded) / 16) {
+			return dst
+		}
+		inner := s.scan(seg.decoded, b, depth+1)
 		if len(inner) == 0 {
 			continue
 		}

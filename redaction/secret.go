@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 
@@ -28,8 +27,16 @@ type secretRule struct {
 	leadB    bool           // leading \b removed (so the engine can use the literal prefix); checked by hand
 	windowed bool           // matches contain a keyword: scan only around keyword hits
 	anchored *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
+	assign   int            // > 0 for semi-generic rules: the window in which an assignment operator must follow a keyword hit
 	orig     string         // the pattern before the speed-ups (for tests)
 }
+
+// semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts
+// between the keyword and the secret: up to 20 identifier bytes, up to 3
+// quotes or spaces, then an assignment operator. A hit with no operator
+// byte within reach cannot start a match, so the regular expression is
+// not tried there.
+const semiGenericMiddle = `(?:[ \t\w.-]{0,20})[\s'"]{0,3}(?:=|>|:{1,3}=|\|\||:|=>|\?=|,)`
 
 // identPrefix opens most gitleaks rules so that the reported match includes
 // the identifier before the key word ("my_api_key = ..."). It makes every
@@ -127,11 +134,8 @@ func identStart(text string, i int) int {
 // id with '-' replaced by '_' for every other provider.
 type secretDetector struct {
 	rules  []secretRule
-	index  keywordIndex // union of all rules' keywords
 	global []*glconfig.Allowlist
 }
-
-func (*secretDetector) Type() string { return TypeSecret }
 
 var handSecretRules = []struct {
 	subtype, re string
@@ -229,13 +233,17 @@ func buildSecretDetector() (*secretDetector, error) {
 			// their keyword list: once the identifier prefix is gone, every
 			// match starts with a keyword.
 			d.rules[len(d.rules)-1].anchored = regexp.MustCompile(`^(?:` + src + `)`)
+			if strings.Contains(src, semiGenericMiddle) {
+				longest := 0
+				for _, k := range kw {
+					longest = max(longest, len(k))
+				}
+				// The keyword alternatives of these rules are at most a few
+				// bytes longer than their keywords ("passw(?:or)?d").
+				d.rules[len(d.rules)-1].assign = longest + 4 + 20 + 3 + 1
+			}
 		}
 	}
-	var kws []string
-	for _, r := range d.rules {
-		kws = append(kws, r.keywords...)
-	}
-	d.index = newKeywordIndex(kws)
 	return d, nil
 }
 
@@ -265,41 +273,58 @@ func gitleaksSubtype(id string) string {
 	return strings.ReplaceAll(id, "-", "_")
 }
 
-// Detect runs every rule whose keywords occur in text (ASCII
-// case-insensitively) and appends one finding per secret, covering the
-// rule's secret group.
-func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
-	occ := d.index.find(asciiLower(text))
-	var hits []int
+// detect runs every rule one of whose keywords occurs in text (hits[r]
+// lists the offsets of rule r's keyword hits, sorted) and appends one
+// finding per secret, covering the rule's secret group.
+func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *budget) []Finding {
 	for i := range d.rules {
+		hs := hits[i]
+		if len(hs) == 0 {
+			continue
+		}
 		r := &d.rules[i]
-		if len(r.keywords) == 0 {
-			dst = d.detectIn(r, text, 0, len(text), dst)
-			continue
-		}
-		hits = hits[:0]
-		for _, k := range r.keywords {
-			hits = append(hits, occ[k]...)
-		}
-		if len(hits) == 0 {
-			continue
+		if !b.spend(len(hs)) {
+			return dst
 		}
 		if !r.windowed {
+			if !b.spend(len(text) / 256) {
+				return dst
+			}
 			dst = d.detectIn(r, text, 0, len(text), dst)
 			continue
 		}
-		slices.Sort(hits)
 		// Anchored tries cost up to ~400 bytes of regexp work each; on text
 		// dense with keywords one pass of the unanchored rule is cheaper.
-		if r.anchored != nil && len(hits) < len(text)/64+16 {
-			dst = d.detectAt(r, text, hits, dst)
+		if r.anchored != nil && len(hs) < len(text)/64+16 {
+			dst = d.detectAt(r, text, hs, dst, b)
 			continue
 		}
-		for _, w := range windows(text, hits) {
+		ws := windows(text, hs)
+		for _, w := range ws {
+			if !b.spend((w[1] - w[0]) / 64) {
+				return dst
+			}
 			dst = d.detectIn(r, text, w[0], w[1], dst)
 		}
 	}
 	return dst
+}
+
+// assignmentNear reports whether an assignment operator byte follows the
+// keyword hit at p within n bytes, with only identifier, space and quote
+// bytes between: the shape every semi-generic match has.
+func assignmentNear(text string, p, n int) bool {
+	e := min(len(text), p+n)
+	for k := p + 1; k < e; k++ {
+		switch c := text[k]; {
+		case c == '=' || c == '>' || c == ':' || c == '|' || c == '?' || c == ',':
+			return true
+		case isAlnum(c) || c == '_' || c == '.' || c == '-' || c == '\'' || c == '"' || isSpaceByte(c):
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // windows returns the sorted, disjoint byte ranges to scan for a rule whose
@@ -307,9 +332,10 @@ func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
 // widened to whitespace so that no token is cut, and merged. If some range
 // cannot be widened within 256 bytes, the whole text is one range (so that
 // widening stays linear on text without spaces).
-func windows(text string, hits []int) [][2]int {
+func windows(text string, hits []int32) [][2]int {
 	var out [][2]int
-	for _, p := range hits {
+	for _, h := range hits {
+		p := int(h)
 		ws, we := max(0, p-256), min(len(text), p+1024)
 		if n := len(out); n > 0 && ws <= out[n-1][1] {
 			if we > out[n-1][1] {
@@ -368,11 +394,18 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 
 // detectAt tries r.anchored at each keyword hit, left to right, skipping
 // hits inside the previous match (the leftmost-first semantics of a scan).
-func (d *secretDetector) detectAt(r *secretRule, text string, hits []int, dst []Finding) []Finding {
+func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget) []Finding {
 	last := -1
-	for _, p := range hits {
+	for _, h := range hits {
+		p := int(h)
 		if p < last {
 			continue
+		}
+		if r.assign > 0 && !assignmentNear(text, p, r.assign) {
+			continue
+		}
+		if !b.spend(8) {
+			return dst
 		}
 		// Every semi-generic match is shorter than 300 bytes (bounded
 		// quantifiers; unbounded ones end at the cut). A match that
@@ -450,24 +483,6 @@ func isSpaceByte(c byte) bool {
 // wordASCII is RE2's \b word class.
 func wordASCII(c byte) bool { return isAlnum(c) || c == '_' }
 
-// asciiLower lower-cases ASCII letters only, so byte offsets are kept.
-func asciiLower(s string) string {
-	i := 0
-	for i < len(s) && !isUpper(s[i]) {
-		i++
-	}
-	if i == len(s) {
-		return s
-	}
-	b := []byte(s)
-	for ; i < len(b); i++ {
-		if isUpper(b[i]) {
-			b[i] += 'a' - 'A'
-		}
-	}
-	return string(b)
-}
-
 // allowed evaluates gitleaks allowlists the way gitleaks' detector does,
 // with only the criteria that apply to text without a file: regexes (on the
 // secret, the match or the line, per RegexTarget) and stop words (on the
@@ -540,46 +555,4 @@ func shannon(s string) float64 {
 		}
 	}
 	return h
-}
-
-// keywordIndex finds every occurrence of a set of lower-case ASCII keywords
-// in one pass: a 2-byte prefix bitmap rejects most positions, the few left
-// are compared with the keywords sharing that prefix (one-byte keywords are
-// not supported; gitleaks has none).
-type keywordIndex struct {
-	bits   [1 << 16 / 64]uint64
-	byPfx  map[uint16][]string
-	minLen int
-}
-
-func newKeywordIndex(kws []string) keywordIndex {
-	ix := keywordIndex{byPfx: map[uint16][]string{}}
-	seen := map[string]bool{}
-	for _, k := range kws {
-		if len(k) < 2 || seen[k] {
-			continue
-		}
-		seen[k] = true
-		p := uint16(k[0])<<8 | uint16(k[1])
-		ix.bits[p/64] |= 1 << (p % 64)
-		ix.byPfx[p] = append(ix.byPfx[p], k)
-	}
-	return ix
-}
-
-// find returns, for each keyword occurring in lower, its start offsets.
-func (ix *keywordIndex) find(lower string) map[string][]int {
-	occ := make(map[string][]int, 8)
-	for i := 0; i+1 < len(lower); i++ {
-		p := uint16(lower[i])<<8 | uint16(lower[i+1])
-		if ix.bits[p/64]&(1<<(p%64)) == 0 {
-			continue
-		}
-		for _, k := range ix.byPfx[p] {
-			if strings.HasPrefix(lower[i:], k) {
-				occ[k] = append(occ[k], i)
-			}
-		}
-	}
-	return occ
 }

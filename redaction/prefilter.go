@@ -1,0 +1,209 @@
+package redaction
+
+import "strings"
+
+// The prefilter is the one pass over a text that every built-in detector
+// starts from: it collects the literal anchors of all of them (digit runs,
+// '@', ':' next to hex digits, runs of base64 and hex, 16-character
+// tokens, capitalised words, and every occurrence of a keyword of the
+// keyword index: gitleaks' rule keywords, "://", the words that write an
+// e-mail address out). Validators (Luhn, MOD 97-10, phone metadata,
+// regular expressions) then only look at those candidates, so the cost of
+// a scan is one linear pass plus work proportional to the candidates.
+
+// byte classes of the prefilter.
+const (
+	clsOther  = iota
+	clsLower  // a-z
+	clsUpper  // A-Z
+	clsDigit  // 0-9
+	clsB64    // + / - _ (base64 alphabets, not alphanumeric)
+	clsAt     // @
+	clsColon  // :
+	clsHigh   // >= 0x80
+	clsEquals // = (base64 padding)
+)
+
+var byteClass = func() (t [256]uint8) {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = clsLower
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = clsUpper
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = clsDigit
+	}
+	for _, c := range "+/-_" {
+		t[c] = clsB64
+	}
+	t['@'] = clsAt
+	t[':'] = clsColon
+	t['='] = clsEquals
+	for c := 0x80; c < 256; c++ {
+		t[c] = clsHigh
+	}
+	return t
+}()
+
+// lowerByte lower-cases ASCII letters.
+var lowerByte = func() (t [256]byte) {
+	for i := range t {
+		t[i] = byte(i)
+		if i >= 'A' && i <= 'Z' {
+			t[i] = byte(i) + 'a' - 'A'
+		}
+	}
+	return t
+}()
+
+// kwHit is one keyword occurrence: the keyword's id and its offset.
+type kwHit struct{ id, pos int32 }
+
+// anchors are the candidates of one text.
+type anchors struct {
+	digits []int32    // start of every maximal run of ASCII digits
+	ats    []int32    // every '@'
+	colons []int32    // every ':' with a hex digit or ':' on one side (IPv6)
+	runs   [][2]int32 // maximal runs of base64 characters of ≥ minEncodedLen bytes
+	tok16  []int32    // alphanumeric tokens of exactly 16 bytes (fiscal codes)
+	caps   []int32    // word starts with an upper-case ASCII letter or a non-ASCII byte
+	kw     []kwHit    // keyword occurrences, by offset
+}
+
+func (a *anchors) reset() {
+	a.digits, a.ats, a.colons, a.runs, a.tok16, a.caps, a.kw = a.digits[:0], a.ats[:0], a.colons[:0], a.runs[:0], a.tok16[:0], a.caps[:0], a.kw[:0]
+}
+
+// keywordIndex finds every occurrence of a set of lower-case ASCII keywords
+// (at least two bytes each) in one pass, case-insensitively: a bitmap of
+// the keywords' first two bytes rejects almost every position with one
+// look-up, and the few left are compared with the keywords sharing that
+// prefix.
+type keywordIndex struct {
+	bits  [1 << 16 / 64]uint64
+	byPfx map[uint16][]int32 // prefix -> keyword ids
+	words []string
+}
+
+// add registers kw (lower case) and returns its id; adding a keyword twice
+// returns the first id.
+func (ix *keywordIndex) add(kw string) int32 {
+	kw = strings.ToLower(kw)
+	for i, w := range ix.words {
+		if w == kw {
+			return int32(i)
+		}
+	}
+	if ix.byPfx == nil {
+		ix.byPfx = map[uint16][]int32{}
+	}
+	id := int32(len(ix.words))
+	ix.words = append(ix.words, kw)
+	p := uint16(kw[0])<<8 | uint16(kw[1])
+	ix.bits[p/64] |= 1 << (p % 64)
+	ix.byPfx[p] = append(ix.byPfx[p], id)
+	return id
+}
+
+// hasPrefixFold reports whether s[i:] starts with the lower-case word w,
+// ASCII case-insensitively.
+func hasPrefixFold(s string, i int, w string) bool {
+	if len(s)-i < len(w) {
+		return false
+	}
+	for k := 0; k < len(w); k++ {
+		if lowerByte[s[i+k]] != w[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// prefilter fills a with the anchors of text.
+func (ix *keywordIndex) prefilter(text string, a *anchors) {
+	a.reset()
+	n := len(text)
+	runStart := -1 // start of the current base64 run
+	tokStart := -1 // start of the current alphanumeric token
+	var prev byte
+	var p uint16 = 0
+	for i := 0; i < n; i++ {
+		c := text[i]
+		cls := byteClass[c]
+		// Keywords: the two-byte prefix ending at i.
+		p = p<<8 | uint16(lowerByte[c])
+		if i > 0 && ix.bits[p/64]&(1<<(p%64)) != 0 {
+			for _, id := range ix.byPfx[p] {
+				if hasPrefixFold(text, i-1, ix.words[id]) {
+					a.kw = append(a.kw, kwHit{id, int32(i - 1)})
+				}
+			}
+		}
+		switch cls {
+		case clsLower, clsUpper, clsDigit:
+			if runStart < 0 {
+				runStart = i
+			}
+			if tokStart < 0 {
+				tokStart = i
+				if cls == clsUpper && !isAlnum(prev) {
+					a.caps = append(a.caps, int32(i))
+				}
+			}
+			if cls == clsDigit && !isDigit(prev) {
+				a.digits = append(a.digits, int32(i))
+			}
+			prev = c
+			continue
+		case clsB64:
+			if runStart < 0 {
+				runStart = i
+			}
+			if tokStart >= 0 {
+				if i-tokStart == 16 {
+					a.tok16 = append(a.tok16, int32(tokStart))
+				}
+				tokStart = -1
+			}
+			prev = c
+			continue
+		}
+		// Not an alphanumeric or base64 byte: close the runs.
+		if tokStart >= 0 {
+			if i-tokStart == 16 {
+				a.tok16 = append(a.tok16, int32(tokStart))
+			}
+			tokStart = -1
+		}
+		if runStart >= 0 {
+			e := i
+			for k := 0; k < 2 && at(text, e) == '='; k++ {
+				e++
+			}
+			if e-runStart >= minEncodedLen {
+				a.runs = append(a.runs, [2]int32{int32(runStart), int32(e)})
+			}
+			runStart = -1
+		}
+		switch cls {
+		case clsAt:
+			a.ats = append(a.ats, int32(i))
+		case clsColon:
+			if isHex(prev) || prev == ':' || isHex(at(text, i+1)) || at(text, i+1) == ':' {
+				a.colons = append(a.colons, int32(i))
+			}
+		case clsHigh:
+			if c >= 0xC0 && !isAlnum(prev) && prev < 0x80 {
+				a.caps = append(a.caps, int32(i))
+			}
+		}
+		prev = c
+	}
+	if tokStart >= 0 && n-tokStart == 16 {
+		a.tok16 = append(a.tok16, int32(tokStart))
+	}
+	if runStart >= 0 && n-runStart >= minEncodedLen {
+		a.runs = append(a.runs, [2]int32{int32(runStart), int32(n)})
+	}
+}
