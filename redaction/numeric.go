@@ -124,6 +124,35 @@ type numScan struct {
 	digits []byte
 	lens   []int
 	dst    []Finding
+	gid    []uint8  // gid[k]: id of the gap before atom k (k ≥ 1), ids < 64
+	gaps   []string // distinct gaps of the cluster, by id
+	mask   uint64   // ids of the gaps inside the sub-range being checked
+}
+
+// gapIDs numbers the distinct gaps of the current cluster (the 64th and
+// later share id 63, which only makes edges look less natural).
+func (ns *numScan) gapIDs() {
+	c := &ns.c
+	ns.gid = ns.gid[:0]
+	ns.gaps = ns.gaps[:0]
+	ns.gid = append(ns.gid, 0)
+	for k := 1; k < len(c.atoms); k++ {
+		g := c.gap(ns.text, k)
+		id := -1
+		for q, h := range ns.gaps {
+			if h == g {
+				id = q
+				break
+			}
+		}
+		if id < 0 {
+			id = min(len(ns.gaps), 63)
+			if len(ns.gaps) < 64 {
+				ns.gaps = append(ns.gaps, g)
+			}
+		}
+		ns.gid = append(ns.gid, uint8(id))
+	}
 }
 
 func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budget) []Finding {
@@ -134,10 +163,10 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 		if i < end {
 			continue
 		}
-		if !b.spend(1) {
+		end = readCluster(text, i, &ns.c)
+		if !b.spend(1 + len(ns.c.atoms)) {
 			break
 		}
-		end = readCluster(text, i, &ns.c)
 		ns.cluster()
 		if s.on[TypeIBAN] {
 			ns.iban()
@@ -182,10 +211,18 @@ func (ns *numScan) add(typ, sub string, s, e int) {
 	ns.dst = append(ns.dst, Finding{Type: typ, Subtype: sub, Start: s, End: e})
 }
 
-// cluster tries every type on the sub-ranges of the current cluster.
+// cluster tries every type on the sub-ranges of the current cluster with
+// natural edges (see cluster.natural), and cards on printed layouts. The
+// gap ids make each edge test O(1); a sub-range whose right edge is
+// already one of its inner gaps cannot grow to the left into a natural
+// one, so each end stops early: the whole walk is O(atoms × 19).
 func (ns *numScan) cluster() {
 	text, c := ns.text, &ns.c
 	n := len(c.atoms)
+	if n == 1 && c.atoms[0].e-c.atoms[0].s > 34 {
+		return // a run of digits longer than any value
+	}
+	ns.gapIDs()
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
 	for j := n; j >= 1; j-- {
@@ -193,31 +230,50 @@ func (ns *numScan) cluster() {
 			continue
 		}
 		digits := 0
+		var mask uint64
 		for i := j - 1; i >= 0; i-- {
 			digits += c.atoms[i].e - c.atoms[i].s
 			if digits > 19 {
 				break
 			}
-			if i == 0 && lglued {
+			if i < j-1 {
+				mask |= 1 << ns.gid[i+1]
+			}
+			if j < n && mask&(1<<ns.gid[j]) != 0 {
+				break
+			}
+			if i == 0 && lglued || i > 0 && mask&(1<<ns.gid[i]) != 0 {
 				continue
 			}
-			if i > 0 && !isSepGap(c.gap(text, i)) {
-				continue
+			ns.mask = mask
+			ns.subrange(i, j, digits, true)
+		}
+		// Cards printed 4-4-4-4(-x) or 4-6-5 inside a longer cluster with
+		// one separator ("4111 1111 1111 1111 2027").
+		if ns.s.on[TypeCreditCard] {
+			for _, k := range []int{4, 5, 3} {
+				i := j - k
+				if i < 0 || i == 0 && lglued || j == n && rglued {
+					continue
+				}
+				nd := 0
+				for q := i; q < j; q++ {
+					nd += c.atoms[q].e - c.atoms[q].s
+				}
+				if nd >= 13 && nd <= 19 && (i > 0 || j < n) {
+					ns.subrange(i, j, nd, false)
+				}
 			}
-			ns.subrange(i, j, digits)
 		}
 	}
 }
 
-// isSepGap reports whether a gap can be an edge of a value: one that
-// separates (a space, a newline, punctuation), not the inside of a
-// longer identifier.
-func isSepGap(g string) bool { return g != "" }
-
-func (ns *numScan) subrange(i, j, nd int) {
+func (ns *numScan) subrange(i, j, nd int, natural bool) {
 	text, c, s := ns.text, &ns.c, ns.s
-	natural := c.natural(text, i, j)
 	start, end := c.atoms[i].s, c.atoms[j-1].e
+	if !natural && !s.on[TypeCreditCard] {
+		return
+	}
 	if s.on[TypeCreditCard] && nd >= 13 && nd <= 19 {
 		ns.lens = c.lens(i, j, ns.lens[:0])
 		sep := byte(0)
@@ -228,14 +284,17 @@ func (ns *numScan) subrange(i, j, nd int) {
 				sep = 1 // mixed
 			}
 		}
-		if natural || sep > 1 && cardLayout(ns.lens) {
+		if natural || sep > 1 && cardLayout(ns.lens) && (i == 0 || len(c.gap(text, i)) > 0) {
 			ns.digits = c.digitsOf(text, i, j, ns.digits[:0])
 			if sub, ok := validPAN(string(ns.digits)); ok && !ibanTail(text, start) {
 				ns.add(TypeCreditCard, sub, start, end)
 			}
 		}
 	}
-	if s.on[TypeUSSSN] && nd == 9 && natural {
+	if !natural {
+		return
+	}
+	if s.on[TypeUSSSN] && nd == 9 {
 		ns.lens = c.lens(i, j, ns.lens[:0])
 		// 3-2-4 with any separators, one digit at a time, mixed
 		// separators or groups of four (evasions), or any shape after a
@@ -256,13 +315,13 @@ func (ns *numScan) subrange(i, j, nd int) {
 			}
 		}
 	}
-	if s.on[TypeIPAddress] && j-i == 4 && nd <= 12 && natural && c.gapsAre(text, i, j, ".") {
+	if s.on[TypeIPAddress] && j-i == 4 && nd <= 12 && c.gapsAre(text, i, j, ".") {
 		if a, err := netip.ParseAddr(text[start:end]); err == nil && a.Is4() && !hasContext(text, start, versionContext, 24) &&
 			before(text, start) != '.' && !(at(text, end) == '.' && isDigit(at(text, end+1))) && !(at(text, end) == '/' && isDigit(at(text, end+1))) {
 			ns.add(TypeIPAddress, ipClass(a), start, end)
 		}
 	}
-	if s.on[TypePhone] && nd >= 7 && nd <= 17 && natural {
+	if s.on[TypePhone] && nd >= 7 && nd <= 17 {
 		ns.phone(i, j)
 	}
 }

@@ -15,20 +15,26 @@ import (
 // group group (0 = whole match; -1 = first non-empty group, gitleaks'
 // default when secretGroup is unset).
 type secretRule struct {
-	id       string
-	subtype  string
-	re       *regexp.Regexp
-	group    int
-	entropy  float64  // minimum Shannon entropy (bits/char) of the secret; 0 = none
-	keywords []string // lower case; the rule runs only if one occurs; empty = always
-	allow    []*glconfig.Allowlist
-	hand     bool           // hand-written rule: reject when glued to a longer token
-	stripped bool           // leading identPrefix removed; rebuild the match start
-	leadB    bool           // leading \b removed (so the engine can use the literal prefix); checked by hand
-	windowed bool           // matches contain a keyword: scan only around keyword hits
-	anchored *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
-	assign   int            // > 0 for semi-generic rules: the window in which an assignment operator must follow a keyword hit
-	orig     string         // the pattern before the speed-ups (for tests)
+	id         string
+	subtype    string
+	re         *regexp.Regexp
+	group      int
+	entropy    float64  // minimum Shannon entropy (bits/char) of the secret; 0 = none
+	keywords   []string // lower case; the rule runs only if one occurs; empty = always
+	allow      []*glconfig.Allowlist
+	hand       bool           // hand-written rule: reject when glued to a longer token
+	stripped   bool           // leading identPrefix removed; rebuild the match start
+	leadB      bool           // leading \b removed (so the engine can use the literal prefix); checked by hand
+	windowed   bool           // matches contain a keyword: scan only around keyword hits
+	anchored   *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
+	assign     int            // > 0 for semi-generic rules: the window in which an assignment operator must follow a keyword hit
+	start      *startFilter   // for rules whose matches start at a keyword: where a match may start (anchored is then set)
+	generic    bool           // gitleaks' generic-api-key rule: the reach filter applies
+	minSec     int            // least length of the secret group (semi-generic rules)
+	width      int            // most bytes a match spans, -1 = unbounded (anchored rules)
+	required   []string       // literals every match contains after its start
+	lineTarget bool           // an allowlist of the rule looks at the whole line
+	orig       string         // the pattern before the speed-ups (for tests)
 }
 
 // semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts
@@ -188,6 +194,7 @@ func buildSecretDetector() (*secretDetector, error) {
 			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
 			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB, orig: h.re,
 		})
+		d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 	}
 	v := viper.New()
 	v.SetConfigType("toml")
@@ -223,8 +230,15 @@ func buildSecretDetector() (*secretDetector, error) {
 		for i, k := range r.Keywords {
 			kw[i] = strings.ToLower(k)
 		}
+		lineTarget := false
+		for _, a := range r.Allowlists {
+			lineTarget = lineTarget || a != nil && a.RegexTarget == "line"
+		}
+		for _, a := range cfg.Allowlists {
+			lineTarget = lineTarget || a != nil && a.RegexTarget == "line"
+		}
 		d.rules = append(d.rules, secretRule{
-			id: id, subtype: gitleaksSubtype(id), re: re, group: group,
+			id: id, subtype: gitleaksSubtype(id), re: re, group: group, lineTarget: lineTarget,
 			entropy: r.Entropy, keywords: kw, allow: r.Allowlists, stripped: stripped, leadB: leadB,
 			windowed: windowable(id, src, kw), orig: orig,
 		})
@@ -241,10 +255,27 @@ func buildSecretDetector() (*secretDetector, error) {
 				// The keyword alternatives of these rules are at most a few
 				// bytes longer than their keywords ("passw(?:or)?d").
 				d.rules[len(d.rules)-1].assign = longest + 4 + 20 + 3 + 1
+				// The group gitleaks reports: SecretGroup, else the first.
+				d.rules[len(d.rules)-1].minSec = minGroupWidth(src, max(group, 1))
 			}
+			d.rules[len(d.rules)-1].generic = id == "generic-api-key"
+		} else {
+			d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 		}
 	}
 	return d, nil
+}
+
+// anchorAtStart makes r tried anchored at its keyword hits when every
+// match of src starts with one of its keywords (see newStartFilter).
+func (d *secretDetector) anchorAtStart(r *secretRule, src string) {
+	if r.stripped {
+		return // the rebuilt match start needs the unanchored rule
+	}
+	if f, ok := newStartFilter(src, r.keywords); ok {
+		r.start, r.anchored, r.windowed = f, anchoredRe(src), true
+		r.width, r.required = ruleWidth(src), requiredLiterals(src)
+	}
 }
 
 func gitleaksSubtype(id string) string {
@@ -277,6 +308,7 @@ func gitleaksSubtype(id string) string {
 // lists the offsets of rule r's keyword hits, sorted) and appends one
 // finding per secret, covering the rule's secret group.
 func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *budget) []Finding {
+	memo := allowMemo{}
 	for i := range d.rules {
 		hs := hits[i]
 		if len(hs) == 0 {
@@ -290,13 +322,13 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 			if !b.spend(len(text) / 256) {
 				return dst
 			}
-			dst = d.detectIn(r, text, 0, len(text), dst)
+			dst = d.detectIn(r, text, 0, len(text), dst, memo)
 			continue
 		}
-		// Anchored tries cost up to ~400 bytes of regexp work each; on text
-		// dense with keywords one pass of the unanchored rule is cheaper.
-		if r.anchored != nil && len(hs) < len(text)/64+16 {
-			dst = d.detectAt(r, text, hs, dst, b)
+		// Anchored tries at the hits, behind the rule's cheap necessary
+		// conditions; each costs at most ~400 bytes of regexp work.
+		if r.anchored != nil {
+			dst = d.detectAt(r, text, hs, dst, b, memo)
 			continue
 		}
 		ws := windows(text, hs)
@@ -304,21 +336,90 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 			if !b.spend((w[1] - w[0]) / 64) {
 				return dst
 			}
-			dst = d.detectIn(r, text, w[0], w[1], dst)
+			dst = d.detectIn(r, text, w[0], w[1], dst, memo)
 		}
 	}
 	return dst
 }
 
+// secretRunAfter reports whether, after the operator byte at o (at most
+// four bytes long, then up to five quotes, spaces or '='), a run of at
+// least need bytes that are neither white space nor quotes starts: the
+// shape of the rule's secret group, whose least width is need.
+func secretRunAfter(text string, o, need int) bool {
+	run := 0
+	for k := o + 1; k < len(text) && k <= o+4+5+need; k++ {
+		switch text[k] {
+		case ' ', '\t', '\n', '\r', '\f', '\v', '\'', '"', '`':
+			run = 0
+		default:
+			run++
+			if run >= need {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reachScan tracks, for hits in increasing order, the next byte where a
+// generic-api-key match could end (its tail: a quote, space, ; , . ! ? )
+// ] } > or a backslash) and the last byte before that which cannot be in
+// its unbounded base64 alternative. Both only move forward, so checking
+// every hit of a text costs one pass.
+type reachScan struct {
+	nextTail int // first tail byte at or after the last position asked
+	scanned  int
+	lastBad  int // last byte < badTo that is not [A-Za-z0-9+/=]
+	badTo    int
+}
+
+func isGenericTail(c byte) bool {
+	switch c {
+	case '`', '\'', '"', ' ', '\t', '\n', '\r', '\f', '\v', ';', ',', '.', '!', '?', ')', ']', '}', '>', '\\':
+		return true
+	}
+	return false
+}
+
+// admits reports whether a generic-api-key match may start at p: its
+// secret of at most 150 bytes ([\w.=-]) must end at a tail byte within
+// reach, or else its base64 alternative must run on past the reach.
+func (rs *reachScan) admits(text string, p, assign int) bool {
+	if rs.scanned < p {
+		rs.scanned = p
+	}
+	if rs.nextTail < p {
+		k := max(rs.scanned, p)
+		for k < len(text) && !isGenericTail(text[k]) {
+			k++
+		}
+		rs.nextTail, rs.scanned = k, k
+	}
+	w := p + assign + 9 + 151
+	if rs.nextTail <= w {
+		return true // a tail, or the end of the text, within reach
+	}
+	// No tail within reach: only a base64 run spanning [w-160, w) can
+	// still make a match.
+	for rs.badTo < w {
+		if c := text[rs.badTo]; !(isAlnum(c) || c == '+' || c == '/') {
+			rs.lastBad = rs.badTo
+		}
+		rs.badTo++
+	}
+	return rs.lastBad < w-160
+}
+
 // assignmentNear reports whether an assignment operator byte follows the
 // keyword hit at p within n bytes, with only identifier, space and quote
 // bytes between: the shape every semi-generic match has.
-func assignmentNear(text string, p, n int) bool {
+func assignmentNear(text string, p, n, minSec int) bool {
 	e := min(len(text), p+n)
 	for k := p + 1; k < e; k++ {
 		switch c := text[k]; {
 		case c == '=' || c == '>' || c == ':' || c == '|' || c == '?' || c == ',':
-			return true
+			return secretRunAfter(text, k, minSec)
 		case isAlnum(c) || c == '_' || c == '.' || c == '-' || c == '\'' || c == '"' || isSpaceByte(c):
 		default:
 			return false
@@ -368,7 +469,7 @@ func windows(text string, hits []int32) [][2]int {
 }
 
 // detectIn runs rule r over text[ws:we].
-func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding) []Finding {
+func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding, memo allowMemo) []Finding {
 	sub := text[ws:we]
 	for pos := 0; pos <= len(sub); {
 		m := r.re.FindStringSubmatchIndex(sub[pos:])
@@ -385,7 +486,7 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 			pos = m[0] + 1 - ws // \b failed here; a match may start later
 			continue
 		}
-		if f, ok := d.finding(r, text, m); ok {
+		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
 		}
 	}
@@ -394,27 +495,59 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 
 // detectAt tries r.anchored at each keyword hit, left to right, skipping
 // hits inside the previous match (the leftmost-first semantics of a scan).
-func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget) []Finding {
+func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
+	var reach reachScan
+	// The last occurrence of each literal the rule needs: a hit after it
+	// cannot start a match.
+	limit := len(text)
+	for _, l := range r.required {
+		limit = min(limit, strings.LastIndex(text, l))
+	}
 	for _, h := range hits {
 		p := int(h)
 		if p < last {
 			continue
 		}
-		if r.assign > 0 && !assignmentNear(text, p, r.assign) {
+		if r.start != nil && !r.start.admits(text, p) {
+			continue
+		}
+		if r.leadB && wordASCII(before(text, p)) == wordASCII(at(text, p)) {
+			continue
+		}
+		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec) {
+			continue
+		}
+		if r.generic && !reach.admits(text, p, r.assign) {
 			continue
 		}
 		if !b.spend(8) {
 			return dst
 		}
-		// Every semi-generic match is shorter than 300 bytes (bounded
-		// quantifiers; unbounded ones end at the cut). A match that
-		// ends at the cut may have used the cut as its end ($): retry
-		// without the cut.
-		e := min(len(text), p+400)
-		m := r.anchored.FindStringSubmatchIndex(text[p:e])
-		if m != nil && m[1] == e-p && e < len(text) {
-			m = r.anchored.FindStringSubmatchIndex(text[p:])
+		var m []int
+		if r.start != nil {
+			// Rules anchored at their own start: a bounded rule is tried
+			// on as many bytes as a match can span (plus one, for a
+			// trailing assertion), an unbounded one on the rest of the
+			// text once the literals it needs are known to follow.
+			if p >= limit {
+				continue
+			}
+			e := len(text)
+			if r.width >= 0 {
+				e = min(len(text), p+r.width+1)
+			}
+			m = r.anchored.FindStringSubmatchIndex(text[p:e])
+		} else {
+			// Every semi-generic match is shorter than 300 bytes (bounded
+			// quantifiers; unbounded ones end at the cut). A match that
+			// ends at the cut may have used the cut as its end ($): retry
+			// without the cut.
+			e := min(len(text), p+400)
+			m = r.anchored.FindStringSubmatchIndex(text[p:e])
+			if m != nil && m[1] == e-p && e < len(text) {
+				m = r.anchored.FindStringSubmatchIndex(text[p:])
+			}
 		}
 		if m == nil {
 			continue
@@ -425,15 +558,38 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			}
 		}
 		last = m[1]
-		if f, ok := d.finding(r, text, m); ok {
+		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
 		}
 	}
 	return dst
 }
 
+// allowMemo remembers allowlist decisions within one scan: a text that
+// repeats a secret (or a flood of one) pays for the allowlist regular
+// expressions once per distinct (rule, secret, match).
+type allowMemo map[allowKey]bool
+
+type allowKey struct {
+	rule          *secretRule
+	secret, match string
+}
+
+func (d *secretDetector) allowedCached(r *secretRule, secret, match, text string, at int, memo allowMemo) bool {
+	if memo == nil || r.lineTarget {
+		return allowed(d.global, secret, match, text, at) || allowed(r.allow, secret, match, text, at)
+	}
+	k := allowKey{r, secret, match}
+	if v, ok := memo[k]; ok {
+		return v
+	}
+	v := allowed(d.global, secret, match, text, at) || allowed(r.allow, secret, match, text, at)
+	memo[k] = v
+	return v
+}
+
 // finding applies the secret group, entropy and allowlists to match m.
-func (d *secretDetector) finding(r *secretRule, text string, m []int) (Finding, bool) {
+func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allowMemo) (Finding, bool) {
 	s, e := m[0], m[1]
 	switch {
 	case r.group > 0 && 2*r.group+1 < len(m):
@@ -470,7 +626,7 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int) (Finding, 
 		ms = identStart(text, ms)
 	}
 	match := text[ms:m[1]]
-	if !r.hand && (allowed(d.global, secret, match, text, m[0]) || allowed(r.allow, secret, match, text, m[0])) {
+	if !r.hand && d.allowedCached(r, secret, match, text, m[0], memo) {
 		return Finding{}, false
 	}
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true

@@ -24,7 +24,7 @@ func naiveSecrets(t *testing.T, d *secretDetector, text string) []Finding {
 		plain.stripped, plain.leadB, plain.anchored = false, false, nil
 		plain.re = regexp.MustCompile(r.orig)
 		for _, m := range plain.re.FindAllStringSubmatchIndex(text, -1) {
-			if f, ok := d.finding(&plain, text, m); ok {
+			if f, ok := d.finding(&plain, text, m, nil); ok {
 				out = append(out, f)
 			}
 		}
