@@ -276,8 +276,8 @@ func (s *Scanner) detectEmails(text string, a *anchors, dst []Finding) []Finding
 		}
 	}
 	for _, h := range a.kw {
-		w, ok := s.atWord[h.id]
-		if !ok {
+		w := s.atWord[h.id]
+		if w.word == "" {
 			continue
 		}
 		p, q := int(h.pos), int(h.pos)+len(w.word)

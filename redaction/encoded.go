@@ -37,7 +37,7 @@ func isB64Byte(c byte) bool {
 // "bWFyaW9AZXhhbXBsZS5pdA==". Binary payloads (images, hashes, ciphertext)
 // fail the printable test and are skipped. runs are the prefilter's base64
 // runs of text.
-func encodedSegments(text string, runs [][2]int32, b *budget) []encodedSegment {
+func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) []encodedSegment {
 	var out []encodedSegment
 	for k := 0; k < len(runs); k++ {
 		s, e := int(runs[k][0]), int(runs[k][1])
@@ -96,21 +96,21 @@ func encodedSegments(text string, runs [][2]int32, b *budget) []encodedSegment {
 			continue
 		}
 	}
-	return append(out, spacedHex(text, b)...)
+	return append(out, spacedHex(text, hex2, b)...)
 }
 
 // spacedHex finds hex written as at least six byte pairs separated by
 // single spaces or colons, decoding to printable text.
-func spacedHex(text string, b *budget) []encodedSegment {
+// pairs are the prefilter's candidate first pairs.
+func spacedHex(text string, pairsAt []int32, b *budget) []encodedSegment {
 	var out []encodedSegment
-	for i := 0; i+17 <= len(text); {
-		k := strings.IndexAny(text[i:], " :")
-		if k < 0 {
-			break
+	i := 0
+	for _, ps := range pairsAt {
+		if int(ps) < i {
+			continue
 		}
-		p := i + k // a separator; a pair must end here
-		i = p + 1
-		if p < 2 || !isHex(text[p-1]) || !isHex(text[p-2]) || isB64Byte(before(text, p-2)) && before(text, p-2) != '_' {
+		p := int(ps) + 2 // the separator after the first pair
+		if isB64Byte(before(text, p-2)) && before(text, p-2) != '_' {
 			continue
 		}
 		sep := text[p]
@@ -142,11 +142,27 @@ func spacedHex(text string, b *budget) []encodedSegment {
 	return out
 }
 
+// maybeText reports whether a decoded prefix can start printable UTF-8
+// text: not a control byte other than white space, not DEL, not a UTF-8
+// continuation byte or an invalid lead byte.
+func maybeText(c byte) bool {
+	switch {
+	case c < 0x20:
+		return c == '\t' || c == '\n' || c == '\r'
+	case c == 0x7f, c >= 0x80 && c < 0xc2, c >= 0xf5:
+		return false
+	}
+	return true
+}
+
 func decodeRun(run string) (string, bool) {
 	var raw []byte
 	var err error
 	switch {
 	case len(run)%2 == 0 && isHexString(run):
+		if !maybeText(byte(hexVal(run[0])<<4 | hexVal(run[1]))) {
+			return "", false
+		}
 		raw, err = hex.DecodeString(run)
 	default:
 		body := strings.TrimRight(run, "=")
@@ -161,6 +177,10 @@ func decodeRun(run string) (string, bool) {
 			enc = base64.RawURLEncoding
 		}
 		if len(body)%4 == 1 {
+			return "", false
+		}
+		var first [3]byte
+		if n, _ := enc.Decode(first[:], []byte(body[:4])); n < 1 || !maybeText(first[0]) {
 			return "", false
 		}
 		raw, err = enc.DecodeString(body)

@@ -3,6 +3,7 @@ package redaction
 import (
 	"net/netip"
 	"strings"
+	"unsafe"
 )
 
 // Numbers (cards, IBANs, SSNs, phone numbers, IPv4 addresses) are found
@@ -39,13 +40,9 @@ type cluster struct {
 // gap returns the separator bytes between atoms k-1 and k.
 func (c *cluster) gap(text string, k int) string { return text[c.atoms[k-1].e:c.atoms[k].s] }
 
-// digitsOf appends the digits of atoms [i, j) to dst.
-func (c *cluster) digitsOf(text string, i, j int, dst []byte) []byte {
-	for k := i; k < j; k++ {
-		dst = append(dst, text[c.atoms[k].s:c.atoms[k].e]...)
-	}
-	return dst
-}
+// digitsOf returns the digits of atoms [i, j), from the cluster's digit
+// string (ds, with off[k] the offset of atom k's digits in it).
+func (ns *numScan) digitsOf(i, j int) string { return ns.ds[ns.off[i]:ns.off[j]] }
 
 // natural reports whether sub-range [i, j) has natural edges: each edge is
 // the cluster's edge or a gap that differs from every gap inside [i, j).
@@ -125,6 +122,8 @@ type numScan struct {
 	lens   []int
 	dst    []Finding
 	gid    []uint8  // gid[k]: id of the gap before atom k (k ≥ 1), ids < 64
+	ds     string   // the cluster's digits
+	off    []int    // off[k]: offset of atom k's digits in ds; off[len(atoms)] = len(ds)
 	gaps   []string // distinct gaps of the cluster, by id
 	mask   uint64   // ids of the gaps inside the sub-range being checked
 }
@@ -168,7 +167,7 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 			break
 		}
 		ns.cluster()
-		if s.on[TypeIBAN] {
+		if s.en.IBAN {
 			ns.iban()
 		}
 	}
@@ -191,8 +190,10 @@ func leftGlued(text string, s int) bool {
 
 // isNumSSNHash reports whether the '#' before s is "SS#" / "SSN#".
 func isNumSSNHash(text string, s int) bool {
-	return hasContext(text, s, []string{"ss#", "ssn#"}, 5)
+	return hasContext(text, s, ssnHash, 5)
 }
+
+var ssnHash = newCtxWords("ss#", "ssn#")
 
 // rightGlued reports whether a number ending at e runs on into a word, a
 // decimal or thousands part, a percentage or a currency.
@@ -222,7 +223,23 @@ func (ns *numScan) cluster() {
 	if n == 1 && c.atoms[0].e-c.atoms[0].s > 34 {
 		return // a run of digits longer than any value
 	}
+	total := 0
+	for _, a := range c.atoms {
+		total += a.e - a.s
+	}
+	if total < 4 || total < 7 && n != 4 {
+		return // shorter than any value but an IPv4 address
+	}
 	ns.gapIDs()
+	ns.digits, ns.off = ns.digits[:0], ns.off[:0]
+	for _, a := range c.atoms {
+		ns.off = append(ns.off, len(ns.digits))
+		ns.digits = append(ns.digits, text[a.s:a.e]...)
+	}
+	ns.off = append(ns.off, len(ns.digits))
+	// A view of the reused buffer, valid while this cluster is checked
+	// (nothing keeps it: validators only read it).
+	ns.ds = unsafe.String(unsafe.SliceData(ns.digits), len(ns.digits))
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
 	for j := n; j >= 1; j-- {
@@ -250,7 +267,7 @@ func (ns *numScan) cluster() {
 		}
 		// Cards printed 4-4-4-4(-x) or 4-6-5 inside a longer cluster with
 		// one separator ("4111 1111 1111 1111 2027").
-		if ns.s.on[TypeCreditCard] {
+		if ns.s.en.CreditCard {
 			for _, k := range []int{4, 5, 3} {
 				i := j - k
 				if i < 0 || i == 0 && lglued || j == n && rglued {
@@ -271,10 +288,10 @@ func (ns *numScan) cluster() {
 func (ns *numScan) subrange(i, j, nd int, natural bool) {
 	text, c, s := ns.text, &ns.c, ns.s
 	start, end := c.atoms[i].s, c.atoms[j-1].e
-	if !natural && !s.on[TypeCreditCard] {
+	if !natural && !s.en.CreditCard {
 		return
 	}
-	if s.on[TypeCreditCard] && nd >= 13 && nd <= 19 {
+	if s.en.CreditCard && nd >= 13 && nd <= 19 {
 		ns.lens = c.lens(i, j, ns.lens[:0])
 		sep := byte(0)
 		if j-i > 1 {
@@ -285,8 +302,7 @@ func (ns *numScan) subrange(i, j, nd int, natural bool) {
 			}
 		}
 		if natural || sep > 1 && cardLayout(ns.lens) && (i == 0 || len(c.gap(text, i)) > 0) {
-			ns.digits = c.digitsOf(text, i, j, ns.digits[:0])
-			if sub, ok := validPAN(string(ns.digits)); ok && !ibanTail(text, start) {
+			if sub, ok := validPAN(ns.digitsOf(i, j)); ok && !ibanTail(text, start) {
 				ns.add(TypeCreditCard, sub, start, end)
 			}
 		}
@@ -294,7 +310,7 @@ func (ns *numScan) subrange(i, j, nd int, natural bool) {
 	if !natural {
 		return
 	}
-	if s.on[TypeUSSSN] && nd == 9 {
+	if s.en.USSSN && nd == 9 {
 		ns.lens = c.lens(i, j, ns.lens[:0])
 		// 3-2-4 with any separators, one digit at a time, mixed
 		// separators or groups of four (evasions), or any shape after a
@@ -304,24 +320,24 @@ func (ns *numScan) subrange(i, j, nd int, natural bool) {
 			len(ns.lens) == 3 && ns.lens[0] == 4 && ns.lens[1] == 4 ||
 			hasContext(text, start, ssnContext, 40)
 		if ok {
-			ns.digits = c.digitsOf(text, i, j, ns.digits[:0])
+			d := ns.digitsOf(i, j)
 			ctx := hasContext(text, start, ssnContext, 40)
 			// Nine digits one at a time are a phone number when they are one.
-			if j-i == 9 && !ctx && ns.digits[0] == '0' && ns.nationalPhone(string(ns.digits)) {
+			if j-i == 9 && !ctx && d[0] == '0' && ns.nationalPhone(d) {
 				ok = false
 			}
-			if ok && validSSN(string(ns.digits)) && !(i == 0 && before(text, start) == '#' && !ctx) {
+			if ok && validSSN(d) && !(i == 0 && before(text, start) == '#' && !ctx) {
 				ns.add(TypeUSSSN, "", start, end)
 			}
 		}
 	}
-	if s.on[TypeIPAddress] && j-i == 4 && nd <= 12 && c.gapsAre(text, i, j, ".") {
+	if s.en.IPAddress && j-i == 4 && nd <= 12 && c.gapsAre(text, i, j, ".") {
 		if a, err := netip.ParseAddr(text[start:end]); err == nil && a.Is4() && !hasContext(text, start, versionContext, 24) &&
 			before(text, start) != '.' && !(at(text, end) == '.' && isDigit(at(text, end+1))) && !(at(text, end) == '/' && isDigit(at(text, end+1))) {
 			ns.add(TypeIPAddress, ipClass(a), start, end)
 		}
 	}
-	if s.on[TypePhone] && nd >= 7 && nd <= 17 {
+	if s.en.Phone && nd >= 7 && nd <= 17 {
 		ns.phone(i, j)
 	}
 }
@@ -363,23 +379,43 @@ func validSSN(d string) bool {
 var ssnVoid = map[string]bool{"078051120": true, "219099999": true, "123456789": true}
 
 // ssnContext are the words that make a bare run of nine digits an SSN.
-var ssnContext = []string{"ssn", "social security", "soc. sec", "soc sec", "ss#", "ss #", "ss no", "taxpayer", "tin:"}
+var ssnContext = newCtxWords("ssn", "social security", "soc. sec", "soc sec", "ss#", "ss #", "ss no", "taxpayer", "tin:")
 
 // versionContext are words after which a dotted quad is a version, not an
 // address.
-var versionContext = []string{"version", "versione", "versión", "ver.", "ver ", "build", "release", "firmware", "fw ", "kernel", "revision", "rev.", "patch", "sdk ", "v.", "rilascio", "versao", "versão"}
+var versionContext = newCtxWords("version", "versione", "versión", "ver.", "ver ", "build", "release", "firmware", "fw ", "kernel", "revision", "rev.", "patch", "sdk ", "v.", "rilascio", "versao", "versão")
 
-// hasContext reports whether one of words (lower case) occurs in the
-// window bytes before i, ASCII case-insensitively.
-func hasContext(text string, i int, words []string, window int) bool {
+// ctxWords is a list of context words (lower case) with a table of their
+// first bytes, so that looking for them in a window mostly costs one
+// look-up per byte.
+type ctxWords struct {
+	words []string
+	first [256]bool
+}
+
+func newCtxWords(words ...string) *ctxWords {
+	c := &ctxWords{words: words}
+	for _, w := range words {
+		c.first[w[0]] = true
+		c.first[w[0]&^0x20] = true
+	}
+	return c
+}
+
+// hasContext reports whether one of words occurs, starting at a word
+// edge, in the window bytes before i, ASCII case-insensitively.
+func hasContext(text string, i int, words *ctxWords, window int) bool {
 	lo := max(0, i-window)
 	w := text[lo:i]
 	for k := 0; k < len(w); k++ {
+		if !words.first[w[k]] {
+			continue
+		}
 		c := lowerByte[w[k]]
 		if isAlpha(c) && k > 0 && isAlpha(w[k-1]) {
 			continue // words start at a word edge
 		}
-		for _, word := range words {
+		for _, word := range words.words {
 			if word[0] == c && hasPrefixFold(w, k, word) {
 				return true
 			}

@@ -48,9 +48,9 @@ var personCues = map[string]cueKind{
 	// EN
 	"mr.": cueTitle, "mrs.": cueTitle, "ms.": cueTitle, "dr.": cueTitle, "prof.": cueTitle, "mr ": cueTitle, "mrs ": cueTitle,
 	"ms ": cueTitle, "miss ": cueTitle, "sir ": cueSalutation,
-	"my name is": cueIntro, "my name's": cueIntro, "name is": cueIntro, "this is": cueSalutation, "i am": cueSalutation, "i'm": cueSalutation,
+	"my name is": cueIntro, "my name's": cueIntro, "name is": cueIntro, "i am": cueSalutation, "i'm": cueSalutation,
 	"dear": cueSalutation, "hi ": cueSalutation, "hello": cueSalutation, "from:": cueSalutation, "name:": cueSalutation,
-	"patient:": cueSalutation, "attendees:": cueSalutation, "signed": cueSalutation, "contact:": cueSalutation, "to:": cueSalutation,
+	"patient:": cueSalutation, "attendees:": cueSalutation, "signed": cueSalutation, "contact:": cueSalutation,
 	"regards": cueClosing, "best,": cueClosing, "thanks,": cueClosing, "thank you,": cueClosing, "cheers,": cueClosing,
 	"sincerely": cueClosing, "yours,": cueClosing, "best wishes": cueClosing,
 	// IT
@@ -94,6 +94,7 @@ var nameSuffixes = map[string]bool{"II": true, "III": true, "IV": true, "Jr": tr
 type personDetector struct {
 	given, surname map[string]bool
 	cues           map[int32]cueKind // keyword id -> kind
+	kinds          []cueKind         // the same, dense (set by NewScanner)
 	ix             *keywordIndex
 }
 
@@ -111,7 +112,7 @@ func newPersonDetector(ix *keywordIndex) *personDetector {
 		}
 	}
 	for cue, k := range personCues {
-		d.cues[ix.add(cue)] = k
+		d.cues[ix.addWord(cue)] = k
 	}
 	return d
 }
@@ -220,8 +221,8 @@ func (d *personDetector) skipTitles(text string, i int, kind cueKind) int {
 func (d *personDetector) detect(text string, a *anchors, dst []Finding, b *budget) []Finding {
 	last := -1
 	for _, h := range a.kw {
-		kind, ok := d.cues[h.id]
-		if !ok {
+		kind := d.kinds[h.id]
+		if kind == 0 {
 			continue
 		}
 		p := int(h.pos)

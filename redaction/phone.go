@@ -184,9 +184,9 @@ func validIntl(digits string, plus bool) bool {
 // phoneContext are words that, shortly before a run of digits without any
 // separator or international prefix, make it a phone number rather than an
 // order, customer or reference number (EN, IT, FR, DE, ES).
-var phoneContext = []string{"tel", "phone", "call", "cell", "mobile", "whatsapp", "fax", "sms", "text me", "ring",
+var phoneContext = newCtxWords("tel", "phone", "call", "cell", "mobile", "whatsapp", "fax", "sms", "text me", "ring",
 	"chiam", "cellulare", "numero", "contatt", "portable", "appel", "numéro", "handy", "rufnummer", "anruf",
-	"móvil", "movil", "llam", "contact", "reach me"}
+	"móvil", "movil", "llam", "contact", "reach me")
 
 // identifierWords are words after which a bare run of digits is an
 // identifier of some other kind (when one of the two words before it).
@@ -223,8 +223,7 @@ func identifierBefore(text string, i int) bool {
 func (ns *numScan) phone(i, j int) {
 	text, c, s := ns.text, &ns.c, ns.s
 	start, end := c.atoms[i].s, c.atoms[j-1].e
-	ns.digits = c.digitsOf(text, i, j, ns.digits[:0])
-	digits := string(ns.digits)
+	digits := ns.digitsOf(i, j)
 	// An international prefix: '+' right before (or ending the gap
 	// before), or 00.
 	intl, plus := false, false
@@ -258,9 +257,6 @@ func (ns *numScan) phone(i, j int) {
 	}
 	if !single && !intl && j-i >= 4 && c.gapsAre(text, i, j, ".") {
 		return // 1.2.3.4 and longer dotted runs: versions, addresses
-	}
-	if hasContext(text, start, versionContext, 24) {
-		return
 	}
 	// Edges inside a cluster must be more than one separator byte
 	// ("+39 333 123 4567 / 02 1234 5678"): a number one space away from
@@ -307,7 +303,7 @@ func (ns *numScan) phone(i, j int) {
 			}
 		}
 	}
-	if ok {
+	if ok && !hasContext(text, start, versionContext, 24) {
 		ns.add(TypePhone, "", start, end)
 	}
 }

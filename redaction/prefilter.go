@@ -69,10 +69,11 @@ type anchors struct {
 	tok16  []int32    // alphanumeric tokens of exactly 16 bytes (fiscal codes)
 	caps   []int32    // word starts with an upper-case ASCII letter or a non-ASCII byte
 	kw     []kwHit    // keyword occurrences, by offset
+	hex2   []int32    // two hex digits followed by ' ' or ':' and another hex digit (spaced hex)
 }
 
 func (a *anchors) reset() {
-	a.digits, a.ats, a.colons, a.runs, a.tok16, a.caps, a.kw = a.digits[:0], a.ats[:0], a.colons[:0], a.runs[:0], a.tok16[:0], a.caps[:0], a.kw[:0]
+	a.digits, a.ats, a.colons, a.runs, a.tok16, a.caps, a.kw, a.hex2 = a.digits[:0], a.ats[:0], a.colons[:0], a.runs[:0], a.tok16[:0], a.caps[:0], a.kw[:0], a.hex2[:0]
 }
 
 // keywordIndex finds every occurrence of a set of lower-case ASCII keywords
@@ -80,29 +81,69 @@ func (a *anchors) reset() {
 // the keywords' first two bytes rejects almost every position with one
 // look-up, and the few left are compared with the keywords sharing that
 // prefix.
+//
+// Keywords added with addWord only match at word starts (after a byte
+// that is not an ASCII letter): they have a bitmap of their own, looked
+// at only there.
 type keywordIndex struct {
-	bits  [1 << 16 / 64]uint64
-	byPfx map[uint16][]int32 // prefix -> keyword ids
-	words []string
+	bits     [1 << 16 / 64]uint64 // keywords matched anywhere
+	wordBits [1 << 16 / 64]uint64 // keywords matched at word starts
+	both     [1 << 16 / 64]uint64 // bits | wordBits
+	tri      [1 << 16 / 64]uint64 // hashes of the first three bytes of keywords of three or more
+	short    [1 << 16 / 64]uint64 // prefixes that are whole two-byte keywords
+	lists    map[uint16]int       // prefix -> index into byPfx (build time)
+	byPfx    [][]int32            // keyword ids per prefix
+	pfxOf    []uint16             // dense: prefix -> 1 + index into byPfx, 0 = none
+	words    []string
+	wordOnly []bool
 }
 
 // add registers kw (lower case) and returns its id; adding a keyword twice
-// returns the first id.
-func (ix *keywordIndex) add(kw string) int32 {
+// returns the first id (and makes it match anywhere if either call did).
+func (ix *keywordIndex) add(kw string) int32 { return ix.addKW(kw, false) }
+
+// addWord registers kw to be matched at word starts only.
+func (ix *keywordIndex) addWord(kw string) int32 { return ix.addKW(kw, true) }
+
+func (ix *keywordIndex) addKW(kw string, wordOnly bool) int32 {
 	kw = strings.ToLower(kw)
+	p := uint16(kw[0])<<8 | uint16(kw[1])
 	for i, w := range ix.words {
 		if w == kw {
+			if !wordOnly && ix.wordOnly[i] {
+				ix.wordOnly[i] = false
+				ix.bits[p/64] |= 1 << (p % 64)
+			}
 			return int32(i)
 		}
 	}
-	if ix.byPfx == nil {
-		ix.byPfx = map[uint16][]int32{}
+	if ix.lists == nil {
+		ix.lists = map[uint16]int{}
+		ix.pfxOf = make([]uint16, 1<<16)
 	}
 	id := int32(len(ix.words))
 	ix.words = append(ix.words, kw)
-	p := uint16(kw[0])<<8 | uint16(kw[1])
-	ix.bits[p/64] |= 1 << (p % 64)
-	ix.byPfx[p] = append(ix.byPfx[p], id)
+	ix.wordOnly = append(ix.wordOnly, wordOnly)
+	if wordOnly {
+		ix.wordBits[p/64] |= 1 << (p % 64)
+	} else {
+		ix.bits[p/64] |= 1 << (p % 64)
+	}
+	ix.both[p/64] |= 1 << (p % 64)
+	if len(kw) == 2 {
+		ix.short[p/64] |= 1 << (p % 64)
+	} else {
+		h := tri3(kw[0], kw[1], kw[2])
+		ix.tri[h/64] |= 1 << (h % 64)
+	}
+	k, ok := ix.lists[p]
+	if !ok {
+		k = len(ix.byPfx)
+		ix.lists[p] = k
+		ix.byPfx = append(ix.byPfx, nil)
+		ix.pfxOf[p] = uint16(k + 1)
+	}
+	ix.byPfx[k] = append(ix.byPfx[k], id)
 	return id
 }
 
@@ -120,26 +161,56 @@ func hasPrefixFold(s string, i int, w string) bool {
 	return true
 }
 
+// tri3 hashes three lower-case bytes into 16 bits.
+func tri3(a, b, c byte) uint16 { return uint16(a)*961 + uint16(b)*31 + uint16(c) }
+
+// keywords appends every keyword occurrence in text to a.kw, by offset.
+func (ix *keywordIndex) keywords(text string, a *anchors) {
+	if len(text) < 2 {
+		return
+	}
+	prev := uint16(lowerByte[text[0]])
+	for i := 1; i < len(text); i++ {
+		cl := uint16(lowerByte[text[i]])
+		p := prev<<8 | cl
+		prev = cl
+		if ix.both[p>>6]&(1<<(p&63)) == 0 {
+			continue
+		}
+		// A third byte rules out most prefixes without a two-byte keyword.
+		if ix.short[p>>6]&(1<<(p&63)) == 0 {
+			if i+1 >= len(text) {
+				continue
+			}
+			h := tri3(byte(p>>8), byte(p), lowerByte[text[i+1]])
+			if ix.tri[h>>6]&(1<<(h&63)) == 0 {
+				continue
+			}
+		}
+		any := ix.bits[p>>6]&(1<<(p&63)) != 0
+		word := ix.wordBits[p>>6]&(1<<(p&63)) != 0 && (i < 2 || !isAlpha(text[i-2]))
+		if !any && !word {
+			continue
+		}
+		for _, id := range ix.byPfx[ix.pfxOf[p]-1] {
+			if (any && !ix.wordOnly[id] || word) && hasPrefixFold(text, i-1, ix.words[id]) {
+				a.kw = append(a.kw, kwHit{id, int32(i - 1)})
+			}
+		}
+	}
+}
+
 // prefilter fills a with the anchors of text.
 func (ix *keywordIndex) prefilter(text string, a *anchors) {
 	a.reset()
 	n := len(text)
 	runStart := -1 // start of the current base64 run
 	tokStart := -1 // start of the current alphanumeric token
+	ix.keywords(text, a)
 	var prev byte
-	var p uint16 = 0
 	for i := 0; i < n; i++ {
 		c := text[i]
 		cls := byteClass[c]
-		// Keywords: the two-byte prefix ending at i.
-		p = p<<8 | uint16(lowerByte[c])
-		if i > 0 && ix.bits[p/64]&(1<<(p%64)) != 0 {
-			for _, id := range ix.byPfx[p] {
-				if hasPrefixFold(text, i-1, ix.words[id]) {
-					a.kw = append(a.kw, kwHit{id, int32(i - 1)})
-				}
-			}
-		}
 		switch cls {
 		case clsLower, clsUpper, clsDigit:
 			if runStart < 0 {
@@ -151,10 +222,25 @@ func (ix *keywordIndex) prefilter(text string, a *anchors) {
 					a.caps = append(a.caps, int32(i))
 				}
 			}
-			if cls == clsDigit && !isDigit(prev) {
-				a.digits = append(a.digits, int32(i))
+			// The rest of the alphanumeric token in one tight loop.
+			wasDigit := isDigit(prev)
+			j := i
+			for ; j < n; j++ {
+				k := byteClass[text[j]]
+				if k == clsDigit {
+					if !wasDigit {
+						a.digits = append(a.digits, int32(j))
+					}
+					wasDigit = true
+					continue
+				}
+				if k != clsLower && k != clsUpper {
+					break
+				}
+				wasDigit = false
 			}
-			prev = c
+			i = j - 1
+			prev = text[i]
 			continue
 		case clsB64:
 			if runStart < 0 {
@@ -183,6 +269,8 @@ func (ix *keywordIndex) prefilter(text string, a *anchors) {
 			}
 			if e-runStart >= minEncodedLen {
 				a.runs = append(a.runs, [2]int32{int32(runStart), int32(e)})
+			} else if i-runStart == 2 && (c == ' ' || c == ':') && isHex(text[runStart]) && isHex(text[runStart+1]) && isHex(at(text, i+1)) {
+				a.hex2 = append(a.hex2, int32(runStart))
 			}
 			runStart = -1
 		}

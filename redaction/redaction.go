@@ -150,16 +150,22 @@ type Scanner struct {
 	types        []string
 	prio         map[string]int
 	on           map[string]bool // enabled built-in types
+	en           enabled         // the same, as fields (hot path)
 	secrets      *secretDetector
 	index        keywordIndex
 	kwRules      [][]int32 // keyword id -> secret rules using it
-	atWord       map[int32]atWordInfo
+	atWord       []atWordInfo // by keyword id; word "" = not an at-word
 	schemeKW     int32 // id of "://" in index
 	phoneRegions []*phoneRegion
 	person       *personDetector
 	timeout      time.Duration
 	maxBytes     int
 	states       sync.Pool
+}
+
+// enabled says which built-in types a Scanner runs.
+type enabled struct {
+	CreditCard, IBAN, USSSN, Phone, IPAddress, Email, ITFiscalCode, URLCredentials, Person, Secret bool
 }
 
 type atWordInfo struct {
@@ -223,7 +229,10 @@ func NewScanner(cfg Config) (*Scanner, error) {
 			s.types = append(s.types, t)
 		}
 	}
-	if s.on[TypeSecret] {
+	s.en = enabled{CreditCard: s.on[TypeCreditCard], IBAN: s.on[TypeIBAN], USSSN: s.on[TypeUSSSN], Phone: s.on[TypePhone],
+		IPAddress: s.on[TypeIPAddress], Email: s.on[TypeEmail], ITFiscalCode: s.on[TypeITFiscalCode],
+		URLCredentials: s.on[TypeURLCredentials], Person: s.on[TypePerson], Secret: s.on[TypeSecret]}
+	if s.en.Secret {
 		sd, err := newSecretDetector()
 		if err != nil {
 			return nil, err
@@ -244,18 +253,28 @@ func NewScanner(cfg Config) (*Scanner, error) {
 			}
 		}
 	}
-	s.atWord = map[int32]atWordInfo{}
-	if s.on[TypeEmail] {
+	atIDs := map[int32]atWordInfo{}
+	if s.en.Email {
 		for _, w := range atWords {
-			s.atWord[s.index.add(w.word)] = atWordInfo{w.word, w.strong}
+			atIDs[s.index.add(w.word)] = atWordInfo{w.word, w.strong}
 		}
 	}
 	s.schemeKW = s.index.add("://")
-	if s.on[TypePerson] {
+	if s.en.Person {
 		s.person = newPersonDetector(&s.index)
 	}
 	for len(s.kwRules) < len(s.index.words) {
 		s.kwRules = append(s.kwRules, nil)
+	}
+	s.atWord = make([]atWordInfo, len(s.index.words))
+	for id, w := range atIDs {
+		s.atWord[id] = w
+	}
+	if s.person != nil {
+		s.person.kinds = make([]cueKind, len(s.index.words))
+		for id, k := range s.person.cues {
+			s.person.kinds[id] = k
+		}
 	}
 	// User-defined types come after the built-ins in tie-break order: on
 	// exactly the same bytes, a built-in's validated finding (and the
@@ -387,16 +406,16 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Finding {
 	var cand []Finding
 	a := &st.a
-	if s.on[TypeCreditCard] || s.on[TypeIBAN] || s.on[TypeUSSSN] || s.on[TypePhone] || s.on[TypeIPAddress] {
+	if s.en.CreditCard || s.en.IBAN || s.en.USSSN || s.en.Phone || s.en.IPAddress {
 		cand = s.detectNumbers(text, a, cand, b)
 	}
-	if s.on[TypeEmail] {
+	if s.en.Email {
 		cand = s.detectEmails(text, a, cand)
 	}
-	if s.on[TypeIPAddress] {
+	if s.en.IPAddress {
 		cand = detectIPv6(text, a.colons, cand)
 	}
-	if s.on[TypeITFiscalCode] {
+	if s.en.ITFiscalCode {
 		cand = detectFiscal(text, a.tok16, cand)
 	}
 	var schemes []int32
@@ -405,7 +424,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 			schemes = append(schemes, h.pos)
 		}
 	}
-	if s.on[TypeURLCredentials] && len(schemes) > 0 {
+	if s.en.URLCredentials && len(schemes) > 0 {
 		cand = detectURLCredentials(text, schemes, cand)
 	}
 	if s.secrets != nil && len(a.kw) > 0 {
@@ -435,8 +454,8 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 		}
 		cand = d.Detect(text, cand)
 	}
-	if depth < maxEncodedDepth && len(a.runs) > 0 || depth < maxEncodedDepth && strings.ContainsAny(text, " :") {
-		cand = s.detectEncoded(text, a.runs, cand, b, depth)
+	if depth < maxEncodedDepth && (len(a.runs) > 0 || len(a.hex2) >= 5) {
+		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth)
 	}
 	return cand
 }
@@ -446,8 +465,8 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 // value, appends one finding covering the whole run (the value cannot be
 // replaced inside the encoding), with the type and subtype of the
 // highest-priority value inside.
-func (s *Scanner) detectEncoded(text string, runs [][2]int32, dst []Finding, b *budget, depth int) []Finding {
-	segs := encodedSegments(text, slices.Clone(runs), b)
+func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int) []Finding {
+	segs := encodedSegments(text, slices.Clone(runs), slices.Clone(hex2), b)
 	for _, seg := range segs {
 		if !b.spend(len(seg.decoded) / 16) {
 			return dst
@@ -467,6 +486,24 @@ func (s *Scanner) detectEncoded(text string, runs [][2]int32, dst []Finding, b *
 	return dst
 }
 
+// rangeTaken reports whether a bit of [s, e) is set.
+func rangeTaken(bits []uint64, s, e int) bool {
+	for k := s; k < e; {
+		if k&63 == 0 && e-k >= 64 {
+			if bits[k>>6] != 0 {
+				return true
+			}
+			k += 64
+			continue
+		}
+		if bits[k>>6]&(1<<(k&63)) != 0 {
+			return true
+		}
+		k++
+	}
+	return false
+}
+
 // resolve keeps a maximal set of non-overlapping findings, preferring longer
 // ones, and returns it sorted by Start.
 func (s *Scanner) resolve(cand []Finding) []Finding {
@@ -483,17 +520,23 @@ func (s *Scanner) resolve(cand []Finding) []Finding {
 		}
 		return a.Start < b.Start
 	})
+	// Longest first, keep a finding when none of its bytes is taken; a
+	// bitmap of taken bytes makes each test proportional to the finding.
+	end := 0
+	for _, f := range cand {
+		end = max(end, f.End)
+	}
+	taken := make([]uint64, end/64+1)
 	out := make([]Finding, 0, len(cand))
 	for _, f := range cand {
-		// out is kept sorted by Start; find where f would go.
-		i := sort.Search(len(out), func(k int) bool { return out[k].Start >= f.Start })
-		if i > 0 && out[i-1].End > f.Start {
+		if rangeTaken(taken, f.Start, f.End) {
 			continue
 		}
-		if i < len(out) && out[i].Start < f.End {
-			continue
+		for k := f.Start; k < f.End; k++ {
+			taken[k>>6] |= 1 << (k & 63)
 		}
-		out = slices.Insert(out, i, f)
+		out = append(out, f)
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Start < out[j].Start })
 	return out
 }
