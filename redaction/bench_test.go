@@ -111,8 +111,12 @@ func BenchmarkScanRegexBaseline(b *testing.B) {
 	b.Run("prose-1MB", func(b *testing.B) { benchRegex(b, prosePara, mb) })
 	b.Run("mixed-1MB", func(b *testing.B) { benchRegex(b, mixedPara, mb) })
 	b.Run("dense-1MB", func(b *testing.B) { benchRegex(b, densePara, mb) })
+	// The regex runs at a few MB/s on every shape; three adversarial ones
+	// show it, the rest would only make `make bench` longer.
 	for _, c := range adversarial {
-		b.Run("adversarial-"+c.name+"-1MB", func(b *testing.B) { benchRegex(b, c.unit, mb) })
+		if c.name == "key=key" || c.name == "spaced-digits" || c.name == "nested-base64" {
+			b.Run("adversarial-"+c.name+"-1MB", func(b *testing.B) { benchRegex(b, c.unit, mb) })
+		}
 	}
 }
 

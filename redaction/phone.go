@@ -279,6 +279,7 @@ func (ns *numScan) phone(i, j int) {
 		return
 	}
 	bare := j-i == 1 && !intl
+	itMobile := false
 	if bare {
 		switch {
 		case identifierBefore(text, start):
@@ -287,21 +288,20 @@ func (ns *numScan) phone(i, j int) {
 		case len(digits) == 10 && digits[0] == '3' && italianMobile(digits):
 			// Italian mobile numbers (AGCOM plan: 3xx + 7 digits) are
 			// written without separators and without a word often
-			// enough to be found on their own.
+			// enough to be found on their own, whatever the region.
+			itMobile = true
 		default:
 			return
 		}
 	}
-	ok := false
-	if intl {
+	var ok bool
+	switch {
+	case itMobile:
+		ok = true
+	case intl:
 		ok = validIntl(digits, plus)
-	} else {
-		for _, r := range s.phoneRegions {
-			if validNational(digits, r) {
-				ok = true
-				break
-			}
-		}
+	default:
+		ok = ns.nationalPhone(digits)
 	}
 	if ok && !hasContext(text, start, versionContext, 24) {
 		ns.add(TypePhone, "", start, end)
