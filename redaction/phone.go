@@ -221,7 +221,7 @@ func identifierBefore(text string, i int) bool {
 
 // phone checks atoms [i, j) of the current cluster as a phone number.
 func (ns *numScan) phone(i, j int) {
-	text, c, s := ns.text, &ns.c, ns.s
+	text, c := ns.text, &ns.c
 	start, end := c.atoms[i].s, c.atoms[j-1].e
 	digits := ns.digitsOf(i, j)
 	// An international prefix: '+' right before (or ending the gap
