@@ -261,13 +261,32 @@ func (w *viewBuilder) replace(from, to int, repl string) {
 }
 
 func (w *viewBuilder) replaceByte(from, to int, c byte) {
-	var one [1]byte
-	one[0] = c
-	w.replace(from, to, unsafeString(one[:]))
+	if c < 0x80 {
+		w.replace(from, to, asciiString[c])
+		return
+	}
+	w.replace(from, to, string(rune(c)))
 }
 
-// unsafeString copies b (small) into a string.
-func unsafeString(b []byte) string { return string(b) }
+// asciiString holds the one-byte strings, so that rewrites to ASCII
+// allocate nothing.
+var asciiString = func() (t [128]string) {
+	for i := range t {
+		t[i] = string(rune(i))
+	}
+	return t
+}()
+
+// scriptDigit returns the value of a decimal digit of the scripts the
+// fast path knows, or -1.
+func scriptDigit(r rune) rune {
+	for _, zero := range [...]rune{0x0660, 0x06F0, 0x0966, 0x09E6} {
+		if r >= zero && r <= zero+9 {
+			return r - zero
+		}
+	}
+	return -1
+}
 
 // normalise builds the normalised view of text: NFKC per rune (fullwidth
 // digits and letters, ligatures, mathematical alphanumerics become ASCII),
@@ -315,12 +334,30 @@ func normalise(text string) (v view, ok bool) {
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(text[i:])
+		// Fast paths for the common rewrites: fullwidth ASCII (NFKC maps
+		// U+FF01–U+FF5E to U+0021–U+007E) and the decimal digits of the
+		// Arabic-Indic, extended Arabic-Indic, Devanagari and Bengali
+		// scripts.
+		if r >= 0xFF01 && r <= 0xFF5E {
+			w.replace(i, i+size, asciiString[r-0xFEE0])
+			i += size
+			continue
+		}
+		if d := scriptDigit(r); d >= 0 {
+			w.replace(i, i+size, asciiString['0'+d])
+			i += size
+			continue
+		}
 		switch {
 		case r == utf8.RuneError && size == 1:
 		case dropRune(r):
 			w.replace(i, i+size, "")
 		default:
 			if m := mapRune(r); m >= 0 {
+				if m < 0x80 {
+					w.replace(i, i+size, asciiString[m])
+					break
+				}
 				n := utf8.EncodeRune(tmp[:], m)
 				w.replace(i, i+size, string(tmp[:n]))
 				break

@@ -242,6 +242,7 @@ func (ns *numScan) cluster() {
 	ns.ds = unsafe.String(unsafe.SliceData(ns.digits), len(ns.digits))
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
+	cardFloor := n + 1 // a card found at [i, ·) makes later layouts ending after i moot
 	for j := n; j >= 1; j-- {
 		if j == n && rglued {
 			continue
@@ -265,9 +266,10 @@ func (ns *numScan) cluster() {
 			ns.mask = mask
 			ns.subrange(i, j, digits, true)
 		}
-		// Cards printed 4-4-4-4(-x) or 4-6-5 inside a longer cluster with
-		// one separator ("4111 1111 1111 1111 2027").
-		if ns.s.en.CreditCard {
+		// Cards printed 4-4-4-4(-x) or 4-6-5 inside a cluster of a few
+		// more groups with one separator ("4111 1111 1111 1111 2027"); a
+		// longer run of groups is a table of numbers.
+		if ns.s.en.CreditCard && j <= cardFloor && n <= 8 {
 			for _, k := range []int{4, 5, 3} {
 				i := j - k
 				if i < 0 || i == 0 && lglued || j == n && rglued {
@@ -278,7 +280,12 @@ func (ns *numScan) cluster() {
 					nd += c.atoms[q].e - c.atoms[q].s
 				}
 				if nd >= 13 && nd <= 19 && (i > 0 || j < n) {
+					before := len(ns.dst)
 					ns.subrange(i, j, nd, false)
+					if len(ns.dst) > before {
+						cardFloor = i
+						break
+					}
 				}
 			}
 		}

@@ -120,6 +120,20 @@ func newPersonDetector(ix *keywordIndex) *personDetector {
 // nameWord returns the end of the capitalised word at text[i:] (an
 // upper-case letter, then letters, inner apostrophes or hyphens), or -1.
 func nameWord(text string, i int) int {
+	if c := text[i]; c < 0x80 {
+		// ASCII fast path: an upper-case letter, then lower-case letters;
+		// anything else takes the general path below.
+		if !isUpper(c) {
+			return -1
+		}
+		j := i + 1
+		for j < len(text) && isLower(text[j]) {
+			j++
+		}
+		if j > i+1 && (j == len(text) || text[j] < 0x80 && !isAlpha(text[j]) && text[j] != '\'' && text[j] != '-') {
+			return j
+		}
+	}
 	r, n := utf8.DecodeRuneInString(text[i:])
 	if !unicode.IsUpper(r) {
 		return -1

@@ -96,6 +96,10 @@ type keywordIndex struct {
 	pfxOf    []uint16             // dense: prefix -> 1 + index into byPfx, 0 = none
 	words    []string
 	wordOnly []bool
+	// keep, when set for a keyword id, is a necessary condition for a hit
+	// of that keyword to matter (every consumer of the keyword rejects a
+	// hit it fails), checked before the hit is recorded.
+	keep []func(text string, p int) bool
 }
 
 // add registers kw (lower case) and returns its id; adding a keyword twice
@@ -194,6 +198,9 @@ func (ix *keywordIndex) keywords(text string, a *anchors) {
 		}
 		for _, id := range ix.byPfx[ix.pfxOf[p]-1] {
 			if (any && !ix.wordOnly[id] || word) && hasPrefixFold(text, i-1, ix.words[id]) {
+				if int(id) < len(ix.keep) && ix.keep[id] != nil && !ix.keep[id](text, i-1) {
+					continue
+				}
 				a.kw = append(a.kw, kwHit{id, int32(i - 1)})
 			}
 		}

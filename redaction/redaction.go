@@ -266,6 +266,14 @@ func NewScanner(cfg Config) (*Scanner, error) {
 	for len(s.kwRules) < len(s.index.words) {
 		s.kwRules = append(s.kwRules, nil)
 	}
+	s.index.keep = make([]func(string, int) bool, len(s.index.words))
+	for id, rules := range s.kwRules {
+		_, at := atIDs[int32(id)]
+		cue := s.person != nil && s.person.cues[int32(id)] != 0
+		if s.secrets != nil && len(rules) > 0 && !at && !cue && int32(id) != s.schemeKW {
+			s.index.keep[id] = s.secrets.hitFilter(rules)
+		}
+	}
 	s.atWord = make([]atWordInfo, len(s.index.words))
 	for id, w := range atIDs {
 		s.atWord[id] = w
@@ -467,21 +475,41 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 // highest-priority value inside.
 func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int) []Finding {
 	segs := encodedSegments(text, slices.Clone(runs), slices.Clone(hex2), b)
-	for _, seg := range segs {
-		if !b.spend(len(seg.decoded) / 16) {
-			return dst
+	if len(segs) == 0 {
+		return dst
+	}
+	// One scan of all the decoded texts, joined by a separator that no
+	// detector reads through (NUL bytes around newlines), instead of one
+	// scan each: the cost of a scan's set-up is paid once.
+	const sep = "\x00\x00\n\n\x00\x00"
+	var joined strings.Builder
+	starts := make([]int, len(segs))
+	for k, seg := range segs {
+		if k > 0 {
+			joined.WriteString(sep)
 		}
-		inner := s.scan(seg.decoded, b, depth+1)
-		if len(inner) == 0 {
-			continue
+		starts[k] = joined.Len()
+		joined.WriteString(seg.decoded)
+	}
+	if !b.spend(joined.Len() / 16) {
+		return dst
+	}
+	inner := s.scan(joined.String(), b, depth+1)
+	best := make([]int, len(segs)) // index+1 into inner of the strongest finding per segment
+	for i, f := range inner {
+		k := sort.SearchInts(starts, f.Start+1) - 1
+		if k < 0 || f.Start >= starts[k]+len(segs[k].decoded) {
+			continue // in a separator
 		}
-		best := inner[0]
-		for _, f := range inner[1:] {
-			if s.prio[f.Type] < s.prio[best.Type] {
-				best = f
-			}
+		if best[k] == 0 || s.prio[f.Type] < s.prio[inner[best[k]-1].Type] {
+			best[k] = i + 1
 		}
-		dst = append(dst, Finding{Type: best.Type, Subtype: best.Subtype, Start: seg.start, End: seg.end})
+	}
+	for k, seg := range segs {
+		if best[k] > 0 {
+			f := inner[best[k]-1]
+			dst = append(dst, Finding{Type: f.Type, Subtype: f.Subtype, Start: seg.start, End: seg.end})
+		}
 	}
 	return dst
 }

@@ -342,6 +342,17 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 	return dst
 }
 
+// lastIndexFold is strings.LastIndex for a lower-case ASCII needle,
+// ASCII case-insensitively.
+func lastIndexFold(s, needle string) int {
+	for i := len(s) - len(needle); i >= 0; i-- {
+		if lowerByte[s[i]] == needle[0] && hasPrefixFold(s, i, needle) {
+			return i
+		}
+	}
+	return -1
+}
+
 // secretRunAfter reports whether, after the operator byte at o (at most
 // four bytes long, then up to five quotes, spaces or '='), a run of at
 // least need bytes that are neither white space nor quotes starts: the
@@ -409,6 +420,35 @@ func (rs *reachScan) admits(text string, p, assign int) bool {
 		rs.badTo++
 	}
 	return rs.lastBad < w-160
+}
+
+// hitFilter returns a necessary condition for a keyword hit to matter to
+// any of rules (by index), or nil when one of them has none: the start
+// filter of a rule anchored at its own start, the assignment shape of a
+// semi-generic one.
+func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
+	type cond struct {
+		start          *startFilter
+		assign, minSec int
+	}
+	var conds []cond
+	for _, ri := range rules {
+		r := &d.rules[ri]
+		// Only start filters: they reject most hits of short keywords
+		// ("ey", "sk") at once; an assignment shape is checked later.
+		if r.start == nil {
+			return nil
+		}
+		conds = append(conds, cond{start: r.start})
+	}
+	return func(text string, p int) bool {
+		for _, c := range conds {
+			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // assignmentNear reports whether an assignment operator byte follows the
@@ -502,7 +542,11 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 	// cannot start a match.
 	limit := len(text)
 	for _, l := range r.required {
-		limit = min(limit, strings.LastIndex(text, l))
+		if l[0] == 0 {
+			limit = min(limit, lastIndexFold(text, l[1:]))
+		} else {
+			limit = min(limit, strings.LastIndex(text, l))
+		}
 	}
 	for _, h := range hits {
 		p := int(h)
@@ -536,8 +580,18 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			e := len(text)
 			if r.width >= 0 {
 				e = min(len(text), p+r.width+1)
+				m = r.anchored.FindStringSubmatchIndex(text[p:e])
+			} else {
+				// Unbounded: try the next 2 KiB first (Go's backtracker
+				// runs there, the NFA on longer inputs); a match ending
+				// well inside that window is the match, anything else is
+				// decided on the rest of the text.
+				w := min(len(text), p+2048)
+				m = r.anchored.FindStringSubmatchIndex(text[p:w])
+				if w < len(text) && (m == nil || m[1] > w-p-256) {
+					m = r.anchored.FindStringSubmatchIndex(text[p:e])
+				}
 			}
-			m = r.anchored.FindStringSubmatchIndex(text[p:e])
 		} else {
 			// Every semi-generic match is shorter than 300 bytes (bounded
 			// quantifiers; unbounded ones end at the cut). A match that

@@ -297,11 +297,11 @@ func maxWidth(n *syntax.Regexp) int {
 	return 0
 }
 
-// requiredLiterals returns the case-sensitive literals of at least four
-// bytes that every match of src contains after its start (the top-level
-// concatenation's literal elements past the first), e.g. "-----END" of a
-// PEM block: a rule cannot match at p when one of them does not occur
-// after p.
+// requiredLiterals returns the literals of at least four bytes that every
+// match of src contains after its start (the top-level concatenation's
+// literal elements past the first), e.g. "-----END" of a PEM block, in
+// lower case with a "\x00" prefix when the literal is case-insensitive: a
+// rule cannot match at p when one of them does not occur after p.
 func requiredLiterals(src string) []string {
 	re, err := syntax.Parse(src, syntax.Perl)
 	if err != nil {
@@ -316,9 +316,14 @@ func requiredLiterals(src string) []string {
 	}
 	var out []string
 	for _, s := range re.Sub[1:] {
-		if s.Op == syntax.OpLiteral && s.Flags&syntax.FoldCase == 0 && len(s.Rune) >= 4 {
-			out = append(out, string(s.Rune))
+		if s.Op != syntax.OpLiteral || len(s.Rune) < 4 {
+			continue
 		}
+		lit := string(s.Rune)
+		if s.Flags&syntax.FoldCase != 0 {
+			lit = "\x00" + strings.ToLower(lit)
+		}
+		out = append(out, lit)
 	}
 	return out
 }
