@@ -74,7 +74,9 @@ var ErrAnswerBlocked = errors.New("redaction: the answer holds a value the polic
 // the value itself).
 type BlockedError struct{ Type string }
 
-func (e *BlockedError) Error() string { return "redaction: the answer holds a " + e.Type + " value the policy blocks" }
+func (e *BlockedError) Error() string {
+	return "redaction: the answer holds a " + e.Type + " value the policy blocks"
+}
 func (e *BlockedError) Unwrap() error { return ErrAnswerBlocked }
 
 // Guard applies a GuardPolicy to the answers of one request. It is safe

@@ -153,9 +153,9 @@ type Scanner struct {
 	en           enabled         // the same, as fields (hot path)
 	secrets      *secretDetector
 	index        keywordIndex
-	kwRules      [][]int32 // keyword id -> secret rules using it
+	kwRules      [][]int32    // keyword id -> secret rules using it
 	atWord       []atWordInfo // by keyword id; word "" = not an at-word
-	schemeKW     int32 // id of "://" in index
+	schemeKW     int32        // id of "://" in index
 	phoneRegions []*phoneRegion
 	person       *personDetector
 	timeout      time.Duration
