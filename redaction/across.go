@@ -1,6 +1,7 @@
 package redaction
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"strconv"
@@ -38,7 +39,37 @@ type piece struct{ seg, off, at, n int }
 // own. Values inside one segment are not reported (Scan finds them). Overlapping candidates resolve as in
 // Scan, longest first. The result is sorted by Segment, then Start. Safe
 // for concurrent use.
+//
+// Segments may be every message of a conversation, whatever its role: a
+// value is also joined across one segment in between (the tail of segment
+// k with the head of segment k+2), so an IBAN split over two user messages
+// with the assistant's reply between them is found.
 func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
+	return s.scanAcross(segments, nil)
+}
+
+// ScanAcrossBounded is ScanAcross under the scan budget of Config (see
+// ScanBounded), counted over the bytes of all segments. When the budget is
+// exceeded it returns the parts found so far and an error wrapping
+// ErrScanBudget: the caller must then treat the segments as opaque.
+func (s *Scanner) ScanAcrossBounded(segments []string) ([]SegmentFinding, error) {
+	n := 0
+	for _, seg := range segments {
+		n += len(seg)
+	}
+	// Each boundary scans up to four windows of 2 × acrossWindow bytes.
+	b, err := s.newBudget(n + 8*acrossWindow*len(segments))
+	if err != nil {
+		return nil, err
+	}
+	out := s.scanAcross(segments, b)
+	if b.exceeded {
+		return out, fmt.Errorf("scanning %d segments: %w", len(segments), ErrScanBudget)
+	}
+	return out, nil
+}
+
+func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 	type group struct {
 		typ, sub string
 		parts    []piece // seg, off=start, n=length
@@ -70,7 +101,7 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 			k := [3]int{q.seg, 0, len(segments[q.seg])}
 			fs, ok := within[k]
 			if !ok {
-				fs = s.Scan(segments[q.seg])
+				fs = s.scan(segments[q.seg], bud, 0)
 				within[k] = fs
 			}
 			for _, f := range fs {
@@ -122,7 +153,7 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 				pieces = append(pieces, p)
 			}
 			window := w.String()
-			for _, f := range s.Scan(window) {
+			for _, f := range s.scan(window, bud, 0) {
 				var parts []piece
 				for _, p := range pieces {
 					st, en := max(f.Start, p.at), min(f.End, p.at+p.n)
