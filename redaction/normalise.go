@@ -6,6 +6,7 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -242,7 +243,7 @@ func nfkcIdentity(r rune, s string) bool {
 // copied.
 type viewBuilder struct {
 	src     string
-	b       strings.Builder
+	b       []byte
 	marks   []viewMark
 	last    int // src[last:] not yet copied
 	started bool
@@ -251,12 +252,14 @@ type viewBuilder struct {
 func (w *viewBuilder) replace(from, to int, repl string) {
 	if !w.started {
 		w.started = true
-		w.b.Grow(len(w.src) + 16)
+		if cap(w.b) < len(w.src)+16 {
+			w.b = make([]byte, 0, len(w.src)+len(w.src)/8+16)
+		}
 	}
-	w.b.WriteString(w.src[w.last:from])
-	v := w.b.Len()
-	w.b.WriteString(repl)
-	w.marks = append(w.marks, viewMark{v: int32(v), ve: int32(w.b.Len()), o: int32(from), oe: int32(to)})
+	w.b = append(w.b, w.src[w.last:from]...)
+	v := len(w.b)
+	w.b = append(w.b, repl...)
+	w.marks = append(w.marks, viewMark{v: int32(v), ve: int32(len(w.b)), o: int32(from), oe: int32(to)})
 	w.last = to
 }
 
@@ -297,10 +300,18 @@ func scriptDigit(r rune) rune {
 // equal text, so callers can skip it. Texts over 2 GiB are not normalised
 // (offsets are 32-bit).
 func normalise(text string) (v view, ok bool) {
+	v, ok, _, _ = normaliseInto(text, nil, nil)
+	return v, ok
+}
+
+// normaliseInto is normalise writing the view into buf and its marks into
+// marks (both reused by the caller across scans). The view's text aliases
+// buf: it is valid until buf is reused. It returns the buffers for reuse.
+func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, _ []byte, _ []viewMark) {
 	if len(text) >= 1<<31-1 {
-		return view{}, false
+		return view{}, false, buf, marks
 	}
-	w := viewBuilder{src: text}
+	w := viewBuilder{src: text, b: buf[:0], marks: marks[:0]}
 	var tmp [utf8.UTFMax]byte
 	var nfkc []byte
 	for i := 0; i < len(text); {
@@ -370,10 +381,13 @@ func normalise(text string) (v view, ok bool) {
 		i += size
 	}
 	if !w.started {
-		return view{}, false
+		return view{}, false, w.b, w.marks
 	}
-	w.b.WriteString(text[w.last:])
-	return view{text: w.b.String(), marks: w.marks}, true
+	w.b = append(w.b, text[w.last:]...)
+	if buf == nil {
+		return view{text: string(w.b), marks: w.marks}, true, nil, nil
+	}
+	return view{text: unsafe.String(unsafe.SliceData(w.b), len(w.b)), marks: w.marks}, true, w.b, w.marks
 }
 
 // normRune returns the view text of a decoded rune (from an escape).

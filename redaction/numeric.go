@@ -162,6 +162,27 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 		if i < end {
 			continue
 		}
+		// A digit run inside a word ("7f3c9a2e", "ORD2024") that no
+		// separator continues is a cluster of one glued atom: nothing
+		// but an IBAN can start there.
+		if p := before(text, i); isAlnum(p) || p == '_' {
+			e := i
+			for e < len(text) && isDigit(text[e]) {
+				e++
+			}
+			g := e
+			for g < len(text) && g-e < maxGap && isNumSep(text[g]) {
+				g++
+			}
+			if g == e || g >= len(text) || !isDigit(text[g]) {
+				end = e
+				if s.en.IBAN && isAlpha(p) {
+					ns.c.atoms = append(ns.c.atoms[:0], numAtom{i, e})
+					ns.iban()
+				}
+				continue
+			}
+		}
 		end = readCluster(text, i, &ns.c)
 		if !b.spend(1 + len(ns.c.atoms)) {
 			break

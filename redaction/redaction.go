@@ -206,8 +206,10 @@ type atWordInfo struct {
 
 // scanState is the reusable memory of one scan.
 type scanState struct {
-	a    anchors
-	hits [][]int32
+	a     anchors
+	hits  [][]int32
+	view  []byte     // the normalised view's bytes
+	marks []viewMark // and its map
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
@@ -422,22 +424,29 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 	if !b.spend(len(text) / 64) {
 		return nil
 	}
-	v, ok := normalise(text)
+	st := s.state()
+	// The view aliases st.view until st goes back to the pool, after the
+	// findings are mapped back (nothing else keeps it).
+	var v view
+	var ok bool
+	v, ok, st.view, st.marks = normaliseInto(text, st.view, st.marks)
 	scan := text
 	if ok {
 		// The view only removes obfuscation (see normalise), so scanning
 		// it alone finds what a raw scan finds and more.
 		scan = v.text
 	}
-	st := s.state()
 	s.index.prefilter(scan, &st.a)
 	cand := s.detect(scan, st, b, depth)
-	s.states.Put(st)
 	if ok {
 		for i := range cand {
 			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
 		}
 	}
+	if cap(st.view) > 4<<20 {
+		st.view, st.marks = nil, nil // keep the pool small after a huge text
+	}
+	s.states.Put(st)
 	return s.resolve(cand)
 }
 
