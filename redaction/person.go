@@ -123,8 +123,8 @@ func nameWord(text string, i int) int {
 	if c := text[i]; c < 0x80 {
 		// ASCII fast path: an upper-case letter, then lower-case letters;
 		// anything else takes the general path below.
-		if !isUpper(c) {
-			return -1
+		if !isUpper(c) || isUpper(at(text, i+1)) {
+			return -1 // not capitalised, or an acronym
 		}
 		j := i + 1
 		for j < len(text) && isLower(text[j]) {

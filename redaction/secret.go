@@ -34,6 +34,10 @@ type secretRule struct {
 	width      int            // most bytes a match spans, -1 = unbounded (anchored rules)
 	required   []string       // literals every match contains after its start
 	lineTarget bool           // an allowlist of the rule looks at the whole line
+	// window, for unbounded rules that have one, returns where a match
+	// starting at p must end by (see pemWindowGitleaks), so the rule runs
+	// on a bounded input.
+	window func(text string, p int) int
 	orig       string         // the pattern before the speed-ups (for tests)
 }
 
@@ -276,6 +280,15 @@ func (d *secretDetector) anchorAtStart(r *secretRule, src string) {
 		r.start, r.anchored, r.windowed = f, anchoredRe(src), true
 		r.width, r.required = ruleWidth(src), requiredLiterals(src)
 	}
+	switch {
+	case r.start == nil || r.width >= 0:
+	case r.id == "private-key":
+		r.window = pemWindowGitleaks
+	case r.hand && r.subtype == "private_key" && strings.Contains(src, "-----END"):
+		r.window = pemWindowBlock
+	case r.hand && r.subtype == "private_key":
+		r.window = pemWindowCut
+	}
 }
 
 func gitleaksSubtype(id string) string {
@@ -340,6 +353,105 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 		}
 	}
 	return dst
+}
+
+// PEM windows. The private-key rules are unbounded; each match still ends
+// at a landmark a literal search finds, so the rule runs on text[p:window]
+// with the result it has on text[p:]. The header "-----BEGIN[ A-Z0-9_-]{0,100}
+// PRIVATE KEY( BLOCK)?-----" ends at most pemHeaderMax bytes after p.
+//
+//   - gitleaks' private-key: the lazy body of at least 64 bytes ends at the
+//     first "KEY-----" or "KEY BLOCK-----" (any case) that the chosen
+//     header leaves room for; every header choice does for a landmark at
+//     or after p + pemHeaderMax + 64. The window ends after the first such
+//     landmark, or 14 bytes past that point when there is none.
+//   - Molly's complete block: the lazy body ends at the first "-----END"
+//     line that completes ("-----END", up to 100 of [ A-Z0-9_-], "PRIVATE
+//     KEY", " BLOCK"?, "-----"), within pemHeaderMax bytes of its dashes.
+//   - Molly's cut block: the header, then white space and base64 only; the
+//     match cannot pass the first byte that is neither (header bytes
+//     allowed up to pemHeaderMax).
+const pemHeaderMax = 10 + 100 + 11 + 6 + 5
+
+func pemWindowGitleaks(text string, p int) int {
+	from := p + pemHeaderMax + 64
+	if from >= len(text) {
+		return len(text)
+	}
+	for k := from; ; {
+		i := indexFold(text[k:], "key")
+		if i < 0 {
+			return min(len(text), from+14)
+		}
+		q := k + i + 3
+		if strings.HasPrefix(text[q:], "-----") {
+			return q + 5
+		}
+		if hasPrefixFold(text, q, " block-----") {
+			return q + 11
+		}
+		k = q
+	}
+}
+
+func isPEMHeaderByte(c byte) bool { return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-' }
+
+func pemWindowBlock(text string, p int) int {
+	for k := p + 10; ; {
+		i := strings.Index(text[k:], "-----END")
+		if i < 0 {
+			return p // no END line: no match
+		}
+		q := k + i + len("-----END")
+		// Does this END line complete?
+		j := q
+		for j < len(text) && j-q <= 100+11 && isPEMHeaderByte(text[j]) {
+			if strings.HasPrefix(text[j:], "PRIVATE KEY") {
+				e := j + len("PRIVATE KEY")
+				if strings.HasPrefix(text[e:], "-----") || strings.HasPrefix(text[e:], " BLOCK-----") {
+					return min(len(text), q+pemHeaderMax+1)
+				}
+			}
+			j++
+		}
+		k = q
+	}
+}
+
+func pemWindowCut(text string, p int) int {
+	h := min(len(text), p+pemHeaderMax)
+	k := p + 10
+	for k < h && (isPEMHeaderByte(text[k]) || isAlnum(text[k]) || text[k] == '+' || text[k] == '/' || text[k] == '=' || isSpaceByte(text[k])) {
+		k++
+	}
+	if k == h {
+		for k < len(text) && (isAlnum(text[k]) || text[k] == '+' || text[k] == '/' || text[k] == '=' || isSpaceByte(text[k])) {
+			k++
+		}
+	}
+	// The body needs a run of 16 base64 bytes.
+	run := 0
+	for q := p + 10; q < k; q++ {
+		if c := text[q]; isAlnum(c) || c == '+' || c == '/' || c == '=' {
+			if run++; run >= 16 {
+				return min(len(text), k+1)
+			}
+		} else {
+			run = 0
+		}
+	}
+	return p
+}
+
+// indexFold is strings.Index for a lower-case ASCII needle, ASCII
+// case-insensitively.
+func indexFold(s, needle string) int {
+	for i := 0; i+len(needle) <= len(s); i++ {
+		if lowerByte[s[i]] == needle[0] && hasPrefixFold(s, i, needle) {
+			return i
+		}
+	}
+	return -1
 }
 
 // lastIndexFold is strings.LastIndex for a lower-case ASCII needle,
@@ -581,6 +693,8 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			if r.width >= 0 {
 				e = min(len(text), p+r.width+1)
 				m = r.anchored.FindStringSubmatchIndex(text[p:e])
+			} else if r.window != nil {
+				m = r.anchored.FindStringSubmatchIndex(text[p:min(len(text), r.window(text, p))])
 			} else {
 				// Unbounded: try the next 2 KiB first (Go's backtracker
 				// runs there, the NFA on longer inputs); a match ending

@@ -103,7 +103,11 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 	for _, it := range loadJSONL(t, filepath.Join("testdata", "corpus", "tuning.jsonl"))[:300] {
 		texts = append(texts, it.segments...)
 	}
-	texts = append(texts, repeatTo(densePara, 4<<10), repeatTo(prosePara, 4<<10), strings.Repeat("key=", 300), strings.Repeat("api_key = \"", 200))
+	texts = append(texts, repeatTo(densePara, 4<<10), repeatTo(prosePara, 4<<10), strings.Repeat("key=", 300), strings.Repeat("api_key = \"", 200),
+		strings.Repeat("-----BEGIN RSA PRIVATE KEY-----\n", 100), strings.Repeat("-----BEGIN RSA PRIVATE KEY\n", 100),
+		"-----BEGIN RSA PRIVATE KEY-----\n"+strings.Repeat(keyPEMBody+"\n", 40)+"-----END CERTIFICATE-----\n-----BEGIN EC PRIVATE KEY-----\n"+keyPEMBody+"\n-----END EC PRIVATE KEY-----",
+		"x -----BEGIN OPENSSH PRIVATE KEY BLOCK-----\n"+strings.Repeat(keyPEMBody+"\n", 30)+"-----END OPENSSH PRIVATE KEY BLOCK----- y",
+		"-----begin private key-----"+strings.Repeat("a", 300)+"KEY BLOCK----- and -----BEGIN PRIVATE KEY----- "+keyPEMBody+" key-----")
 	total := 0
 	for _, text := range texts {
 		got := sortFindings(fastSecrets(s, text))
