@@ -38,7 +38,7 @@ type secretRule struct {
 	// starting at p must end by (see pemWindowGitleaks), so the rule runs
 	// on a bounded input.
 	window func(text string, p int) int
-	orig       string         // the pattern before the speed-ups (for tests)
+	orig   string // the pattern before the speed-ups (for tests)
 }
 
 // semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts
@@ -394,7 +394,9 @@ func pemWindowGitleaks(text string, p int) int {
 	}
 }
 
-func isPEMHeaderByte(c byte) bool { return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-' }
+func isPEMHeaderByte(c byte) bool {
+	return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-'
+}
 
 func pemWindowBlock(text string, p int) int {
 	for k := p + 10; ; {
