@@ -261,6 +261,12 @@ func buildSecretDetector() (*secretDetector, error) {
 				d.rules[len(d.rules)-1].assign = longest + 4 + 20 + 3 + 1
 				// The group gitleaks reports: SecretGroup, else the first.
 				d.rules[len(d.rules)-1].minSec = minGroupWidth(src, max(group, 1))
+				// A secret of n bytes has at most log2(n) bits of entropy
+				// per byte, so one that must exceed the rule's threshold
+				// is longer than 2^threshold bytes.
+				if e := r.Entropy; e > 0 {
+					d.rules[len(d.rules)-1].minSec = max(d.rules[len(d.rules)-1].minSec, int(math.Pow(2, e))+1)
+				}
 			}
 			d.rules[len(d.rules)-1].generic = id == "generic-api-key"
 		} else {
