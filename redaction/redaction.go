@@ -157,7 +157,7 @@ type Config struct {
 
 // Defaults of the scan budget (see Config).
 const (
-	DefaultScanTimeout  = 250 * time.Millisecond
+	DefaultScanTimeout  = time.Second
 	DefaultMaxScanBytes = 16 << 20
 	// workPerByte bounds the candidate work of one scan (validator calls,
 	// regular-expression bytes, decoded bytes) to this many units per byte
