@@ -366,3 +366,9 @@ func TestPersonDetection(t *testing.T) {
 		{"a unit before a capitalised word is not a title", "", "altitude 3247 m. Mis datos son privados", nil},
 	})
 }
+
+func TestIBANWithPlusSigns(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"an IBAN with a plus between every character", "", "iban I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6 ok", []string{"IBAN:I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6"}},
+	})
+}

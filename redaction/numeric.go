@@ -475,7 +475,7 @@ func (ns *numScan) iban() {
 	var cc [2]byte
 	for n := 1; n >= 0; n-- {
 		g := 0
-		for k > 0 && g < maxGap && isNumSep(text[k-1]) && text[k-1] != '+' {
+		for k > 0 && g < maxGap && isNumSep(text[k-1]) {
 			k--
 			g++
 		}
