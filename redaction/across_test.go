@@ -72,3 +72,21 @@ func TestScanAcrossNumbersValuesInOrder(t *testing.T) {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
 }
+
+// TestScanAcrossJoinsAroundAnotherTurn: an IBAN split over two user
+// messages with the assistant's reply between them is one value.
+func TestScanAcrossJoinsAroundAnotherTurn(t *testing.T) {
+	s := mustScanner(t)
+	segs := []string{"My IBAN is IT60 X054 2811 1010", "Thanks, please send the rest.", "0000 0123 456"}
+	var got []string
+	for _, f := range s.ScanAcross(segs) {
+		got = append(got, fmt.Sprintf("%s/%d:%s", f.Type, f.Segment, segs[f.Segment][f.Start:f.End]))
+	}
+	want := []string{"IBAN/0:IT60 X054 2811 1010", "IBAN/2:0000 0123 456"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if _, err := s.ScanAcrossBounded(segs); err != nil {
+		t.Fatal(err)
+	}
+}
