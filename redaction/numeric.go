@@ -44,24 +44,6 @@ func (c *cluster) gap(text string, k int) string { return text[c.atoms[k-1].e:c.
 // string (ds, with off[k] the offset of atom k's digits in it).
 func (ns *numScan) digitsOf(i, j int) string { return ns.ds[ns.off[i]:ns.off[j]] }
 
-// natural reports whether sub-range [i, j) has natural edges: each edge is
-// the cluster's edge or a gap that differs from every gap inside [i, j).
-func (c *cluster) natural(text string, i, j int) bool {
-	n := len(c.atoms)
-	if i == 0 && j == n {
-		return true
-	}
-	inner := func(g string) bool {
-		for k := i + 1; k < j; k++ {
-			if c.gap(text, k) == g {
-				return true
-			}
-		}
-		return false
-	}
-	return (i == 0 || !inner(c.gap(text, i))) && (j == n || !inner(c.gap(text, j)))
-}
-
 // allSingle reports whether every atom of [i, j) is one digit: a number
 // written with a separator between every digit.
 func (c *cluster) allSingle(i, j int) bool {
@@ -234,7 +216,8 @@ func (ns *numScan) add(typ, sub string, s, e int) {
 }
 
 // cluster tries every type on the sub-ranges of the current cluster with
-// natural edges (see cluster.natural), and cards on printed layouts. The
+// natural edges (each edge is the cluster's edge or a gap that differs
+// from every gap inside the sub-range), and cards on printed layouts. The
 // gap ids make each edge test O(1); a sub-range whose right edge is
 // already one of its inner gaps cannot grow to the left into a natural
 // one, so each end stops early: the whole walk is O(atoms × 19).
