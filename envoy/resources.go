@@ -255,6 +255,9 @@ func cluster(t *route.Target, cfg Config, withTLS bool) (*clusterv3.Cluster, *en
 	}
 	name := ClusterName(t)
 	la := &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+		// A weighted locality: gRPC clients drop localities without a weight.
+		Locality:            &corev3.Locality{Zone: t.Tier},
+		LoadBalancingWeight: wrapperspb.UInt32(1),
 		LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
 				Address: up.host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: up.port}}}}}}}},

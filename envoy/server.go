@@ -3,6 +3,7 @@ package envoy
 import (
 	"errors"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,9 @@ func NewServer(cp *ControlPlane) *Server {
 		grpc.MaxRecvMsgSize(2*DefaultMaxBodyBytes+(1<<20)), // a BUFFERED body in one message
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Streams run on reused workers: a policy evaluation needs a deep
+		// stack, which a new goroutine per stream would grow every time.
+		grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 	)
 	cp.Register(s.grpc)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, s)
