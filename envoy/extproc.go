@@ -182,7 +182,7 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	case extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 		return nil // answered once the body is in, before the body (headers, body, trailers order)
 	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
-		x.headersSent = true // the route is set with the body's answer (header mutations apply in BUFFERED mode)
+		x.headersSent = true                                                                                                                               // the route is set with the body's answer (header mutations apply in BUFFERED mode)
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}) // the body comes after this answer
 	default:
 		return x.immediate(&openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "ext_proc_misconfigured",

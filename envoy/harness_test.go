@@ -51,8 +51,8 @@ type fleet struct {
 
 // fleetOptions shape a fleet; zero values take the defaults.
 type fleetOptions struct {
-	targets    []*route.Target         // endpoints of targets named in ups are filled in
-	ups        []string                // upstreams to start, by target name
+	targets    []*route.Target // endpoints of targets named in ups are filled in
+	ups        []string        // upstreams to start, by target name
 	overrides  map[string]classify.Sensitivity
 	patterns   map[string][]string
 	keys       bool // authenticate keys (keyauth) instead of anonymous requests

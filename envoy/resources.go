@@ -438,7 +438,7 @@ func ExtProcFilter(cfg Config) *extprocv3.ExternalProcessor {
 		mode.RequestTrailerMode, mode.ResponseTrailerMode = extprocv3.ProcessingMode_SKIP, extprocv3.ProcessingMode_SKIP
 	}
 	return &extprocv3.ExternalProcessor{
-		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cfg.ControlPlaneCluster}}},
+		GrpcService:      &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cfg.ControlPlaneCluster}}},
 		FailureModeAllow: false,
 		ProcessingMode:   mode,
 		MessageTimeout:   durationpb.New(cfg.MessageTimeout),
