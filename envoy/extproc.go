@@ -182,8 +182,10 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	case extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 		return nil // answered once the body is in, before the body (headers, body, trailers order)
 	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
-		x.headersSent = true                                                                                                                               // the route is set with the body's answer (header mutations apply in BUFFERED mode)
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}) // the body comes after this answer
+		// The body comes after this answer; the route is set with the
+		// body's (header mutations apply in BUFFERED mode).
+		x.headersSent = true
+		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}})
 	default:
 		return x.immediate(&openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "ext_proc_misconfigured",
 			Message: "Molly's ext_proc filter must send the request body in BUFFERED or FULL_DUPLEX_STREAMED mode, not " + x.reqMode.String() + "."}, nil)
