@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,7 @@ import (
 // what one budget and one TPM allow.
 func TestTwoHandlesOnOneFileCannotOvershootTogether(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	a, b := open(t, path, c), open(t, path, c)
 	budget := put(t, a, Member{Name: "shared-budget", BudgetUSD: 1})
@@ -78,7 +77,7 @@ func TestTwoHandlesOnOneFileCannotOvershootTogether(t *testing.T) {
 // minute's tokens above the TPM.
 func TestNoRequestShapeOvershootsTheBudgetOrTheTPM(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	handles := []*Registry{open(t, path, c), open(t, path, c)}
 	members := []Member{

@@ -84,7 +84,7 @@ func (r *Registry) CreateKey(ctx context.Context, member, name string) (secret s
 		if err == nil {
 			return secret, k, nil
 		}
-		if !strings.Contains(err.Error(), "UNIQUE") {
+		if !strings.Contains(strings.ToUpper(err.Error()), "UNIQUE") { // SQLite's "UNIQUE constraint", PostgreSQL's "unique constraint"
 			break
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 func TestRecordIDsAreAssignedPerDecisionInTheTransaction(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	r := open(t, path, c)
 	rec := func(r *Registry, decision string) string {
@@ -47,7 +47,7 @@ func TestRecordIDsAreAssignedPerDecisionInTheTransaction(t *testing.T) {
 func TestTheSpendCounterEqualsTheLedgerPerPeriod(t *testing.T) {
 	ctx := context.Background()
 	c := &clock{t: t0}
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), c)
+	r := open(t, locate(t), c)
 	m := put(t, r, Member{Name: "alice", BudgetUSD: 1, Period: PeriodDay})
 	costs := []float64{0.1, 0.2, 0.3}
 	for _, cost := range costs {
@@ -85,7 +85,7 @@ func TestTheSpendCounterEqualsTheLedgerPerPeriod(t *testing.T) {
 
 func TestTheRPMWindowSurvivesReopen(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	r := open(t, path, c)
 	m := put(t, r, Member{Name: "bob", RPM: 3})

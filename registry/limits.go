@@ -51,6 +51,9 @@ func (r *Registry) Admit(ctx context.Context, m Member) (*Limited, error) {
 	}
 	var lim *Limited
 	err := r.txq(ctx, func(tx q) error {
+		if err := tx.lock(memberLock(m.Name)); err != nil {
+			return err
+		}
 		now := r.now() // under the write lock
 		cut := ms(now.Add(-RateWindow))
 		if m.RPM > 0 {

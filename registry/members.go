@@ -164,6 +164,9 @@ func (r *Registry) PutMember(ctx context.Context, m Member) (stored Member, crea
 		return Member{}, false, fmt.Errorf("registry: %w", err)
 	}
 	defer tx.Rollback()
+	if err := r.lock(ctx, tx, memberLock(m.Name)); err != nil {
+		return Member{}, false, fmt.Errorf("registry: %w", err)
+	}
 	var createdMS, oldStart int64
 	var oldPeriod string
 	err = tx.QueryRowContext(ctx, `SELECT created, period, period_start FROM members WHERE name = ?`, m.Name).Scan(&createdMS, &oldPeriod, &oldStart)

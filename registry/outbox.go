@@ -328,6 +328,9 @@ func (d *Deliverer) claim(n int) ([]claimed, time.Time, error) {
 	var out []claimed
 	var next sql.NullInt64
 	err := d.r.tx(ctx, func(tx *sql.Tx) error {
+		if err := d.r.lock(ctx, tx, "outbox/"+d.sink); err != nil { // one claimant at a time
+			return err
+		}
 		rows, err := tx.QueryContext(ctx, `UPDATE outbox SET claim_until = ?
 			WHERE sink = ? AND record_id IN (SELECT record_id FROM outbox
 				WHERE sink = ? AND state = 'pending' AND next_at <= ? AND claim_until <= ?

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"sort"
 	"sync"
@@ -104,7 +103,7 @@ var fast = DeliveryOptions{Timeout: time.Second, MinBackoff: 10 * time.Milliseco
 
 func TestEveryRecordIsDeliveredOnceWithItsValues(t *testing.T) {
 	ctx := context.Background()
-	r := openReal(t, filepath.Join(t.TempDir(), "molly.db"))
+	r := openReal(t, locate(t))
 	// Records before the sink exists are not queued for it.
 	record(t, r, 2, "before-")
 	if err := r.RegisterSink(ctx, "billing"); err != nil {
@@ -144,7 +143,7 @@ func TestEveryRecordIsDeliveredOnceWithItsValues(t *testing.T) {
 
 func TestAFailingSinkIsRetriedWithGrowingBackoff(t *testing.T) {
 	ctx := context.Background()
-	r := openReal(t, filepath.Join(t.TempDir(), "molly.db"))
+	r := openReal(t, locate(t))
 	b := newBook()
 	b.failures = 3
 	var mu sync.Mutex
@@ -182,7 +181,7 @@ func TestAFailingSinkIsRetriedWithGrowingBackoff(t *testing.T) {
 
 func TestARecordRefusedForGoodIsMarkedFailedAndCanBeRequeued(t *testing.T) {
 	ctx := context.Background()
-	r := openReal(t, filepath.Join(t.TempDir(), "molly.db"))
+	r := openReal(t, locate(t))
 	b := newBook()
 	b.refuse["r01"] = true
 	d, err := r.Deliver(ctx, "billing", b.send, fast)
@@ -217,7 +216,7 @@ func TestARecordRefusedForGoodIsMarkedFailedAndCanBeRequeued(t *testing.T) {
 // no acknowledgement, no Close), are sent by the next process.
 func TestPendingRecordsAreSentAfterARestart(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	first, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +259,7 @@ func TestPendingRecordsAreSentAfterARestart(t *testing.T) {
 }
 
 func TestDeliverRefusesBadOptions(t *testing.T) {
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), &clock{t: t0})
+	r := open(t, locate(t), &clock{t: t0})
 	for _, tc := range []struct {
 		name string
 		sink string

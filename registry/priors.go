@@ -119,6 +119,9 @@ func (r *Registry) ImportPriors(ctx context.Context, legacy string) (imported in
 		return 0, fmt.Errorf("registry: importing priors from %s: %w", abs, err)
 	}
 	err = r.tx(ctx, func(tx *sql.Tx) error {
+		if err := r.lock(ctx, tx, metaLock); err != nil {
+			return err
+		}
 		// Checked again under the write lock: another process may have imported it meanwhile.
 		switch err := tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&done); {
 		case err == nil:

@@ -1,5 +1,7 @@
 // Package registry is Molly's durable store, on SQLite (modernc.org/sqlite,
-// pure Go, WAL, opened by registry/sqlite): members, their API keys (hashed),
+// pure Go, WAL, opened by registry/sqlite) by default or on PostgreSQL
+// (pgx, opened by registry/postgres) for a fleet of gateways sharing one
+// store: members, their API keys (hashed),
 // scopes, budgets and rate limits; the usage ledger, the book of record that
 // budgets are charged against and the billing tool is fed from (a
 // transactional outbox); the reservations of requests in flight; the RPM
@@ -10,10 +12,13 @@
 // returns, so whatever Molly acknowledged to a client is on disk and
 // survives kill -9 (see registry/sqlite for the pragmas and why).
 //
-// Coordination: every transaction begins IMMEDIATE, so several Registry
-// handles on one file — several gateway processes — serialise their
-// admissions and records exactly: two processes cannot together overshoot
-// a budget or a TPM, and record ids stay unique.
+// Coordination: on SQLite every transaction begins IMMEDIATE, so several
+// Registry handles on one file — several gateway processes — serialise
+// their admissions and records exactly: two processes cannot together
+// overshoot a budget or a TPM, and record ids stay unique. On PostgreSQL
+// the transactions that read before they write take an advisory lock
+// first (per member for admissions and records, per sink for deliveries),
+// which serialises them the same way across every gateway on the database.
 package registry
 
 import (
@@ -28,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/molly-gateway/molly/registry/postgres"
 	"github.com/molly-gateway/molly/registry/sqlite"
 )
 
@@ -53,6 +59,7 @@ const DefaultLease = 2 * time.Minute
 type Options struct {
 	// Synchronous is SQLite's synchronous pragma: "NORMAL" (default; durable
 	// across process crashes in WAL mode) or "FULL" (also across power loss).
+	// PostgreSQL commits durably by its own settings (synchronous_commit).
 	Synchronous string
 	// Now is the clock (default time.Now); tests move it.
 	Now func() time.Time
@@ -65,6 +72,7 @@ type Options struct {
 type Registry struct {
 	db    *sql.DB
 	path  string
+	pg    bool // on PostgreSQL: advisory locks instead of IMMEDIATE, no prepared statements
 	now   func() time.Time
 	lease time.Duration
 	// owner names this handle in the reservations it holds (random).
@@ -81,9 +89,12 @@ type Registry struct {
 }
 
 // Open opens (creating if needed, with its folder) the registry file at path
-// and brings its schema up to date (migrations.go). Errors: ErrInvalid for
-// bad options; the folder cannot be made, the file cannot be opened or
-// migrated.
+// and brings its schema up to date (migrations.go); a path that is a
+// postgres:// or postgresql:// URL opens that PostgreSQL database instead
+// (registry/postgres; the schema from migrations_postgres.go). Errors:
+// ErrInvalid for bad options; the folder cannot be made, the file or
+// database cannot be opened or migrated (a DSN appears in errors without
+// its password).
 func Open(path string, opts Options) (*Registry, error) {
 	if path == "" {
 		return nil, fmt.Errorf("registry: empty path: %w", ErrInvalid)
@@ -99,13 +110,21 @@ func Open(path string, opts Options) (*Registry, error) {
 	if lease == 0 {
 		lease = DefaultLease
 	}
-	db, err := sqlite.Open(path, sqlite.Options{Synchronous: opts.Synchronous}, migrations()...)
+	pg := postgres.IsDSN(path)
+	var db *sql.DB
+	var err error
+	if pg {
+		db, err = postgres.Open(path, postgres.Options{}, pgMigrations()...)
+		path = postgres.Redact(path)
+	} else {
+		db, err = sqlite.Open(path, sqlite.Options{Synchronous: opts.Synchronous}, migrations()...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("registry: %w", err)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	r := &Registry{db: db, path: path, now: now, lease: lease, owner: hex.EncodeToString(id[:]),
+	r := &Registry{db: db, path: path, pg: pg, now: now, lease: lease, owner: hex.EncodeToString(id[:]),
 		stmts: map[string]*sql.Stmt{}, wake: map[chan struct{}]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := r.prepare(); err != nil {
 		db.Close()
@@ -115,7 +134,8 @@ func Open(path string, opts Options) (*Registry, error) {
 	return r, nil
 }
 
-// Path is the file the registry lives in.
+// Path is the file the registry lives in (a PostgreSQL DSN without its
+// password).
 func (r *Registry) Path() string { return r.path }
 
 // Close stops renewing this handle's reservations and closes the file.
@@ -199,6 +219,12 @@ func words(s string) []string {
 // path runs the same few over and over; database/sql re-prepares them by
 // itself on a new connection.
 func (r *Registry) prepare() error {
+	if r.pg {
+		// A server-side prepared statement has its parameter types guessed
+		// by the server (a "?" in a SELECT list becomes text); unprepared
+		// statements send the Go types (registry/postgres).
+		return nil
+	}
 	for _, query := range preparedQueries {
 		s, err := r.db.Prepare(query)
 		if err != nil {
@@ -255,6 +281,27 @@ func (r *Registry) exec(ctx context.Context, query string, args ...any) (sql.Res
 }
 
 type scanner interface{ Scan(dest ...any) error }
+
+// lock serialises the transactions that lock the same key across every
+// handle on the store: on PostgreSQL an advisory lock held to the end of
+// tx; on SQLite nothing, as every transaction already holds the write lock.
+func (r *Registry) lock(ctx context.Context, tx *sql.Tx, key string) error {
+	if !r.pg {
+		return nil
+	}
+	return postgres.Lock(ctx, tx, key)
+}
+
+// lock is Registry.lock in q's transaction.
+func (q q) lock(key string) error { return q.r.lock(q.ctx, q.tx, key) }
+
+// Lock keys.
+func memberLock(name string) string { return "member/" + name }
+
+const (
+	recordIDLock = "usage/record-ids" // records without a decision id number themselves
+	metaLock     = "meta"
+)
 
 // txq runs fn in one (IMMEDIATE) transaction and commits it.
 func (r *Registry) txq(ctx context.Context, fn func(q q) error) error {

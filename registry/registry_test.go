@@ -30,6 +30,10 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// locate returns where a test's registry lives: a new SQLite file, or,
+// while TestPostgres runs the generic tests, a new PostgreSQL database.
+var locate = func(t *testing.T) string { return filepath.Join(t.TempDir(), "molly.db") }
+
 func open(t *testing.T, path string, c *clock) *Registry {
 	t.Helper()
 	r, err := Open(path, Options{Now: c.now})
@@ -53,7 +57,7 @@ var t0 = time.Date(2026, 3, 15, 10, 0, 0, 0, time.UTC)
 
 func TestMembersValidateAndRoundTrip(t *testing.T) {
 	ctx := context.Background()
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), &clock{t: t0})
+	r := open(t, locate(t), &clock{t: t0})
 	tests := []struct {
 		name    string
 		m       Member
@@ -144,7 +148,7 @@ func TestPeriodAt(t *testing.T) {
 
 func TestKeys(t *testing.T) {
 	ctx := context.Background()
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), &clock{t: t0})
+	r := open(t, locate(t), &clock{t: t0})
 	put(t, r, Member{Name: "alice", Tiers: []string{"T0"}})
 	secret, k, err := r.CreateKey(ctx, "alice", "laptop")
 	if err != nil {
@@ -187,15 +191,33 @@ func TestKeys(t *testing.T) {
 		})
 	}
 
-	// Only the hash is stored: the file never holds the key.
-	raw, err := os.ReadFile(r.Path())
+	// Only the hash is stored: the file (on SQLite), and every row of the
+	// keys table, never hold the key.
+	if !r.pg {
+		raw, err := os.ReadFile(r.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wal, _ := os.ReadFile(r.Path() + "-wal")
+		if strings.Contains(string(raw)+string(wal), secret) || strings.Contains(string(raw)+string(wal), secret[17:]) {
+			t.Fatal("the database file holds the key")
+		}
+	}
+	rows, err := r.db.QueryContext(ctx, `SELECT hash, prefix, member, name FROM keys`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wal, _ := os.ReadFile(r.Path() + "-wal")
-	if strings.Contains(string(raw)+string(wal), secret) || strings.Contains(string(raw)+string(wal), secret[17:]) {
-		t.Fatal("the database file holds the key")
+	for rows.Next() {
+		var hash []byte
+		var prefix, member, name string
+		if err := rows.Scan(&hash, &prefix, &member, &name); err != nil {
+			t.Fatal(err)
+		}
+		if row := string(hash) + prefix + member + name; strings.Contains(row, secret[17:]) {
+			t.Fatal("the keys table holds the key")
+		}
 	}
+	rows.Close()
 
 	if err := r.RevokeKey(ctx, k.Prefix); err != nil {
 		t.Fatal(err)
@@ -220,7 +242,7 @@ func TestKeys(t *testing.T) {
 
 func TestBudgetTripsAtTheRightRequestAndSurvivesRestart(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	r := open(t, path, c)
 	m := put(t, r, Member{Name: "alice", BudgetUSD: 0.0003, Period: PeriodDay})
@@ -293,7 +315,7 @@ func TestRateLimits(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{t: t0}
-			r := open(t, filepath.Join(t.TempDir(), "molly.db"), c)
+			r := open(t, locate(t), c)
 			put(t, r, tt.m)
 			refused := 0
 			var lim *Limited
@@ -332,7 +354,7 @@ func TestRateLimits(t *testing.T) {
 }
 
 func TestTokenWindowSurvivesRestart(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	r := open(t, path, c)
 	m := put(t, r, Member{Name: "a", TPM: 100})

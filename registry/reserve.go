@@ -71,24 +71,32 @@ func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, usd float6
 	exp, budget := nusd(usd), nusd(m.BudgetUSD)
 	var refusal error
 	err := r.txq(ctx, func(tx q) error {
+		if err := tx.lock(memberLock(m.Name)); err != nil {
+			return err
+		}
 		now := r.now() // under the write lock: admissions and records see one order of time
 		nowMS := ms(now)
 		if _, err := tx.exec(qExpire, nowMS); err != nil {
 			return err
 		}
 		// One statement: the row is inserted only when both limits hold.
-		err := tx.row(qReserve,
-			m.Name, exp, tokens, r.owner, nowMS, ms(now.Add(r.lease)),
-			budget, m.Name, periodKey(&m, now), m.Name, exp, budget,
-			m.TPM, m.Name, ms(now.Add(-RateWindow)), m.Name, tokens, m.TPM,
-		).Scan(&res.ID)
-		if !errors.Is(err, sql.ErrNoRows) {
-			return err
+		// On PostgreSQL a Release (which takes no lock: it only frees room)
+		// may commit between the insert and the explanation; the room it
+		// made is then tried again.
+		for range 3 {
+			err := tx.row(qReserve,
+				m.Name, exp, tokens, r.owner, nowMS, ms(now.Add(r.lease)),
+				budget, m.Name, periodKey(&m, now), m.Name, exp, budget,
+				m.TPM, m.Name, ms(now.Add(-RateWindow)), m.Name, tokens, m.TPM,
+			).Scan(&res.ID)
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			if refusal, err = r.refusal(tx, m, now, tokens, usd); err != nil || refusal != nil {
+				return err
+			}
 		}
-		if refusal, err = r.refusal(tx, m, now, tokens, usd); err == nil && refusal == nil {
-			err = errors.New("the admission found no room but no limit is reached")
-		}
-		return err
+		return errors.New("the admission found no room but no limit is reached")
 	})
 	if err != nil {
 		return nil, fmt.Errorf("registry: reserving for %s: %w", m.Name, err)

@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +11,7 @@ import (
 
 func TestConcurrentAdmissionsWithABudgetFittingExactlyThreeAdmitThree(t *testing.T) {
 	ctx := context.Background()
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), &clock{t: t0})
+	r := open(t, locate(t), &clock{t: t0})
 	m := put(t, r, Member{Name: "alice", BudgetUSD: 0.3, Period: PeriodDay})
 	const n = 30
 	var admitted, refused atomic.Int32
@@ -66,7 +65,7 @@ func TestConcurrentAdmissionsWithABudgetFittingExactlyThreeAdmitThree(t *testing
 
 func TestAReleasedReservationOfAFailedRequestFreesTheBudget(t *testing.T) {
 	ctx := context.Background()
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), &clock{t: t0})
+	r := open(t, locate(t), &clock{t: t0})
 	m := put(t, r, Member{Name: "bob", BudgetUSD: 0.2})
 	first, err := r.Reserve(ctx, m, 10, 0.1)
 	if err != nil {
@@ -95,7 +94,7 @@ func TestAReleasedReservationOfAFailedRequestFreesTheBudget(t *testing.T) {
 
 func TestARecordSettlesItsReservationAndReleaseFreesTheRest(t *testing.T) {
 	ctx := context.Background()
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), &clock{t: t0})
+	r := open(t, locate(t), &clock{t: t0})
 	m := put(t, r, Member{Name: "eve", BudgetUSD: 1, TPM: 1000})
 	res, err := r.Reserve(ctx, m, 600, 0.6) // worst case: e.g. n=3 × 200 tokens
 	if err != nil {
@@ -125,7 +124,7 @@ func TestARecordSettlesItsReservationAndReleaseFreesTheRest(t *testing.T) {
 func TestTPMCountsTheRequestsOwnTokens(t *testing.T) {
 	ctx := context.Background()
 	c := &clock{t: t0}
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), c)
+	r := open(t, locate(t), c)
 	m := put(t, r, Member{Name: "carol", TPM: 250})
 
 	_, err := r.Reserve(ctx, m, 3000, 0)
@@ -164,7 +163,7 @@ func TestTPMCountsTheRequestsOwnTokens(t *testing.T) {
 func TestTPMRetryAfterIsWhenRecordedTokensLeaveTheWindow(t *testing.T) {
 	ctx := context.Background()
 	c := &clock{t: t0}
-	r := open(t, filepath.Join(t.TempDir(), "molly.db"), c)
+	r := open(t, locate(t), c)
 	m := put(t, r, Member{Name: "dave", TPM: 250})
 	res, err := r.Reserve(ctx, m, 200, 0)
 	if err != nil {
@@ -188,7 +187,7 @@ func TestTPMRetryAfterIsWhenRecordedTokensLeaveTheWindow(t *testing.T) {
 
 func TestTheReservationsOfADeadProcessExpireWithTheirLease(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	c := &clock{t: t0}
 	dead, err := Open(path, Options{Now: c.now, Lease: time.Minute})
 	if err != nil {
@@ -213,7 +212,7 @@ func TestTheReservationsOfADeadProcessExpireWithTheirLease(t *testing.T) {
 
 func TestALiveProcessRenewsItsLeases(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "molly.db")
+	path := locate(t)
 	// A real clock: the renewal runs on a ticker (Lease/4 = 50 ms).
 	r, err := Open(path, Options{Lease: 200 * time.Millisecond})
 	if err != nil {

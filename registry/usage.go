@@ -60,6 +60,14 @@ func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 	cost := nusd(u.CostUSD)
 	var id string
 	err := r.txq(ctx, func(tx q) error {
+		if err := tx.lock(memberLock(u.Member)); err != nil {
+			return err
+		}
+		if u.DecisionID == "" {
+			if err := tx.lock(recordIDLock); err != nil {
+				return err
+			}
+		}
 		// The clock is read under the write lock, so that records and
 		// admissions of every process see time in their commit order.
 		commit := r.now()
