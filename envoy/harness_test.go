@@ -112,8 +112,8 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 		o.configured(pp)
 	}
 	f.pp = pp
-	cp := NewControlPlane(Config{}, log)
-	if _, err := cp.Update(context.Background(), f.cat); err != nil {
+	cp := NewControlPlane(log)
+	if _, err := cp.Update(context.Background(), f.cat, Config{}); err != nil {
 		t.Fatal(err)
 	}
 	if f.res, _, err = Build(f.cat, Config{}); err != nil {

@@ -68,7 +68,6 @@ type ControlPlane struct {
 	cache  cache.SnapshotCache
 	server server.Server
 	log    *zap.Logger
-	cfg    Config
 
 	mu      sync.Mutex
 	version string
@@ -76,11 +75,11 @@ type ControlPlane struct {
 
 // NewControlPlane returns a control plane with an empty cache; Update
 // gives it its first snapshot. log (nil: none) receives NACKs and updates.
-func NewControlPlane(cfg Config, log *zap.Logger) *ControlPlane {
+func NewControlPlane(log *zap.Logger) *ControlPlane {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	cp := &ControlPlane{log: log, cfg: cfg}
+	cp := &ControlPlane{log: log}
 	cp.cache = cache.NewSnapshotCache(true, NodeGroup{}, zapLogger{log.Named("xds").Sugar()})
 	cp.server = server.NewServer(context.Background(), cp.cache, server.CallbackFuncs{
 		StreamRequestFunc: func(id int64, req *discoverygrpc.DiscoveryRequest) error {
@@ -112,13 +111,13 @@ func (cp *ControlPlane) Register(s *grpc.Server) {
 	routeservice.RegisterRouteDiscoveryServiceServer(s, cp.server)
 }
 
-// Update builds the resources of cat (Build) and, when they differ from
-// the current snapshot's, sets a new consistent snapshot for both node
-// groups; it returns the version in effect. Errors: Build's, or a snapshot
-// that is not consistent (a cluster without its endpoints, a listener
-// without its routes); the previous snapshot then stays.
-func (cp *ControlPlane) Update(ctx context.Context, cat *route.Catalogue) (string, error) {
-	envoyRes, grpcRes, err := Build(cat, cp.cfg)
+// Update builds the resources of cat under cfg (Build) and, when they
+// differ from the current snapshot's, sets a new consistent snapshot for
+// both node groups; it returns the version in effect. Errors: Build's, or
+// a snapshot that is not consistent (a cluster without its endpoints, a
+// listener without its routes); the previous snapshot then stays.
+func (cp *ControlPlane) Update(ctx context.Context, cat *route.Catalogue, cfg Config) (string, error) {
+	envoyRes, grpcRes, err := Build(cat, cfg)
 	if err != nil {
 		return "", fmt.Errorf("envoy: %w", err)
 	}

@@ -79,8 +79,8 @@ func TestGRPCXDSClientResolvesAClusterPerModelAndSeesANewTarget(t *testing.T) {
 	extT := func() *route.Target {
 		return &route.Target{Name: "external", Tier: "T3", Endpoint: "http://" + ext + "/v1", Models: []string{"chat", "gpt-4o"}}
 	}
-	cp := NewControlPlane(Config{}, zap.NewNop())
-	v1, err := cp.Update(context.Background(), catalogue(t, lanT(), extT()))
+	cp := NewControlPlane(zap.NewNop())
+	v1, err := cp.Update(context.Background(), catalogue(t, lanT(), extT()), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestGRPCXDSClientResolvesAClusterPerModelAndSeesANewTarget(t *testing.T) {
 	// A target added to the catalogue is a new snapshot version, and the
 	// client routes to it.
 	v2, err := cp.Update(context.Background(), catalogue(t, lanT(), extT(),
-		&route.Target{Name: "lan2", Tier: "T1", Endpoint: "http://" + lan2 + "/v1", Models: []string{"chat"}}))
+		&route.Target{Name: "lan2", Tier: "T1", Endpoint: "http://" + lan2 + "/v1", Models: []string{"chat"}}), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,15 +149,15 @@ func TestGRPCXDSClientResolvesAClusterPerModelAndSeesANewTarget(t *testing.T) {
 	waitServed("chat", "lan", "lan")
 	// The same catalogue again is the same version.
 	if v3, err := cp.Update(context.Background(), catalogue(t, lanT(), extT(),
-		&route.Target{Name: "lan2", Tier: "T1", Endpoint: "http://" + lan2 + "/v1", Models: []string{"chat"}})); err != nil || v3 != v2 {
+		&route.Target{Name: "lan2", Tier: "T1", Endpoint: "http://" + lan2 + "/v1", Models: []string{"chat"}}), Config{}); err != nil || v3 != v2 {
 		t.Fatalf("an unchanged catalogue: version %s (%v), want %s", v3, err, v2)
 	}
 }
 
 func TestControlPlaneLogsNACKsWithTheirDetail(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	cp := NewControlPlane(Config{}, zap.New(core))
-	if _, err := cp.Update(context.Background(), catalogue(t, &route.Target{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"chat"}})); err != nil {
+	cp := NewControlPlane(zap.New(core))
+	if _, err := cp.Update(context.Background(), catalogue(t, &route.Target{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"chat"}}), Config{}); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := grpc.NewClient(startControlPlane(t, cp), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -61,7 +61,7 @@ func (a *App) provisionPriors() error {
 		if n, err := reg.ImportPriors(context.Background(), legacy); err != nil {
 			a.logger.Error("importing the legacy priors file failed; it is left as it is", zap.String("path", legacy), zap.Error(err))
 		} else if n > 0 {
-			a.logger.Info("legacy priors imported into the registry", zap.String("from", legacy), zap.String("registry", a.registryPath), zap.Int("priors", n))
+			a.logger.Info("legacy priors imported into the registry", zap.String("from", legacy), zap.String("registry", a.registry.Path()), zap.Int("priors", n))
 		}
 		h := &priorsHandle{Priors: route.NewPriors(), path: a.registryPath}
 		if err := h.Attach(priorStore{reg}); err != nil {
@@ -71,11 +71,11 @@ func (a *App) provisionPriors() error {
 		return h, nil
 	})
 	if err != nil {
-		return fmt.Errorf("priors in %s: %w", a.registryPath, err)
+		return fmt.Errorf("priors in %s: %w", a.registry.Path(), err)
 	}
 	a.priors = v.(*priorsHandle)
 	if !loaded {
-		a.logger.Info("priors loaded", zap.String("registry", a.registryPath))
+		a.logger.Info("priors loaded", zap.String("registry", a.registry.Path()))
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/molly-gateway/molly/registry"
+	"github.com/molly-gateway/molly/registry/postgres"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/meter"
@@ -26,8 +27,9 @@ type pooledRegistry struct{ *registry.Registry }
 
 func (p pooledRegistry) Destruct() error { return p.Close() }
 
-// AcquireRegistry opens the registry file at path (absolute), or takes one
-// more reference to it when it is open; ReleaseRegistry gives one back and
+// AcquireRegistry opens the registry file at path (absolute) or the
+// PostgreSQL database of a postgres:// DSN, or takes one more reference to
+// it when it is open; ReleaseRegistry gives one back and
 // reports whether that closed it.
 func AcquireRegistry(path string) (*registry.Registry, error) {
 	v, _, err := registries.LoadOrNew(path, func() (caddy.Destructor, error) {
@@ -46,18 +48,23 @@ func AcquireRegistry(path string) (*registry.Registry, error) {
 // ReleaseRegistry gives back a reference taken by AcquireRegistry.
 func ReleaseRegistry(path string) (closed bool, err error) { return registries.Delete(path) }
 
-// provisionRegistry opens the app's registry file.
+// provisionRegistry opens the app's registry: its SQLite file, or the
+// PostgreSQL database a postgres:// URL names (shared by several gateways).
 func (a *App) provisionRegistry() error {
 	p := a.RegistryFile
 	if p == "" {
 		p = DefaultRegistry()
 	}
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return fmt.Errorf("registry %s: %w", p, err)
+	abs := p
+	if !postgres.IsDSN(p) {
+		var err error
+		if abs, err = filepath.Abs(p); err != nil {
+			return fmt.Errorf("registry %s: %w", p, err)
+		}
 	}
+	var err error
 	if a.registry, err = AcquireRegistry(abs); err != nil {
-		return fmt.Errorf("registry %s: %w", abs, err)
+		return fmt.Errorf("registry %s: %w", postgres.Redact(abs), err) // a DSN's password is never shown
 	}
 	a.registryPath = abs
 	return nil
@@ -76,7 +83,9 @@ func (a *App) cleanupRegistry() error {
 // nil before Provision.
 func (a *App) Registry() *registry.Registry { return a.registry }
 
-// RegistryPath returns the absolute path of the app's registry file.
+// RegistryPath returns the absolute path of the app's registry file, or
+// its PostgreSQL DSN (with its password: never log it; Registry().Path()
+// is the shown form).
 func (a *App) RegistryPath() string { return a.registryPath }
 
 // RegistryUsage converts a router usage record for the registry; res, when

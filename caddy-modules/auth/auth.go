@@ -21,6 +21,7 @@ import (
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
+	"github.com/molly-gateway/molly/registry/postgres"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/openai"
@@ -62,13 +63,16 @@ func (au *Auth) Provision(ctx caddy.Context) error {
 	}
 	path := a.RegistryPath()
 	if au.DB != "" {
-		db, err := filepath.Abs(au.DB)
-		if err != nil {
-			return fmt.Errorf("molly_auth: db %s: %w", au.DB, err)
+		db := au.DB
+		if !postgres.IsDSN(db) {
+			if db, err = filepath.Abs(au.DB); err != nil {
+				return fmt.Errorf("molly_auth: db %s: %w", au.DB, err)
+			}
 		}
 		if db != path {
+			shown, appShown := postgres.Redact(db), postgres.Redact(path)
 			return fmt.Errorf("molly_auth: db %s is not the registry of the molly app (%s): members, keys, usage and priors live in one registry; "+
-				"set `registry %s` in the global molly option and drop db here (db is only an alias of that file)", db, path, db)
+				"set `registry %s` in the global molly option and drop db here (db is only an alias of that file)", shown, appShown, shown)
 		}
 	}
 	if au.reg, err = app.AcquireRegistry(path); err != nil {

@@ -83,6 +83,8 @@ func TestExamplesValidate(t *testing.T) {
 			abs, _ := filepath.Abs(f)
 			cmd := exec.Command(mollyBin, "validate", "--config", abs, "--adapter", "caddyfile")
 			cmd.Dir = dir
+			// Caddy's data directory (the default registry) is the test's, not the user's.
+			cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("validate: %v\n%s", err, out)
 			}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/molly-gateway/molly/internal/pgtest"
 )
 
 // mollyBin is the real binary, built once for the package's tests.
@@ -33,6 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	pgtest.Stop() // the PostgreSQL cluster of the registry tests, if one started
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -46,8 +46,12 @@ func IsDSN(s string) bool {
 }
 
 // Redact returns dsn with its password replaced by "xxxxx", for logs and
-// errors; a DSN that does not parse becomes "postgres://…".
+// errors; a DSN that does not parse becomes "postgres://…", and what is
+// not a DSN (a SQLite file) is returned as it is.
 func Redact(dsn string) string {
+	if !IsDSN(dsn) {
+		return dsn
+	}
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return "postgres://…"
