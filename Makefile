@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench fuzz lint model deps clean env
+.PHONY: all build run test bench fuzz lint model deps postgres clean env
 
 all: build
 
@@ -32,7 +32,17 @@ deps:
 	@command -v gcc >/dev/null && command -v g++ >/dev/null || { \
 		echo "installing gcc/g++ for cgo (llama.cpp)"; \
 		apt-get update -qq && apt-get install -y -qq gcc g++ >/dev/null; }
+	@$(MAKE) -s postgres
 	$(GO) mod download
+
+# PostgreSQL's programs for the registry's PostgreSQL tests (internal/pgtest
+# starts a throwaway cluster per test binary); without them those tests skip
+# and say so. Installing needs root; elsewhere this only tells.
+postgres:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then echo "installing postgresql for the registry's PostgreSQL tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+		else echo "postgresql is not installed: the registry's PostgreSQL tests will skip (apt-get install postgresql)"; fi; }
 
 build: deps
 	$(GO) build -o $(BIN) ./cmd/molly
