@@ -96,7 +96,6 @@ type exchange struct {
 	finished     bool // an ImmediateResponse ended the exchange
 
 	carried      *pipeline.Carried
-	respHeaders  bool // the response headers message was answered
 	respBody     []byte
 	respStreamed bool
 }
@@ -292,8 +291,8 @@ func (x *exchange) requestMutation(model string, n int) *extprocv3.HeaderMutatio
 	set("content-length", strconv.Itoa(n))
 	for k := range x.header {
 		lk := strings.ToLower(k)
-		if _, keep := up[k]; keep || lk == "host" || lk == "content-length" || strings.HasPrefix(lk, "x-envoy-") {
-			continue
+		if _, keep := up[k]; keep || lk == "host" || lk == "content-length" || lk == HeaderCluster || lk == HeaderModel || strings.HasPrefix(lk, "x-envoy-") {
+			continue // set above (a client's own x-molly-cluster is overwritten), or Envoy's
 		}
 		m.RemoveHeaders = append(m.RemoveHeaders, lk)
 	}
@@ -322,16 +321,13 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	switch {
 	case c.Streaming():
 		x.respStreamed = true
-		x.respHeaders = true
 		return x.sendResponseHeaders(c.StartStream(), false)
 	case h.GetEndOfStream():
-		x.respHeaders = true
 		out, _ := c.Whole(nil)
 		return x.sendResponseHeaders(out, true)
 	case x.respMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 		return nil // answered with the body: Molly's headers depend on it (Content-Length)
-	default:
-		x.respHeaders = true // BUFFERED: the header mutation comes with the body's answer
+	default: // BUFFERED: the header mutation comes with the body's answer
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}})
 	}
 }

@@ -85,6 +85,8 @@ func TestPolicyPointRoutesBySensitivityWithEnvoysMessageSequence(t *testing.T) {
 				c.buffered, c.reqPieces, c.respPieces = mode.buffered, mode.pieces, mode.pieces
 				c.header["authorization"] = "Bearer sk-client-key-not-forwarded"
 				c.header["x-client-secret"] = "never upstream"
+				c.header[HeaderCluster] = "external" // a client cannot pick the cluster
+				c.header[HeaderModel] = "chat"
 				out := f.play(t, c)
 				if out.immediate != nil {
 					t.Fatalf("answered immediately: %d %s", out.status, out.body)
