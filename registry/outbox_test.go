@@ -158,6 +158,8 @@ func TestAFailingSinkIsRetriedWithGrowingBackoff(t *testing.T) {
 	defer d.Close()
 	record(t, r, 1, "x")
 	waitFor(t, 5*time.Second, "delivery after three failures", func() bool { return len(b.ids()) == 1 })
+	// The attempt is observed once its outcome is stored, after the sink acknowledged.
+	waitFor(t, 5*time.Second, "the delivery observed", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 4 })
 	times := b.at["x00"]
 	if len(times) != 4 {
 		t.Fatalf("%d sends, want 4", len(times))
