@@ -251,12 +251,21 @@ func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, s
 		p.Priors.ObserveThroughput(o.cand.Target.Name, o.cand.Model, completion, gen)
 	}
 	p.Metrics.Served(rq.a, o.cand, decision, total.Seconds(), o.ttfb.Seconds(), prompt, completion)
+	rq.track(o, decision != "client_closed" && decision != "output_blocked")
+	rq.outcome.Label = decision
+	if rq.outcome.Status == 0 {
+		rq.outcome.Status = o.status
+		if decision == "output_blocked" && o.stream == nil {
+			rq.outcome.Status = http.StatusForbidden
+		}
+	}
 }
 
 // spend accounts an answer that was obtained but not returned: its latency
 // feeds the priors, its tokens and cost the metrics (its usage is already
 // recorded).
 func (p *Pipeline) spend(rq *request, o *outcome) {
+	rq.track(o, false)
 	if o.stream == nil { // a held stream was cut short: its total time says nothing
 		p.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, o.total)
 	}
