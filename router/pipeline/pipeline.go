@@ -70,7 +70,10 @@ type Pipeline struct {
 	// FirstEventTimeout bounds the wait for a stream's first content event
 	// (0: DefaultFirstEventTimeout).
 	FirstEventTimeout time.Duration
-	Logger            *zap.Logger
+	// Orchestrator serves the requests it triages as composite
+	// (router/orchestrate); nil: every request takes the single-route path.
+	Orchestrator Orchestrator
+	Logger       *zap.Logger
 }
 
 func (p *Pipeline) log() *zap.Logger {
@@ -121,6 +124,8 @@ type request struct {
 	tried []failed // attempts that failed, for the error and the log
 	// release gives back the plan's reservation; never nil once reserved.
 	release func()
+	// answered, when set, sees every answer delivered (RunDerived).
+	answered func(o *outcome)
 }
 
 // failed is one attempt that did not answer.
@@ -144,6 +149,15 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
 	if a.Endpoint() == openai.EndpointModels {
 		return p.models(rq)
+	}
+	if p.Orchestrator != nil {
+		if composite, err := p.Orchestrator.Triage(r, a); err != nil || composite {
+			if err != nil {
+				p.Metrics.Unrouted(a, "bad_request")
+				return err
+			}
+			return p.Orchestrator.Serve(w, r, a, d)
+		}
 	}
 	o, aerr := route.ParseOverrides(r.Header)
 	if aerr != nil {
