@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
 
 	"github.com/molly-gateway/molly/policies"
 )
@@ -150,7 +152,7 @@ func ParsePlan(text []byte) (*Plan, []error) {
 }
 
 // schemaErrors lists the leaves of a schema validation error, the
-// instance location first.
+// instance location first ("at /subtasks/0: missing property 'instruction'").
 func schemaErrors(err error) []error {
 	var ve *jsonschema.ValidationError
 	if !errors.As(err, &ve) {
@@ -158,25 +160,26 @@ func schemaErrors(err error) []error {
 	}
 	var out []error
 	seen := map[string]bool{}
-	for _, u := range ve.BasicOutput().Errors {
-		if u.Error == nil {
-			continue
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) > 0 {
+			for _, c := range e.Causes {
+				walk(c)
+			}
+			return
 		}
-		loc := u.InstanceLocation
-		if loc == "" {
-			loc = "/"
-		}
-		msg := fmt.Sprintf("at %s: %s", loc, u.Error.String())
+		loc := "/" + strings.Join(e.InstanceLocation, "/")
+		msg := fmt.Sprintf("at %s: %s", loc, e.ErrorKind.LocalizedString(printer))
 		if !seen[msg] {
 			seen[msg] = true
 			out = append(out, fmt.Errorf("%w: %s", ErrSchema, msg))
 		}
 	}
-	if len(out) == 0 {
-		out = []error{fmt.Errorf("%w: %v", ErrSchema, err)}
-	}
+	walk(ve)
 	return out
 }
+
+var printer = message.NewPrinter(language.English)
 
 // Bounds are what a plan's inputs may address: the client's messages and
 // the parts of its last user message.
