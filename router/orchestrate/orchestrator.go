@@ -263,6 +263,7 @@ func (o *Orchestrator) Triage(r *http.Request, a *classify.Annotation) (bool, er
 // in one of several parts. A text without two sentence ends or list items
 // is rejected before any estimate.
 func (o *Orchestrator) composite(text string) bool {
+	text = strings.TrimSpace(text)
 	if strings.Count(text, "\n")+strings.Count(text, ". ")+strings.Count(text, "? ")+strings.Count(text, "; ") < 1 {
 		return false
 	}
