@@ -82,9 +82,9 @@ type App struct {
 	pipeline  *pipeline.Pipeline
 	// orchestrator serves composite requests; nil when turned off.
 	orchestrator *orchestrate.Orchestrator
-	logger    *zap.Logger
-	tools     *plugins.Manager
-	usage     *registry.Deliverer // UsageTool's deliverer (usage.go)
+	logger       *zap.Logger
+	tools        *plugins.Manager
+	usage        *registry.Deliverer // UsageTool's deliverer (usage.go)
 	// toolClassifier classifies direct tool calls (admin.go): the default detectors.
 	toolClassifier *classify.Classifier
 
