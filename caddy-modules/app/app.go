@@ -80,11 +80,9 @@ type App struct {
 	catalogue *route.Catalogue
 	egress    *egress.Egress
 	pipeline  *pipeline.Pipeline
-	// orchestrator serves composite requests; nil when turned off.
-	orchestrator *orchestrate.Orchestrator
-	logger       *zap.Logger
-	tools        *plugins.Manager
-	usage        *registry.Deliverer // UsageTool's deliverer (usage.go)
+	logger    *zap.Logger
+	tools     *plugins.Manager
+	usage     *registry.Deliverer // UsageTool's deliverer (usage.go)
 	// toolClassifier classifies direct tool calls (admin.go): the default detectors.
 	toolClassifier *classify.Classifier
 
@@ -92,6 +90,9 @@ type App struct {
 	registryPath string
 	anonymous    *identity.Identity // requests without molly_auth (registry.go)
 	priors       *priorsHandle      // shared across reloads (priors.go)
+
+	// orchestrator serves composite requests; nil when turned off.
+	orchestrator *orchestrate.Orchestrator
 }
 
 func init() { caddy.RegisterModule(App{}) }

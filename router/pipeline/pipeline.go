@@ -70,10 +70,11 @@ type Pipeline struct {
 	// FirstEventTimeout bounds the wait for a stream's first content event
 	// (0: DefaultFirstEventTimeout).
 	FirstEventTimeout time.Duration
+	Logger            *zap.Logger
+
 	// Orchestrator serves the requests it triages as composite
 	// (router/orchestrate); nil: every request takes the single-route path.
 	Orchestrator Orchestrator
-	Logger       *zap.Logger
 }
 
 func (p *Pipeline) log() *zap.Logger {
