@@ -190,6 +190,7 @@ func (rn *run) admit() (release func(), err error) {
 		return nil, &openai.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: policies.CodePlanDenied, Message: msg + ".",
 			Extra: map[string]any{"reasons": orEmptyStrings(d.Reasons), "plan_id": rn.rec.ID, "decision_id": d.ID, "cause": d.Code}}
 	}
+	rn.admitted = rn.spentNow()
 	release, err = rn.reserve(rn.budget)
 	if err != nil {
 		return nil, err

@@ -192,6 +192,7 @@ func (rn *run) refine() (string, *Uncertainty) {
 			worst.CostUSD += float64(s.Alternatives) * w.CostUSD
 		}
 		spent := rn.spentNow()
+		spent.Tokens, spent.CostUSD = spent.Tokens-rn.admitted.Tokens, spent.CostUSD-rn.admitted.CostUSD
 		switch {
 		case len(targets) == 0:
 			stop = StoppedNotRefinable

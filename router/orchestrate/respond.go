@@ -73,6 +73,7 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(body)))
 		rn.w.WriteHeader(http.StatusOK)
+		rn.wrote = true
 		_, _ = rn.w.Write(body)
 		return nil
 	}

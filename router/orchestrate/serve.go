@@ -46,12 +46,17 @@ type run struct {
 	// decided as if a model there had called them.
 	plannerTier, plannerTarget string
 	budget                     Cost
+	// admitted is what was spent before admission (the controller's
+	// calls, reserved on their own): refinement draws on the plan's
+	// budget from there.
+	admitted Cost
 	prices                     map[string][]*route.Target // client model → targets serving it
 
 	mu      sync.Mutex // guards the fields below
 	results map[string]*result
 	spent   Cost
 	stream  *sse // nil for a whole answer
+	wrote   bool // a whole answer was written
 }
 
 // result is a subtask's latest output.
@@ -184,7 +189,7 @@ func (rn *run) finish(err error) {
 		zap.Float64("critical_path_ms", rec.CriticalPathMS), zap.Float64("overhead_ms", rec.OverheadMS))
 	if rn.ctx.Err() != nil {
 		rn.o.p.Metrics.Unrouted(rn.a, "client_closed")
-		if rn.stream == nil {
+		if rn.stream == nil && !rn.wrote {
 			rn.w.WriteHeader(499) // as the pipeline does: for the access log
 		}
 	}
