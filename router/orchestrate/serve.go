@@ -50,7 +50,7 @@ type run struct {
 	// calls, reserved on their own): refinement draws on the plan's
 	// budget from there.
 	admitted Cost
-	prices                     map[string][]*route.Target // client model → targets serving it
+	prices   map[string][]*route.Target // client model → targets serving it
 
 	mu      sync.Mutex // guards the fields below
 	results map[string]*result
