@@ -2,6 +2,7 @@ package orchestrate
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -64,6 +65,15 @@ func TestASubtaskThatSeesACardNeverReachesT3EvenWhenThePlanAllowsIt(t *testing.T
 	}
 	if got := r.header.Get("X-Molly-Tier"); got != "T3" {
 		t.Errorf("X-Molly-Tier = %q, want T3 (the most exposed subtask's)", got)
+	}
+	lines := g.logs.FilterMessage("subtask").All()
+	if len(lines) != 2 || lines[0].ContextMap()["plan_id"] != r.header.Get(HeaderPlanID) {
+		t.Errorf("%d subtask log lines, want one per subtask with the plan id", len(lines))
+	}
+	for _, e := range g.logs.All() {
+		if b, _ := json.Marshal(e.ContextMap()); holdsCard(b) || strings.Contains(string(b), "Translate good morning") {
+			t.Errorf("a log line carries request text: %s %s", e.Message, b)
+		}
 	}
 }
 
@@ -377,4 +387,41 @@ func TestThePlanRecordIsKeptBounded(t *testing.T) {
 		wg.Go(func() { s.add(&Record{ID: newID()}); s.List() })
 	}
 	wg.Wait()
+}
+
+func TestAlternativesAreFusedAndDisagreementIsRefinedWithTheCritique(t *testing.T) {
+	plan := `{"max_refinements": 1, "subtasks": [{"id": "q", "instruction": "Answer with a number.", "specialist": {"model": "m"}, "alternatives": 2}]}`
+	t.Run("agreeing alternatives are voted", func(t *testing.T) {
+		_, ctl := controllerAnswering(t, plan)
+		a, b := startScripted(t, "a"), startScripted(t, "b")
+		a.answer = func([]byte) (int, string, string) { return 200, "Forty-two.", "stop" }
+		b.answer = func([]byte) (int, string, string) { return 200, "forty two", "stop" }
+		g := startGateway(t, setup{targets: []*route.Target{ctl, target("a", "T1", a.url(), 0.9, "m"), target("b", "T1", b.url(), 0.5, "m")}, cfg: Config{Controller: "planner"}})
+		r := post(t, t.Context(), g.url, chat("m", "How many?"), HeaderMode, ModeOrchestrate)
+		q := g.record(t, r).Get("subtasks.0")
+		if r.status != 200 || q.Get("fusion").String() != "vote: 2 of 2 agree" || q.Get("alternatives.#").Int() != 2 || q.Get("target").String() != "a" {
+			t.Fatalf("status %d, subtask %s: want a vote of a and b, a's answer (the higher score)", r.status, q.Raw)
+		}
+		if !gjson.GetBytes(a.received()[0].body, "logprobs").Bool() || r.header.Get(HeaderUncertainty) != "" {
+			t.Errorf("alternatives are asked for logprobs and agree: logprobs %v, uncertainty %q", gjson.GetBytes(a.received()[0].body, "logprobs"), r.header.Get(HeaderUncertainty))
+		}
+	})
+	t.Run("disagreeing alternatives are asked again with both answers", func(t *testing.T) {
+		_, ctl := controllerAnswering(t, plan)
+		a, b := startScripted(t, "a"), startScripted(t, "b")
+		a.answer = func([]byte) (int, string, string) { return 200, "41", "stop" }
+		b.answer = func([]byte) (int, string, string) { return 200, "43", "stop" }
+		g := startGateway(t, setup{targets: []*route.Target{ctl, target("a", "T1", a.url(), 0.9, "m"), target("b", "T1", b.url(), 0.5, "m")}, cfg: Config{Controller: "planner"}})
+		r := post(t, t.Context(), g.url, chat("m", "How many?"), HeaderMode, ModeOrchestrate)
+		if r.status != 200 || len(a.received()) != 2 || len(b.received()) != 2 {
+			t.Fatalf("status %d; a got %d requests, b %d: want the answers and one refinement each", r.status, len(a.received()), len(b.received()))
+		}
+		refine := lastUser(a.received()[1].body)
+		if !strings.Contains(refine, "its 2 alternatives disagree") || !strings.Contains(refine, `"41", "43"`) {
+			t.Errorf("the critique %q does not name the disagreement", refine)
+		}
+		if got := r.header.Get(HeaderUncertainty); got != "stopped=max_refinements; consistency q: its 2 alternatives disagree" {
+			t.Errorf("%s = %q", HeaderUncertainty, got)
+		}
+	})
 }
