@@ -213,6 +213,9 @@ func (p *Pipeline) respond(rq *request, o *outcome, label string) error {
 // observe feeds a delivered answer to the priors (latency, throughput; the
 // decision, for feedback) and the metrics.
 func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, streamErr error) {
+	if rq.answered != nil {
+		rq.answered(o)
+	}
 	total := time.Since(o.start)
 	decision := "routed"
 	if len(rq.plan.Candidates) > 0 && !rq.plan.Candidates[0].Same(o.cand) {

@@ -73,6 +73,10 @@ type Pipeline struct {
 	Logger            *zap.Logger
 	// Recorders get every request's Outcome (outcome.go).
 	Recorders []Recorder
+
+	// Orchestrator serves the requests it triages as composite
+	// (router/orchestrate); nil: every request takes the single-route path.
+	Orchestrator Orchestrator
 }
 
 func (p *Pipeline) log() *zap.Logger {
@@ -124,6 +128,8 @@ type request struct {
 	// release gives back the plan's reservation; never nil once reserved.
 	release func()
 	outcome Outcome
+	// answered, when set, sees every answer delivered (RunDerived).
+	answered func(o *outcome)
 }
 
 // failed is one attempt that did not answer.
@@ -150,6 +156,18 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 		err := p.models(rq)
 		p.finish(rq, "routed", statusOf(err, http.StatusOK))
 		return err
+	}
+	if p.Orchestrator != nil {
+		if composite, err := p.Orchestrator.Triage(r, a); err != nil || composite {
+			if err != nil {
+				p.Metrics.Unrouted(a, "bad_request")
+				p.finish(rq, "bad_request", statusOf(err, http.StatusOK))
+				return err
+			}
+			err := p.Orchestrator.Serve(w, r, a, d)
+			p.finish(rq, "orchestrated", statusOf(err, http.StatusOK))
+			return err
+		}
 	}
 	err := p.serve(rq)
 	p.finish(rq, labelOf(err), statusOf(err, http.StatusOK))
