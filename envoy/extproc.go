@@ -226,7 +226,7 @@ func (x *exchange) decide(trailers bool) error {
 	dec := d.Decision()
 	decided := http.Header{pipeline.HeaderDecisionID: {dec.ID()}}
 	if !dec.Allowed() {
-		return x.immediate(pipeline.PolicyError(dec), decided)
+		return x.immediate(p.Denied(a, d, x.id), decided) // recorded as in-Caddy's molly_policy does
 	}
 	if a.Endpoint() == openai.EndpointModels {
 		list, err := p.Models(ctx, a, d)

@@ -147,7 +147,8 @@ func TestCreditCardDetection(t *testing.T) {
 		{"a Luhn-valid number with an unknown issuer prefix is not a card", "", "ref 1234 5678 9012 3452", nil},
 		{"mixed separators are still a card (an evasion)", "", "4111 1111-1111 1111", []string{"CREDIT_CARD:4111 1111-1111 1111"}},
 		{"a card number inside a longer digit run is not a card", "", "id 41111111111111111", nil},
-		{"a card number glued to letters is not a card", "", "TX4111111111111111", nil},
+		{"a whole card number glued to an identifier is still a card", "", "TX4111111111111111 call_4111111111111111", []string{"CREDIT_CARD:4111111111111111", "CREDIT_CARD:4111111111111111"}},
+		{"a card-length digit run inside a longer word is not", "", "TX4111111111111111Z", nil},
 	})
 }
 

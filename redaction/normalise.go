@@ -176,6 +176,27 @@ func jsonEscape(s string) rune {
 	return r
 }
 
+// jsonShortEscape decodes a JSON two-character escape (\n \t \r \" \\
+// \/ \b \f) at the start of s into its byte, or returns -1.
+func jsonShortEscape(s string) int {
+	if len(s) < 2 || s[0] != '\\' {
+		return -1
+	}
+	switch s[1] {
+	case 'n':
+		return '\n'
+	case 't':
+		return '\t'
+	case 'r':
+		return '\r'
+	case '"', '\\', '/':
+		return int(s[1])
+	case 'b', 'f':
+		return ' '
+	}
+	return -1
+}
+
 // htmlRef decodes an HTML character reference at s[0] == '&': "&#64;",
 // "&#x40;" or a name of htmlEntities, with its ';'. It returns the rune
 // and the reference's length, or -1.
@@ -332,6 +353,14 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 				if r := jsonEscape(text[i:]); r >= 0 {
 					w.replace(i, i+6, normRune(r, &nfkc))
 					i += 6
+					continue
+				}
+				// The two-character escapes of JSON strings (RFC 8259 §7):
+				// tool results and arguments are JSON inside a JSON string,
+				// so "a\n4111 …" must read as a line break before the number.
+				if b := jsonShortEscape(text[i:]); b >= 0 {
+					w.replaceByte(i, i+2, byte(b))
+					i += 2
 					continue
 				}
 			case '&':

@@ -158,6 +158,16 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 			}
 			if g == e || g >= len(text) || !isDigit(text[g]) {
 				end = e
+				// A whole card number glued to an identifier ("call_4111…",
+				// "ref4111…") is still a card: 13–19 digits that end the
+				// word, pass Luhn and carry an issuer's prefix are too rare
+				// by chance (one in ~10^13 digit strings per scheme) to be
+				// anything else, and ids are where values get smuggled.
+				if s.en.CreditCard && e-i >= 13 && e-i <= 19 && !rightGlued(text, e) {
+					if sub, ok := validPAN(text[i:e]); ok {
+						ns.add(TypeCreditCard, sub, i, e)
+					}
+				}
 				if s.en.IBAN && isAlpha(p) {
 					ns.c.atoms = append(ns.c.atoms[:0], numAtom{i, e})
 					ns.iban()
@@ -246,6 +256,17 @@ func (ns *numScan) cluster() {
 	ns.ds = unsafe.String(unsafe.SliceData(ns.digits), len(ns.digits))
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
+	// A whole card glued to an identifier ("call_4111-1111-1111-1111"):
+	// the cluster in a printed card layout, ending the word, passing Luhn.
+	if lglued && !rglued && ns.s.en.CreditCard && n > 1 {
+		if nd := len(ns.ds); nd >= 13 && nd <= 19 {
+			if g := c.gap(text, 1); len(g) == 1 && c.gapsAre(text, 0, n, g) && cardLayout(c.lens(0, n, ns.lens[:0])) {
+				if sub, ok := validPAN(ns.ds); ok {
+					ns.add(TypeCreditCard, sub, c.atoms[0].s, c.atoms[n-1].e)
+				}
+			}
+		}
+	}
 	cardFloor := n + 1 // a card found at [i, ·) makes later layouts ending after i moot
 	for j := n; j >= 1; j-- {
 		if j == n && rglued {

@@ -312,6 +312,10 @@ func (p *Pipeline) clientGone(rq *request, o *outcome) error {
 	rq.log.Info("client went away", zap.String("decision_id", rq.dec.ID()), zap.String("target", target),
 		zap.Duration("after", time.Since(rq.begin)))
 	p.Metrics.Unrouted(rq.a, "client_closed")
+	if o != nil && o.cand.Target != nil {
+		rq.track(o, false)
+	}
+	rq.outcome.Label, rq.outcome.Status = "client_closed", 499
 	rq.w.WriteHeader(499) // nginx's "client closed request", for the access log; nobody reads it
 	return nil
 }
@@ -357,6 +361,7 @@ func (p *Pipeline) send(rq *request, c route.Candidate, hold int) outcome {
 // note records a failed attempt and logs the fallback.
 func (rq *request) note(o outcome) {
 	rq.tried = append(rq.tried, failed{target: o.cand.Target.Name, err: o.failure, kind: o.kind})
+	rq.track(&o, false)
 	rq.log.Warn("upstream failed, falling back", zap.String("target", o.cand.Target.Name), zap.String("decision_id", rq.dec.ID()),
 		zap.String("failure", string(o.kind)), zap.String("error", o.failure))
 }

@@ -67,13 +67,17 @@ func (p *Pipeline) Carry(ctx context.Context, a *classify.Annotation, d policies
 	w.Header().Set(HeaderDecisionID, dec.ID())
 	ctx, cancel := context.WithCancel(ctx)
 	rq := &request{w: w, r: &http.Request{Header: h}, ctx: ctx, a: a, d: d, dec: dec, id: identity.From(ctx), log: p.log(), begin: time.Now()}
-	if err := p.plan(rq, h, route.Config{}); err != nil {
+	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
+	fail := func(err error) (*Carried, error) {
 		cancel()
+		p.finish(rq, labelOf(err), statusOf(err, http.StatusOK))
 		return nil, err
 	}
+	if err := p.plan(rq, h, route.Config{}); err != nil {
+		return fail(err)
+	}
 	if err := p.reserve(rq); err != nil {
-		cancel()
-		return nil, err
+		return fail(err)
 	}
 	for _, c := range rq.plan.Candidates {
 		disp, err := p.Egress.NewDispatch(d, a, c)
@@ -86,9 +90,8 @@ func (p *Pipeline) Carry(ctx context.Context, a *classify.Annotation, d policies
 			o: outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, a.PromptTokens())}}, nil
 	}
 	rq.release()
-	cancel()
 	p.Metrics.Unrouted(a, "failed")
-	return nil, noTarget("All allowed targets for model `"+a.Model()+"` failed", rq.plan.Excluded, rq.tried)
+	return fail(noTarget("All allowed targets for model `"+a.Model()+"` failed", rq.plan.Excluded, rq.tried))
 }
 
 // Models answers the model listing decided by d (GET /v1/models and
@@ -103,7 +106,10 @@ func (p *Pipeline) Models(ctx context.Context, a *classify.Annotation, d policie
 	}
 	w := &carrierWriter{header: http.Header{}}
 	rq := &request{w: w, ctx: ctx, a: a, d: d, dec: dec, id: identity.From(ctx), log: p.log(), begin: time.Now()}
-	if err := p.models(rq); err != nil {
+	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
+	err := p.models(rq)
+	p.finish(rq, "routed", statusOf(err, http.StatusOK))
+	if err != nil {
 		return nil, err
 	}
 	return w.take(), nil
@@ -148,10 +154,13 @@ func (c *Carried) Respond(status int, h http.Header) error {
 	}
 	c.failed = true
 	c.rq.tried = append(c.rq.tried, failed{target: o.cand.Target.Name, err: o.failure, kind: o.kind})
+	c.rq.track(o, false)
 	c.rq.log.Warn("upstream failed", zap.String("target", o.cand.Target.Name), zap.String("decision_id", c.rq.dec.ID()),
 		zap.String("failure", string(o.kind)), zap.String("error", o.failure), zap.Bool("carried", true))
 	c.p.Metrics.Unrouted(c.rq.a, "failed")
-	return noTarget("All allowed targets for model `"+c.rq.a.Model()+"` failed", c.rq.plan.Excluded, c.rq.tried)
+	err := noTarget("All allowed targets for model `"+c.rq.a.Model()+"` failed", c.rq.plan.Excluded, c.rq.tried)
+	c.rq.outcome.Label, c.rq.outcome.Status = "failed", err.Status
+	return err
 }
 
 // Streaming reports whether the answer Respond took is a stream to relay
@@ -210,8 +219,9 @@ func (c *Carried) EndStream() []byte {
 	return c.w.take()
 }
 
-// Close ends the carried request and releases its reservation. Before
-// the answer was delivered, the client (or the data plane) went away:
+// Close ends the carried request, releases its reservation and records
+// its Outcome for the pipeline's recorders. Before the answer was
+// delivered, the client (or the data plane) went away:
 // once the data plane had the request (Started) this is accounted as
 // Serve accounts a client that went away — the prompt estimate billed,
 // "client went away" logged, counted as client_closed — and a stream being
@@ -236,9 +246,11 @@ func (c *Carried) Close() {
 		_ = c.p.clientGone(c.rq, &c.o)
 	default:
 		c.p.Metrics.Unrouted(c.rq.a, "client_closed")
+		c.rq.outcome.Label = "client_closed"
 	}
 	c.cancel()
 	c.rq.release()
+	c.p.finish(c.rq, "", 0)
 }
 
 // carrierWriter is the http.ResponseWriter the delivery writes a carried
