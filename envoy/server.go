@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+
+	"github.com/molly-gateway/molly/router/pipeline"
 )
 
 // Server is Molly's gRPC endpoint for a fleet: the control plane's ADS and
@@ -31,7 +33,9 @@ type Server struct {
 func NewServer(cp *ControlPlane) *Server {
 	s := &Server{cp: cp}
 	s.grpc = grpc.NewServer(
-		grpc.MaxRecvMsgSize(2*DefaultMaxBodyBytes+(1<<20)), // a BUFFERED body in one message
+		// A BUFFERED body comes in one message: an answer up to the
+		// pipeline's limit, whatever request limit a config sets.
+		grpc.MaxRecvMsgSize(pipeline.MaxUpstreamBody+(1<<20)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// Streams run on reused workers: a policy evaluation needs a deep
