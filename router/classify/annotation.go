@@ -119,6 +119,12 @@ func (a *Annotation) Logprobs() bool { return a.req.Logprobs }
 // Tools reports tools declared or tool turns in the conversation.
 func (a *Annotation) Tools() bool { return len(a.req.Tools) > 0 || a.req.ToolTurns }
 
+// ToolChoice is the request's tool_choice as a word (openai.Request.ToolChoice).
+func (a *Annotation) ToolChoice() string { return a.req.ToolChoice }
+
+// ResponseFormat is response_format.type; "" when unset.
+func (a *Annotation) ResponseFormat() string { return a.req.ResponseFormat }
+
 // DeclaresTools reports whether the request declares tools or functions of its own.
 func (a *Annotation) DeclaresTools() bool { return len(a.req.Tools) > 0 }
 

@@ -128,6 +128,8 @@ type failed struct {
 	target string
 	err    string
 	kind   failure
+	// retryAfter is the upstream's Retry-After in seconds (0: none).
+	retryAfter int
 }
 
 // Serve answers the request decided by d: the model listing, or the plan's
@@ -141,6 +143,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 			Message: "The policy decision does not belong to this request."}
 	}
 	w.Header().Set(HeaderDecisionID, dec.ID())
+	openai.RequestID(w, r)
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
 	if a.Endpoint() == openai.EndpointModels {
 		return p.models(rq)
@@ -165,7 +168,12 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	}
 	if len(rq.plan.Candidates) == 0 {
 		p.Metrics.Unrouted(a, "no_target")
-		return noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+		w.Header().Set(HeaderRoute, route.ExcludedHeader(rq.plan.Excluded))
+		e := noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+		if e.Status == http.StatusForbidden && len(dec.Reasons()) > 0 {
+			e.Message += " The policy decided: " + strings.Join(dec.Reasons(), "; ") + "."
+		}
+		return e
 	}
 	if err := p.reserve(rq); err != nil {
 		return err
@@ -231,21 +239,6 @@ func (p *Pipeline) reserve(rq *request) error {
 	}
 	rq.release = release
 	return nil
-}
-
-func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Error {
-	var parts []string
-	for _, e := range excluded {
-		parts = append(parts, e.String())
-	}
-	for _, t := range tried {
-		parts = append(parts, t.target+": "+t.err)
-	}
-	if len(parts) > 0 {
-		msg += " (" + strings.Join(parts, "; ") + ")"
-	}
-	return &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
-		Message: msg + ".", RetryAfter: 1}
 }
 
 type decidedKey struct{}
