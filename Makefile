@@ -34,8 +34,11 @@ deps:
 		apt-get update -qq && apt-get install -y -qq gcc g++ >/dev/null; }
 	$(GO) mod download
 
+# Molly's version, printed by `molly version` with Caddy's.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+
 build: deps
-	$(GO) build -o $(BIN) ./cmd/molly
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/molly
 	$(GO) build -o bin/molly-payments ./plugins/payments
 	$(GO) build -o bin/molly-billing ./plugins/billing
 	$(GO) build -o bin/molly-support ./plugins/support

@@ -126,9 +126,11 @@ var active atomic.Pointer[registry.Registry]
 // the context. The key is never logged nor echoed, and is removed from the
 // request before next sees it.
 func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	ctx := r.Context()
 	key, hasKey := bearer(r)
 	r.Header.Del("Authorization")
+	r.Header.Del("X-Api-Key")
 	var m registry.Member
 	var err error
 	switch {
@@ -173,9 +175,14 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 func titleKind(kind string) string { return strings.ToUpper(kind[:1]) + kind[1:] }
 
 // bearer returns the token of an "Authorization: Bearer <token>" header
-// (RFC 6750 §2.1; the scheme is case-insensitive).
+// (RFC 6750 §2.1; the scheme is case-insensitive), else of an
+// "x-api-key" header, which Anthropic's clients send (POST /v1/messages).
 func bearer(r *http.Request) (string, bool) {
 	h := r.Header.Get("Authorization")
+	if h == "" {
+		k := strings.TrimSpace(r.Header.Get("X-Api-Key"))
+		return k, k != ""
+	}
 	scheme, token, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
@@ -199,7 +206,8 @@ func overBudget(m registry.Member, detail string) *openai.Error {
 	if detail != "" {
 		msg += " (" + detail + ")"
 	}
-	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}
+	// A spent budget does not come back by retrying: x-should-retry: false.
+	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + ".", NoRetry: true}
 }
 
 // rateLimited is the 429 rate_limit_exceeded of member m; a request larger

@@ -136,6 +136,7 @@ func (c *Classify) Validate() error {
 // ServeHTTP classifies the request and calls next with the annotation in
 // the context; bad requests are answered with OpenAI errors.
 func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		aerr.Write(w)

@@ -110,6 +110,9 @@ func Open(path string) (*Spec, error) {
 	}
 	doc = rewriteNullable(doc)
 	rewriteRecursive(doc)
+	if err := addCompletionChunk(doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	// Through JSON, so numbers are what the validator expects.
 	js, err := json.Marshal(doc)
 	if err != nil {
@@ -160,6 +163,47 @@ func (s *Spec) Check(name string, body []byte) error {
 		}
 		return err
 	}
+	return nil
+}
+
+// CompletionChunk names the schema stream chunks of text completions are
+// checked against: CreateCompletionResponse, which the spec says streamed
+// chunks share, with choices[].finish_reason admitting null. The spec
+// gives that field no null, yet OpenAI's API sends null on every chunk but
+// a choice's last (as it does for chat chunks, whose schema admits it), so
+// no stream could validate otherwise.
+const CompletionChunk = "MollyCompletionChunk"
+
+// ValidateCompletionChunk fails tb when chunk is not a text completion
+// stream chunk (CompletionChunk).
+func (s *Spec) ValidateCompletionChunk(tb testing.TB, chunk []byte) {
+	tb.Helper()
+	s.Validate(tb, CompletionChunk, chunk)
+}
+
+// addCompletionChunk adds the CompletionChunk schema to doc.
+func addCompletionChunk(doc any) error {
+	schemas, _ := doc.(map[string]any)["components"].(map[string]any)["schemas"].(map[string]any)
+	src, ok := schemas["CreateCompletionResponse"]
+	if !ok {
+		return errors.New("no components.schemas.CreateCompletionResponse")
+	}
+	b, err := json.Marshal(src)
+	if err != nil {
+		return err
+	}
+	var c map[string]any
+	if err := json.Unmarshal(b, &c); err != nil {
+		return err
+	}
+	choices, _ := c["properties"].(map[string]any)["choices"].(map[string]any)
+	items, _ := choices["items"].(map[string]any)
+	fr, ok := items["properties"].(map[string]any)["finish_reason"].(map[string]any)
+	if !ok {
+		return errors.New("CreateCompletionResponse has no choices[].finish_reason")
+	}
+	admitNull(fr)
+	schemas[CompletionChunk] = c
 	return nil
 }
 
