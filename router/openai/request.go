@@ -155,6 +155,8 @@ func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		err = r.prompts(root, "prompt")
 	case EndpointEmbeddings:
 		err = r.prompts(root, "input")
+	default:
+		err = InvalidRequest("", "The %s endpoint is translated to chat completions before validation.", ep)
 	}
 	if err != nil {
 		return nil, err
