@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench fuzz lint model deps clean env
+.PHONY: all build run test bench fuzz lint model deps clean env sdk
 
 all: build
 
@@ -53,7 +53,19 @@ $(DEMO_MODEL): | build
 run: build model
 	./$(BIN) run --config Caddyfile
 
-test: deps
+# Anthropic's TypeScript SDK for the Messages API end-to-end test
+# (cmd/molly/translate_e2e_test.go), installed from npm when npm is there;
+# without it that test skips, saying so. Nothing is vendored.
+SDK_DIR := cmd/molly/testdata/node
+ANTHROPIC_SDK_VERSION := 1.14.0
+sdk:
+	@if [ -d $(SDK_DIR)/node_modules/@anthropic-ai/sdk ]; then :; \
+	elif command -v npm >/dev/null; then \
+		npm install --prefix $(SDK_DIR) --no-audit --no-fund --no-save --silent @anthropic-ai/sdk@$(ANTHROPIC_SDK_VERSION) || \
+		echo "npm could not install @anthropic-ai/sdk: the Anthropic SDK test skips"; \
+	else echo "npm not found: the Anthropic SDK test skips"; fi
+
+test: deps sdk
 	$(GO) vet ./...
 	$(GO) test -timeout $(TEST_TIMEOUT) ./...
 
@@ -82,4 +94,4 @@ env:
 	@echo export CGO_CXXFLAGS=\"$(CGO_CXXFLAGS)\"
 
 clean:
-	rm -rf bin models
+	rm -rf bin models $(SDK_DIR)
