@@ -494,4 +494,3 @@ func TestWireHealthAndVersion(t *testing.T) {
 		t.Fatalf("molly version = %q, want Molly's version then Caddy %s", v, want)
 	}
 }
-

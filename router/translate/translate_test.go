@@ -103,7 +103,7 @@ func TestFromResponses(t *testing.T) {
 	}
 	refusals := []struct {
 		name, body, param string
-		status           int
+		status            int
 	}{
 		{"a hosted tool", `{"model":"m","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type", 400},
 		{"an item reference", `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`, "input[0].type", 400},
