@@ -340,69 +340,114 @@ func (s *Stream) Usage() (prompt, completion int, ok bool) {
 
 // Chunk normalises one chunk's JSON data and returns it, or nil when the
 // chunk is to be dropped (nothing but usage left). An error object (an
-// error event inside the stream) is returned as it is.
+// error event inside the stream) is returned as it is. The chunk is read
+// in one pass over its members and one over each choice's; a chunk that
+// needs no change is returned without a copy.
 func (s *Stream) Chunk(data []byte) []byte {
 	root := gjson.ParseBytes(data)
-	if !root.IsObject() || root.Get("error").Exists() {
+	if !root.IsObject() {
+		return data
+	}
+	var id, object, created, model, fp, usage, choices, errObj gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "id":
+			id = v
+		case "object":
+			object = v
+		case "created":
+			created = v
+		case "model":
+			model = v
+		case "system_fingerprint":
+			fp = v
+		case "usage":
+			usage = v
+		case "choices":
+			choices = v
+		case "error":
+			errObj = v
+		}
+		return true
+	})
+	if errObj.Exists() {
 		return data
 	}
 	e := &edit{b: data}
 	if !s.started {
 		s.started = true
-		s.id = root.Get("id").Str
+		s.id = id.Str
 		if s.id == "" {
 			s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
 		}
 		s.created = s.ans.Created
-		if c := root.Get("created"); c.Type == gjson.Number && c.Raw == strconv.FormatInt(c.Int(), 10) {
-			s.created = c.Int()
+		if created.Type == gjson.Number && created.Raw == strconv.FormatInt(created.Int(), 10) {
+			s.created = created.Int()
 		}
-		if fp := root.Get("system_fingerprint"); fp.Type == gjson.String {
+		if fp.Type == gjson.String {
 			s.fingerprint = fp.Raw
 		}
 	}
-	if u := root.Get("usage"); u.Exists() {
-		if u.IsObject() {
+	if usage.Exists() {
+		if usage.IsObject() {
 			s.usage.seen = true
-			s.usage.prompt = max(s.usage.prompt, u.Get("prompt_tokens").Int())
-			s.usage.completion = max(s.usage.completion, u.Get("completion_tokens").Int())
-			s.usage.raw = u.Raw
+			s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
+			s.usage.completion = max(s.usage.completion, usage.Get("completion_tokens").Int())
+			s.usage.raw = usage.Raw
 		}
 		e.del("usage")
 	}
-	if root.Get("choices.#").Int() == 0 {
+	if !choices.IsArray() || len(choices.Raw) <= 2 || choices.Get("#").Int() == 0 {
 		return nil
 	}
-	if root.Get("id").Str != s.id {
+	if id.Str != s.id {
 		e.set("id", s.id)
 	}
-	object := "text_completion"
+	want := "text_completion"
 	if s.chat {
-		object = "chat.completion.chunk"
+		want = "chat.completion.chunk"
 	}
-	if root.Get("object").Str != object {
-		e.set("object", object)
+	if object.Str != want {
+		e.set("object", want)
 	}
-	if root.Get("created").Raw != strconv.FormatInt(s.created, 10) {
+	if created.Raw != strconv.FormatInt(s.created, 10) {
 		e.set("created", s.created)
 	}
-	if s.ans.Model != "" && root.Get("model").Str != s.ans.Model {
+	if s.ans.Model != "" && model.Str != s.ans.Model {
 		e.set("model", s.ans.Model)
 	}
-	if fp := root.Get("system_fingerprint"); fp.Exists() && fp.Type != gjson.String {
+	if fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
-	root.Get("choices").ForEach(func(k, ch gjson.Result) bool {
-		s.choice(e, "choices."+k.String(), k.Int(), ch)
+	pos := int64(0)
+	choices.ForEach(func(_, ch gjson.Result) bool {
+		s.choice(e, "choices."+strconv.FormatInt(pos, 10), pos, ch)
+		pos++
 		return true
 	})
 	return e.b
 }
 
 func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
+	var index, delta, fr, lp, text gjson.Result
+	ch.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "index":
+			index = v
+		case "delta":
+			delta = v
+		case "finish_reason":
+			fr = v
+		case "logprobs":
+			lp = v
+		case "text":
+			text = v
+		}
+		return true
+	})
 	idx := pos
-	if i := ch.Get("index"); i.Type == gjson.Number {
-		idx = i.Int()
+	if index.Type == gjson.Number {
+		idx = index.Int()
 	} else {
 		e.set(base+".index", pos)
 	}
@@ -411,12 +456,11 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		st = &choiceState{byIndex: map[int64]int{}, byID: map[string]int{}}
 		s.choices[idx] = st
 	}
-	fr := ch.Get("finish_reason")
 	if !s.chat {
-		if !ch.Get("text").Exists() {
+		if !text.Exists() {
 			e.set(base+".text", "")
 		}
-		if !ch.Get("logprobs").Exists() {
+		if !lp.Exists() {
 			e.raw(base+".logprobs", "null")
 		}
 		switch {
@@ -429,20 +473,29 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		}
 		return
 	}
-	delta := ch.Get("delta")
 	if !delta.IsObject() {
 		e.raw(base+".delta", "{}")
 	}
+	var role, calls gjson.Result
+	delta.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "role":
+			role = v
+		case "tool_calls":
+			calls = v
+		}
+		return true
+	})
 	if !st.roleSent {
 		st.roleSent = true
-		if delta.Get("role").Type != gjson.String {
+		if role.Type != gjson.String {
 			e.set(base+".delta.role", "assistant")
 		}
 	}
-	if lp := ch.Get("logprobs"); lp.IsObject() {
+	if lp.IsObject() {
 		logprobFields(base+".logprobs", lp, e)
 	}
-	delta.Get("tool_calls").ForEach(func(j, tc gjson.Result) bool {
+	calls.ForEach(func(j, tc gjson.Result) bool {
 		p := base + ".delta.tool_calls." + j.String()
 		given := s.toolIndex(st, j.Int(), tc)
 		if tc.Get("index").Raw != strconv.Itoa(given) {
@@ -586,3 +639,5 @@ func NormaliseError(status int, body []byte) []byte {
 }
 
 func utf8Valid(s string) bool { return utf8.ValidString(s) }
+
+func validJSON(b []byte) bool { return gjson.ValidBytes(b) }
