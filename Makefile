@@ -81,6 +81,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamRestorer$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzEstimate$$' -fuzztime $(FUZZTIME) ./router/capability/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreamNormalise$$' -fuzztime $(FUZZTIME) ./router/relay/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
