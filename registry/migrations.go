@@ -162,7 +162,7 @@ CREATE TABLE responses (
 	response    TEXT NOT NULL,                   -- the Response object sent (JSON)
 	created     BIGINT NOT NULL                  -- unix ms
 );
-CREATE INDEX responses_member_created ON responses(member, created);
+CREATE INDEX responses_created ON responses(created);
 `
 
 // backfillSpend builds the spend counters of an upgraded file from its usage

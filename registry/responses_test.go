@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestStoredResponsesBelongToTheirMember(t *testing.T) {
@@ -41,5 +42,30 @@ func TestStoredResponsesBelongToTheirMember(t *testing.T) {
 	got, err := r.Response(ctx, "resp_1", "ana")
 	if err != nil || string(got.Messages) != string(s.Messages) || got.Model != "chat" || got.Created.IsZero() {
 		t.Fatalf("got %+v, %v", got, err)
+	}
+}
+
+func TestStoredResponsesExpire(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r, err := Open(filepath.Join(t.TempDir(), "molly.db"), Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	msgs := []byte(`[]`)
+	if err := r.PutResponse(ctx, StoredResponse{ID: "resp_old", Member: "ana", Messages: msgs}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(ResponseRetention + time.Second)
+	if _, err := r.Response(ctx, "resp_old", "ana"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a response past the retention: %v", err)
+	}
+	if err := r.PutResponse(ctx, StoredResponse{ID: "resp_new", Member: "ana", Messages: msgs}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := r.db.QueryRow(`SELECT COUNT(*) FROM responses`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d rows after storing past the retention (%v): the old one stays", n, err)
 	}
 }

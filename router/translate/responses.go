@@ -448,5 +448,5 @@ func (t *Translation) save(ctx context.Context, resp []byte, assistant map[strin
 	}
 	msgs := append(append([]json.RawMessage(nil), t.history...), marshal(assistant))
 	return t.store.PutResponse(context.WithoutCancel(ctx), StoredResponse{ID: t.id, Member: t.member, Model: t.Model, DecisionID: decisionID,
-		Messages: marshal(msgs), Response: resp, Created: time.Now()})
+		Messages: marshal(msgs), Response: resp})
 }
