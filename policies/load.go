@@ -36,7 +36,7 @@ type revision struct {
 	files    []string
 	loadedAt time.Time
 
-	decision, tool, offer, escalate rego.PreparedEvalQuery
+	decision, tool, offer, escalate, orchestration rego.PreparedEvalQuery
 }
 
 // snapshot is the content of a policy directory read at one moment: the
@@ -191,6 +191,7 @@ func compile(ctx context.Context, s *snapshot, source, decisionQuery string) (*r
 		{ToolQuery, &r.tool},
 		{ToolOfferQuery, &r.offer},
 		{EscalationQuery, &r.escalate},
+		{OrchestrationQuery, &r.orchestration},
 	} {
 		pq, err := rego.New(
 			rego.Query(q.query),

@@ -1,6 +1,7 @@
 package redaction
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"strconv"
@@ -38,7 +39,37 @@ type piece struct{ seg, off, at, n int }
 // own. Values inside one segment are not reported (Scan finds them). Overlapping candidates resolve as in
 // Scan, longest first. The result is sorted by Segment, then Start. Safe
 // for concurrent use.
+//
+// Segments may be every message of a conversation, whatever its role: a
+// value is also joined across one segment in between (the tail of segment
+// k with the head of segment k+2), so an IBAN split over two user messages
+// with the assistant's reply between them is found.
 func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
+	return s.scanAcross(segments, nil)
+}
+
+// ScanAcrossBounded is ScanAcross under the scan budget of Config (see
+// ScanBounded), counted over the bytes of all segments. When the budget is
+// exceeded it returns the parts found so far and an error wrapping
+// ErrScanBudget: the caller must then treat the segments as opaque.
+func (s *Scanner) ScanAcrossBounded(segments []string) ([]SegmentFinding, error) {
+	n := 0
+	for _, seg := range segments {
+		n += len(seg)
+	}
+	// Each boundary scans up to four windows of 2 × acrossWindow bytes.
+	b, err := s.newBudget(n + 8*acrossWindow*len(segments))
+	if err != nil {
+		return nil, err
+	}
+	out := s.scanAcross(segments, b)
+	if b.exceeded {
+		return out, fmt.Errorf("scanning %d segments: %w", len(segments), ErrScanBudget)
+	}
+	return out, nil
+}
+
+func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 	type group struct {
 		typ, sub string
 		parts    []piece // seg, off=start, n=length
@@ -62,10 +93,15 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 	// weaker one.
 	glued := func(typ string, parts []piece) bool {
 		for qi, q := range parts {
+			// A message ending a sentence ("Please continue.") does not
+			// continue into the next one's address.
+			if typ == TypeEmail && qi+1 < len(parts) && strings.HasSuffix(segments[q.seg][q.off:q.off+q.n], ".") {
+				return true
+			}
 			k := [3]int{q.seg, 0, len(segments[q.seg])}
 			fs, ok := within[k]
 			if !ok {
-				fs = s.Scan(segments[q.seg])
+				fs = s.scan(segments[q.seg], bud, 0)
 				within[k] = fs
 			}
 			for _, f := range fs {
@@ -80,7 +116,7 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 				// own ("4111111111111111" + "alice@example.com") is that
 				// value, not the start of a weaker one.
 				if f.Type != typ {
-					if s.prio[f.Type] < s.prio[typ] {
+					if s.prio[f.Type] < s.prio[typ] && f.Start <= q.off && f.End >= q.off+q.n {
 						return true
 					}
 					continue
@@ -93,6 +129,55 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 			}
 		}
 		return false
+	}
+	process := func(spans []piece) {
+		// Every choice of separator per inner boundary when there are at
+		// most three (a value cut in four), else all-nothing and all-space.
+		inner := len(spans) - 1
+		masks := []int{0, 1<<inner - 1}
+		if inner <= 3 {
+			masks = masks[:0]
+			for m := 0; m < 1<<inner; m++ {
+				masks = append(masks, m)
+			}
+		}
+		for _, mask := range masks {
+			w.Reset()
+			pieces = pieces[:0]
+			for i, p := range spans {
+				if i > 0 && mask&(1<<(i-1)) != 0 {
+					w.WriteByte(' ')
+				}
+				p.at = w.Len()
+				w.WriteString(segments[p.seg][p.off : p.off+p.n])
+				pieces = append(pieces, p)
+			}
+			window := w.String()
+			for _, f := range s.scan(window, bud, 0) {
+				var parts []piece
+				for _, p := range pieces {
+					st, en := max(f.Start, p.at), min(f.End, p.at+p.n)
+					if st < en {
+						parts = append(parts, piece{seg: p.seg, off: p.off + st - p.at, n: en - st})
+					}
+				}
+				if len(parts) < 2 || glued(f.Type, parts) {
+					continue
+				}
+				var key strings.Builder
+				key.WriteString(f.Type)
+				size := 0
+				for _, p := range parts {
+					key.WriteString(":" + strconv.Itoa(p.seg) + "," + strconv.Itoa(p.off) + "," + strconv.Itoa(p.n))
+					size += p.n
+				}
+				if seen[key.String()] {
+					continue
+				}
+				seen[key.String()] = true
+				groups = append(groups, group{typ: f.Type, sub: f.Subtype, parts: parts, size: size})
+			}
+		}
 	}
 	var spans []piece
 	for b := 1; b < len(segments); b++ {
@@ -120,52 +205,24 @@ func (s *Scanner) ScanAcross(segments []string) []SegmentFinding {
 			spans = append(spans, piece{seg: k, n: end})
 			need -= end + 1
 		}
-		// Every choice of separator per inner boundary when there are at
-		// most three (a value cut in four), else all-nothing and all-space.
-		inner := len(spans) - 1
-		masks := []int{0, 1<<inner - 1}
-		if inner <= 3 {
-			masks = masks[:0]
-			for m := 0; m < 1<<inner; m++ {
-				masks = append(masks, m)
+		process(spans)
+	}
+	// A value split around another turn: the tail of segment k joined
+	// with the head of segment k+2 (an IBAN in two user messages
+	// with the assistant's reply between them).
+	for d := 2; d <= 2; d++ {
+		for k := 0; k+d < len(segments); k++ {
+			tail, head := segments[k], segments[k+d]
+			off := max(0, len(tail)-acrossWindow)
+			for off > 0 && off < len(tail) && !utf8.RuneStart(tail[off]) {
+				off++
 			}
-		}
-		for _, mask := range masks {
-			w.Reset()
-			pieces = pieces[:0]
-			for i, p := range spans {
-				if i > 0 && mask&(1<<(i-1)) != 0 {
-					w.WriteByte(' ')
-				}
-				p.at = w.Len()
-				w.WriteString(segments[p.seg][p.off : p.off+p.n])
-				pieces = append(pieces, p)
+			end := min(len(head), acrossWindow)
+			for end < len(head) && !utf8.RuneStart(head[end]) {
+				end--
 			}
-			window := w.String()
-			for _, f := range s.Scan(window) {
-				var parts []piece
-				for _, p := range pieces {
-					st, en := max(f.Start, p.at), min(f.End, p.at+p.n)
-					if st < en {
-						parts = append(parts, piece{seg: p.seg, off: p.off + st - p.at, n: en - st})
-					}
-				}
-				if len(parts) < 2 || glued(f.Type, parts) {
-					continue
-				}
-				var key strings.Builder
-				key.WriteString(f.Type)
-				size := 0
-				for _, p := range parts {
-					key.WriteString(":" + strconv.Itoa(p.seg) + "," + strconv.Itoa(p.off) + "," + strconv.Itoa(p.n))
-					size += p.n
-				}
-				if seen[key.String()] {
-					continue
-				}
-				seen[key.String()] = true
-				groups = append(groups, group{typ: f.Type, sub: f.Subtype, parts: parts, size: size})
-			}
+			spans = append(spans[:0], piece{seg: k, off: off, n: len(tail) - off}, piece{seg: k + d, n: end})
+			process(spans)
 		}
 	}
 	if len(groups) == 0 {

@@ -145,9 +145,10 @@ func TestCreditCardDetection(t *testing.T) {
 		{"a JCB number is found", "", "3530111333300000", []string{"CREDIT_CARD/jcb:3530111333300000"}},
 		{"a number failing the Luhn check is not a card", "", "card 4111 1111 1111 1112", nil},
 		{"a Luhn-valid number with an unknown issuer prefix is not a card", "", "ref 1234 5678 9012 3452", nil},
-		{"mixed separators are not a card", "", "4111 1111-1111 1111", nil},
+		{"mixed separators are still a card (an evasion)", "", "4111 1111-1111 1111", []string{"CREDIT_CARD:4111 1111-1111 1111"}},
 		{"a card number inside a longer digit run is not a card", "", "id 41111111111111111", nil},
-		{"a card number glued to letters is not a card", "", "TX4111111111111111", nil},
+		{"a whole card number glued to an identifier is still a card", "", "TX4111111111111111 call_4111111111111111", []string{"CREDIT_CARD:4111111111111111", "CREDIT_CARD:4111111111111111"}},
+		{"a card-length digit run inside a longer word is not", "", "TX4111111111111111Z", nil},
 	})
 }
 
@@ -305,4 +306,70 @@ func TestScanOnlyRunsEnabledTypes(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("Scan = %v, want %v", got, want)
 	}
+}
+
+// TestEvasionsOfIssue12 lists the minimal inputs of issue 12 that leaked,
+// each with the finding it must produce (written by hand).
+func TestEvasionsOfIssue12(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a card with a space between every digit", "", "card 4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 ok", []string{"CREDIT_CARD:4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"}},
+		{"a card with newlines", "", "card\n4111\n1111\n1111\n1111\nok", []string{"CREDIT_CARD:4111\n1111\n1111\n1111"}},
+		{"a card with dots", "", "pan 4.1.1.1.1.1.1.1.1.1.1.1.1.1.1.1 ok", []string{"CREDIT_CARD:4.1.1.1.1.1.1.1.1.1.1.1.1.1.1.1"}},
+		{"a card with slashes", "", "pan 4111/1111/1111/1111 ok", []string{"CREDIT_CARD:4111/1111/1111/1111"}},
+		{"a card with plus signs", "", "pan 4111+1111+1111+1111 ok", []string{"CREDIT_CARD:4111+1111+1111+1111"}},
+		{"a card with underscores", "", "pan 4111_1111_1111_1111 ok", []string{"CREDIT_CARD:4111_1111_1111_1111"}},
+		{"a card with %20", "", "pan=4111%201111%201111%201111&x=1", []string{"CREDIT_CARD:4111%201111%201111%201111"}},
+		{"a card with doubled separators", "", "pan 4111  1111--1111  1111 ok", []string{"CREDIT_CARD:4111  1111--1111  1111"}},
+		{"a card with Arabic-Indic digits", "", "pan ٤١١١ ١١١١ ١١١١ ١١١١ ok", []string{"CREDIT_CARD:٤١١١ ١١١١ ١١١١ ١١١١"}},
+		{"a lower-case IBAN", "", "iban it60x0542811101000000123456 ok", []string{"IBAN:it60x0542811101000000123456"}},
+		{"an IBAN with Devanagari digits", "", "IBAN DE८९ ३७०४ ००४४ ०५३२ ०१३० ०० ok", []string{"IBAN:DE८९ ३७०४ ००४४ ०५३२ ०१३० ००"}},
+		{"a phone right after =", "", "phone=+39 347 123 4567", []string{"PHONE:+39 347 123 4567"}},
+		{"an Italian mobile without separators or context", "", "scrivimi, 3471234567 va bene", []string{"PHONE:3471234567"}},
+		{"a written-out e-mail", "", "write to maria dot rossi at example dot org please", []string{"EMAIL:maria dot rossi at example dot org"}},
+		{"an e-mail with [at]", "", "mail maria.rossi[at]example.org", []string{"EMAIL:maria.rossi[at]example.org"}},
+		{"an e-mail with (at)", "", "mail maria.rossi (at) example.org", []string{"EMAIL:maria.rossi (at) example.org"}},
+		{"an e-mail with &#64;", "", "mail maria.rossi&#64;example.org", []string{"EMAIL:maria.rossi&#64;example.org"}},
+		{"an e-mail with &commat;", "", "mail maria.rossi&commat;example.org", []string{"EMAIL:maria.rossi&commat;example.org"}},
+		{"a fully percent-encoded e-mail", "", "m=%6D%61%72%69%61%40%65%78%61%6D%70%6C%65%2E%6F%72%67", []string{"EMAIL:%6D%61%72%69%61%40%65%78%61%6D%70%6C%65%2E%6F%72%67"}},
+		{"an e-mail with combining marks", "", "mail ma\u0301ri\u0308a@example.org", []string{"EMAIL:ma\u0301ri\u0308a@example.org"}},
+		{"an e-mail with the homoglyph ɑ", "", "mail mɑria@exɑmple.org", []string{"EMAIL:mɑria@exɑmple.org"}},
+		{"double base64", "", "x WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9 y", []string{"EMAIL:WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9"}},
+		{"hex with spaces", "", "x 6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67 y", []string{"EMAIL:6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67"}},
+		{"an SSN without separators after SSN", "", "SSN 536221234.", []string{"US_SSN:536221234"}},
+		{"an SSN with dots", "", "ssn is 536.22.1234.", []string{"US_SSN:536.22.1234"}},
+	})
+}
+
+// TestPrecisionOfIssue12 lists look-alikes that must not be found, or
+// not with more bytes than the value.
+func TestPrecisionOfIssue12(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a version string is not an IP address", "", "Version 10.2.3.4 of the firmware", nil},
+		{"a build number is not an IP address", "", "build 4.0.1.22 is out", nil},
+		{"an e-mail placeholder does not swallow user=", "", "user=admin@example.com&role=owner", []string{"EMAIL:admin@example.com"}},
+		{"an e-mail in a URL path does not swallow the path", "", "https://crm.example.com/contacts/luca.bianchi@example.it ok", []string{"EMAIL:luca.bianchi@example.it"}},
+		{"meet at a domain is not an e-mail", "", "meet at example.com tomorrow", nil},
+		{"order numbers are not phones", "", "Order 3471234567 shipped", nil},
+		{"a CIDR block is not an address", "", "the range 10.0.0.0/8 is private", nil},
+	})
+}
+
+func TestPersonDetection(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a self-introduction", "", "Hi, my name is Sarah Mitchell and I need help.", []string{"PERSON:Sarah Mitchell"}},
+		{"a title", "", "I spoke with Dr. Emily Carter yesterday.", []string{"PERSON:Emily Carter"}},
+		{"an Italian title and surname", "", "Gentile Sig. Esposito, le confermiamo.", []string{"PERSON:Esposito"}},
+		{"a signature", "", "Best regards,\nThomas Wright\nHead of Operations", []string{"PERSON:Thomas Wright"}},
+		{"a known given name and surname without a cue", "", "il conto è intestato a Marco Rossi da anni", []string{"PERSON:Marco Rossi"}},
+		{"a list after a name", "", "Attendees: James Anderson, Laura Martinez and Kevin Smith.", []string{"PERSON:James Anderson", "PERSON:Laura Martinez", "PERSON:Kevin Smith"}},
+		{"German and Spanish cues", "", "Ich heiße Lukas Schneider. Me llamo Lucía García.", []string{"PERSON:Lukas Schneider", "PERSON:Lucía García"}},
+		{"capitalised words that are not names", "", "Rome and Paris are capitals; Apple reported earnings. The Customer Service team replied.", nil},
+		{"a unit before a capitalised word is not a title", "", "altitude 3247 m. Mis datos son privados", nil},
+	})
+}
+
+func TestIBANWithPlusSigns(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"an IBAN with a plus between every character", "", "iban I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6 ok", []string{"IBAN:I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6"}},
+	})
 }

@@ -13,6 +13,11 @@ import (
 // shorter.
 const minEncodedLen = 12
 
+// maxEncodedDepth bounds nested encodings (base64 of base64 of …): each
+// level decodes to at most 3/4 of its input, so the total work of all
+// levels stays under 4× the text.
+const maxEncodedDepth = 3
+
 // encodedSegment is a run of base64 or hex in the scanned text and the
 // text it decodes to.
 type encodedSegment struct {
@@ -25,35 +30,129 @@ func isB64Byte(c byte) bool {
 }
 
 // encodedSegments returns the runs of text that decode, as hex (RFC 4648
-// §8) or base64 (standard or URL-safe alphabet, padded or not, RFC 4648 §4
-// and §5), to mostly printable UTF-8 text: the hiding places of values
-// pasted as "bWFyaW9AZXhhbXBsZS5pdA==". Binary payloads (images, hashes,
-// ciphertext) fail the printable test and are skipped.
-func encodedSegments(text string) []encodedSegment {
+// §8, also written as byte pairs separated by spaces or colons) or base64
+// (standard or URL-safe alphabet, padded or not, RFC 4648 §4 and §5; also
+// wrapped over lines of equal length as MIME and PEM do, RFC 2045 §6.8),
+// to mostly printable UTF-8 text: the hiding places of values pasted as
+// "bWFyaW9AZXhhbXBsZS5pdA==". Binary payloads (images, hashes, ciphertext)
+// fail the printable test and are skipped. runs are the prefilter's base64
+// runs of text.
+func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) []encodedSegment {
 	var out []encodedSegment
-	for i := 0; i < len(text); {
-		if !isB64Byte(text[i]) {
-			i++
-			continue
+	for k := 0; k < len(runs); k++ {
+		s, e := int(runs[k][0]), int(runs[k][1])
+		if before(text, s) >= 0x80 || at(text, e) >= 0x80 {
+			continue // part of a non-ASCII word
 		}
-		j := i
-		for j < len(text) && isB64Byte(text[j]) {
-			j++
+		if !b.spend(1 + (e-s)/64) {
+			return out
 		}
-		s, e := i, j
-		for k := 0; k < 2 && at(text, e) == '='; k++ {
-			e++ // padding
-		}
-		i = j
-		// A run glued to a word character outside ASCII is part of a word.
-		if e-s < minEncodedLen || before(text, s) >= 0x80 || at(text, e) >= 0x80 {
-			continue
+		// Base64 wrapped over lines: runs of one length, each ending at a
+		// newline, the last no longer.
+		if w := e - s; w >= 16 && at(text, e) == '\n' {
+			j, end := k, e
+			var joined strings.Builder
+			lines := 1
+			for {
+				nl := end
+				if at(text, nl) == '\r' {
+					nl++
+				}
+				if at(text, nl) != '\n' {
+					break
+				}
+				ns, ne := nl+1, nl+1
+				for ne < len(text) && ne-ns <= w && isB64Byte(text[ne]) {
+					ne++
+				}
+				for q := 0; q < 2 && at(text, ne) == '='; q++ {
+					ne++
+				}
+				if ne == ns || ne-ns > w || at(text, ne) != '\n' && at(text, ne) != '\r' && isB64Byte(at(text, ne)) {
+					break
+				}
+				if joined.Len() == 0 {
+					joined.WriteString(text[s:end])
+				}
+				joined.WriteString(text[ns:ne])
+				end, lines = ne, lines+1
+				for j+1 < len(runs) && int(runs[j+1][0]) < ne {
+					j++
+				}
+				if ne-ns < w {
+					break
+				}
+			}
+			if lines > 1 {
+				if d, ok := decodeRun(joined.String()); ok {
+					out = append(out, encodedSegment{s, end, d})
+					k = j
+					continue
+				}
+			}
 		}
 		if d, ok := decodeRun(text[s:e]); ok {
 			out = append(out, encodedSegment{s, e, d})
+			continue
 		}
 	}
+	return append(out, spacedHex(text, hex2, b)...)
+}
+
+// spacedHex finds hex written as at least six byte pairs separated by
+// single spaces or colons, decoding to printable text.
+// pairs are the prefilter's candidate first pairs.
+func spacedHex(text string, pairsAt []int32, b *budget) []encodedSegment {
+	var out []encodedSegment
+	i := 0
+	for _, ps := range pairsAt {
+		if int(ps) < i {
+			continue
+		}
+		p := int(ps) + 2 // the separator after the first pair
+		if isB64Byte(before(text, p-2)) && before(text, p-2) != '_' {
+			continue
+		}
+		sep := text[p]
+		s, j, pairs := p-2, p-2, 0
+		for j+2 <= len(text) && isHex(text[j]) && isHex(text[j+1]) && (j+2 == len(text) || text[j+2] == sep || !isB64Byte(text[j+2])) {
+			pairs++
+			j += 2
+			if j < len(text) && text[j] == sep && j+3 <= len(text) && isHex(text[j+1]) && isHex(text[j+2]) {
+				j++
+				continue
+			}
+			break
+		}
+		if pairs < 6 {
+			continue
+		}
+		if !b.spend(1 + pairs/32) {
+			return out
+		}
+		raw := make([]byte, 0, pairs)
+		for q := s; q < j; q += 3 {
+			raw = append(raw, byte(hexVal(text[q])<<4|hexVal(text[q+1])))
+		}
+		if len(raw) >= 6 && printableText(raw) {
+			out = append(out, encodedSegment{s, j, string(raw)})
+		}
+		i = j
+	}
 	return out
+}
+
+// maybeText reports whether a decoded prefix can start printable UTF-8
+// text: not a control byte other than white space, not DEL, not a UTF-8
+// continuation byte or an invalid lead byte.
+func maybeText(c byte) bool {
+	switch {
+	case c < 0x20:
+		return c == '\t' || c == '\n' || c == '\r'
+	case c == 0x7f, c >= 0x80 && c < 0xc2, c >= 0xf5:
+		return false
+	}
+	return true
 }
 
 func decodeRun(run string) (string, bool) {
@@ -61,6 +160,9 @@ func decodeRun(run string) (string, bool) {
 	var err error
 	switch {
 	case len(run)%2 == 0 && isHexString(run):
+		if !maybeText(byte(hexVal(run[0])<<4 | hexVal(run[1]))) {
+			return "", false
+		}
 		raw, err = hex.DecodeString(run)
 	default:
 		body := strings.TrimRight(run, "=")
@@ -73,6 +175,13 @@ func decodeRun(run string) (string, bool) {
 				return "", false
 			}
 			enc = base64.RawURLEncoding
+		}
+		if len(body)%4 == 1 {
+			return "", false
+		}
+		var first [3]byte
+		if n, _ := enc.Decode(first[:], []byte(body[:4])); n < 1 || !maybeText(first[0]) {
+			return "", false
 		}
 		raw, err = enc.DecodeString(body)
 	}

@@ -14,53 +14,11 @@ var ibanLength = map[string]int{
 	"SV": 28, "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
 }
 
-// ibanDetector finds IBANs (ISO 13616-1): a country code from the registry,
-// two check digits, and a BBAN of the length the registry gives for that
-// country, written compact or in groups separated by single spaces (the
-// "paper format" of ISO 13616-1 §5.4), with the check digits verified by
-// ISO 7064 MOD 97-10. Subtype is the country code.
-type ibanDetector struct{}
-
-func (ibanDetector) Type() string { return TypeIBAN }
-
-func (ibanDetector) Detect(text string, dst []Finding) []Finding {
-	n := len(text)
-	var buf [34]byte
-	for i := 0; i+4 <= n; i++ {
-		if !isUpper(text[i]) || !isUpper(text[i+1]) || !isDigit(text[i+2]) || !isDigit(text[i+3]) || wordByte(before(text, i)) {
-			continue
-		}
-		want, ok := ibanLength[text[i:i+2]]
-		if !ok {
-			continue
-		}
-		got, j := 0, i
-		for j < n && got < want {
-			c := text[j]
-			switch {
-			case isAlnum(c):
-				if isLower(c) {
-					c -= 'a' - 'A'
-				}
-				buf[got] = c
-				got++
-				j++
-			case c == ' ' && got >= 4 && isAlnum(at(text, j+1)):
-				j++
-			default:
-				want = -1 // too short
-			}
-		}
-		if got != want || wordByte(at(text, j)) {
-			continue
-		}
-		if ibanValid(buf[:got]) {
-			dst = append(dst, Finding{Type: TypeIBAN, Subtype: text[i : i+2], Start: i, End: j})
-			i = j - 1
-		}
-	}
-	return dst
-}
+// IBANs (ISO 13616-1): a country code from the registry (any case), two
+// check digits, and a BBAN of the length the registry gives for that
+// country, written compact, in the paper format of ISO 13616-1 §5.4 or
+// with other separators between characters (numeric.go), with the check
+// digits verified by ISO 7064 MOD 97-10. Subtype is the country code.
 
 // ibanValid checks the ISO 7064 MOD 97-10 check digits of a compact,
 // upper-case IBAN: move the first four characters to the end, replace each

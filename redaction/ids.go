@@ -6,50 +6,6 @@ import (
 	"strings"
 )
 
-// ssnDetector finds US Social Security numbers written AAA-GG-SSSS or
-// AAA GG SSSS (one kind of separator). Per the SSA's numbering rules
-// (Social Security Administration, "The SSN Numbering Scheme" and the 2011
-// randomisation notice) area 000, 666 and 900–999, group 00 and serial 0000
-// are never issued; numbers the SSA lists as voided because they were
-// published in advertising (078-05-1120, 219-09-9999) and the stock example
-// 123-45-6789 are rejected too.
-type ssnDetector struct{}
-
-func (ssnDetector) Type() string { return TypeUSSSN }
-
-var ssnVoid = map[string]bool{"078051120": true, "219099999": true, "123456789": true}
-
-func (ssnDetector) Detect(text string, dst []Finding) []Finding {
-	n := len(text)
-	for i := 0; i+11 <= n; i++ {
-		if !isDigit(text[i]) {
-			continue
-		}
-		if p := before(text, i); wordByte(p) || p == '-' || p == '.' || p == '+' || p == '/' {
-			for i < n && isDigit(text[i]) {
-				i++
-			}
-			continue
-		}
-		s := text[i : i+11]
-		sep := s[3]
-		if (sep != '-' && sep != ' ') || s[6] != sep ||
-			!allDigits(s[0:3]) || !allDigits(s[4:6]) || !allDigits(s[7:11]) {
-			continue
-		}
-		if nx := at(text, i+11); wordByte(nx) || (nx == '-' || nx == '.' || nx == sep) && isDigit(at(text, i+12)) {
-			continue
-		}
-		area, group, serial := s[0:3], s[4:6], s[7:11]
-		if area == "000" || area == "666" || area[0] == '9' || group == "00" || serial == "0000" || ssnVoid[area+group+serial] {
-			continue
-		}
-		dst = append(dst, Finding{Type: TypeUSSSN, Start: i, End: i + 11})
-		i += 10
-	}
-	return dst
-}
-
 func allDigits(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if !isDigit(s[i]) {
@@ -65,10 +21,6 @@ func allDigits(s string) bool {
 // the place, and a check letter. Digits may be replaced by the letters
 // LMNPQRSTUV ("omocodia", used by the Agenzia delle Entrate to resolve
 // collisions). The check letter is verified; upper or lower case.
-type fiscalCodeDetector struct{}
-
-func (fiscalCodeDetector) Type() string { return TypeITFiscalCode }
-
 // Odd-position (1st, 3rd, …) values of the check-character algorithm, for
 // 0–9 and A–Z; even positions use 0–9 and A=0 … Z=25.
 var fiscalOdd = [36]int{
@@ -78,10 +30,11 @@ var fiscalOdd = [36]int{
 
 const fiscalMonths = "ABCDEHLMPRST"
 
-func (fiscalCodeDetector) Detect(text string, dst []Finding) []Finding {
-	n := len(text)
+// detectFiscal checks the 16-byte tokens the prefilter found.
+func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 	var up [16]byte
-	for i := 0; i+16 <= n; i++ {
+	for _, t := range toks {
+		i := int(t)
 		if !isAlpha(text[i]) || wordByte(before(text, i)) || wordByte(at(text, i+16)) {
 			continue
 		}
@@ -105,7 +58,6 @@ func (fiscalCodeDetector) Detect(text string, dst []Finding) []Finding {
 			continue
 		}
 		dst = append(dst, Finding{Type: TypeITFiscalCode, Start: i, End: i + 16})
-		i += 15
 	}
 	return dst
 }
@@ -142,67 +94,43 @@ func fiscalCheck(c []byte) bool {
 	return c[15] == byte('A'+sum%26)
 }
 
-// ipDetector finds IPv4 addresses in dotted-quad form (four decimal octets
-// 0–255 without leading zeros, RFC 791 / inet_pton) and IPv6 addresses
-// (RFC 4291 §2.2 text forms, checked with net/netip). Longer dotted runs
-// such as version strings (1.2.3.4.5) are rejected. Subtype classifies the
-// address: "loopback", "private" (RFC 1918 / RFC 4193), "link_local",
-// "multicast", "unspecified" or "public".
-type ipDetector struct{}
+// IPv4 addresses are dotted quads of decimal octets 0–255 without leading
+// zeros (RFC 791 / inet_pton), found among the digit clusters (see
+// numeric.go): exactly four atoms joined by single dots, not part of a
+// longer dotted run (a version string such as 1.2.3.4.5) and not after a
+// word such as "version" or "build". IPv6 addresses (RFC 4291 §2.2 text
+// forms, checked with net/netip) are found from the ':' the prefilter saw.
+// Subtype classifies the address: "loopback", "private" (RFC 1918 / RFC
+// 4193), "link_local", "multicast", "unspecified" or "public".
 
-func (ipDetector) Type() string { return TypeIPAddress }
-
-func (ipDetector) Detect(text string, dst []Finding) []Finding {
-	n := len(text)
-	for i := 0; i < n; i++ {
-		c := text[i]
-		if c == ':' || isHex(c) {
-			if e, ok := ipv6At(text, i); ok {
-				a, _ := netip.ParseAddr(text[i:e])
-				dst = append(dst, Finding{Type: TypeIPAddress, Subtype: ipClass(a), Start: i, End: e})
-				i = e - 1
-				continue
-			}
-		}
-		if !isDigit(c) {
+// detectIPv6 checks the address around each candidate ':'.
+func detectIPv6(text string, colons []int32, dst []Finding) []Finding {
+	done := -1
+	for _, c := range colons {
+		i := int(c)
+		if i < done {
 			continue
 		}
-		if p := before(text, i); wordByte(p) || p == '.' || p == '-' {
-			for i < n && isDigit(text[i]) {
-				i++
-			}
+		s := i
+		for s > 0 && i-s < 45 && (isHex(text[s-1]) || text[s-1] == ':') {
+			s--
+		}
+		for s < i && !isHex(text[s]) && text[s] != ':' {
+			s++
+		}
+		e, ok := ipv6At(text, s)
+		if !ok && s < i {
+			// The run may start inside a word ("ab:..."): try at the colon.
+			e, ok = ipv6At(text, i)
+			s = i
+		}
+		if !ok {
+			done = i + 1
 			continue
 		}
-		j, ok := i, true
-		for part := 0; part < 4 && ok; part++ {
-			if part > 0 {
-				if at(text, j) != '.' {
-					ok = false
-					break
-				}
-				j++
-			}
-			k := j
-			v := 0
-			for k < n && isDigit(text[k]) && k-j < 4 {
-				v = v*10 + int(text[k]-'0')
-				k++
-			}
-			ok = k > j && k-j <= 3 && v <= 255 && !(k-j > 1 && text[j] == '0')
-			j = k
-		}
-		if !ok || wordByte(at(text, j)) || (at(text, j) == '.' || at(text, j) == '-') && isAlnum(at(text, j+1)) {
-			for i+1 < n && (isDigit(text[i+1]) || text[i+1] == '.') {
-				i++
-			}
-			continue
-		}
-		a, err := netip.ParseAddr(text[i:j])
-		if err != nil {
-			continue
-		}
-		dst = append(dst, Finding{Type: TypeIPAddress, Subtype: ipClass(a), Start: i, End: j})
-		i = j - 1
+		a, _ := netip.ParseAddr(text[s:e])
+		dst = append(dst, Finding{Type: TypeIPAddress, Subtype: ipClass(a), Start: s, End: e})
+		done = e
 	}
 	return dst
 }
@@ -264,22 +192,37 @@ func ipClass(a netip.Addr) string {
 
 // urlCredRe matches "scheme://user:password@host"; the password may contain
 // '@' (the last '@' before the host delimits userinfo, RFC 3986 §3.2).
-var urlCredRe = regexp.MustCompile(`\b([A-Za-z][A-Za-z0-9+.-]{1,31})://([^\s:/?#@"'<>\[\]]+):([^\s/?#"'<>]+)@[A-Za-z0-9\[]`)
+var urlCredRe = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]{1,31})://([^\s:/?#@"'<>\[\]]+):([^\s/?"'<>]+)@[A-Za-z0-9\[]`)
 
-// urlCredentialsDetector finds the userinfo "user:password" of URLs
-// (RFC 3986 §3.2.1, whose use the RFC deprecates precisely because it puts a
-// secret in the URL). The finding covers "user:password"; Subtype is the
-// lower-case scheme.
-type urlCredentialsDetector struct{}
-
-func (urlCredentialsDetector) Type() string { return TypeURLCredentials }
-
-func (urlCredentialsDetector) Detect(text string, dst []Finding) []Finding {
-	if !strings.Contains(text, "://") {
-		return dst
-	}
-	for _, m := range urlCredRe.FindAllStringSubmatchIndex(text, -1) {
-		dst = append(dst, Finding{Type: TypeURLCredentials, Subtype: strings.ToLower(text[m[2]:m[3]]), Start: m[4], End: m[7]})
+// detectURLCredentials finds the userinfo "user:password" of URLs
+// (RFC 3986 §3.2.1, whose use the RFC deprecates precisely because it puts
+// a secret in the URL) at each "://" the prefilter saw. The finding covers
+// "user:password"; Subtype is the lower-case scheme.
+func detectURLCredentials(text string, hits []int32, dst []Finding) []Finding {
+	last := -1
+	for _, h := range hits {
+		p := int(h)
+		if p < last {
+			continue
+		}
+		// The scheme: [A-Za-z][A-Za-z0-9+.-]{1,31} right before "://".
+		s := p
+		for s > 0 && p-s < 32 && (isAlnum(text[s-1]) || text[s-1] == '+' || text[s-1] == '.' || text[s-1] == '-') {
+			s--
+		}
+		for s < p && !isAlpha(text[s]) {
+			s++
+		}
+		if p-s < 2 || wordASCII(before(text, s)) {
+			continue
+		}
+		w := text[s:min(len(text), p+1024)]
+		m := urlCredRe.FindStringSubmatchIndex(w)
+		if m == nil || m[0] != 0 {
+			continue
+		}
+		dst = append(dst, Finding{Type: TypeURLCredentials, Subtype: strings.ToLower(w[m[2]:m[3]]), Start: s + m[4], End: s + m[7]})
+		last = s + m[1]
 	}
 	return dst
 }

@@ -1,51 +1,82 @@
 package redaction
 
 import (
+	"sort"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 
 	"golang.org/x/text/unicode/norm"
 )
 
-// view is a normalised copy of a text with, for every byte of the copy, the
-// byte span of the original rune (or escape) it came from.
+// view is a normalised copy of a text and the map from its bytes back to
+// the original. The map is sparse: marks lists the pieces of the view that
+// differ from the original, in order; every byte between two marks is the
+// original byte at a constant offset, so building the view of a mostly
+// ASCII text costs one copy.
 type view struct {
-	text   string
-	starts []int32 // starts[i]: original offset of the source of text[i]
-	ends   []int32 // ends[i]: original end offset of the source of text[i]
+	text  string
+	marks []viewMark
+}
+
+// viewMark says that view[v:ve) came from original[o:oe).
+type viewMark struct{ v, ve, o, oe int32 }
+
+// orig returns the original span of view byte i.
+func (v *view) orig(i int) (int, int) {
+	k := sort.Search(len(v.marks), func(k int) bool { return int(v.marks[k].v) > i }) - 1
+	if k < 0 {
+		return i, i + 1
+	}
+	m := v.marks[k]
+	if i < int(m.ve) {
+		return int(m.o), int(m.oe)
+	}
+	o := int(m.oe) + i - int(m.ve)
+	return o, o + 1
 }
 
 // span maps the byte range [s, e) of the view back to the original text.
 func (v *view) span(s, e int) (int, int) {
-	return int(v.starts[s]), int(v.ends[e-1])
+	a, _ := v.orig(s)
+	_, b := v.orig(e - 1)
+	return a, b
 }
 
 // confusables maps letters that render like ASCII letters to those letters:
-// the Cyrillic and Greek homoglyphs of Unicode TR #39's confusables.txt that
-// map to a single ASCII letter, plus a few Latin look-alikes.
+// the Cyrillic, Greek and Latin homoglyphs of Unicode TR #39's
+// confusables.txt (https://www.unicode.org/Public/security/latest/confusables.txt)
+// that map to a single ASCII letter and that NFKC leaves alone.
 var confusables = map[rune]rune{
 	// Cyrillic
 	'а': 'a', 'в': 'b', 'е': 'e', 'о': 'o', 'р': 'p', 'с': 'c', 'у': 'y', 'х': 'x', 'і': 'i', 'ј': 'j',
-	'ѕ': 's', 'ԁ': 'd', 'ԛ': 'q', 'ԝ': 'w', 'һ': 'h', 'ӏ': 'l', 'ո': 'n', 'ս': 'u',
+	'ѕ': 's', 'ԁ': 'd', 'ԛ': 'q', 'ԝ': 'w', 'һ': 'h', 'ӏ': 'l', 'ո': 'n', 'ս': 'u', 'ɡ': 'g',
 	'А': 'A', 'В': 'B', 'Е': 'E', 'К': 'K', 'М': 'M', 'Н': 'H', 'О': 'O', 'Р': 'P', 'С': 'C', 'Т': 'T',
-	'Х': 'X', 'У': 'Y', 'І': 'I', 'Ј': 'J', 'Ѕ': 'S', 'Ԛ': 'Q', 'Ԝ': 'W', 'Ζ': 'Z',
+	'Х': 'X', 'У': 'Y', 'І': 'I', 'Ј': 'J', 'Ѕ': 'S', 'Ԛ': 'Q', 'Ԝ': 'W', 'ԍ': 'G',
 	// Greek
-	'Α': 'A', 'Β': 'B', 'Ε': 'E', 'Η': 'H', 'Ι': 'I', 'Κ': 'K', 'Μ': 'M', 'Ν': 'N', 'Ο': 'O', 'Ρ': 'P',
-	'Τ': 'T', 'Υ': 'Y', 'Χ': 'X', 'ο': 'o', 'α': 'a', 'ν': 'v', 'ρ': 'p',
-	// Latin look-alikes
-	'ɡ': 'g', 'ı': 'i', 'ȷ': 'j', 'ℓ': 'l',
+	'Α': 'A', 'Β': 'B', 'Ε': 'E', 'Ζ': 'Z', 'Η': 'H', 'Ι': 'I', 'Κ': 'K', 'Μ': 'M', 'Ν': 'N', 'Ο': 'O',
+	'Ρ': 'P', 'Τ': 'T', 'Υ': 'Y', 'Χ': 'X', 'ο': 'o', 'α': 'a', 'ν': 'v', 'ρ': 'p', 'ι': 'i', 'κ': 'k',
+	'τ': 't', 'υ': 'u', 'χ': 'x', 'ε': 'e', 'ϲ': 'c', 'ϳ': 'j',
+	// Latin look-alikes (IPA and others)
+	'ɑ': 'a', 'ɒ': 'a', 'ɐ': 'a', 'ı': 'i', 'ɩ': 'i', 'ȷ': 'j', 'ℓ': 'l', 'ɵ': 'o', 'ɔ': 'c',
+	'ʀ': 'R', 'ʏ': 'Y', 'ɴ': 'N', 'ʜ': 'H', 'ʟ': 'L', 'ɪ': 'I', 'ᴀ': 'A', 'ᴄ': 'C', 'ᴅ': 'D', 'ᴇ': 'E',
+	'ᴋ': 'K', 'ᴍ': 'M', 'ᴏ': 'O', 'ᴘ': 'P', 'ᴛ': 'T', 'ᴜ': 'U', 'ᴠ': 'V', 'ᴡ': 'W', 'ᴢ': 'Z', 'ꜱ': 'S',
+	'ǀ': 'l', 'ꓲ': 'I', 'ꓳ': 'O', 'ꓴ': 'U',
 }
 
 // dropRune reports runes removed from the view: format characters (Unicode
 // category Cf: zero-width space/joiners, word joiner, BOM, soft hyphen,
-// bidi controls), variation selectors and the combining grapheme joiner.
+// bidi controls), variation selectors, the combining grapheme joiner and
+// combining marks (Mn, Me), which evasions stack on letters ("má̱rio").
 func dropRune(r rune) bool {
-	return unicode.Is(unicode.Cf, r) || r >= 0xFE00 && r <= 0xFE0F || r == 0x034F || r >= 0xE0100 && r <= 0xE01EF
+	return unicode.Is(unicode.Cf, r) || r >= 0xFE00 && r <= 0xFE0F || r >= 0xE0100 && r <= 0xE01EF ||
+		unicode.Is(unicode.Mn, r) || unicode.Is(unicode.Me, r)
 }
 
-// mapRune returns the ASCII stand-in for dashes and spaces that NFKC leaves
-// alone (or maps inconsistently), or -1.
+// mapRune returns the ASCII stand-in for dashes, spaces, dots, decimal
+// digits of other scripts and homoglyphs, or -1.
 func mapRune(r rune) rune {
 	switch {
 	case r >= 0x2010 && r <= 0x2015, r == 0x2212, r == 0xFE58, r == 0xFE63, r == 0xFF0D, r == 0x2043:
@@ -59,6 +90,22 @@ func mapRune(r rune) rune {
 			return '\n'
 		}
 		return ' '
+	case unicode.IsDigit(r):
+		// Decimal digits (Nd) come in runs of ten starting at zero
+		// (Unicode §4.6), so the value is the distance to the run's start.
+		v := 0
+		for v < 9 && unicode.IsDigit(r-rune(v)-1) {
+			v++
+		}
+		if c := r - rune(v); unicode.IsDigit(c - 1) {
+			// A longer run (mathematical digits): count in tens.
+			n := 0
+			for unicode.IsDigit(r - rune(n) - 1) {
+				n++
+			}
+			v = n % 10
+		}
+		return '0' + rune(v)
 	}
 	if c, ok := confusables[r]; ok {
 		return c
@@ -66,11 +113,46 @@ func mapRune(r rune) rune {
 	return -1
 }
 
-// percentDecoded lists the %XX escapes the view decodes: the characters
-// that shape e-mail addresses, URLs and keys (RFC 3986 §2.1).
-var percentDecoded = map[string]byte{
-	"40": '@', "2B": '+', "2b": '+', "2E": '.', "2e": '.', "2D": '-', "2d": '-',
-	"5F": '_', "5f": '_', "3A": ':', "3a": ':', "2F": '/', "2f": '/', "3D": '=', "3d": '=',
+// htmlEntities are the named character references (HTML Living Standard
+// §13.5) of the characters that shape addresses and numbers.
+var htmlEntities = map[string]byte{
+	"commat": '@', "period": '.', "lowbar": '_', "hyphen": '-', "dash": '-', "plus": '+', "colon": ':',
+	"sol": '/', "equals": '=', "nbsp": ' ', "amp": '&', "num": '#', "percnt": '%', "quest": '?',
+}
+
+// specialASCII marks the ASCII bytes that may start a rewrite in the view:
+// '%' (percent-encoding), '\\' (JSON \uXXXX escapes) and '&' (HTML
+// character references).
+var specialASCII = [256]bool{'%': true, '\\': true, '&': true}
+
+// hexVal returns the value of a hex digit, or -1.
+func hexVal(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// percentByte decodes a %XX escape (RFC 3986 §2.1) at s[0] of a printable
+// ASCII byte or a space, else -1.
+func percentByte(s string) int {
+	if len(s) < 3 {
+		return -1
+	}
+	h, l := hexVal(s[1]), hexVal(s[2])
+	if h < 0 || l < 0 {
+		return -1
+	}
+	b := h<<4 | l
+	if b < 0x20 || b > 0x7e {
+		return -1
+	}
+	return b
 }
 
 // jsonEscape decodes a JSON \uXXXX escape (RFC 8259 §7) at the start of s,
@@ -82,16 +164,11 @@ func jsonEscape(s string) rune {
 	}
 	var r rune
 	for _, h := range []byte(s[2:6]) {
-		switch {
-		case h >= '0' && h <= '9':
-			r = r<<4 | rune(h-'0')
-		case h >= 'a' && h <= 'f':
-			r = r<<4 | rune(h-'a'+10)
-		case h >= 'A' && h <= 'F':
-			r = r<<4 | rune(h-'A'+10)
-		default:
+		v := hexVal(h)
+		if v < 0 {
 			return -1
 		}
+		r = r<<4 | rune(v)
 	}
 	if r < 0x20 || r >= 0xD800 && r <= 0xDFFF {
 		return -1
@@ -99,98 +176,281 @@ func jsonEscape(s string) rune {
 	return r
 }
 
+// jsonShortEscape decodes a JSON two-character escape (\n \t \r \" \\
+// \/ \b \f) at the start of s into its byte, or returns -1.
+func jsonShortEscape(s string) int {
+	if len(s) < 2 || s[0] != '\\' {
+		return -1
+	}
+	switch s[1] {
+	case 'n':
+		return '\n'
+	case 't':
+		return '\t'
+	case 'r':
+		return '\r'
+	case '"', '\\', '/':
+		return int(s[1])
+	case 'b', 'f':
+		return ' '
+	}
+	return -1
+}
+
+// htmlRef decodes an HTML character reference at s[0] == '&': "&#64;",
+// "&#x40;" or a name of htmlEntities, with its ';'. It returns the rune
+// and the reference's length, or -1.
+func htmlRef(s string) (rune, int) {
+	if len(s) < 4 {
+		return -1, 0
+	}
+	if s[1] == '#' {
+		i, base := 2, 10
+		if s[2] == 'x' || s[2] == 'X' {
+			i, base = 3, 16
+		}
+		var r rune
+		j := i
+		for ; j < len(s) && j-i < 7; j++ {
+			v := hexVal(s[j])
+			if v < 0 || base == 10 && v > 9 {
+				break
+			}
+			r = r*rune(base) + rune(v)
+		}
+		if j == i || j >= len(s) || s[j] != ';' || r < 0x20 || r > unicode.MaxRune || r >= 0xD800 && r <= 0xDFFF {
+			return -1, 0
+		}
+		return r, j + 1
+	}
+	j := 1
+	for j < len(s) && j < 10 && isAlpha(s[j]) {
+		j++
+	}
+	if j >= len(s) || s[j] != ';' {
+		return -1, 0
+	}
+	if b, ok := htmlEntities[s[1:j]]; ok {
+		return rune(b), j + 1
+	}
+	return -1, 0
+}
+
+// nfkcSame caches, for runes below 0x3000, whether NFKC leaves the rune
+// alone (true for all but a few hundred), so that common accented letters
+// cost a table look-up.
+var (
+	nfkcOnce sync.Once
+	nfkcSame [0x3000 / 64]uint64
+)
+
+func nfkcIdentity(r rune, s string) bool {
+	if r >= 0x3000 {
+		return norm.NFKC.IsNormalString(s)
+	}
+	nfkcOnce.Do(func() {
+		var buf [4]byte
+		for c := rune(0x80); c < 0x3000; c++ {
+			n := utf8.EncodeRune(buf[:], c)
+			if norm.NFKC.IsNormal(buf[:n]) && norm.NFKC.String(string(buf[:n])) == string(buf[:n]) {
+				nfkcSame[c/64] |= 1 << (c % 64)
+			}
+		}
+	})
+	return nfkcSame[r/64]&(1<<(r%64)) != 0
+}
+
+// viewBuilder writes a view lazily: until the first change nothing is
+// copied.
+type viewBuilder struct {
+	src     string
+	b       []byte
+	marks   []viewMark
+	last    int // src[last:] not yet copied
+	started bool
+}
+
+func (w *viewBuilder) replace(from, to int, repl string) {
+	if !w.started {
+		w.started = true
+		if cap(w.b) < len(w.src)+16 {
+			w.b = make([]byte, 0, len(w.src)+len(w.src)/8+16)
+		}
+	}
+	w.b = append(w.b, w.src[w.last:from]...)
+	v := len(w.b)
+	w.b = append(w.b, repl...)
+	w.marks = append(w.marks, viewMark{v: int32(v), ve: int32(len(w.b)), o: int32(from), oe: int32(to)})
+	w.last = to
+}
+
+func (w *viewBuilder) replaceByte(from, to int, c byte) {
+	if c < 0x80 {
+		w.replace(from, to, asciiString[c])
+		return
+	}
+	w.replace(from, to, string(rune(c)))
+}
+
+// asciiString holds the one-byte strings, so that rewrites to ASCII
+// allocate nothing.
+var asciiString = func() (t [128]string) {
+	for i := range t {
+		t[i] = string(rune(i))
+	}
+	return t
+}()
+
+// scriptDigit returns the value of a decimal digit of the scripts the
+// fast path knows, or -1.
+func scriptDigit(r rune) rune {
+	for _, zero := range [...]rune{0x0660, 0x06F0, 0x0966, 0x09E6} {
+		if r >= zero && r <= zero+9 {
+			return r - zero
+		}
+	}
+	return -1
+}
+
 // normalise builds the normalised view of text: NFKC per rune (fullwidth
 // digits and letters, ligatures, mathematical alphanumerics become ASCII),
-// format characters dropped, homoglyphs, dashes and spaces mapped,
-// percent-escapes of address characters and JSON \uXXXX escapes decoded. It returns ok=false when
-// the view would equal text, so callers can skip a second scan.
+// decimal digits of every script mapped to ASCII, format characters and
+// combining marks dropped, homoglyphs, dashes and spaces mapped,
+// percent-escapes of printable ASCII, JSON \uXXXX escapes and HTML
+// character references decoded. It returns ok=false when the view would
+// equal text, so callers can skip it. Texts over 2 GiB are not normalised
+// (offsets are 32-bit).
 func normalise(text string) (v view, ok bool) {
-	first := -1
-	for i := 0; i < len(text); i++ {
-		if c := text[i]; c >= 0x80 || c == '%' && i+2 < len(text) && percentDecoded[text[i+1:i+3]] != 0 || c == '\\' && jsonEscape(text[i:]) >= 0 {
-			first = i
-			break
-		}
+	v, ok, _, _ = normaliseInto(text, nil, nil)
+	return v, ok
+}
+
+// normaliseInto is normalise writing the view into buf and its marks into
+// marks (both reused by the caller across scans). The view's text aliases
+// buf: it is valid until buf is reused. It returns the buffers for reuse.
+func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, _ []byte, _ []viewMark) {
+	if len(text) >= 1<<31-1 {
+		return view{}, false, buf, marks
 	}
-	if first < 0 {
-		return view{}, false
-	}
-	var b strings.Builder
-	b.Grow(len(text))
-	v.starts = make([]int32, 0, len(text))
-	v.ends = make([]int32, 0, len(text))
-	emit := func(s []byte, from, to int) {
-		b.Write(s)
-		for range s {
-			v.starts = append(v.starts, int32(from))
-			v.ends = append(v.ends, int32(to))
-		}
-	}
-	changed := false
-	var tmp [4]byte
+	w := viewBuilder{src: text, b: buf[:0], marks: marks[:0]}
+	var tmp [utf8.UTFMax]byte
 	var nfkc []byte
-	// Copy the ASCII prefix as is.
-	b.WriteString(text[:first])
-	for i := 0; i < first; i++ {
-		v.starts = append(v.starts, int32(i))
-		v.ends = append(v.ends, int32(i+1))
-	}
-	for i := first; i < len(text); {
+	for i := 0; i < len(text); {
 		c := text[i]
 		if c < 0x80 {
-			if c == '\\' {
-				// A JSON \uXXXX escape left in text (tool-call arguments are JSON
-				// inside a JSON string, so "\u0040" there is an '@').
-				if r := jsonEscape(text[i:]); r >= 0 {
-					if m := mapRune(r); m >= 0 {
-						r = m
-					}
-					nfkc = norm.NFKC.AppendString(nfkc[:0], string(r))
-					emit(nfkc, i, i+6)
-					i += 6
-					changed = true
-					continue
-				}
+			if !specialASCII[c] {
+				i++
+				continue
 			}
-			if c == '%' && i+2 < len(text) {
-				if d := percentDecoded[text[i+1:i+3]]; d != 0 {
-					tmp[0] = d
-					emit(tmp[:1], i, i+3)
+			switch c {
+			case '%':
+				if b := percentByte(text[i:]); b >= 0 {
+					w.replaceByte(i, i+3, byte(b))
 					i += 3
-					changed = true
+					continue
+				}
+			case '\\':
+				if r := jsonEscape(text[i:]); r >= 0 {
+					w.replace(i, i+6, normRune(r, &nfkc))
+					i += 6
+					continue
+				}
+				// The two-character escapes of JSON strings (RFC 8259 §7):
+				// tool results and arguments are JSON inside a JSON string,
+				// so "a\n4111 …" must read as a line break before the number.
+				if b := jsonShortEscape(text[i:]); b >= 0 {
+					w.replaceByte(i, i+2, byte(b))
+					i += 2
+					continue
+				}
+			case '&':
+				if r, n := htmlRef(text[i:]); n > 0 {
+					w.replace(i, i+n, normRune(r, &nfkc))
+					i += n
 					continue
 				}
 			}
-			tmp[0] = c
-			emit(tmp[:1], i, i+1)
 			i++
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(text[i:])
+		// Fast paths for the common rewrites: fullwidth ASCII (NFKC maps
+		// U+FF01–U+FF5E to U+0021–U+007E) and the decimal digits of the
+		// Arabic-Indic, extended Arabic-Indic, Devanagari and Bengali
+		// scripts.
+		if r >= 0xFF01 && r <= 0xFF5E {
+			w.replace(i, i+size, asciiString[r-0xFEE0])
+			i += size
+			continue
+		}
+		if d := scriptDigit(r); d >= 0 {
+			w.replace(i, i+size, asciiString['0'+d])
+			i += size
+			continue
+		}
 		switch {
 		case r == utf8.RuneError && size == 1:
-			tmp[0] = c
-			emit(tmp[:1], i, i+1)
 		case dropRune(r):
-			changed = true
+			w.replace(i, i+size, "")
 		default:
 			if m := mapRune(r); m >= 0 {
+				if m < 0x80 {
+					w.replace(i, i+size, asciiString[m])
+					break
+				}
 				n := utf8.EncodeRune(tmp[:], m)
-				emit(tmp[:n], i, i+size)
-				changed = true
+				w.replace(i, i+size, string(tmp[:n]))
 				break
 			}
-			nfkc = norm.NFKC.AppendString(nfkc[:0], text[i:i+size])
-			if string(nfkc) != text[i:i+size] {
-				changed = true
+			if !nfkcIdentity(r, text[i:i+size]) {
+				nfkc = norm.NFKC.AppendString(nfkc[:0], text[i:i+size])
+				w.replace(i, i+size, mapString(nfkc))
 			}
-			emit(nfkc, i, i+size)
 		}
 		i += size
 	}
-	if !changed {
-		return view{}, false
+	if !w.started {
+		return view{}, false, w.b, w.marks
 	}
-	v.text = b.String()
-	return v, true
+	w.b = append(w.b, text[w.last:]...)
+	if buf == nil {
+		return view{text: string(w.b), marks: w.marks}, true, nil, nil
+	}
+	return view{text: unsafe.String(unsafe.SliceData(w.b), len(w.b)), marks: w.marks}, true, w.b, w.marks
+}
+
+// normRune returns the view text of a decoded rune (from an escape).
+func normRune(r rune, buf *[]byte) string {
+	if r < 0x80 {
+		return string(rune(r))
+	}
+	if dropRune(r) {
+		return ""
+	}
+	if m := mapRune(r); m >= 0 {
+		return string(m)
+	}
+	*buf = norm.NFKC.AppendString((*buf)[:0], string(r))
+	return mapString(*buf)
+}
+
+// mapString applies mapRune to the runes of an NFKC result (fullwidth
+// forms decompose to ASCII, others may decompose to homoglyphs).
+func mapString(b []byte) string {
+	s := string(b)
+	if !strings.ContainsFunc(s, func(r rune) bool { return r >= 0x80 }) {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x80 {
+			return r
+		}
+		if dropRune(r) {
+			return -1
+		}
+		if m := mapRune(r); m >= 0 {
+			return m
+		}
+		return r
+	}, s)
 }

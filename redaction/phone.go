@@ -2,165 +2,350 @@ package redaction
 
 import (
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/nyaruka/phonenumbers"
 )
 
+// Phone numbers are validated against libphonenumber's per-region
+// metadata (github.com/nyaruka/phonenumbers, from Google's
+// PhoneNumberMetadata.xml): a national significant number is valid for a
+// region when it matches the region's general pattern and the pattern of
+// one number type (fixed line, mobile, toll free, premium rate, shared
+// cost, VoIP, personal, pager, UAN, voicemail), with a possible length
+// for that type — the test libphonenumber's IsValidNumber makes
+// (getNumberTypeHelper). The patterns are compiled once per region, so a
+// check costs a few anchored matches instead of a Parse.
+
+// phoneDesc is one number type of a region: possible lengths and the
+// anchored national number pattern.
+type phoneDesc struct {
+	lengths []int32
+	re      *regexp.Regexp
+}
+
+func (d *phoneDesc) match(nsn string) bool {
+	return d != nil && slices.Contains(d.lengths, int32(len(nsn))) && d.re.MatchString(nsn)
+}
+
+// phoneRegion is the compiled metadata of one region.
+type phoneRegion struct {
+	id       string
+	cc       int
+	prefix   string // national (trunk) prefix, e.g. "0" or "1"
+	general  *phoneDesc
+	types    []*phoneDesc
+	mobile   *phoneDesc
+	sameMobF bool
+}
+
+var (
+	phoneMetaOnce sync.Once
+	phoneMeta     map[string]*phoneMetadataEntry // region -> metadata
+	phoneByCC     map[int][]string               // country calling code -> regions
+)
+
+type phoneMetadataEntry struct {
+	once sync.Once
+	meta *phonenumbers.PhoneMetadata
+	r    *phoneRegion
+}
+
+func loadPhoneMeta() {
+	phoneMeta = map[string]*phoneMetadataEntry{}
+	phoneByCC = map[int][]string{}
+	coll, err := phonenumbers.MetadataCollection()
+	if err != nil {
+		return
+	}
+	for _, m := range coll.GetMetadata() {
+		id := m.GetId()
+		phoneMeta[id] = &phoneMetadataEntry{meta: m}
+		cc := int(m.GetCountryCode())
+		if m.GetMainCountryForCode() {
+			phoneByCC[cc] = append([]string{id}, phoneByCC[cc]...)
+		} else {
+			phoneByCC[cc] = append(phoneByCC[cc], id)
+		}
+	}
+}
+
+// region returns the compiled metadata of region id, or nil.
+func phoneRegionFor(id string) *phoneRegion {
+	phoneMetaOnce.Do(loadPhoneMeta)
+	e := phoneMeta[id]
+	if e == nil {
+		return nil
+	}
+	e.once.Do(func() {
+		m := e.meta
+		r := &phoneRegion{id: id, cc: int(m.GetCountryCode()), prefix: m.GetNationalPrefix(), sameMobF: m.GetSameMobileAndFixedLinePattern()}
+		general := m.GetGeneralDesc()
+		desc := func(d *phonenumbers.PhoneNumberDesc) *phoneDesc {
+			if d == nil || d.GetNationalNumberPattern() == "" {
+				return nil
+			}
+			lengths := d.GetPossibleLength()
+			if len(lengths) == 0 {
+				lengths = general.GetPossibleLength()
+			}
+			if len(lengths) == 0 || lengths[0] == -1 {
+				return nil
+			}
+			re, err := regexp.Compile("^(?:" + d.GetNationalNumberPattern() + ")$")
+			if err != nil {
+				return nil
+			}
+			return &phoneDesc{lengths: lengths, re: re}
+		}
+		r.general = desc(general)
+		for _, d := range []*phonenumbers.PhoneNumberDesc{m.GetPremiumRate(), m.GetTollFree(), m.GetSharedCost(), m.GetVoip(),
+			m.GetPersonalNumber(), m.GetPager(), m.GetUan(), m.GetVoicemail(), m.GetFixedLine(), m.GetMobile()} {
+			if pd := desc(d); pd != nil {
+				r.types = append(r.types, pd)
+			}
+		}
+		r.mobile = desc(m.GetMobile())
+		e.r = r
+	})
+	return e.r
+}
+
 // validRegion reports whether region is a region the phone metadata knows.
 func validRegion(region string) bool {
-	return phonenumbers.GetCountryCodeForRegion(region) != 0
+	return phoneRegionFor(region) != nil && region != "001"
 }
 
-// phoneDetector finds phone numbers in two steps: a permissive candidate
-// scan (digits with the separators people type: space . - / and
-// parentheses, optionally led by + or the 00 international prefix), then
-// context rules that reject the usual look-alikes (dates, times, decimals,
-// amounts, version strings, order and reference numbers), then
-// phonenumbers.Parse with the configured default region and IsValidNumber,
-// which checks the number against libphonenumber's per-country metadata.
-type phoneDetector struct{ region string }
-
-func (phoneDetector) Type() string { return TypePhone }
-
-// Numbers written as dates: 2024-03-15, 15/03/2024, 15.03.24.
-var phoneDateRe = regexp.MustCompile(`^(?:\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4})(?:\D|$)`)
-
-func isPhoneSep(c byte) bool {
-	return c == ' ' || c == '.' || c == '-' || c == '/' || c == '(' || c == ')'
-}
-
-// phoneContext are words that, shortly before a run of digits without any
-// separator or international prefix, make it a phone number rather than an
-// order, customer or reference number (English and Italian).
-var phoneContext = []string{"tel", "phone", "call", "cell", "mobile", "whatsapp", "fax", "sms", "text me", "chiam", "telef", "cellulare", "numero di telefono", "contatt"}
-
-func (d phoneDetector) Detect(text string, dst []Finding) []Finding {
-	n := len(text)
-	for i := 0; i < n; i++ {
-		c := text[i]
-		if !(isDigit(c) || ((c == '+' || c == '(') && i+1 < n && (isDigit(text[i+1]) || text[i+1] == ' '))) {
-			continue
-		}
-		start := i
-		// Extend over digits and separators; at most 3 separators in a row.
-		j, seps, digits := i, 0, 0
-		for j < n {
-			c := text[j]
-			if isDigit(c) {
-				digits++
-				seps = 0
-			} else if isPhoneSep(c) || (c == '+' && j == start) {
-				seps++
-				if seps > 3 {
-					break
-				}
-			} else {
-				break
-			}
-			j++
-		}
-		// Trim trailing separators and an unbalanced ')'.
-		end := j
-		for end > start && !isDigit(text[end-1]) && text[end-1] != ')' {
-			end--
-		}
-		if end > start && text[end-1] == ')' && strings.Count(text[start:end], "(") < strings.Count(text[start:end], ")") {
-			end--
-		}
-		for end > start && !isDigit(text[end-1]) && text[end-1] != ')' {
-			end--
-		}
-		// Parentheses around the whole number are punctuation, not an
-		// area code: "(333 123 4567)" → "333 123 4567".
-		if end > start && text[start] == '(' {
-			if k := strings.IndexByte(text[start:end], ')'); k < 0 || start+k == end-1 {
-				start++
-				if k >= 0 {
-					end--
-				}
-			}
-		}
-		i = j // skip the whole run whatever happens
-		if digits < 7 || digits > 17 || end <= start {
-			continue
-		}
-		if f, ok := d.check(text, start, end); ok {
-			dst = append(dst, f)
-		}
+// valid reports whether nsn is a valid national significant number of r.
+func (r *phoneRegion) valid(nsn string) bool {
+	if r == nil || !r.general.match(nsn) {
+		return false
 	}
-	return dst
-}
-
-func (d phoneDetector) check(text string, start, end int) (Finding, bool) {
-	cand := text[start:end]
-	// Left: not glued to an identifier, an amount or a longer number.
-	switch p := before(text, start); {
-	case wordByte(p), p == '-', p == '.', p == '/', p == '#', p == '$', p == '+', p == '=', p == ':' && isDigit(before(text, start-1)):
-		return Finding{}, false
-	}
-	// Right: not glued to a word, a time, a decimal part or a unit.
-	nx, nx2 := at(text, end), at(text, end+1)
-	switch {
-	case wordByte(nx), nx == '%', nx == '_', nx == '$':
-		return Finding{}, false
-	case (nx == ':' || nx == ',' || nx == '.' || nx == '-' || nx == '/') && isDigit(nx2):
-		return Finding{}, false
-	}
-	if strings.HasPrefix(text[end:], "€") {
-		return Finding{}, false
-	}
-	if phoneDateRe.MatchString(cand) {
-		return Finding{}, false
-	}
-	// Dotted runs of 4+ groups are IP addresses or version numbers.
-	if strings.Count(cand, ".") >= 3 && !strings.ContainsAny(cand, " -/()+") {
-		return Finding{}, false
-	}
-	num := cand
-	intl := false
-	switch {
-	case strings.HasPrefix(num, "+"):
-		intl = true
-	case strings.HasPrefix(num, "00"):
-		num, intl = "+"+num[2:], true
-	}
-	// E.164 numbers have at most 15 digits, country code included (ITU-T
-	// E.164 §6); a longer run is a card, an account or an id.
-	if digits := countDigits(num); digits > 15 || digits < 7 {
-		return Finding{}, false
-	}
-	if !intl && !strings.ContainsAny(cand, " .-/()") && !hasPhoneContext(text, start) {
-		// A bare run of digits is an order, invoice or customer number far
-		// more often than a phone number.
-		return Finding{}, false
-	}
-	pn, err := phonenumbers.Parse(num, d.region)
-	if err != nil || !phonenumbers.IsValidNumber(pn) {
-		return Finding{}, false
-	}
-	return Finding{Type: TypePhone, Start: start, End: end}, true
-}
-
-// hasPhoneContext reports whether one of phoneContext occurs in the 40 bytes
-// before i (case-insensitive).
-func hasPhoneContext(text string, i int) bool {
-	lo := max(0, i-40)
-	w := strings.ToLower(text[lo:i])
-	for _, k := range phoneContext {
-		if strings.Contains(w, k) {
+	for _, d := range r.types {
+		if d.match(nsn) {
 			return true
 		}
 	}
 	return false
 }
 
-func countDigits(s string) int {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if isDigit(s[i]) {
-			n++
+// validNational reports whether digits, written in the national format of
+// region r (with or without its trunk prefix), are a valid number there.
+func validNational(digits string, r *phoneRegion) bool {
+	if r == nil {
+		return false
+	}
+	if r.prefix != "" && strings.HasPrefix(digits, r.prefix) && r.valid(digits[len(r.prefix):]) {
+		return true
+	}
+	return r.valid(digits)
+}
+
+// validIntl reports whether digits (country calling code first, without
+// '+' or 00) are a valid international number (ITU-T E.164: at most 15
+// digits); a trunk prefix written after the code ("+44 (0)20 …") is
+// accepted.
+//
+// A number written with '+' and separators is a phone number by its shape;
+// for it (plus) a possible length for the country (libphonenumber's
+// IsPossibleNumber) is enough, so numbers in ranges the metadata does not
+// list yet (Ofcom's drama ranges, new mobile blocks) are still found.
+func validIntl(digits string, plus bool) bool {
+	if len(digits) > 15 || len(digits) < 8 {
+		return false
+	}
+	phoneMetaOnce.Do(loadPhoneMeta)
+	for l := 1; l <= 3; l++ {
+		cc := 0
+		for _, c := range []byte(digits[:l]) {
+			cc = cc*10 + int(c-'0')
+		}
+		regions := phoneByCC[cc]
+		if len(regions) == 0 {
+			continue
+		}
+		nsn := digits[l:]
+		for _, id := range regions {
+			r := phoneRegionFor(id)
+			if r.valid(nsn) || r.prefix != "" && strings.HasPrefix(nsn, r.prefix) && r.valid(nsn[len(r.prefix):]) {
+				return true
+			}
+			if plus && r.general != nil && slices.Contains(r.general.lengths, int32(len(nsn))) && nsn[0] != '0' {
+				return true
+			}
+		}
+		return false // calling codes are prefix-free (ITU-T E.164 §6)
+	}
+	return false
+}
+
+// phoneContext are words that, shortly before a run of digits without any
+// separator or international prefix, make it a phone number rather than an
+// order, customer or reference number (EN, IT, FR, DE, ES).
+var phoneContext = newCtxWords("tel", "phone", "call", "cell", "mobile", "whatsapp", "fax", "sms", "text me", "ring",
+	"chiam", "cellulare", "numero", "contatt", "portable", "appel", "numéro", "handy", "rufnummer", "anruf",
+	"móvil", "movil", "llam", "contact", "reach me")
+
+// identifierWords are words after which a bare run of digits is an
+// identifier of some other kind (when one of the two words before it).
+var identifierWords = map[string]bool{"order": true, "ordine": true, "invoice": true, "fattura": true, "ticket": true, "id": true,
+	"ref": true, "account": true, "conto": true, "pratica": true, "tracking": true, "parcel": true, "pedido": true, "commande": true,
+	"colis": true, "lote": true, "lotto": true, "bestellnummer": true, "kundennummer": true, "rechnung": true, "rechnungsnummer": true,
+	"aktenzeichen": true, "protocollo": true, "sku": true, "n": true, "no": true, "nr": true, "iva": true, "vat": true, "isbn": true,
+	"epoch": true, "build": true, "référence": true, "reference": true, "referencia": true, "riferimento": true, "serial": true,
+	"matricola": true, "lot": true, "customer": true, "cliente": true, "client": true, "kunde": true, "number": true, "nummer": true}
+
+// identifierBefore reports whether one of the two words before i is an
+// identifier word ("order 3471234567", "customer id 347…", "n. 347…").
+func identifierBefore(text string, i int) bool {
+	k := i
+	for w := 0; w < 2; w++ {
+		for k > 0 && (text[k-1] == ' ' || text[k-1] == ':' || text[k-1] == '.' || text[k-1] == '#' || text[k-1] == '=' || text[k-1] == '\xb0' || text[k-1] == '\xba') {
+			k--
+		}
+		e := k
+		for k > 0 && (isAlpha(text[k-1]) || text[k-1] >= 0x80 && text[k-1] != 0xb0 && text[k-1] != 0xba) {
+			k--
+		}
+		if k == e {
+			return false
+		}
+		if identifierWords[strings.ToLower(text[k:e])] {
+			return true
 		}
 	}
-	return n
+	return false
+}
+
+// phone checks atoms [i, j) of the current cluster as a phone number.
+func (ns *numScan) phone(i, j int) {
+	text, c := ns.text, &ns.c
+	start, end := c.atoms[i].s, c.atoms[j-1].e
+	digits := ns.digitsOf(i, j)
+	// An international prefix: '+' right before (or ending the gap
+	// before), or 00.
+	intl, plus := false, false
+	if i == 0 {
+		p := start
+		for p > 0 && text[p-1] == ' ' && start-p < 1 {
+			p--
+		}
+		if before(text, p) == '+' {
+			intl, plus, start = true, true, p-1
+		}
+	} else if g := c.gap(text, i); g[len(g)-1] == '+' || strings.HasSuffix(g, "+ ") {
+		intl, plus = true, true
+		start -= len(g) - strings.LastIndexByte(g, '+')
+	}
+	if !intl && strings.HasPrefix(digits, "00") && len(digits) > 9 {
+		intl, digits = true, digits[2:]
+	}
+	// Parentheses around an area code belong to the number.
+	if i == 0 && before(text, start) == '(' && j-i > 1 && strings.IndexByte(c.gap(text, i+1), ')') >= 0 {
+		start--
+	}
+	if i == 0 && (leftGluedPhone(text, start)) {
+		return
+	}
+	// Shapes that are not phone numbers: dates, versions, decimals.
+	ns.lens = c.lens(i, j, ns.lens[:0])
+	single := c.allSingle(i, j)
+	if !single && !intl && looksLikeDate(text, c, i, j, ns.lens) {
+		return
+	}
+	if !single && !intl && j-i >= 4 && c.gapsAre(text, i, j, ".") {
+		return // 1.2.3.4 and longer dotted runs: versions, addresses
+	}
+	// Edges inside a cluster must be more than one separator byte
+	// ("+39 333 123 4567 / 02 1234 5678"): a number one space away from
+	// more digits is part of something longer.
+	if i > 0 && len(c.gap(text, i)) == 1 && !intl || j < len(c.atoms) && len(c.gap(text, j)) == 1 {
+		return
+	}
+	// 3-2-4 is how SSNs are written; a year before or after a slash is a
+	// reference ("2024/123456", "12345/2024").
+	if len(ns.lens) == 3 && ns.lens[0] == 3 && ns.lens[1] == 2 && ns.lens[2] == 4 {
+		return
+	}
+	for k := i + 1; k < j; k++ {
+		if strings.IndexByte(c.gap(text, k), '/') >= 0 && (isYear(text[c.atoms[k-1].s:c.atoms[k-1].e]) || isYear(text[c.atoms[k].s:c.atoms[k].e])) {
+			return
+		}
+	}
+	// Decimals in a list ("20.147752, 166.903277").
+	if j-i == 2 && c.gap(text, i+1) == "." && before(text, start) == ' ' && before(text, start-1) == ',' && isDigit(before(text, start-2)) {
+		return
+	}
+	bare := j-i == 1 && !intl
+	itMobile := false
+	if bare {
+		switch {
+		case identifierBefore(text, start):
+			return
+		case hasContext(text, start, phoneContext, 40):
+		case len(digits) == 10 && digits[0] == '3' && italianMobile(digits):
+			// Italian mobile numbers (AGCOM plan: 3xx + 7 digits) are
+			// written without separators and without a word often
+			// enough to be found on their own, whatever the region.
+			itMobile = true
+		default:
+			return
+		}
+	}
+	var ok bool
+	switch {
+	case itMobile:
+		ok = true
+	case intl:
+		ok = validIntl(digits, plus)
+	default:
+		ok = ns.nationalPhone(digits)
+	}
+	if ok && !hasContext(text, start, versionContext, 24) {
+		ns.add(TypePhone, "", start, end)
+	}
+}
+
+// isYear reports whether a four-digit atom is a year 1900–2099.
+func isYear(a string) bool {
+	return len(a) == 4 && (a[:2] == "19" || a[:2] == "20")
+}
+
+// leftGluedPhone reports whether a phone candidate starting at s (at its
+// '+' or first digit) continues something else.
+func leftGluedPhone(text string, s int) bool {
+	p := before(text, s)
+	switch {
+	case wordByte(p), p == '#', p == '$', p == '.' && isDigit(before(text, s-1)), p == '-' && wordByte(before(text, s-1)), p == '/' && wordByte(before(text, s-1)):
+		return true
+	case p == ':' && isDigit(before(text, s-1)):
+		return true
+	}
+	return false
+}
+
+var italianMobileRegion = sync.OnceValue(func() *phoneRegion { return phoneRegionFor("IT") })
+
+// italianMobile reports whether ten digits are an Italian mobile number.
+func italianMobile(d string) bool {
+	r := italianMobileRegion()
+	return r != nil && r.mobile.match(d)
+}
+
+// looksLikeDate reports whether atoms [i, j) are a date: 2024-03-15,
+// 15/03/2024, 15.03.24 (three atoms of 1–4 digits with - / . between, a
+// four-digit year first or last).
+func looksLikeDate(text string, c *cluster, i, j int, lens []int) bool {
+	if j-i != 3 {
+		return false
+	}
+	for k := i + 1; k < j; k++ {
+		g := c.gap(text, k)
+		if g != "-" && g != "/" && g != "." {
+			return false
+		}
+	}
+	return lens[0] == 4 && lens[1] <= 2 && lens[2] <= 2 || lens[0] <= 2 && lens[1] <= 2 && (lens[2] == 4 || lens[2] == 2)
 }

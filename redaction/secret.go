@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 
@@ -16,20 +15,38 @@ import (
 // group group (0 = whole match; -1 = first non-empty group, gitleaks'
 // default when secretGroup is unset).
 type secretRule struct {
-	id       string
-	subtype  string
-	re       *regexp.Regexp
-	group    int
-	entropy  float64  // minimum Shannon entropy (bits/char) of the secret; 0 = none
-	keywords []string // lower case; the rule runs only if one occurs; empty = always
-	allow    []*glconfig.Allowlist
-	hand     bool           // hand-written rule: reject when glued to a longer token
-	stripped bool           // leading identPrefix removed; rebuild the match start
-	leadB    bool           // leading \b removed (so the engine can use the literal prefix); checked by hand
-	windowed bool           // matches contain a keyword: scan only around keyword hits
-	anchored *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
-	orig     string         // the pattern before the speed-ups (for tests)
+	id         string
+	subtype    string
+	re         *regexp.Regexp
+	group      int
+	entropy    float64  // minimum Shannon entropy (bits/char) of the secret; 0 = none
+	keywords   []string // lower case; the rule runs only if one occurs; empty = always
+	allow      []*glconfig.Allowlist
+	hand       bool           // hand-written rule: reject when glued to a longer token
+	stripped   bool           // leading identPrefix removed; rebuild the match start
+	leadB      bool           // leading \b removed (so the engine can use the literal prefix); checked by hand
+	windowed   bool           // matches contain a keyword: scan only around keyword hits
+	anchored   *regexp.Regexp // for semi-generic rules: re anchored with ^, tried at keyword hits
+	assign     int            // > 0 for semi-generic rules: the window in which an assignment operator must follow a keyword hit
+	start      *startFilter   // for rules whose matches start at a keyword: where a match may start (anchored is then set)
+	generic    bool           // gitleaks' generic-api-key rule: the reach filter applies
+	minSec     int            // least length of the secret group (semi-generic rules)
+	width      int            // most bytes a match spans, -1 = unbounded (anchored rules)
+	required   []string       // literals every match contains after its start
+	lineTarget bool           // an allowlist of the rule looks at the whole line
+	// window, for unbounded rules that have one, returns where a match
+	// starting at p must end by (see pemWindowGitleaks), so the rule runs
+	// on a bounded input.
+	window func(text string, p int) int
+	orig   string // the pattern before the speed-ups (for tests)
 }
+
+// semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts
+// between the keyword and the secret: up to 20 identifier bytes, up to 3
+// quotes or spaces, then an assignment operator. A hit with no operator
+// byte within reach cannot start a match, so the regular expression is
+// not tried there.
+const semiGenericMiddle = `(?:[ \t\w.-]{0,20})[\s'"]{0,3}(?:=|>|:{1,3}=|\|\||:|=>|\?=|,)`
 
 // identPrefix opens most gitleaks rules so that the reported match includes
 // the identifier before the key word ("my_api_key = ..."). It makes every
@@ -127,11 +144,8 @@ func identStart(text string, i int) int {
 // id with '-' replaced by '_' for every other provider.
 type secretDetector struct {
 	rules  []secretRule
-	index  keywordIndex // union of all rules' keywords
 	global []*glconfig.Allowlist
 }
-
-func (*secretDetector) Type() string { return TypeSecret }
 
 var handSecretRules = []struct {
 	subtype, re string
@@ -184,6 +198,7 @@ func buildSecretDetector() (*secretDetector, error) {
 			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
 			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB, orig: h.re,
 		})
+		d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 	}
 	v := viper.New()
 	v.SetConfigType("toml")
@@ -219,8 +234,15 @@ func buildSecretDetector() (*secretDetector, error) {
 		for i, k := range r.Keywords {
 			kw[i] = strings.ToLower(k)
 		}
+		lineTarget := false
+		for _, a := range r.Allowlists {
+			lineTarget = lineTarget || a != nil && a.RegexTarget == "line"
+		}
+		for _, a := range cfg.Allowlists {
+			lineTarget = lineTarget || a != nil && a.RegexTarget == "line"
+		}
 		d.rules = append(d.rules, secretRule{
-			id: id, subtype: gitleaksSubtype(id), re: re, group: group,
+			id: id, subtype: gitleaksSubtype(id), re: re, group: group, lineTarget: lineTarget,
 			entropy: r.Entropy, keywords: kw, allow: r.Allowlists, stripped: stripped, leadB: leadB,
 			windowed: windowable(id, src, kw), orig: orig,
 		})
@@ -229,14 +251,50 @@ func buildSecretDetector() (*secretDetector, error) {
 			// their keyword list: once the identifier prefix is gone, every
 			// match starts with a keyword.
 			d.rules[len(d.rules)-1].anchored = regexp.MustCompile(`^(?:` + src + `)`)
+			if strings.Contains(src, semiGenericMiddle) {
+				longest := 0
+				for _, k := range kw {
+					longest = max(longest, len(k))
+				}
+				// The keyword alternatives of these rules are at most a few
+				// bytes longer than their keywords ("passw(?:or)?d").
+				d.rules[len(d.rules)-1].assign = longest + 4 + 20 + 3 + 1
+				// The group gitleaks reports: SecretGroup, else the first.
+				d.rules[len(d.rules)-1].minSec = minGroupWidth(src, max(group, 1))
+				// A secret of n bytes has at most log2(n) bits of entropy
+				// per byte, so one that must exceed the rule's threshold
+				// is longer than 2^threshold bytes.
+				if e := r.Entropy; e > 0 {
+					d.rules[len(d.rules)-1].minSec = max(d.rules[len(d.rules)-1].minSec, int(math.Pow(2, e))+1)
+				}
+			}
+			d.rules[len(d.rules)-1].generic = id == "generic-api-key"
+		} else {
+			d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 		}
 	}
-	var kws []string
-	for _, r := range d.rules {
-		kws = append(kws, r.keywords...)
-	}
-	d.index = newKeywordIndex(kws)
 	return d, nil
+}
+
+// anchorAtStart makes r tried anchored at its keyword hits when every
+// match of src starts with one of its keywords (see newStartFilter).
+func (d *secretDetector) anchorAtStart(r *secretRule, src string) {
+	if r.stripped {
+		return // the rebuilt match start needs the unanchored rule
+	}
+	if f, ok := newStartFilter(src, r.keywords); ok {
+		r.start, r.anchored, r.windowed = f, anchoredRe(src), true
+		r.width, r.required = ruleWidth(src), requiredLiterals(src)
+	}
+	switch {
+	case r.start == nil || r.width >= 0:
+	case r.id == "private-key":
+		r.window = pemWindowGitleaks
+	case r.hand && r.subtype == "private_key" && strings.Contains(src, "-----END"):
+		r.window = pemWindowBlock
+	case r.hand && r.subtype == "private_key":
+		r.window = pemWindowCut
+	}
 }
 
 func gitleaksSubtype(id string) string {
@@ -265,41 +323,269 @@ func gitleaksSubtype(id string) string {
 	return strings.ReplaceAll(id, "-", "_")
 }
 
-// Detect runs every rule whose keywords occur in text (ASCII
-// case-insensitively) and appends one finding per secret, covering the
-// rule's secret group.
-func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
-	occ := d.index.find(asciiLower(text))
-	var hits []int
+// detect runs every rule one of whose keywords occurs in text (hits[r]
+// lists the offsets of rule r's keyword hits, sorted) and appends one
+// finding per secret, covering the rule's secret group.
+func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *budget) []Finding {
+	memo := allowMemo{}
 	for i := range d.rules {
+		hs := hits[i]
+		if len(hs) == 0 {
+			continue
+		}
 		r := &d.rules[i]
-		if len(r.keywords) == 0 {
-			dst = d.detectIn(r, text, 0, len(text), dst)
-			continue
-		}
-		hits = hits[:0]
-		for _, k := range r.keywords {
-			hits = append(hits, occ[k]...)
-		}
-		if len(hits) == 0 {
-			continue
+		if !b.spend(len(hs)) {
+			return dst
 		}
 		if !r.windowed {
-			dst = d.detectIn(r, text, 0, len(text), dst)
+			if !b.spend(len(text) / 256) {
+				return dst
+			}
+			dst = d.detectIn(r, text, 0, len(text), dst, memo)
 			continue
 		}
-		slices.Sort(hits)
-		// Anchored tries cost up to ~400 bytes of regexp work each; on text
-		// dense with keywords one pass of the unanchored rule is cheaper.
-		if r.anchored != nil && len(hits) < len(text)/64+16 {
-			dst = d.detectAt(r, text, hits, dst)
+		// Anchored tries at the hits, behind the rule's cheap necessary
+		// conditions; each costs at most ~400 bytes of regexp work.
+		if r.anchored != nil {
+			dst = d.detectAt(r, text, hs, dst, b, memo)
 			continue
 		}
-		for _, w := range windows(text, hits) {
-			dst = d.detectIn(r, text, w[0], w[1], dst)
+		ws := windows(text, hs)
+		for _, w := range ws {
+			if !b.spend((w[1] - w[0]) / 64) {
+				return dst
+			}
+			dst = d.detectIn(r, text, w[0], w[1], dst, memo)
 		}
 	}
 	return dst
+}
+
+// PEM windows. The private-key rules are unbounded; each match still ends
+// at a landmark a literal search finds, so the rule runs on text[p:window]
+// with the result it has on text[p:]. The header "-----BEGIN[ A-Z0-9_-]{0,100}
+// PRIVATE KEY( BLOCK)?-----" ends at most pemHeaderMax bytes after p.
+//
+//   - gitleaks' private-key: the lazy body of at least 64 bytes ends at the
+//     first "KEY-----" or "KEY BLOCK-----" (any case) that the chosen
+//     header leaves room for; every header choice does for a landmark at
+//     or after p + pemHeaderMax + 64. The window ends after the first such
+//     landmark, or 14 bytes past that point when there is none.
+//   - Molly's complete block: the lazy body ends at the first "-----END"
+//     line that completes ("-----END", up to 100 of [ A-Z0-9_-], "PRIVATE
+//     KEY", " BLOCK"?, "-----"), within pemHeaderMax bytes of its dashes.
+//   - Molly's cut block: the header, then white space and base64 only; the
+//     match cannot pass the first byte that is neither (header bytes
+//     allowed up to pemHeaderMax).
+const pemHeaderMax = 10 + 100 + 11 + 6 + 5
+
+func pemWindowGitleaks(text string, p int) int {
+	from := p + pemHeaderMax + 64
+	if from >= len(text) {
+		return len(text)
+	}
+	for k := from; ; {
+		i := indexFold(text[k:], "key")
+		if i < 0 {
+			return min(len(text), from+14)
+		}
+		q := k + i + 3
+		if strings.HasPrefix(text[q:], "-----") {
+			return q + 5
+		}
+		if hasPrefixFold(text, q, " block-----") {
+			return q + 11
+		}
+		k = q
+	}
+}
+
+func isPEMHeaderByte(c byte) bool {
+	return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-'
+}
+
+func pemWindowBlock(text string, p int) int {
+	for k := p + 10; ; {
+		i := strings.Index(text[k:], "-----END")
+		if i < 0 {
+			return p // no END line: no match
+		}
+		q := k + i + len("-----END")
+		// Does this END line complete?
+		j := q
+		for j < len(text) && j-q <= 100+11 && isPEMHeaderByte(text[j]) {
+			if strings.HasPrefix(text[j:], "PRIVATE KEY") {
+				e := j + len("PRIVATE KEY")
+				if strings.HasPrefix(text[e:], "-----") || strings.HasPrefix(text[e:], " BLOCK-----") {
+					return min(len(text), q+pemHeaderMax+1)
+				}
+			}
+			j++
+		}
+		k = q
+	}
+}
+
+func pemWindowCut(text string, p int) int {
+	h := min(len(text), p+pemHeaderMax)
+	k := p + 10
+	for k < h && (isPEMHeaderByte(text[k]) || isAlnum(text[k]) || text[k] == '+' || text[k] == '/' || text[k] == '=' || isSpaceByte(text[k])) {
+		k++
+	}
+	if k == h {
+		for k < len(text) && (isAlnum(text[k]) || text[k] == '+' || text[k] == '/' || text[k] == '=' || isSpaceByte(text[k])) {
+			k++
+		}
+	}
+	// The body needs a run of 16 base64 bytes.
+	run := 0
+	for q := p + 10; q < k; q++ {
+		if c := text[q]; isAlnum(c) || c == '+' || c == '/' || c == '=' {
+			if run++; run >= 16 {
+				return min(len(text), k+1)
+			}
+		} else {
+			run = 0
+		}
+	}
+	return p
+}
+
+// indexFold is strings.Index for a lower-case ASCII needle, ASCII
+// case-insensitively.
+func indexFold(s, needle string) int {
+	for i := 0; i+len(needle) <= len(s); i++ {
+		if lowerByte[s[i]] == needle[0] && hasPrefixFold(s, i, needle) {
+			return i
+		}
+	}
+	return -1
+}
+
+// lastIndexFold is strings.LastIndex for a lower-case ASCII needle,
+// ASCII case-insensitively.
+func lastIndexFold(s, needle string) int {
+	for i := len(s) - len(needle); i >= 0; i-- {
+		if lowerByte[s[i]] == needle[0] && hasPrefixFold(s, i, needle) {
+			return i
+		}
+	}
+	return -1
+}
+
+// secretRunAfter reports whether, after the operator byte at o (at most
+// four bytes long, then up to five quotes, spaces or '='), a run of at
+// least need bytes that are neither white space nor quotes starts: the
+// shape of the rule's secret group, whose least width is need.
+func secretRunAfter(text string, o, need int) bool {
+	run := 0
+	for k := o + 1; k < len(text) && k <= o+4+5+need; k++ {
+		switch text[k] {
+		case ' ', '\t', '\n', '\r', '\f', '\v', '\'', '"', '`':
+			run = 0
+		default:
+			run++
+			if run >= need {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reachScan tracks, for hits in increasing order, the next byte where a
+// generic-api-key match could end (its tail: a quote, space, ; , . ! ? )
+// ] } > or a backslash) and the last byte before that which cannot be in
+// its unbounded base64 alternative. Both only move forward, so checking
+// every hit of a text costs one pass.
+type reachScan struct {
+	nextTail int // first tail byte at or after the last position asked
+	scanned  int
+	lastBad  int // last byte < badTo that is not [A-Za-z0-9+/=]
+	badTo    int
+}
+
+func isGenericTail(c byte) bool {
+	switch c {
+	case '`', '\'', '"', ' ', '\t', '\n', '\r', '\f', '\v', ';', ',', '.', '!', '?', ')', ']', '}', '>', '\\':
+		return true
+	}
+	return false
+}
+
+// admits reports whether a generic-api-key match may start at p: its
+// secret of at most 150 bytes ([\w.=-]) must end at a tail byte within
+// reach, or else its base64 alternative must run on past the reach.
+func (rs *reachScan) admits(text string, p, assign int) bool {
+	if rs.scanned < p {
+		rs.scanned = p
+	}
+	if rs.nextTail < p {
+		k := max(rs.scanned, p)
+		for k < len(text) && !isGenericTail(text[k]) {
+			k++
+		}
+		rs.nextTail, rs.scanned = k, k
+	}
+	w := p + assign + 9 + 151
+	if rs.nextTail <= w {
+		return true // a tail, or the end of the text, within reach
+	}
+	// No tail within reach: only a base64 run spanning [w-160, w) can
+	// still make a match.
+	for rs.badTo < w {
+		if c := text[rs.badTo]; !(isAlnum(c) || c == '+' || c == '/') {
+			rs.lastBad = rs.badTo
+		}
+		rs.badTo++
+	}
+	return rs.lastBad < w-160
+}
+
+// hitFilter returns a necessary condition for a keyword hit to matter to
+// any of rules (by index), or nil when one of them has none: the start
+// filter of a rule anchored at its own start, the assignment shape of a
+// semi-generic one.
+func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
+	type cond struct {
+		start          *startFilter
+		assign, minSec int
+	}
+	var conds []cond
+	for _, ri := range rules {
+		r := &d.rules[ri]
+		// Only start filters: they reject most hits of short keywords
+		// ("ey", "sk") at once; an assignment shape is checked later.
+		if r.start == nil {
+			return nil
+		}
+		conds = append(conds, cond{start: r.start})
+	}
+	return func(text string, p int) bool {
+		for _, c := range conds {
+			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// assignmentNear reports whether an assignment operator byte follows the
+// keyword hit at p within n bytes, with only identifier, space and quote
+// bytes between: the shape every semi-generic match has.
+func assignmentNear(text string, p, n, minSec int) bool {
+	e := min(len(text), p+n)
+	for k := p + 1; k < e; k++ {
+		switch c := text[k]; {
+		case c == '=' || c == '>' || c == ':' || c == '|' || c == '?' || c == ',':
+			return secretRunAfter(text, k, minSec)
+		case isAlnum(c) || c == '_' || c == '.' || c == '-' || c == '\'' || c == '"' || isSpaceByte(c):
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // windows returns the sorted, disjoint byte ranges to scan for a rule whose
@@ -307,9 +593,10 @@ func (d *secretDetector) Detect(text string, dst []Finding) []Finding {
 // widened to whitespace so that no token is cut, and merged. If some range
 // cannot be widened within 256 bytes, the whole text is one range (so that
 // widening stays linear on text without spaces).
-func windows(text string, hits []int) [][2]int {
+func windows(text string, hits []int32) [][2]int {
 	var out [][2]int
-	for _, p := range hits {
+	for _, h := range hits {
+		p := int(h)
 		ws, we := max(0, p-256), min(len(text), p+1024)
 		if n := len(out); n > 0 && ws <= out[n-1][1] {
 			if we > out[n-1][1] {
@@ -342,7 +629,7 @@ func windows(text string, hits []int) [][2]int {
 }
 
 // detectIn runs rule r over text[ws:we].
-func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding) []Finding {
+func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding, memo allowMemo) []Finding {
 	sub := text[ws:we]
 	for pos := 0; pos <= len(sub); {
 		m := r.re.FindStringSubmatchIndex(sub[pos:])
@@ -359,7 +646,7 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 			pos = m[0] + 1 - ws // \b failed here; a match may start later
 			continue
 		}
-		if f, ok := d.finding(r, text, m); ok {
+		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
 		}
 	}
@@ -368,20 +655,75 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 
 // detectAt tries r.anchored at each keyword hit, left to right, skipping
 // hits inside the previous match (the leftmost-first semantics of a scan).
-func (d *secretDetector) detectAt(r *secretRule, text string, hits []int, dst []Finding) []Finding {
+func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
-	for _, p := range hits {
+	var reach reachScan
+	// The last occurrence of each literal the rule needs: a hit after it
+	// cannot start a match.
+	limit := len(text)
+	for _, l := range r.required {
+		if l[0] == 0 {
+			limit = min(limit, lastIndexFold(text, l[1:]))
+		} else {
+			limit = min(limit, strings.LastIndex(text, l))
+		}
+	}
+	for _, h := range hits {
+		p := int(h)
 		if p < last {
 			continue
 		}
-		// Every semi-generic match is shorter than 300 bytes (bounded
-		// quantifiers; unbounded ones end at the cut). A match that
-		// ends at the cut may have used the cut as its end ($): retry
-		// without the cut.
-		e := min(len(text), p+400)
-		m := r.anchored.FindStringSubmatchIndex(text[p:e])
-		if m != nil && m[1] == e-p && e < len(text) {
-			m = r.anchored.FindStringSubmatchIndex(text[p:])
+		if r.start != nil && !r.start.admits(text, p) {
+			continue
+		}
+		if r.leadB && wordASCII(before(text, p)) == wordASCII(at(text, p)) {
+			continue
+		}
+		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec) {
+			continue
+		}
+		if r.generic && !reach.admits(text, p, r.assign) {
+			continue
+		}
+		if !b.spend(8) {
+			return dst
+		}
+		var m []int
+		if r.start != nil {
+			// Rules anchored at their own start: a bounded rule is tried
+			// on as many bytes as a match can span (plus one, for a
+			// trailing assertion), an unbounded one on the rest of the
+			// text once the literals it needs are known to follow.
+			if p >= limit {
+				continue
+			}
+			e := len(text)
+			if r.width >= 0 {
+				e = min(len(text), p+r.width+1)
+				m = r.anchored.FindStringSubmatchIndex(text[p:e])
+			} else if r.window != nil {
+				m = r.anchored.FindStringSubmatchIndex(text[p:min(len(text), r.window(text, p))])
+			} else {
+				// Unbounded: try the next 2 KiB first (Go's backtracker
+				// runs there, the NFA on longer inputs); a match ending
+				// well inside that window is the match, anything else is
+				// decided on the rest of the text.
+				w := min(len(text), p+2048)
+				m = r.anchored.FindStringSubmatchIndex(text[p:w])
+				if w < len(text) && (m == nil || m[1] > w-p-256) {
+					m = r.anchored.FindStringSubmatchIndex(text[p:e])
+				}
+			}
+		} else {
+			// Every semi-generic match is shorter than 300 bytes (bounded
+			// quantifiers; unbounded ones end at the cut). A match that
+			// ends at the cut may have used the cut as its end ($): retry
+			// without the cut.
+			e := min(len(text), p+400)
+			m = r.anchored.FindStringSubmatchIndex(text[p:e])
+			if m != nil && m[1] == e-p && e < len(text) {
+				m = r.anchored.FindStringSubmatchIndex(text[p:])
+			}
 		}
 		if m == nil {
 			continue
@@ -392,15 +734,38 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int, dst []
 			}
 		}
 		last = m[1]
-		if f, ok := d.finding(r, text, m); ok {
+		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
 		}
 	}
 	return dst
 }
 
+// allowMemo remembers allowlist decisions within one scan: a text that
+// repeats a secret (or a flood of one) pays for the allowlist regular
+// expressions once per distinct (rule, secret, match).
+type allowMemo map[allowKey]bool
+
+type allowKey struct {
+	rule          *secretRule
+	secret, match string
+}
+
+func (d *secretDetector) allowedCached(r *secretRule, secret, match, text string, at int, memo allowMemo) bool {
+	if memo == nil || r.lineTarget {
+		return allowed(d.global, secret, match, text, at) || allowed(r.allow, secret, match, text, at)
+	}
+	k := allowKey{r, secret, match}
+	if v, ok := memo[k]; ok {
+		return v
+	}
+	v := allowed(d.global, secret, match, text, at) || allowed(r.allow, secret, match, text, at)
+	memo[k] = v
+	return v
+}
+
 // finding applies the secret group, entropy and allowlists to match m.
-func (d *secretDetector) finding(r *secretRule, text string, m []int) (Finding, bool) {
+func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allowMemo) (Finding, bool) {
 	s, e := m[0], m[1]
 	switch {
 	case r.group > 0 && 2*r.group+1 < len(m):
@@ -437,7 +802,7 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int) (Finding, 
 		ms = identStart(text, ms)
 	}
 	match := text[ms:m[1]]
-	if !r.hand && (allowed(d.global, secret, match, text, m[0]) || allowed(r.allow, secret, match, text, m[0])) {
+	if !r.hand && d.allowedCached(r, secret, match, text, m[0], memo) {
 		return Finding{}, false
 	}
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
@@ -449,24 +814,6 @@ func isSpaceByte(c byte) bool {
 
 // wordASCII is RE2's \b word class.
 func wordASCII(c byte) bool { return isAlnum(c) || c == '_' }
-
-// asciiLower lower-cases ASCII letters only, so byte offsets are kept.
-func asciiLower(s string) string {
-	i := 0
-	for i < len(s) && !isUpper(s[i]) {
-		i++
-	}
-	if i == len(s) {
-		return s
-	}
-	b := []byte(s)
-	for ; i < len(b); i++ {
-		if isUpper(b[i]) {
-			b[i] += 'a' - 'A'
-		}
-	}
-	return string(b)
-}
 
 // allowed evaluates gitleaks allowlists the way gitleaks' detector does,
 // with only the criteria that apply to text without a file: regexes (on the
@@ -540,46 +887,4 @@ func shannon(s string) float64 {
 		}
 	}
 	return h
-}
-
-// keywordIndex finds every occurrence of a set of lower-case ASCII keywords
-// in one pass: a 2-byte prefix bitmap rejects most positions, the few left
-// are compared with the keywords sharing that prefix (one-byte keywords are
-// not supported; gitleaks has none).
-type keywordIndex struct {
-	bits   [1 << 16 / 64]uint64
-	byPfx  map[uint16][]string
-	minLen int
-}
-
-func newKeywordIndex(kws []string) keywordIndex {
-	ix := keywordIndex{byPfx: map[uint16][]string{}}
-	seen := map[string]bool{}
-	for _, k := range kws {
-		if len(k) < 2 || seen[k] {
-			continue
-		}
-		seen[k] = true
-		p := uint16(k[0])<<8 | uint16(k[1])
-		ix.bits[p/64] |= 1 << (p % 64)
-		ix.byPfx[p] = append(ix.byPfx[p], k)
-	}
-	return ix
-}
-
-// find returns, for each keyword occurring in lower, its start offsets.
-func (ix *keywordIndex) find(lower string) map[string][]int {
-	occ := make(map[string][]int, 8)
-	for i := 0; i+1 < len(lower); i++ {
-		p := uint16(lower[i])<<8 | uint16(lower[i+1])
-		if ix.bits[p/64]&(1<<(p%64)) == 0 {
-			continue
-		}
-		for _, k := range ix.byPfx[p] {
-			if strings.HasPrefix(lower[i:], k) {
-				occ[k] = append(occ[k], i)
-			}
-		}
-	}
-	return occ
 }

@@ -44,6 +44,7 @@ type Vault struct {
 	modes    map[string]Mode   // per type; absent = ModePlaceholder
 	hmacKey  []byte            // ModeHash key; nil = processKey
 	masked   map[vaultKey]bool // values replaced by a mask or pseudonym
+	literal  map[string]bool   // placeholders that stand for a JSON number or literal (RedactJSON)
 }
 
 type vaultKey struct{ typ, value string }
@@ -261,11 +262,12 @@ func forEachPlaceholder(s string, fn func(start, end int)) {
 // final is false it stops at a trailing '[' that could still grow into a
 // placeholder, or at a trailing incomplete UTF-8 sequence, and returns that
 // tail as rest. It counts unknown placeholders.
-func (v *Vault) restore(s string, final bool, esc func(*strings.Builder, string)) (out, rest string) {
+func (v *Vault) restore(s string, final bool, esc func(*strings.Builder, string), json bool) (out, rest string) {
 	var b *strings.Builder
 	last, i := 0, 0
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	lit := json && len(v.literal) > 0
 	for {
 		k := strings.IndexByte(s[i:], '[')
 		if k < 0 {
@@ -275,6 +277,9 @@ func (v *Vault) restore(s string, final bool, esc func(*strings.Builder, string)
 		e, kind := scanPlaceholder(s, p)
 		if kind == incomplete {
 			if !final {
+				if lit && p > last && s[p-1] == '"' {
+					p-- // the quote may belong to a literal placeholder
+				}
 				return v.emit(b, s, last, p), s[p:]
 			}
 			break
@@ -289,6 +294,19 @@ func (v *Vault) restore(s string, final bool, esc func(*strings.Builder, string)
 				b = &strings.Builder{}
 				b.Grow(len(s) + len(val))
 			}
+			// A placeholder for a JSON number or literal, quoted as a
+			// JSON string: the token comes back without the quotes.
+			if lit && v.literal[ph] && p > last && s[p-1] == '"' {
+				if e == len(s) && !final {
+					return v.emit(b, s, last, p-1), s[p-1:] // the closing quote is still to come
+				}
+				if at(s, e) == '"' {
+					b.WriteString(s[last : p-1])
+					b.WriteString(val)
+					last, i = e+1, e+1
+					continue
+				}
+			}
 			b.WriteString(s[last:p])
 			esc(b, val)
 			last = e
@@ -300,6 +318,10 @@ func (v *Vault) restore(s string, final bool, esc func(*strings.Builder, string)
 	cut := len(s)
 	if !final {
 		cut = utf8Cut(s)
+		// A trailing quote may open a quoted literal placeholder.
+		if lit && cut > last && cut == len(s) && s[cut-1] == '"' {
+			cut--
+		}
 	}
 	return v.emit(b, s, last, cut), s[cut:]
 }
@@ -346,7 +368,7 @@ func writeRaw(b *strings.Builder, val string) { b.WriteString(val) }
 // its original value. Unknown, invented or mangled placeholders stay as
 // they are; well-formed ones of a known type are counted in Unknown.
 func (v *Vault) Restore(text string) string {
-	out, _ := v.restore(text, true, writeRaw)
+	out, _ := v.restore(text, true, writeRaw, false)
 	return out
 }
 
@@ -359,7 +381,7 @@ func (v *Vault) Restore(text string) string {
 // level of escaping: restore the decoded arguments with RestoreJSON and
 // re-encode them instead. raw is not modified; the result may share it.
 func (v *Vault) RestoreJSON(raw []byte) []byte {
-	out, _ := v.restore(string(raw), true, writeJSONString)
+	out, _ := v.restore(string(raw), true, writeJSONString, true)
 	return []byte(out)
 }
 
@@ -415,6 +437,7 @@ type StreamRestorer struct {
 	v       *Vault
 	pending string
 	esc     func(*strings.Builder, string)
+	json    bool
 }
 
 // NewStreamRestorer returns a restorer for one text stream.
@@ -427,7 +450,7 @@ func (v *Vault) NewStreamRestorer() *StreamRestorer {
 // fragments): it inserts values JSON-string-escaped, as RestoreJSON does,
 // because there the placeholders sit inside JSON strings.
 func (v *Vault) NewJSONStreamRestorer() *StreamRestorer {
-	return &StreamRestorer{v: v, esc: writeJSONString}
+	return &StreamRestorer{v: v, esc: writeJSONString, json: true}
 }
 
 // Write consumes the next chunk and returns the text that is safe to emit
@@ -437,7 +460,7 @@ func (r *StreamRestorer) Write(chunk string) string {
 	if r.pending != "" {
 		s = r.pending + chunk
 	}
-	out, rest := r.v.restore(s, false, r.esc)
+	out, rest := r.v.restore(s, false, r.esc, r.json)
 	r.pending = rest
 	return out
 }
@@ -448,7 +471,7 @@ func (r *StreamRestorer) Flush() string {
 	if r.pending == "" {
 		return ""
 	}
-	out, _ := r.v.restore(r.pending, true, r.esc)
+	out, _ := r.v.restore(r.pending, true, r.esc, r.json)
 	r.pending = ""
 	return out
 }

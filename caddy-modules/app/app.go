@@ -20,6 +20,7 @@ import (
 	"github.com/molly-gateway/molly/router/egress"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/orchestrate"
 	"github.com/molly-gateway/molly/router/pipeline"
 	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
@@ -67,6 +68,12 @@ type App struct {
 	// content event after its headers; past it the attempt falls back
 	// (default pipeline.DefaultFirstEventTimeout).
 	FirstEventTimeout caddy.Duration `json:"first_event_timeout,omitempty"`
+	// Orchestrator configures the orchestration of composite requests
+	// (router/orchestrate; model molly-orchestrator, X-Molly-Mode:
+	// orchestrate); nil: the defaults, the deterministic planner.
+	// NoOrchestrator turns orchestration off.
+	Orchestrator   *orchestrate.Config `json:"orchestrator,omitempty"`
+	NoOrchestrator bool                `json:"no_orchestrator,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -83,6 +90,9 @@ type App struct {
 	registryPath string
 	anonymous    *identity.Identity // requests without molly_auth (registry.go)
 	priors       *priorsHandle      // shared across reloads (priors.go)
+
+	// orchestrator serves composite requests; nil when turned off.
+	orchestrator *orchestrate.Orchestrator
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -163,6 +173,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 		// The usage tool records spend for the gateway itself: models never see it.
 		a.pipeline.ToolsHidden = []string{a.UsageTool}
 	}
+	if !a.NoOrchestrator {
+		cfg := orchestrate.Config{}
+		if a.Orchestrator != nil {
+			cfg = *a.Orchestrator
+		}
+		if a.orchestrator, err = orchestrate.New(a.pipeline, eng, cfg, a.logger.Named("orchestrate")); err != nil {
+			return fmt.Errorf("molly: %w", err)
+		}
+		a.pipeline.Orchestrator = a.orchestrator
+	}
 	return nil
 }
 
@@ -182,6 +202,11 @@ func (a *App) Validate() error {
 	}
 	if err := validateTools(a.Tools, a.ToolSteps); err != nil {
 		return fmt.Errorf("molly: %w", err)
+	}
+	if a.Orchestrator != nil {
+		if err := a.Orchestrator.Validate(); err != nil {
+			return fmt.Errorf("molly: %w", err)
+		}
 	}
 	if a.UsageTool != "" && !slices.ContainsFunc(a.Tools, func(t plugins.Config) bool { return t.Name == a.UsageTool }) {
 		return fmt.Errorf("molly: usage_tool %q is not a configured tool", a.UsageTool)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/orchestrate"
 	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
 )
@@ -66,6 +67,18 @@ func init() {
 //			hot_bytes <size>
 //			warm_bytes <size>
 //			prefix_cache
+//		}
+//		orchestrator off | {
+//			controller <model>
+//			controller_tier T0|T1|T2|T3
+//			controller_tokens <n>
+//			model <specialist model>
+//			auto
+//			max_parallel <n>
+//			subtask_tokens <n>
+//			tier_ceiling T0|T1|T2|T3
+//			max_refinements <n>
+//			plans_kept <n>
 //		}
 //		target <name> {
 //			tier T0|T1|T2|T3
@@ -172,6 +185,10 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if !d.AllArgs(&a.UsageTool) {
 				return nil, d.ArgErr()
 			}
+		case "orchestrator":
+			if err := parseOrchestrator(d, a); err != nil {
+				return nil, err
+			}
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}
@@ -180,6 +197,72 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, d.Err(err.Error())
 	}
 	return httpcaddyfile.App{Name: "molly", Value: caddyconfig.JSON(a, nil)}, nil
+}
+
+// parseOrchestrator reads `orchestrator off` or an orchestrator block
+// (orchestrate.Config).
+func parseOrchestrator(d *caddyfile.Dispenser, a *App) error {
+	if d.NextArg() {
+		if d.Val() != "off" || d.NextArg() {
+			return d.Errf("molly: orchestrator takes a block or off, not %q", d.Val())
+		}
+		a.NoOrchestrator = true
+		return nil
+	}
+	c := &orchestrate.Config{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		switch sub {
+		case "controller", "controller_tier", "model", "tier_ceiling":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			switch sub {
+			case "controller":
+				c.Controller = v
+			case "controller_tier":
+				c.ControllerTier = v
+			case "model":
+				c.Model = v
+			default:
+				c.TierCeiling = v
+			}
+		case "auto":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.Auto = true
+		case "controller_tokens", "max_parallel", "subtask_tokens", "max_refinements", "plans_kept":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || (n == 0 && sub != "max_refinements") {
+				return d.Errf("molly: orchestrator: %s %q: want a positive integer", sub, v)
+			}
+			switch sub {
+			case "controller_tokens":
+				c.ControllerTokens = n
+			case "max_parallel":
+				c.MaxParallel = n
+			case "subtask_tokens":
+				c.SubtaskTokens = n
+			case "max_refinements":
+				c.MaxRefinements = &n
+			default:
+				c.PlansKept = n
+			}
+		default:
+			return d.Errf("molly: orchestrator: unrecognized subdirective %q", sub)
+		}
+		if err := c.Validate(); err != nil { // here, so the error names this line
+			return d.Errf("molly: %v", err)
+		}
+	}
+	a.Orchestrator = c
+	return nil
 }
 
 // parseTool reads `tool <name> { path <binary>; sha256 <hex>; env <NAME> <value> }`.

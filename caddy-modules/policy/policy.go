@@ -63,7 +63,7 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	dec := d.Decision()
 	w.Header().Set(pipeline.HeaderDecisionID, dec.ID())
 	if !dec.Allowed() {
-		pipeline.PolicyError(dec).Write(w)
+		p.app.Pipeline().Denied(ann, d, identity.From(r.Context())).Write(w)
 		return nil
 	}
 	return next.ServeHTTP(w, r.WithContext(pipeline.WithDecided(r.Context(), d)))

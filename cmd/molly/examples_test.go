@@ -83,6 +83,10 @@ func TestExamplesValidate(t *testing.T) {
 			abs, _ := filepath.Abs(f)
 			cmd := exec.Command(mollyBin, "validate", "--config", abs, "--adapter", "caddyfile")
 			cmd.Dir = dir
+			// Caddy's data and config folders (the registry file lives in
+			// the data folder) are the test's, never the user's.
+			home := t.TempDir()
+			cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+filepath.Join(home, "data"), "XDG_CONFIG_HOME="+filepath.Join(home, "config"))
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("validate: %v\n%s", err, out)
 			}

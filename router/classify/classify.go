@@ -5,12 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"net/url"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -28,8 +30,11 @@ type Classifier struct {
 
 	// scan and scanAcross are scanner.Scan and scanner.ScanAcross; tests
 	// replace them to inject detector failures (no config can).
-	scan       func(string) []redaction.Finding
-	scanAcross func([]string) []redaction.SegmentFinding
+	scan       func(string) ([]redaction.Finding, error)
+	scanAcross func([]string) ([]redaction.SegmentFinding, error)
+	// budget bounds the detectors' time on one request (WithScanBudget);
+	// past it the rest of the body is unscanned, so the request is opaque.
+	budget time.Duration
 
 	estimator *capability.Estimator
 }
@@ -57,6 +62,23 @@ func WithHashKey(key []byte) Option {
 	return func(c *Classifier) { c.vaultOpts = append(c.vaultOpts, redaction.WithHMACKey(key)) }
 }
 
+// DefaultScanBudget is the detectors' time budget for one request body.
+const DefaultScanBudget = time.Second
+
+// WithScanBudget bounds the wall-clock time the detectors may spend on one
+// request body (default DefaultScanBudget); a body whose scan would run
+// past it is treated as opaque: what was not scanned is listed in
+// Unscanned with the reason "scan budget exceeded", and the policy decides
+// what that allows (fail closed). Each text is also bounded by the
+// scanner's own work budget (redaction.Config ScanTimeout, MaxScanBytes).
+func WithScanBudget(d time.Duration) Option {
+	return func(c *Classifier) {
+		if d > 0 {
+			c.budget = d
+		}
+	}
+}
+
 // WithDomains makes the classifier treat the names domains returns (the T0
 // engine's adapter names, read on every request) as task categories.
 func WithDomains(domains func() []string) Option {
@@ -74,7 +96,7 @@ func New(scanner *redaction.Scanner, overrides map[string]Sensitivity, opts ...O
 	for k, v := range overrides {
 		classes[k] = v
 	}
-	c := &Classifier{scanner: scanner, classes: classes, scan: scanner.Scan, scanAcross: scanner.ScanAcross,
+	c := &Classifier{scanner: scanner, classes: classes, scan: scanner.ScanBounded, scanAcross: scanner.ScanAcrossBounded, budget: DefaultScanBudget,
 		estimator: capability.NewEstimator(nil)}
 	_, _ = rand.Read(c.id[:])
 	for _, o := range opts {
@@ -535,10 +557,25 @@ func (c *Classifier) checkModelName(name string) *openai.Error {
 	return nil
 }
 
+// ReasonScanBudget is the Unscanned reason of text the scan budget did not reach.
+const ReasonScanBudget = "scan budget exceeded"
+
 func (c *Classifier) sovereignty(a *Annotation) {
+	deadline := time.Now().Add(c.budget)
 	for i, f := range a.fields {
-		fs, ok := safeScan(c.scan, f.text)
-		if !ok {
+		if time.Now().After(deadline) {
+			a.unscanned = append(a.unscanned, Unscanned{Path: f.path, Reason: ReasonScanBudget})
+			continue
+		}
+		fs, err, ok := safeScan2(c.scan, f.text)
+		switch {
+		case !ok:
+			a.failed = true
+			continue
+		case errors.Is(err, redaction.ErrScanBudget):
+			a.unscanned = append(a.unscanned, Unscanned{Path: f.path, Reason: ReasonScanBudget})
+			continue
+		case err != nil:
 			a.failed = true
 			continue
 		}
@@ -570,16 +607,17 @@ func (c *Classifier) count(a *Annotation, typ string) {
 	a.detected = max(a.detected, cls)
 }
 
-// safeScan runs scan on text, turning a panic into ok=false so that a
+// safeScan2 runs scan on text, turning a panic into ok=false so that a
 // detector bug fails the request closed instead of crashing the handler or
 // letting the text through unscanned.
-func safeScan[T any, R any](scan func(T) R, text T) (out R, ok bool) {
+func safeScan2[T any, R any](scan func(T) (R, error), text T) (out R, err error, ok bool) {
 	defer func() {
 		if recover() != nil {
 			ok = false
 		}
 	}()
-	return scan(text), true
+	out, err = scan(text)
+	return out, err, true
 }
 
 // segment is a piece of a field's text that continues in the next segment
@@ -618,8 +656,12 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 		for k, sg := range seq {
 			texts[k] = sg.text
 		}
-		found, ok := safeScan(c.scanAcross, texts)
-		if !ok {
+		found, err, ok := safeScan2(c.scanAcross, texts)
+		switch {
+		case ok && errors.Is(err, redaction.ErrScanBudget):
+			a.unscanned = append(a.unscanned, Unscanned{Path: a.fields[seq[0].field].path, Reason: ReasonScanBudget + " (values split across fields)"})
+			continue
+		case !ok || err != nil:
 			a.failed = true
 			continue
 		}

@@ -597,10 +597,32 @@ func TestAFailedScanFailsClosed(t *testing.T) {
 	})
 	t.Run("a failure while joining fields fails closed too", func(t *testing.T) {
 		c := New(testScanner(t), nil)
-		c.scanAcross = func([]string) []redaction.SegmentFinding { panic("join failure") }
+		c.scanAcross = func([]string) ([]redaction.SegmentFinding, error) { panic("join failure") }
 		a, _ := c.Classify(Input{Endpoint: openai.EndpointChat, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}`)})
 		if !a.ScanFailed() {
 			t.Fatal("ScanFailed false")
 		}
 	})
+}
+
+// TestAScanOverItsBudgetMakesTheRequestOpaque: text the detectors may not
+// finish (here: over the scanner's byte budget) is not scanned, is listed
+// with the reason, and makes the request opaque — never silently passed.
+func TestAScanOverItsBudgetMakesTheRequestOpaque(t *testing.T) {
+	scanner, err := redaction.NewScanner(redaction.Config{MaxScanBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(scanner, nil)
+	long := strings.Repeat("plain words ", 20) // 240 bytes: over the budget
+	a, err := c.Classify(Input{Endpoint: openai.EndpointChat,
+		Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"user","content":"` + long + `"}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Unscanned{{Path: "messages.1.content", Reason: ReasonScanBudget},
+		{Path: "messages.0.content", Reason: ReasonScanBudget + " (values split across fields)"}}
+	if !a.Opaque() || !reflect.DeepEqual(a.Unscanned(), want) {
+		t.Fatalf("opaque %v, unscanned %+v; want %+v", a.Opaque(), a.Unscanned(), want)
+	}
 }

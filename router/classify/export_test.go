@@ -12,7 +12,7 @@ import (
 // pipeline), can get a ScanFailed annotation: no configuration can.
 func FailScansOn(c *Classifier, marker string) *Classifier {
 	scan := c.scan
-	c.scan = func(text string) []redaction.Finding {
+	c.scan = func(text string) ([]redaction.Finding, error) {
 		if strings.Contains(text, marker) {
 			panic("detector failure")
 		}

@@ -69,7 +69,14 @@ func (a *Annotation) Redact(types []string) (Redacted, error) {
 			fs = append(fs, a.findings[i].Finding)
 		}
 		f := a.fields[fi]
-		red := vault.Redact(f.text, fs, set)
+		var red string
+		if f.kind == kindArgs {
+			// JSON inside a string: a number or key replaced must leave valid
+			// JSON (a quoted placeholder), restored exactly in the answer.
+			red = vault.RedactJSON(f.text, fs, set)
+		} else {
+			red = vault.Redact(f.text, fs, set)
+		}
 		if red == f.text {
 			continue
 		}

@@ -123,7 +123,7 @@ func TestNewDispatchRedactsForTheTier(t *testing.T) {
 		"messages.0.content":                         "reply to [EMAIL_2]",
 		"messages.1.name":                            "EMAIL_3", // participant names must match ^[a-zA-Z0-9_-]+$
 		"messages.1.content.0.text":                  "cc [EMAIL_2], pay [CREDIT_CARD_1], call +1 415 555 2671",
-		"messages.1.content.1.image_url.url":         "https://[EMAIL_4]",
+		"messages.1.content.1.image_url.url":         "https://img/[EMAIL_4]",
 		"messages.2.tool_calls.0.function.arguments": `{"card":"[CREDIT_CARD_2]","to":"[EMAIL_2]"}`,
 		"messages.3.content":                         "receipt sent to [EMAIL_1]",
 	}
@@ -144,7 +144,7 @@ func TestNewDispatchRedactsForTheTier(t *testing.T) {
 		t.Errorf("Redacted %d, Target %s, Model %s, DecisionID %s; want 5 values for cloud/up-m under %s", disp.Redacted(), disp.Target().Name, disp.Model(), disp.DecisionID(), d.Decision().ID())
 	}
 	if got := disp.Vault().Placeholders(); !reflect.DeepEqual(got, map[string]string{
-		"[EMAIL_2]": "alice@example.com", "[EMAIL_3]": "bob@example.org", "[EMAIL_4]": "img/alice@example.com.png",
+		"[EMAIL_2]": "alice@example.com", "[EMAIL_3]": "bob@example.org", "[EMAIL_4]": "alice@example.com.png",
 		"[CREDIT_CARD_1]": "4111 1111 1111 1111", "[CREDIT_CARD_2]": "4111111111111111",
 	}) {
 		t.Errorf("placeholders = %v", got)

@@ -312,6 +312,10 @@ func (p *Pipeline) clientGone(rq *request, o *outcome) error {
 	rq.log.Info("client went away", zap.String("decision_id", rq.dec.ID()), zap.String("target", target),
 		zap.Duration("after", time.Since(rq.begin)))
 	p.Metrics.Unrouted(rq.a, "client_closed")
+	if o != nil && o.cand.Target != nil {
+		rq.track(o, false)
+	}
+	rq.outcome.Label, rq.outcome.Status = "client_closed", 499
 	rq.w.WriteHeader(499) // nginx's "client closed request", for the access log; nobody reads it
 	return nil
 }
@@ -361,6 +365,7 @@ func (rq *request) note(o outcome) {
 		f.retryAfter = retryAfter(o.header.Get("Retry-After"))
 	}
 	rq.tried = append(rq.tried, f)
+	rq.track(&o, false)
 	rq.log.Warn("upstream failed, falling back", zap.String("target", o.cand.Target.Name), zap.String("decision_id", rq.dec.ID()),
 		zap.String("failure", string(o.kind)), zap.String("error", o.failure))
 }

@@ -61,6 +61,16 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 	if v := o.disp.Vault(); v != nil {
 		body = relay.RestoreBody(v, body)
 	}
+	if g := p.outputGuard(rq, o); g != nil && o.status/100 == 2 {
+		guarded, err := guardBody(g, body)
+		if err != nil {
+			rq.log.Warn("answer withheld by the output rule", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.Error(err))
+			outputBlocked(rq, err).Write(rq.w)
+			p.observe(rq, o, "output_blocked", nil, nil)
+			return
+		}
+		body = guarded
+	}
 	p.setHeaders(rq, o)
 	rq.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rq.w.WriteHeader(o.status)
@@ -97,8 +107,8 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	var restore *relay.StreamRestore
-	if v := o.disp.Vault(); v != nil {
-		restore = relay.NewStreamRestore(v)
+	if v, g := o.disp.Vault(), p.outputGuard(rq, o); v != nil || g != nil {
+		restore = relay.NewStreamRestore(v, g)
 	}
 	norm := relay.NewStream(answerOf(rq))
 	stripLP := o.disp.Added("logprobs")
@@ -153,6 +163,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 			}
 			if restore != nil {
 				data = restore.Event(data)
+				if err := restore.Err(); err != nil {
+					return errOutputBlocked{err}
+				}
 			}
 			buf = relay.AppendData(buf, data)
 		case len(ev.Data) > 0:
@@ -189,6 +202,18 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		p.observe(rq, o, "client_closed", nil, err)
 		return err
 	}
+	var blocked errOutputBlocked
+	if errors.As(err, &blocked) {
+		// The answer holds a value the output rule blocks: end the stream
+		// with an error event naming the type, never the value.
+		rq.log.Warn("answer withheld by the output rule", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.Error(blocked.err))
+		buf = relay.AppendEvent(buf[:0], relay.Event{Type: "error", Data: outputBlocked(rq, blocked.err).Body()}, false)
+		_, _ = w.Write(buf)
+		_ = rc.Flush()
+		o.meter.StreamEnd()
+		p.observe(rq, o, "output_blocked", nil, nil)
+		return blocked
+	}
 	if errors.Is(err, relay.ErrLineTooLong) {
 		p.Metrics.Malformed(o.cand.Target.Name, "line_too_long")
 		rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
@@ -222,6 +247,11 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	return err
 }
 
+// errOutputBlocked ends a relayed stream the output rule refused.
+type errOutputBlocked struct{ err error }
+
+func (e errOutputBlocked) Error() string { return "output blocked: " + e.err.Error() }
+
 // respond delivers o, whole or streamed.
 func (p *Pipeline) respond(rq *request, o *outcome, label string) error {
 	if o.stream != nil {
@@ -235,6 +265,9 @@ func (p *Pipeline) respond(rq *request, o *outcome, label string) error {
 // observe feeds a delivered answer to the priors (latency, throughput; the
 // decision, for feedback) and the metrics.
 func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, streamErr error) {
+	if rq.answered != nil {
+		rq.answered(o)
+	}
 	total := time.Since(o.start)
 	decision := "routed"
 	if len(rq.plan.Candidates) > 0 && !rq.plan.Candidates[0].Same(o.cand) {
@@ -250,7 +283,7 @@ func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, s
 	case streamErr != nil:
 		decision = "truncated"
 	}
-	good := o.status/100 == 2 && streamErr == nil && decision != "client_closed"
+	good := o.status/100 == 2 && streamErr == nil && decision != "client_closed" && decision != "output_blocked"
 	if good {
 		p.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, total)
 		p.Priors.Remember(rq.dec.ID(), o.cand.Key, o.cand.Quality)
@@ -273,12 +306,21 @@ func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, s
 		p.Priors.ObserveThroughput(o.cand.Target.Name, o.cand.Model, completion, gen)
 	}
 	p.Metrics.Served(rq.a, o.cand, decision, total.Seconds(), o.ttfb.Seconds(), prompt, completion)
+	rq.track(o, decision != "client_closed" && decision != "output_blocked")
+	rq.outcome.Label = decision
+	if rq.outcome.Status == 0 {
+		rq.outcome.Status = o.status
+		if decision == "output_blocked" && o.stream == nil {
+			rq.outcome.Status = http.StatusForbidden
+		}
+	}
 }
 
 // spend accounts an answer that was obtained but not returned: its latency
 // feeds the priors, its tokens and cost the metrics (its usage is already
 // recorded).
 func (p *Pipeline) spend(rq *request, o *outcome) {
+	rq.track(o, false)
 	if o.stream == nil { // a held stream was cut short: its total time says nothing
 		p.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, o.total)
 	}

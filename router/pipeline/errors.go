@@ -131,3 +131,19 @@ func retryAfter(v string) int {
 	}
 	return 0
 }
+
+// everyAttemptFailed reports an error of noTarget after attempts (see
+// noTarget): the request was tried and no upstream answered.
+func everyAttemptFailed(e *openai.Error) bool {
+	switch e.Code {
+	case "no_target_available", "upstream_timeout", "bad_upstream_answer", "redaction_unavailable":
+		return true
+	case "rate_limit_exceeded":
+		return e.Type == "rate_limit_error" // the upstreams' 429s; a member's own limit is typed by its kind
+	}
+	return false
+}
+
+// unroutableCodes are the codes of unroutable: no target was left to try.
+var unroutableCodes = map[string]bool{"target_not_allowed": true, "context_length_exceeded": true, "unsupported_parameter": true,
+	"unsupported_modality": true, "unsupported_endpoint": true, "max_cost_exceeded": true}

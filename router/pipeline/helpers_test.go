@@ -109,7 +109,7 @@ func startGateway(t *testing.T, s setup) (*httptest.Server, *Pipeline) {
 		d := p.Decide(ctx, classify.From(ctx), identity.From(ctx))
 		w.Header().Set(HeaderDecisionID, d.Decision().ID())
 		if !d.Decision().Allowed() {
-			PolicyError(d.Decision()).Write(w)
+			p.Denied(a, d, identity.From(ctx)).Write(w)
 			return
 		}
 		ctx = WithDecided(ctx, d)

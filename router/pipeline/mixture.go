@@ -33,12 +33,22 @@ const UnknownConfidence = 0.5
 // the selection half of LLM-Blender (Jiang, Ren and Lin, ACL 2023), with
 // the priors standing in for its pairwise ranker.
 func fusedScore(o outcome, best float64) (fused, weight, confidence float64) {
-	weight = math.Exp(o.cand.Score - best)
+	return FusedScore(o.cand.Score, best, o.cand.Quality, o.logprob, o.tokens)
+}
+
+// FusedScore is the mixture's rank of one answer (see fusedScore): score
+// and best are selection scores (the answer's candidate's and the best
+// ranked one's), quality its quality prior in [0,1], meanLogprob the
+// answer's mean token log-probability in nats over tokens tokens (0
+// tokens: UnknownConfidence). fused = e^(score−best) × quality ×
+// confidence, confidence = e^meanLogprob.
+func FusedScore(score, best, quality, meanLogprob float64, tokens int) (fused, weight, confidence float64) {
+	weight = math.Exp(score - best)
 	confidence = UnknownConfidence
-	if o.tokens > 0 {
-		confidence = math.Exp(o.logprob)
+	if tokens > 0 {
+		confidence = math.Exp(meanLogprob)
 	}
-	return weight * o.cand.Quality * confidence, weight, confidence
+	return weight * quality * confidence, weight, confidence
 }
 
 // mixture asks the plan's members in parallel and returns the best 2xx

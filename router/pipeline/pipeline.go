@@ -71,6 +71,12 @@ type Pipeline struct {
 	// (0: DefaultFirstEventTimeout).
 	FirstEventTimeout time.Duration
 	Logger            *zap.Logger
+	// Recorders get every request's Outcome (outcome.go).
+	Recorders []Recorder
+
+	// Orchestrator serves the requests it triages as composite
+	// (router/orchestrate); nil: every request takes the single-route path.
+	Orchestrator Orchestrator
 }
 
 func (p *Pipeline) log() *zap.Logger {
@@ -121,6 +127,9 @@ type request struct {
 	tried []failed // attempts that failed, for the error and the log
 	// release gives back the plan's reservation; never nil once reserved.
 	release func()
+	outcome Outcome
+	// answered, when set, sees every answer delivered (RunDerived).
+	answered func(o *outcome)
 }
 
 // failed is one attempt that did not answer.
@@ -145,9 +154,32 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	w.Header().Set(HeaderDecisionID, dec.ID())
 	openai.RequestID(w, r)
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
+	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
 	if a.Endpoint() == openai.EndpointModels {
-		return p.models(rq)
+		err := p.models(rq)
+		p.finish(rq, "routed", statusOf(err, http.StatusOK))
+		return err
 	}
+	if p.Orchestrator != nil {
+		if composite, err := p.Orchestrator.Triage(r, a); err != nil || composite {
+			if err != nil {
+				p.Metrics.Unrouted(a, "bad_request")
+				p.finish(rq, "bad_request", statusOf(err, http.StatusOK))
+				return err
+			}
+			err := p.Orchestrator.Serve(w, r, a, d)
+			p.finish(rq, "orchestrated", statusOf(err, http.StatusOK))
+			return err
+		}
+	}
+	err := p.serve(rq)
+	p.finish(rq, labelOf(err), statusOf(err, http.StatusOK))
+	return err
+}
+
+// serve is Serve for a request that is not the model listing.
+func (p *Pipeline) serve(rq *request) error {
+	a, r, w, dec := rq.a, rq.r, rq.w, rq.dec
 	o, aerr := route.ParseOverrides(r.Header)
 	if aerr != nil {
 		p.Metrics.Unrouted(a, "bad_request")
@@ -192,10 +224,68 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 		err = p.single(rq, rq.plan.Candidates)
 	}
 	var ae *openai.Error
-	if errors.As(err, &ae) && ae.Code == "no_target_available" {
+	if errors.As(err, &ae) && everyAttemptFailed(ae) {
 		p.Metrics.Unrouted(a, "failed")
 	}
 	return err
+}
+
+// newOutcome starts the outcome of a request.
+func newOutcome(a *classify.Annotation, dec *policies.Decision, id *identity.Identity, start time.Time) Outcome {
+	return Outcome{DecisionID: dec.ID(), Revision: dec.Revision(), Member: id.Name(), Endpoint: string(a.Endpoint()), Model: a.Model(),
+		Task: a.Task(), Difficulty: a.Difficulty(), Sensitivity: dec.Sensitivity(), Tiers: dec.Tiers(), Stream: a.Stream(),
+		Answered: -1, Start: start}
+}
+
+// labelOf is the outcome label of a request that ended with err ("" when
+// an answer was written: the answer set it).
+func labelOf(err error) string {
+	var ae *openai.Error
+	if !errors.As(err, &ae) {
+		if err != nil {
+			return "failed"
+		}
+		return ""
+	}
+	switch {
+	case everyAttemptFailed(ae):
+		return "failed"
+	case unroutableCodes[ae.Code]:
+		return "no_target"
+	}
+	switch ae.Code {
+	case "model_not_found":
+		return "model_not_found"
+	case "insufficient_quota", "rate_limit_exceeded":
+		return "refused"
+	}
+	if ae.Status == http.StatusForbidden {
+		return "denied"
+	}
+	return "bad_request"
+}
+
+// statusOf is the HTTP status err is answered with (ok when nil).
+func statusOf(err error, ok int) int {
+	var ae *openai.Error
+	switch {
+	case err == nil:
+		return 0 // set by the answer
+	case errors.As(err, &ae):
+		return ae.Status
+	}
+	return http.StatusInternalServerError
+}
+
+// Denied records the outcome of a request the policy denied (the policy
+// step answers it with PolicyError) and returns that error.
+func (p *Pipeline) Denied(a *classify.Annotation, d policies.Decided, id *identity.Identity) *openai.Error {
+	dec := d.Decision()
+	rq := &request{a: a, dec: dec, begin: time.Now()}
+	rq.outcome = newOutcome(a, dec, id, rq.begin)
+	e := PolicyError(dec)
+	p.finish(rq, "denied", e.Status)
+	return e
 }
 
 // logPlan writes the "route decision" line: every candidate with its score

@@ -18,30 +18,89 @@ import (
 // which holds back only a tail that could still start a placeholder. The
 // held-back text is released on the choice's finish_reason chunk, or in one
 // extra chunk before [DONE].
+//
+// With a guard, each restored text stream then goes through its own
+// redaction.StreamGuard: entity types the model wrote are masked (or the
+// stream is refused, Err) as the policy's output rule says, holding back
+// only as much as the longest pattern needs.
 type StreamRestore struct {
-	vault *redaction.Vault
-	rs    map[string]*redaction.StreamRestorer
+	vault *redaction.Vault // nil: nothing to restore
+	guard *redaction.Guard // nil: answers are not guarded
+	rs    map[string]*textStage
 	order []string // keys in first-seen order, for a stable final flush
 	tmpl  []byte   // id, object, created, model of the first chunk, for the final flush
+	err   error    // the guard blocked the answer
 }
 
-// NewStreamRestore returns the restorer of one stream answered under v.
-func NewStreamRestore(v *redaction.Vault) *StreamRestore {
-	return &StreamRestore{vault: v, rs: map[string]*redaction.StreamRestorer{}}
+// textStage is one text stream's restorer then guard.
+type textStage struct {
+	r *redaction.StreamRestorer
+	g *redaction.StreamGuard
 }
 
-func (s *StreamRestore) restorer(key string) *redaction.StreamRestorer {
-	r, ok := s.rs[key]
+// NewStreamRestore returns the restorer of one stream answered under v
+// (nil: nothing to restore), guarded by g (nil: no guard).
+func NewStreamRestore(v *redaction.Vault, g *redaction.Guard) *StreamRestore {
+	return &StreamRestore{vault: v, guard: g, rs: map[string]*textStage{}}
+}
+
+// Err is the guard's refusal (a *redaction.BlockedError), once a text
+// stream held a value the policy blocks; the caller ends the stream.
+func (s *StreamRestore) Err() error { return s.err }
+
+func (s *StreamRestore) stage(key string) *textStage {
+	st, ok := s.rs[key]
 	if !ok {
-		r = s.vault.NewStreamRestorer()
-		if strings.Contains(key, "/tool/") {
-			// Tool arguments are JSON text: values go in JSON-escaped.
-			r = s.vault.NewJSONStreamRestorer()
+		st = &textStage{}
+		if s.vault != nil {
+			st.r = s.vault.NewStreamRestorer()
+			if strings.Contains(key, "/tool/") {
+				// Tool arguments are JSON text: values go in JSON-escaped.
+				st.r = s.vault.NewJSONStreamRestorer()
+			}
 		}
-		s.rs[key] = r
+		if s.guard != nil {
+			st.g = s.guard.NewStream()
+		}
+		s.rs[key] = st
 		s.order = append(s.order, key)
 	}
-	return r
+	return st
+}
+
+func (s *StreamRestore) write(key, text string) string {
+	st := s.stage(key)
+	if st.r != nil {
+		text = st.r.Write(text)
+	}
+	if st.g != nil {
+		out, err := st.g.Write(text)
+		if err != nil && s.err == nil {
+			s.err = err
+		}
+		text = out
+	}
+	return text
+}
+
+func (s *StreamRestore) flush(key string) string {
+	st := s.rs[key]
+	var text string
+	if st.r != nil {
+		text = st.r.Flush()
+	}
+	if st.g != nil {
+		a, err := st.g.Write(text)
+		b, ferr := st.g.Flush()
+		if err == nil {
+			err = ferr
+		}
+		if err != nil && s.err == nil {
+			s.err = err
+		}
+		text = a + b
+	}
+	return text
 }
 
 // Event rewrites one chunk's JSON data.
@@ -62,7 +121,7 @@ func (s *StreamRestore) Event(data []byte) []byte {
 			if v.Type != gjson.String {
 				return
 			}
-			if b, err := sjson.SetBytes(out, path, s.restorer(key).Write(v.Str)); err == nil {
+			if b, err := sjson.SetBytes(out, path, s.write(key, v.Str)); err == nil {
 				out = b
 			}
 		}
@@ -79,6 +138,9 @@ func (s *StreamRestore) Event(data []byte) []byte {
 		return true
 	})
 	// Other text-bearing fields (e.g. refusal) are restored where whole.
+	if s.vault == nil {
+		return out
+	}
 	return s.vault.RestoreJSON(out)
 }
 
@@ -89,7 +151,7 @@ func (s *StreamRestore) flushChoice(out []byte, base string, idx int64) []byte {
 		if len(key) < len(prefix) || key[:len(prefix)] != prefix {
 			continue
 		}
-		rest := s.rs[key].Flush()
+		rest := s.flush(key)
 		if rest == "" {
 			continue
 		}
@@ -126,7 +188,7 @@ func (s *StreamRestore) Final() []byte {
 		var idx int64
 		var kind string
 		fmt.Sscanf(key, "%d/%s", &idx, &kind)
-		rest := s.rs[key].Flush()
+		rest := s.flush(key)
 		if rest == "" {
 			continue
 		}

@@ -67,7 +67,7 @@ func TestStreamRestoreAcrossChunks(t *testing.T) {
 	}
 	const answer = "mail [EMAIL_1] now"
 	for cut := 1; cut < len(answer); cut++ {
-		s := NewStreamRestore(v)
+		s := NewStreamRestore(v, nil)
 		var got strings.Builder
 		for _, c := range [][]byte{chunk(answer[:cut], false), chunk(answer[cut:], false), chunk("", true)} {
 			got.WriteString(gjson.GetBytes(s.Event(c), "choices.0.delta.content").String())
@@ -80,7 +80,7 @@ func TestStreamRestoreAcrossChunks(t *testing.T) {
 		}
 	}
 	t.Run("a stream ending without a finish_reason gets the rest in a final chunk", func(t *testing.T) {
-		s := NewStreamRestore(v)
+		s := NewStreamRestore(v, nil)
 		first := gjson.GetBytes(s.Event(chunk("to [EMAIL", false)), "choices.0.delta.content").String()
 		final := s.Final()
 		if first != "to " || gjson.GetBytes(final, "choices.0.delta.content").String() != "[EMAIL" || gjson.GetBytes(final, "id").String() != "c" {

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/serving"
+)
+
+// TestOrchestrationOnTheDemoModel runs orchestration as a fresh install
+// has it — the demo engine with its adapters, no controller — through the
+// real gateway and a real OpenAI client: the answer carries the plan id,
+// and the admin API shows the plan with each subtask's tier and target.
+func TestOrchestrationOnTheDemoModel(t *testing.T) {
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	adminPort := freePort(t)
+	g := startMolly(t, `{
+	admin 127.0.0.1:`+fmt.Sprint(adminPort)+`
+	auto_https off
+	persist_config off
+	molly {
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			adapters `+filepath.Join(models, serving.DemoAdapterDir)+`
+			n_seq_max 2
+			n_ctx 1024
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+		}
+		orchestrator {
+			max_refinements 0
+			max_parallel 2
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	c := client(g)
+	params := openai.ChatCompletionNewParams{Model: "molly-orchestrator", MaxTokens: openai.Int(4), Messages: []openai.ChatCompletionMessageParamUnion{
+		openai.UserMessage("1. Why was I charged twice on my last invoice?\n2. Is the termination clause of my contract enforceable?")}}
+	var resp *http.Response
+	out, err := c.Chat.Completions.New(context.Background(), params, option.WithResponseInto(&resp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("X-Molly-Plan-Id")
+	if id == "" || resp.Header.Get("X-Molly-Strategy") != "orchestrate" || len(out.Choices) != 1 || !strings.Contains(out.Choices[0].Message.Content, "### ") {
+		t.Fatalf("plan id %q, strategy %q, answer %+v", id, resp.Header.Get("X-Molly-Strategy"), out.Choices)
+	}
+	r, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/molly/plans/%s", adminPort, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	rec := gjson.ParseBytes(b)
+	if r.StatusCode != http.StatusOK || rec.Get("planner").String() != "deterministic" || rec.Get("subtasks.#").Int() != 2 {
+		t.Fatalf("GET /molly/plans/%s: %d %s", id, r.StatusCode, b)
+	}
+	for i, want := range []string{"molly-demo:billing", "molly-demo:legal"} {
+		s := rec.Get(fmt.Sprintf("subtasks.%d", i))
+		if s.Get("model").String() != want || s.Get("tier").String() != "T0" || s.Get("target").String() != "device" || !s.Get("latency_ms").Exists() {
+			t.Errorf("subtask %d: %s, want %s on device (T0)", i, s.Raw, want)
+		}
+	}
+	if r, _ := http.Get(fmt.Sprintf("http://127.0.0.1:%d/molly/plans/nope", adminPort)); r == nil || r.StatusCode != http.StatusNotFound {
+		t.Errorf("an unknown plan is not a 404")
+	}
+
+	// Streamed: the client ignores the progress comments and reads the answer.
+	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil || len(acc.Choices) != 1 || !strings.Contains(acc.Choices[0].Message.Content, "### ") {
+		t.Fatalf("stream: %v, %+v", err, acc.Choices)
+	}
+}

@@ -1,0 +1,317 @@
+package redaction
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Output guarding: answers (whole or streamed) are scanned with the same
+// detectors as requests, and each value the model wrote is passed, masked
+// or makes the answer blocked, per entity type, as a GuardPolicy says
+// (the gateway fills it from redaction.rego per tier). Values the gateway
+// itself put back (restored placeholders) are not flagged: the caller
+// lists them when it builds the Guard (Vault.Values).
+
+// GuardAction is what a Guard does with a value of one type in an answer.
+type GuardAction int
+
+const (
+	// GuardPass leaves the value as the model wrote it.
+	GuardPass GuardAction = iota
+	// GuardMask replaces it by its bare type, "[EMAIL]".
+	GuardMask
+	// GuardBlock stops the answer: Check and the stream guard return a
+	// *BlockedError (errors.Is(err, ErrAnswerBlocked)).
+	GuardBlock
+)
+
+// String returns "pass", "mask" or "block".
+func (a GuardAction) String() string {
+	switch a {
+	case GuardPass:
+		return "pass"
+	case GuardMask:
+		return "mask"
+	case GuardBlock:
+		return "block"
+	}
+	return fmt.Sprintf("GuardAction(%d)", int(a))
+}
+
+// ParseGuardAction parses "pass", "mask" or "block" (Rego data); anything
+// else is an error naming it.
+func ParseGuardAction(s string) (GuardAction, error) {
+	switch s {
+	case "pass", "":
+		return GuardPass, nil
+	case "mask":
+		return GuardMask, nil
+	case "block":
+		return GuardBlock, nil
+	}
+	return 0, fmt.Errorf("redaction: unknown guard action %q (want pass, mask or block)", s)
+}
+
+// GuardPolicy says what to do with each entity type found in an answer.
+type GuardPolicy struct {
+	Actions map[string]GuardAction // by entity type
+	Default GuardAction            // for types not in Actions
+}
+
+func (p GuardPolicy) action(typ string) GuardAction {
+	if a, ok := p.Actions[typ]; ok {
+		return a
+	}
+	return p.Default
+}
+
+// ErrAnswerBlocked is what a *BlockedError wraps.
+var ErrAnswerBlocked = errors.New("redaction: the answer holds a value the policy blocks")
+
+// BlockedError reports the type of the value that blocked an answer (never
+// the value itself).
+type BlockedError struct{ Type string }
+
+func (e *BlockedError) Error() string {
+	return "redaction: the answer holds a " + e.Type + " value the policy blocks"
+}
+func (e *BlockedError) Unwrap() error { return ErrAnswerBlocked }
+
+// Guard applies a GuardPolicy to the answers of one request. It is safe
+// for concurrent use; its stream guards are not.
+type Guard struct {
+	s       *Scanner
+	policy  GuardPolicy
+	allowed map[string]bool
+	values  []string
+}
+
+// NewGuard returns a guard for policy that does not flag the restored
+// values (typically Vault.Values of the request's vault): a finding whose
+// text is one of them, or part of one, is left alone.
+func (s *Scanner) NewGuard(policy GuardPolicy, restored ...string) *Guard {
+	g := &Guard{s: s, policy: policy, allowed: make(map[string]bool, len(restored))}
+	for _, v := range restored {
+		if v != "" && !g.allowed[v] {
+			g.allowed[v] = true
+			g.values = append(g.values, v)
+		}
+	}
+	return g
+}
+
+// restored reports whether v is, or is part of, a restored value.
+func (g *Guard) restored(v string) bool {
+	if g.allowed[v] {
+		return true
+	}
+	for _, a := range g.values {
+		if len(a) > len(v) && strings.Contains(a, v) {
+			return true
+		}
+	}
+	return false
+}
+
+// ScanAnswer returns the findings of answer the policy acts on (mask or
+// block), under the scan budget (ErrScanBudget: treat the answer as
+// unchecked). Restored values and GuardPass types are left out.
+func (g *Guard) ScanAnswer(answer string) ([]Finding, error) {
+	fs, err := g.s.ScanBounded(answer)
+	out := fs[:0]
+	for _, f := range fs {
+		if g.policy.action(f.Type) != GuardPass && !g.restored(answer[f.Start:f.End]) {
+			out = append(out, f)
+		}
+	}
+	return out, err
+}
+
+// Check scans a whole answer and returns it with GuardMask values replaced
+// by "[TYPE]", and the findings acted on. When a GuardBlock value is
+// found it returns a *BlockedError and no text; when the scan budget runs
+// out, an error wrapping ErrScanBudget and no text.
+func (g *Guard) Check(answer string) (string, []Finding, error) {
+	fs, err := g.ScanAnswer(answer)
+	if err != nil {
+		return "", fs, err
+	}
+	out, err := g.apply(answer, fs)
+	return out, fs, err
+}
+
+// apply masks (or blocks on) findings fs of text.
+func (g *Guard) apply(text string, fs []Finding) (string, error) {
+	if len(fs) == 0 {
+		return text, nil
+	}
+	var b strings.Builder
+	last := 0
+	for _, f := range fs {
+		switch g.policy.action(f.Type) {
+		case GuardBlock:
+			return "", &BlockedError{Type: f.Type}
+		case GuardMask:
+			b.WriteString(text[last:f.Start])
+			b.WriteString("[" + typeName(f.Type) + "]")
+			last = f.End
+		}
+	}
+	b.WriteString(text[last:])
+	return b.String(), nil
+}
+
+// GuardHoldBytes is how many bytes a StreamGuard holds back from the end
+// of what it has seen: the longest value any bounded pattern can span and
+// the context it needs. The longest is an e-mail address, 64 + 1 + 253 =
+// 318 bytes (RFC 5321 §4.5.3.1), or a gitleaks semi-generic assignment,
+// under 400 bytes (see secretDetector.detectAt); the 40 bytes of context
+// before a bare number and the cue before a name fit in the rest. A run
+// without white space, or a PEM block, still open at the cut is held whole
+// up to GuardMaxHoldBytes.
+const (
+	GuardHoldBytes    = 512
+	GuardMaxHoldBytes = 64 << 10
+	guardContextBytes = 64 // already emitted text scanned again for context
+)
+
+// StreamGuard guards one streamed answer (e.g. the delta.content of SSE
+// chunks, after placeholders are restored): Write returns what is safe to
+// emit, holding back at most GuardHoldBytes (more only while a token or a
+// PEM block is still open, up to GuardMaxHoldBytes), never half a UTF-8
+// character; masked values come out as "[TYPE]". After a block every call
+// returns the same *BlockedError. Not safe for concurrent use.
+type StreamGuard struct {
+	g       *Guard
+	pending string
+	ctx     string // the last bytes emitted, for context
+	err     error
+	found   []Finding
+	emitted int // bytes of input emitted so far (finding offsets are in input bytes)
+}
+
+// NewStream returns a stream guard for one answer.
+func (g *Guard) NewStream() *StreamGuard { return &StreamGuard{g: g} }
+
+// Findings returns the findings acted on so far, with offsets into the
+// whole input stream.
+func (sg *StreamGuard) Findings() []Finding { return sg.found }
+
+// Pending returns the number of bytes held back.
+func (sg *StreamGuard) Pending() int { return len(sg.pending) }
+
+// Write consumes the next chunk and returns the text that is safe to emit
+// now (possibly empty), or the error that stopped the answer.
+func (sg *StreamGuard) Write(chunk string) (string, error) {
+	if sg.err != nil {
+		return "", sg.err
+	}
+	buf := sg.pending + chunk
+	if len(buf) <= GuardHoldBytes {
+		sg.pending = buf
+		return "", nil
+	}
+	return sg.step(buf, false)
+}
+
+// Flush checks and returns the held-back tail at the end of the stream.
+func (sg *StreamGuard) Flush() (string, error) {
+	if sg.err != nil {
+		return "", sg.err
+	}
+	buf := sg.pending
+	sg.pending = ""
+	if buf == "" {
+		return "", nil
+	}
+	return sg.step(buf, true)
+}
+
+// holdFrom returns where the held-back tail of buf starts.
+func holdFrom(buf string) int {
+	cut := len(buf) - GuardHoldBytes
+	floor := max(0, len(buf)-GuardMaxHoldBytes)
+	// Do not cut a token (a key, a base64 run, a long address) in two.
+	for cut > floor && !isSpaceByte(buf[cut-1]) {
+		cut--
+	}
+	// A PEM block still open before the cut is held from its start.
+	if b := strings.LastIndex(buf[:cut], "-----BEGIN"); b >= floor && b > strings.LastIndex(buf[:cut], "-----END") {
+		cut = b
+	}
+	for cut > 0 && !utf8.RuneStart(buf[cut]) {
+		cut--
+	}
+	return max(cut, 0)
+}
+
+func (sg *StreamGuard) step(buf string, final bool) (string, error) {
+	cut := len(buf)
+	if !final {
+		cut = holdFrom(buf)
+	}
+	text := sg.ctx + buf
+	fs, err := sg.g.ScanAnswer(text)
+	if err != nil {
+		sg.err = err
+		return "", err
+	}
+	off := len(sg.ctx)
+	var act []Finding
+	for _, f := range fs {
+		f.Start -= off
+		f.End -= off
+		if f.End <= 0 {
+			continue // already emitted
+		}
+		f.Start = max(f.Start, 0)
+		if f.Start < cut && f.End > cut {
+			cut = f.Start // hold the whole value
+		}
+		if f.Start < cut {
+			act = append(act, f)
+		}
+	}
+	var emit []Finding
+	for _, f := range act {
+		if f.End <= cut {
+			emit = append(emit, f)
+		}
+	}
+	out, err := sg.g.apply(buf[:cut], emit)
+	if err != nil {
+		sg.err = err
+		return "", err
+	}
+	for _, f := range emit {
+		f.Start += sg.emitted
+		f.End += sg.emitted
+		sg.found = append(sg.found, f)
+	}
+	sg.emitted += cut
+	sg.pending = buf[cut:]
+	c := sg.ctx + out
+	if len(c) > guardContextBytes {
+		k := len(c) - guardContextBytes
+		for k < len(c) && !utf8.RuneStart(c[k]) {
+			k++
+		}
+		c = c[k:]
+	}
+	sg.ctx = c
+	return out, nil
+}
+
+// Values returns the values this Vault holds placeholders for (what
+// Restore may put back into an answer), for NewGuard. Never log them.
+func (v *Vault) Values() []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]string, 0, len(v.byPH))
+	for _, val := range v.byPH {
+		out = append(out, val)
+	}
+	return out
+}

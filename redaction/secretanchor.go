@@ -1,0 +1,338 @@
+package redaction
+
+import (
+	"regexp"
+	"regexp/syntax"
+	"strings"
+	"unicode"
+)
+
+// startFilter is a necessary condition for a match of a rule to start at
+// a position: one of its alternatives' literal prefix is there, followed by
+// at least min bytes of the character class that comes next. It is read
+// off the rule's syntax tree (regexp/syntax), so it never rejects a
+// position where the rule could match.
+type startFilter struct {
+	alts []altStart
+}
+
+type altStart struct {
+	lit  string // literal prefix (lower case when fold)
+	fold bool
+	cls  []rune // ranges of the class after the prefix (pairs); nil = no class check
+	min  int
+}
+
+// newStartFilter analyses src and returns a filter when every match of src
+// starts with a literal that begins with one of keywords (lower case), so
+// that trying the rule anchored at the keyword hits finds every match.
+func newStartFilter(src string, keywords []string) (*startFilter, bool) {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return nil, false
+	}
+	re = re.Simplify()
+	var f startFilter
+	for _, seq := range alternatives(re) {
+		a, ok := altStartOf(seq)
+		if !ok {
+			return nil, false
+		}
+		low := strings.ToLower(a.lit)
+		hit := false
+		for _, k := range keywords {
+			if strings.HasPrefix(low, k) {
+				hit = true
+			}
+		}
+		if !hit {
+			return nil, false
+		}
+		f.alts = append(f.alts, a)
+	}
+	return &f, len(f.alts) > 0
+}
+
+// alternatives returns the node sequences a match can start with: the
+// top-level alternation, through captures and the first element of a
+// concatenation.
+func alternatives(re *syntax.Regexp) [][]*syntax.Regexp {
+	switch re.Op {
+	case syntax.OpCapture:
+		return alternatives(re.Sub[0])
+	case syntax.OpAlternate:
+		var out [][]*syntax.Regexp
+		for _, s := range re.Sub {
+			out = append(out, alternatives(s)...)
+		}
+		return out
+	case syntax.OpConcat:
+		if len(re.Sub) == 0 {
+			return [][]*syntax.Regexp{nil}
+		}
+		var out [][]*syntax.Regexp
+		for _, head := range alternatives(re.Sub[0]) {
+			seq := append(append([]*syntax.Regexp(nil), head...), re.Sub[1:]...)
+			out = append(out, seq)
+		}
+		return out
+	}
+	return [][]*syntax.Regexp{{re}}
+}
+
+// altStartOf reads the literal prefix of a node sequence and the class
+// after it.
+func altStartOf(seq []*syntax.Regexp) (altStart, bool) {
+	var a altStart
+	var lit []rune
+	i := 0
+	flat := flatten(seq)
+	for ; i < len(flat); i++ {
+		n := flat[i]
+		if n.Op != syntax.OpLiteral {
+			break
+		}
+		fold := n.Flags&syntax.FoldCase != 0
+		if len(lit) > 0 && fold != a.fold {
+			break
+		}
+		a.fold = fold
+		lit = append(lit, n.Rune...)
+	}
+	if len(lit) == 0 {
+		return a, false
+	}
+	for _, r := range lit {
+		if r >= 0x80 {
+			return a, false
+		}
+	}
+	a.lit = string(lit)
+	if a.fold {
+		a.lit = strings.ToLower(a.lit)
+	}
+	if i < len(flat) {
+		n := flat[i]
+		switch n.Op {
+		case syntax.OpCharClass:
+			a.cls, a.min = n.Rune, 1
+		case syntax.OpRepeat, syntax.OpPlus:
+			if s := n.Sub[0]; s.Op == syntax.OpCharClass {
+				a.cls = s.Rune
+				a.min = max(n.Min, 1)
+				if n.Op == syntax.OpRepeat {
+					a.min = n.Min
+				}
+			}
+		}
+	}
+	return a, true
+}
+
+// flatten expands nested concatenations and captures at the front.
+func flatten(seq []*syntax.Regexp) []*syntax.Regexp {
+	var out []*syntax.Regexp
+	for k, n := range seq {
+		switch n.Op {
+		case syntax.OpConcat:
+			out = append(out, flatten(n.Sub)...)
+		case syntax.OpCapture:
+			out = append(out, flatten(n.Sub)...)
+		default:
+			out = append(out, n)
+		}
+		if n.Op != syntax.OpLiteral && n.Op != syntax.OpConcat && n.Op != syntax.OpCapture {
+			return append(out, seq[k+1:]...)
+		}
+	}
+	return out
+}
+
+func inRanges(r rune, cls []rune) bool {
+	for k := 0; k+1 < len(cls); k += 2 {
+		if r >= cls[k] && r <= cls[k+1] {
+			return true
+		}
+	}
+	return false
+}
+
+// admits reports whether a match may start at text[p:].
+func (f *startFilter) admits(text string, p int) bool {
+	for _, a := range f.alts {
+		if len(text)-p < len(a.lit)+a.min {
+			continue
+		}
+		if a.fold {
+			if !hasPrefixFold(text, p, a.lit) {
+				continue
+			}
+		} else if !strings.HasPrefix(text[p:], a.lit) {
+			continue
+		}
+		ok := true
+		for k := 0; k < a.min && ok; k++ {
+			c := rune(text[p+len(a.lit)+k])
+			if c >= 0x80 {
+				ok = inRanges(unicode.ReplacementChar, a.cls) || len(a.cls) > 0 && a.cls[len(a.cls)-1] >= 0x80
+				continue
+			}
+			ok = inRanges(c, a.cls)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// anchoredRe compiles src anchored at the start of its input.
+func anchoredRe(src string) *regexp.Regexp { return regexp.MustCompile(`^(?:` + src + `)`) }
+
+// minGroupWidth returns the least number of bytes capture group g of src
+// can match (ASCII classes assumed: one byte per rune), or 1 when the
+// group cannot be found.
+func minGroupWidth(src string, g int) int {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return 1
+	}
+	var find func(n *syntax.Regexp) *syntax.Regexp
+	find = func(n *syntax.Regexp) *syntax.Regexp {
+		if n.Op == syntax.OpCapture && (n.Cap == g || g < 0) {
+			return n
+		}
+		for _, s := range n.Sub {
+			if c := find(s); c != nil {
+				return c
+			}
+		}
+		return nil
+	}
+	c := find(re)
+	if c == nil {
+		return 1
+	}
+	return max(1, minWidth(c))
+}
+
+func minWidth(n *syntax.Regexp) int {
+	switch n.Op {
+	case syntax.OpLiteral:
+		return len(n.Rune)
+	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return 1
+	case syntax.OpCapture:
+		return minWidth(n.Sub[0])
+	case syntax.OpConcat:
+		w := 0
+		for _, s := range n.Sub {
+			w += minWidth(s)
+		}
+		return w
+	case syntax.OpAlternate:
+		w := -1
+		for _, s := range n.Sub {
+			if m := minWidth(s); w < 0 || m < w {
+				w = m
+			}
+		}
+		return max(w, 0)
+	case syntax.OpPlus:
+		return minWidth(n.Sub[0])
+	case syntax.OpRepeat:
+		return n.Min * minWidth(n.Sub[0])
+	}
+	return 0
+}
+
+// maxWidth returns the most bytes n can match, or -1 when unbounded
+// (ASCII assumed for classes; a non-ASCII class counts 4 bytes).
+func maxWidth(n *syntax.Regexp) int {
+	switch n.Op {
+	case syntax.OpLiteral:
+		w := 0
+		for _, r := range n.Rune {
+			w += len(string(r))
+		}
+		return w
+	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return 4
+	case syntax.OpCapture:
+		return maxWidth(n.Sub[0])
+	case syntax.OpConcat:
+		w := 0
+		for _, s := range n.Sub {
+			m := maxWidth(s)
+			if m < 0 {
+				return -1
+			}
+			w += m
+		}
+		return w
+	case syntax.OpAlternate:
+		w := 0
+		for _, s := range n.Sub {
+			m := maxWidth(s)
+			if m < 0 {
+				return -1
+			}
+			w = max(w, m)
+		}
+		return w
+	case syntax.OpStar, syntax.OpPlus:
+		return -1
+	case syntax.OpQuest:
+		return maxWidth(n.Sub[0])
+	case syntax.OpRepeat:
+		if n.Max < 0 {
+			return -1
+		}
+		m := maxWidth(n.Sub[0])
+		if m < 0 {
+			return -1
+		}
+		return n.Max * m
+	}
+	return 0
+}
+
+// requiredLiterals returns the literals of at least four bytes that every
+// match of src contains after its start (the top-level concatenation's
+// literal elements past the first), e.g. "-----END" of a PEM block, in
+// lower case with a "\x00" prefix when the literal is case-insensitive: a
+// rule cannot match at p when one of them does not occur after p.
+func requiredLiterals(src string) []string {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return nil
+	}
+	re = re.Simplify()
+	for re.Op == syntax.OpCapture {
+		re = re.Sub[0]
+	}
+	if re.Op != syntax.OpConcat {
+		return nil
+	}
+	var out []string
+	for _, s := range re.Sub[1:] {
+		if s.Op != syntax.OpLiteral || len(s.Rune) < 4 {
+			continue
+		}
+		lit := string(s.Rune)
+		if s.Flags&syntax.FoldCase != 0 {
+			lit = "\x00" + strings.ToLower(lit)
+		}
+		out = append(out, lit)
+	}
+	return out
+}
+
+// ruleWidth returns maxWidth of src, or -1.
+func ruleWidth(src string) int {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return -1
+	}
+	return maxWidth(re.Simplify())
+}

@@ -1,0 +1,124 @@
+package pipeline
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/policytest"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// writer is an upstream whose answer says its text, in one piece or
+// streamed in chunks of chunk bytes (the text is what the "model" wrote).
+func writer(t *testing.T, text string, chunk int) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Stream bool `json:"stream"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if !req.Stream {
+			w.Header().Set("Content-Type", "application/json")
+			b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "logprobs": nil,
+					"message": map[string]any{"role": "assistant", "content": text, "refusal": nil}}},
+				"usage": map[string]any{"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+			w.Write(b)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < len(text); i += chunk {
+			part := text[i:min(i+chunk, len(text))]
+			b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": part}, "finish_reason": nil}}})
+			fmt.Fprintf(w, "data: %s\n\n", b)
+		}
+		fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestAnswersAreGuardedAsTheOutputRuleSays: entity types a model wrote
+// in its answer are masked (whole answers and streams, values split across
+// chunks too) or make the answer refused, per tier, as the decision's
+// output rule says; values the client sent and Molly restored are not
+// flagged; a tier without a rule passes answers as they are.
+func TestAnswersAreGuardedAsTheOutputRuleSays(t *testing.T) {
+	const wrote = "Write to bob.builder@example.org or call Maria Rossi."
+	rules := map[string]any{
+		"T3": map[string]any{"mask": []any{"*"}, "block": []any{}},
+		"T2": map[string]any{"mask": []any{}, "block": []any{"EMAIL"}},
+	}
+	gateway := func(tier string, text string) string {
+		up := writer(t, text, 7)
+		gw, _ := startGateway(t, setup{
+			targets: []*route.Target{{Name: "up", Tier: tier, Endpoint: up.URL + "/v1", Models: []string{"m"}}},
+			policy:  policytest.Literal(t, policytest.Allow([]string{tier}, map[string][]string{tier: {"EMAIL"}}, map[string]any{"output": rules})),
+		})
+		return gw.URL + "/v1/chat/completions"
+	}
+	t.Run("a T3 answer is masked of every type the model wrote", func(t *testing.T) {
+		r := post(t, gateway("T3", wrote), chatBody("hello"))
+		got := gjson.Get(r.body, "choices.0.message.content").String()
+		if r.status != 200 || got != "Write to [EMAIL] or call [PERSON]." {
+			t.Fatalf("status %d content %q", r.status, got)
+		}
+	})
+	t.Run("a T3 stream is masked, values cut across chunks included", func(t *testing.T) {
+		r := post(t, gateway("T3", wrote), `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
+		if got := sseContent(t, r.body); r.status != 200 || got != "Write to [EMAIL] or call [PERSON]." {
+			t.Fatalf("status %d streamed %q", r.status, got)
+		}
+		if strings.Contains(r.body, "bob.builder") || strings.Contains(r.body, "Rossi") {
+			t.Fatalf("a masked value reached the client: %s", r.body)
+		}
+	})
+	t.Run("a value the client sent comes back restored, not masked", func(t *testing.T) {
+		// The upstream says what it was sent: the placeholder Molly put in
+		// place of the client's address, which Molly restores.
+		echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			raw, _ := io.ReadAll(r.Body)
+			body := string(raw)
+			w.Header().Set("Content-Type", "application/json")
+			b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant",
+					"content": "noted: " + gjson.Get(body, "messages.0.content").String()}}}})
+			w.Write(b)
+		}))
+		defer echo.Close()
+		gw, _ := startGateway(t, setup{
+			targets: []*route.Target{{Name: "up", Tier: "T3", Endpoint: echo.URL + "/v1", Models: []string{"m"}}},
+			policy:  policytest.Literal(t, policytest.Allow([]string{"T3"}, map[string][]string{"T3": {"EMAIL"}}, map[string]any{"output": rules})),
+		})
+		r := post(t, gw.URL+"/v1/chat/completions", chatBody("mail ann@example.com"))
+		if got := gjson.Get(r.body, "choices.0.message.content").String(); got != "noted: mail ann@example.com" {
+			t.Fatalf("content %q", got)
+		}
+	})
+	t.Run("a blocked type refuses the answer with the type, never the value", func(t *testing.T) {
+		r := post(t, gateway("T2", wrote), chatBody("hello"))
+		if r.status != 403 || gjson.Get(r.body, "error.code").String() != "output_blocked" || strings.Contains(r.body, "bob.builder") ||
+			!strings.Contains(gjson.Get(r.body, "error.message").String(), "EMAIL") {
+			t.Fatalf("status %d body %s", r.status, r.body)
+		}
+		r = post(t, gateway("T2", wrote), `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
+		if r.status != 200 || !strings.Contains(r.body, "event: error") || !strings.Contains(r.body, `"code":"output_blocked"`) ||
+			strings.Contains(r.body, "bob.builder") || strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("stream: status %d body %s", r.status, r.body)
+		}
+	})
+	t.Run("a tier without a rule passes the answer", func(t *testing.T) {
+		r := post(t, gateway("T1", wrote), chatBody("hello"))
+		if got := gjson.Get(r.body, "choices.0.message.content").String(); r.status != 200 || got != wrote {
+			t.Fatalf("status %d content %q", r.status, got)
+		}
+	})
+}
