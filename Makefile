@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench fuzz lint model deps postgres clean env
+.PHONY: all build run test bench fuzz lint model deps postgres clean env sdk
 
 all: build
 
@@ -44,8 +44,11 @@ postgres:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 		else echo "postgresql is not installed: the registry's PostgreSQL tests will skip (apt-get install postgresql)"; fi; }
 
+# Molly's version, printed by `molly version` with Caddy's.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+
 build: deps
-	$(GO) build -o $(BIN) ./cmd/molly
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/molly
 	$(GO) build -o bin/molly-payments ./plugins/payments
 	$(GO) build -o bin/molly-billing ./plugins/billing
 	$(GO) build -o bin/molly-support ./plugins/support
@@ -60,7 +63,19 @@ $(DEMO_MODEL): | build
 run: build model
 	./$(BIN) run --config Caddyfile
 
-test: deps
+# Anthropic's TypeScript SDK for the Messages API end-to-end test
+# (cmd/molly/translate_e2e_test.go), installed from npm when npm is there;
+# without it that test skips, saying so. Nothing is vendored.
+SDK_DIR := cmd/molly/testdata/node
+ANTHROPIC_SDK_VERSION := 1.14.0
+sdk:
+	@if [ -d $(SDK_DIR)/node_modules/@anthropic-ai/sdk ]; then :; \
+	elif command -v npm >/dev/null; then \
+		npm install --prefix $(SDK_DIR) --no-audit --no-fund --no-save --silent @anthropic-ai/sdk@$(ANTHROPIC_SDK_VERSION) || \
+		echo "npm could not install @anthropic-ai/sdk: the Anthropic SDK test skips"; \
+	else echo "npm not found: the Anthropic SDK test skips"; fi
+
+test: deps sdk
 	$(GO) vet ./...
 	$(GO) test -timeout $(TEST_TIMEOUT) ./...
 
@@ -76,6 +91,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamRestorer$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzEstimate$$' -fuzztime $(FUZZTIME) ./router/capability/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreamNormalise$$' -fuzztime $(FUZZTIME) ./router/relay/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -89,4 +105,4 @@ env:
 	@echo export CGO_CXXFLAGS=\"$(CGO_CXXFLAGS)\"
 
 clean:
-	rm -rf bin models
+	rm -rf bin models $(SDK_DIR)

@@ -160,7 +160,7 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 		return x.immediate(aerr, nil)
 	}
 	x.ep, x.path = ep, path
-	key, hasKey := keyauth.Bearer(x.header.Get("Authorization"))
+	key, hasKey := keyauth.Key(x.header)
 	if x.pp.Auth == nil {
 		x.id = x.pp.Anonymous
 	} else {

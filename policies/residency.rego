@@ -67,7 +67,7 @@ decision := {
 
 # The tiers the request may reach: those of its class that the member's
 # tier scope admits and, for opaque content, that are opted in for it.
-tiers := [t | some t in class_tiers[judged_class]; t in tier_scope; t in opaque_ok_tiers]
+tiers := [t | some t in class_tiers[judged_class]; t in tier_scope; t in opaque_ok_tiers; t in stored_ok_tiers]
 
 # A caller whose API key is scoped to some tiers (input.identity.tiers,
 # from molly_auth) only reaches those of them the class allows; an empty or
@@ -76,6 +76,18 @@ tiers := [t | some t in class_tiers[judged_class]; t in tier_scope; t in opaque_
 tier_scope := input.identity.tiers if count(input.identity.tiers) > 0 else := class_tiers.public
 
 opaque_ok_tiers := opaque_tiers if opaque else := class_tiers.public
+
+# Tiers that may receive a conversation Molly kept in its own store (the
+# Responses API's previous_response_id: input.request.stored_conversation):
+# by default T0–T2, so what was stored locally is not replayed to an
+# external API. An operator opts T3 in with a rule in this package
+# (`stored_conversation_tiers contains "T3"`) or with data
+# {"molly": {"config": {"stored_conversation_tiers": ["T3"]}}}.
+stored_conversation_tiers contains t if some t in class_tiers.internal
+
+stored_conversation_tiers contains t if some t in data.molly.config.stored_conversation_tiers
+
+stored_ok_tiers := stored_conversation_tiers if input.request.stored_conversation == true else := class_tiers.public
 
 # The class the tiers are chosen by: the request's sensitivity (max of
 # detected and declared), raised to restricted when a detector failed, since
@@ -135,6 +147,10 @@ why contains sprintf("content that cannot be scanned (token ids) is treated as c
 
 why contains sprintf("%d part(s) could not be scanned (%s) and are treated as confidential: only %s may receive them", [count(input.sovereignty.unscanned), concat(", ", sort({u.reason | some u in input.sovereignty.unscanned})), concat(",", sort(opaque_tiers))]) if {
 	listed_unscanned
+}
+
+why contains sprintf("a conversation from Molly's store (previous_response_id) only goes to %s", [concat(",", sort(stored_conversation_tiers))]) if {
+	input.request.stored_conversation == true
 }
 
 why contains "a detector failed on some content, so the request is treated as restricted" if {

@@ -262,3 +262,20 @@ test_the_default_denial_has_a_code if {
 	d := policy.decision with input as {}
 	d.code == "policy_denied"
 }
+
+stored(class) := object.union(req(class, {}), {"request": {"endpoint": "chat.completions", "model": "chat", "stream": false, "stored_conversation": true}})
+
+test_a_stored_conversation_stays_on_t0_to_t2 if {
+	d := policy.decision with input as stored("public")
+	d.tiers == ["T0", "T1", "T2"]
+}
+
+test_a_stored_conversation_reaches_t3_when_configured if {
+	d := policy.decision with input as stored("public") with data.molly.config.stored_conversation_tiers as ["T3"]
+	d.tiers == ["T0", "T1", "T2", "T3"]
+}
+
+test_a_stored_conversation_never_widens_the_class if {
+	d := policy.decision with input as stored("confidential") with data.molly.config.stored_conversation_tiers as ["T3"]
+	d.tiers == ["T0", "T1"]
+}

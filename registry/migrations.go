@@ -18,6 +18,7 @@ func migrations() []sqlite.Migration {
 	return []sqlite.Migration{
 		{Version: 1, Name: "members, keys, usage", SQL: schemaV1},
 		{Version: 2, Name: "record ids, spend counters, reservations, rate windows, outbox, priors", SQL: schemaV2, Up: backfillSpend},
+		{Version: 3, Name: "stored responses (Responses API)", SQL: schemaV3},
 	}
 }
 
@@ -147,6 +148,21 @@ CREATE TABLE meta (
 	key   TEXT PRIMARY KEY,
 	value TEXT NOT NULL
 );
+`
+
+// schemaV3: responses of the Responses API kept for previous_response_id
+// (responses.go), with the conversation that led to them.
+const schemaV3 = `
+CREATE TABLE responses (
+	id          TEXT PRIMARY KEY,                -- resp_...
+	member      TEXT NOT NULL,                   -- only its member may continue it
+	model       TEXT NOT NULL,                   -- the client's model name
+	decision_id TEXT NOT NULL DEFAULT '',
+	messages    TEXT NOT NULL,                   -- the chat messages so far, the answer last (JSON array)
+	response    TEXT NOT NULL,                   -- the Response object sent (JSON)
+	created     BIGINT NOT NULL                  -- unix ms
+);
+CREATE INDEX responses_created ON responses(created);
 `
 
 // backfillSpend builds the spend counters of an upgraded file from its usage

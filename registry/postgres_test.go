@@ -18,7 +18,8 @@ import (
 // PostgreSQL backend (a real server: internal/pgtest), each on a database
 // of its own: members, keys, the ledger and its record ids, spend
 // counters, reservations across two handles (two gateways) and random
-// request shapes, rate windows, the outbox and its deliverers.
+// request shapes, rate windows, the outbox and its deliverers, stored
+// responses.
 func TestPostgres(t *testing.T) {
 	pgtest.DSN(t) // skips, saying why, where PostgreSQL cannot run
 	saved := locate
@@ -49,6 +50,8 @@ func TestPostgres(t *testing.T) {
 		{"AFailingSinkIsRetriedWithGrowingBackoff", TestAFailingSinkIsRetriedWithGrowingBackoff},
 		{"ARecordRefusedForGoodIsMarkedFailedAndCanBeRequeued", TestARecordRefusedForGoodIsMarkedFailedAndCanBeRequeued},
 		{"PendingRecordsAreSentAfterARestart", TestPendingRecordsAreSentAfterARestart},
+		{"StoredResponsesBelongToTheirMember", TestStoredResponsesBelongToTheirMember},
+		{"StoredResponsesExpire", TestStoredResponsesExpire},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
@@ -140,8 +143,12 @@ func TestPostgresMigratesOnceWhenGatewaysStartTogether(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(applied, []int{1, 2}) {
-		t.Fatalf("schema_migrations %v, want [1 2] once each", applied)
+	var want []int
+	for _, m := range migrations() {
+		want = append(want, m.Version)
+	}
+	if !slices.Equal(applied, want) {
+		t.Fatalf("schema_migrations %v, want %v once each", applied, want)
 	}
 	put(t, regs[3], Member{Name: "one"})
 	if _, err := regs[5].Member(context.Background(), "one"); err != nil {

@@ -270,6 +270,9 @@ func (a *App) Policy() *policies.Engine { return a.policy }
 // Catalogue returns the target catalogue.
 func (a *App) Catalogue() *route.Catalogue { return a.catalogue }
 
+// Egress returns the upstream clients (for health probes).
+func (a *App) Egress() *egress.Egress { return a.egress }
+
 // Pipeline returns the request pipeline.
 func (a *App) Pipeline() *pipeline.Pipeline { return a.pipeline }
 

@@ -91,6 +91,7 @@ func init() {
 //			quality [<task>] <0..1>
 //			region <region>
 //			modalities <modality>...
+//			capabilities tools|json_schema|vision|audio|embeddings|logprobs...
 //			endpoints chat.completions|completions|embeddings...
 //			max_context <tokens>
 //			timeout <duration>
@@ -344,6 +345,11 @@ func parseTarget(d *caddyfile.Dispenser) (*route.Target, error) {
 			}
 		case "modalities":
 			t.Modalities = append(t.Modalities, d.RemainingArgs()...)
+		case "capabilities":
+			t.Capabilities = append(t.Capabilities, d.RemainingArgs()...)
+			if len(t.Capabilities) == 0 {
+				return nil, d.ArgErr()
+			}
 		case "endpoints":
 			t.Endpoints = append(t.Endpoints, d.RemainingArgs()...)
 			if len(t.Endpoints) == 0 {

@@ -123,9 +123,11 @@ var active atomic.Pointer[registry.Registry]
 // the context. The key is never logged nor echoed, and is removed from the
 // request before next sees it.
 func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	ctx := r.Context()
-	key, hasKey := keyauth.Bearer(r.Header.Get("Authorization"))
+	key, hasKey := keyauth.Key(r.Header)
 	r.Header.Del("Authorization")
+	r.Header.Del("X-Api-Key")
 	id, hdr, err := (&keyauth.Authenticator{Registry: au.reg, Anonymous: au.Anonymous}).Authenticate(ctx, key, hasKey)
 	for k, v := range hdr {
 		w.Header()[k] = v

@@ -15,11 +15,14 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/classify"
+	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/translate"
 )
 
 // DefaultMaxBodyBytes is the request body limit when none is set (8 MiB).
@@ -57,6 +60,8 @@ type Classify struct {
 	Dictionaries map[string][]string `json:"dictionaries,omitempty"`
 
 	classifier *classify.Classifier
+	app        *app.App // nil without a molly app: no Responses or Messages API
+	logger     *zap.Logger
 }
 
 func init() { caddy.RegisterModule(Classify{}) }
@@ -119,8 +124,10 @@ func (c *Classify) Provision(ctx caddy.Context) error {
 		overrides[typ] = s
 	}
 	if a, err := ctx.AppIfConfigured("molly"); err == nil { // the engine's adapter names are task categories
-		opts = append(opts, classify.WithDomains(a.(*app.App).Catalogue().Domains))
+		c.app = a.(*app.App)
+		opts = append(opts, classify.WithDomains(c.app.Catalogue().Domains))
 	}
+	c.logger = ctx.Logger()
 	c.classifier = classify.New(scanner, overrides, opts...)
 	return nil
 }
@@ -134,12 +141,22 @@ func (c *Classify) Validate() error {
 }
 
 // ServeHTTP classifies the request and calls next with the annotation in
-// the context; bad requests are answered with OpenAI errors.
+// the context; bad requests are answered with OpenAI errors. A Responses
+// API or Messages API request is translated into a chat request first
+// (router/translate): that chat body is what is classified, decided and
+// sent, and the answer is translated back by the writer next gets.
 func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		aerr.Write(w)
 		return nil
+	}
+	var tw *translate.Writer
+	if ep == openai.EndpointResponses || ep == openai.EndpointMessages {
+		tw = translate.NewWriter(w, r.Context(), translate.API(ep))
+		defer c.finish(tw)
+		w = tw
 	}
 	var body []byte
 	if ep != openai.EndpointModels && r.Body != nil {
@@ -155,15 +172,55 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
 	}
-	ann, err := c.classifier.Classify(classify.Input{Endpoint: ep, Path: r.URL.Path, Body: body,
-		Declared: strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), Residency: strings.Join(r.Header.Values("X-Molly-Residency"), ",")})
+	in := classify.Input{Endpoint: ep, Path: r.URL.Path, Body: body,
+		Declared: strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), Residency: strings.Join(r.Header.Values("X-Molly-Residency"), ",")}
+	var tr *translate.Translation
+	if tw != nil {
+		chat, t, terr := c.translate(r, ep, body)
+		if terr != nil {
+			terr.Write(w)
+			return nil
+		}
+		tr = t
+		tw.Bind(tr)
+		body = chat
+		in.Endpoint, in.API, in.StoredConversation, in.Body = openai.EndpointChat, string(ep), tr.StoredConversation, chat
+	}
+	ann, err := c.classifier.Classify(in)
 	if err != nil {
 		openai.WriteError(w, err)
 		return nil
 	}
+	if tr != nil {
+		tr.PromptEstimate = ann.PromptTokens()
+	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
 	return next.ServeHTTP(w, r)
+}
+
+// translate makes the chat request of a Responses or Messages request.
+func (c *Classify) translate(r *http.Request, ep openai.Endpoint, body []byte) ([]byte, *translate.Translation, *openai.Error) {
+	if ep == openai.EndpointMessages {
+		return translate.FromMessages(body)
+	}
+	if c.app == nil {
+		return nil, nil, &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+			Message: "The Responses API needs the molly app (its registry keeps responses)."}
+	}
+	member := app.AnonymousMember
+	if id := identity.From(r.Context()); id != nil {
+		member = id.Name()
+	}
+	return translate.FromResponses(r.Context(), body, c.app.Responses(), member)
+}
+
+// finish writes a translated answer once the handlers after this one returned.
+func (c *Classify) finish(tw *translate.Writer) {
+	tw.Finish()
+	if err := tw.Err(); err != nil {
+		c.logger.Error("storing a response failed; previous_response_id cannot continue it", zap.Error(err))
+	}
 }
 
 // Interface guards.

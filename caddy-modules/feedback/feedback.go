@@ -62,6 +62,7 @@ func (f *Feedback) Provision(ctx caddy.Context) error {
 
 // ServeHTTP applies one feedback score.
 func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	if r.Method != http.MethodPost {
 		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
 			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use POST."}).Write(w)

@@ -15,6 +15,7 @@ import (
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/pipeline"
 )
 
@@ -53,6 +54,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // ServeHTTP decides and calls next with the decision in the context.
 func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	ann := classify.From(r.Context())
 	if ann == nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))

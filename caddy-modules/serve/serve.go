@@ -58,6 +58,7 @@ func (s *Serve) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // ServeHTTP hands the request to the engine.
 func (s *Serve) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	openai.RequestID(w, r)
 	e := s.app.Engine()
 	if e == nil {
 		(&openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Message: "No T0 engine is configured."}).Write(w)

@@ -196,6 +196,10 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 		if apiErr.StatusCode != 429 || apiErr.Code != "insufficient_quota" || apiErr.Type != "insufficient_quota" {
 			t.Fatalf("request 4: %d %s", apiErr.StatusCode, apiErr.RawJSON())
 		}
+		// A spent budget is a 429 SDKs would retry: x-should-retry says not to.
+		if h := apiErr.Response.Header; h.Get("X-Should-Retry") != "false" || !strings.HasPrefix(h.Get("X-Request-Id"), "req_") {
+			t.Fatalf("request 4 headers: x-should-retry %q, x-request-id %q", h.Get("X-Should-Retry"), h.Get("X-Request-Id"))
+		}
 		s := usageOf(t, admin, "alice")
 		if s.Requests != 3 || s.SpentUSD != 0.0003 || s.RemainingUSD == nil || *s.RemainingUSD != 0 || s.PromptTokens != 15 || s.CompletionTokens != 15 {
 			t.Fatalf("alice's usage %+v", s)

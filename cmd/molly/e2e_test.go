@@ -342,7 +342,7 @@ func TestGatewayRejectsBadInputAndKeepsServing(t *testing.T) {
 		{"invalid UTF-8 is a 400", "POST", "/chat/completions", "{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"mario@exam\xffple.com\"}]}", nil, 400, "invalid_request_error", "", "", "UTF-8"},
 		{"a model name carrying a secret is refused without echo", "POST", "/chat/completions", `{"model":"chat:sk-proj-Zq8xT1vB7nM3kL9pR2sW5yH4dF6gJ0aC1eU8iO7tY3rE2wQ5","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "model", "", "looks like a secret"},
 		{"a malformed residency header is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Residency": "luigi@example.org"}, 400, "invalid_request_error", "X-Molly-Residency", "", "region code"},
-		{"restricted content with no T0 target is a 503", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Sensitivity": "restricted"}, 503, "service_unavailable", "", "no_target_available", "tier T1 not allowed"},
+		{"restricted content with no T0 target is a 403 (no retry changes the policy)", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Molly-Sensitivity": "restricted"}, 403, "policy_denied", "", "target_not_allowed", "tier T1 not allowed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -395,7 +395,7 @@ func TestGatewayRejectsBadInputAndKeepsServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || tr.t3.Contains("top secret plan") {
+	if resp.StatusCode != http.StatusForbidden || tr.t3.Contains("top secret plan") {
 		t.Fatalf("repeated sensitivity header: status %d, T3 received it: %v", resp.StatusCode, tr.t3.Contains("top secret plan"))
 	}
 	logs := g.logs.String()
@@ -591,13 +591,15 @@ func TestGatewayWithTheEngineAsT0(t *testing.T) {
 	_, err = c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "molly-demo",
 		Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hello")}})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "does not serve embeddings") {
-		t.Fatalf("embeddings on the engine: want 503 naming the endpoint, got %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "unsupported_endpoint" ||
+		!strings.Contains(apiErr.Message, "device: does not serve embeddings") {
+		t.Fatalf("embeddings on the engine: want 400 naming the target and the endpoint, got %v", err)
 	}
 	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("long ", 12000))}})
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "context window 512 tokens") {
-		t.Fatalf("a prompt beyond the engine's context: want 503 naming the window, got %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "context_length_exceeded" ||
+		!strings.Contains(apiErr.Message, "context window 512 tokens") {
+		t.Fatalf("a prompt beyond the engine's context: want 400 context_length_exceeded naming the window, got %v", err)
 	}
 
 	// Streaming from the engine through the gateway, with usage.

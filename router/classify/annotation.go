@@ -80,6 +80,8 @@ type Annotation struct {
 	entropy   float64
 	modal     []string
 	lastUser  string // the last user turn's text (or the prompts), what the estimator read
+	api       string // the client's API when the body was translated ("" for OpenAI's own)
+	stored    bool   // the body holds a conversation from Molly's store
 
 	classifier *Classifier
 	digest     policies.Digest
@@ -118,6 +120,12 @@ func (a *Annotation) Logprobs() bool { return a.req.Logprobs }
 
 // Tools reports tools declared or tool turns in the conversation.
 func (a *Annotation) Tools() bool { return len(a.req.Tools) > 0 || a.req.ToolTurns }
+
+// ToolChoice is the request's tool_choice as a word (openai.Request.ToolChoice).
+func (a *Annotation) ToolChoice() string { return a.req.ToolChoice }
+
+// ResponseFormat is response_format.type; "" when unset.
+func (a *Annotation) ResponseFormat() string { return a.req.ResponseFormat }
 
 // DeclaresTools reports whether the request declares tools or functions of its own.
 func (a *Annotation) DeclaresTools() bool { return len(a.req.Tools) > 0 }
@@ -182,11 +190,19 @@ func (a *Annotation) Scanned() []string { return a.classifier.scanner.Types() }
 // steered classification and the findings.
 func (a *Annotation) Digest() policies.Digest { return a.digest }
 
+// API is the client's API the body was translated from ("responses",
+// "messages"), "" for a request in OpenAI's chat, completions or
+// embeddings API.
+func (a *Annotation) API() string { return a.api }
+
+// StoredConversation reports a body whose history came from Molly's store.
+func (a *Annotation) StoredConversation() bool { return a.stored }
+
 // Derive classifies body — a request derived from this one (a tool round,
 // a follow-up) — with the same classifier, endpoint and headers.
 func (a *Annotation) Derive(body []byte) (*Annotation, error) {
 	return a.classifier.Classify(Input{Endpoint: a.req.Endpoint, Path: a.path, Body: body,
-		Declared: a.declared.String(), Residency: a.residency})
+		Declared: a.declared.String(), Residency: a.residency, API: a.api, StoredConversation: a.stored})
 }
 
 // Classifier returns the classifier that made the annotation.
@@ -233,6 +249,10 @@ func (a *Annotation) PolicyInput() map[string]any {
 			"stream":   a.req.Stream,
 			"tools":    tools,
 			"choices":  a.req.Choices(),
+			// The client's API ("responses", "messages"; "" for OpenAI's
+			// chat API itself), and whether the history came from Molly's store.
+			"api":                 a.api,
+			"stored_conversation": a.stored,
 		},
 		"capability": map[string]any{
 			"task":          a.task,

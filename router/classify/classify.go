@@ -115,6 +115,12 @@ type Input struct {
 	Body      []byte // nil for GET requests
 	Declared  string // X-Molly-Sensitivity header values, comma-joined; "" when absent
 	Residency string // X-Molly-Residency header value; "" when absent
+	// API is the client's API when Body is a chat request translated from
+	// another ("responses", "messages"; router/translate); "" otherwise.
+	API string
+	// StoredConversation reports a body whose history Molly added from its
+	// own store (the Responses API's previous_response_id).
+	StoredConversation bool
 }
 
 var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
@@ -125,7 +131,7 @@ var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 // positions (enumPaths) and the model name (checked on its own); what cannot be
 // scanned is listed in Unscanned. Errors are *openai.Error with status 400.
 func (c *Classifier) Classify(in Input) (*Annotation, error) {
-	a := &Annotation{classifier: c, path: in.Path}
+	a := &Annotation{classifier: c, path: in.Path, api: in.API, stored: in.StoredConversation}
 	a.residency = strings.TrimSpace(in.Residency)
 	if a.residency != "" && !residencyRe.MatchString(a.residency) {
 		// Not echoed: the header may carry anything, and errors get logged.
@@ -214,6 +220,10 @@ func (a *Annotation) seal() {
 	put(a.path)
 	put(a.declared.String())
 	put(a.residency)
+	put(a.api)
+	if a.stored {
+		put("stored_conversation")
+	}
 	put(a.body)
 	types := make([]string, 0, len(a.counts))
 	for t := range a.counts {

@@ -492,7 +492,8 @@ func TestPolicyInputCarriesCountsNeverValues(t *testing.T) {
 	delete(capab, "difficulty") // its value is the estimator's, asserted in router/capability
 	// "mail alice@example.com" is 6 tokens, "f" 1, +3 for the message, +3 for the reply.
 	want := map[string]any{
-		"request":    map[string]any{"endpoint": "chat.completions", "model": "m", "stream": true, "tools": []any{"f"}, "choices": 2},
+		"request": map[string]any{"endpoint": "chat.completions", "model": "m", "stream": true, "tools": []any{"f"}, "choices": 2,
+			"api": "", "stored_conversation": false},
 		"capability": map[string]any{"task": "chat", "modalities": []any{"text", "image"}, "prompt_tokens": 13, "max_tokens": 9, "tools": true},
 		"sovereignty": map[string]any{"sensitivity": "confidential", "detected": "internal", "declared": "confidential",
 			"findings": map[string]any{"EMAIL": 1}, "opaque": true, "scan_failed": false, "residency": "EU",
@@ -520,6 +521,8 @@ func TestDigestBindsTheContent(t *testing.T) {
 		{"one more space", c, Input{Endpoint: openai.EndpointChat, Body: []byte(chatBody("mail  alice@example.com"))}},
 		{"a declared class", c, Input{Endpoint: openai.EndpointChat, Body: in.Body, Declared: "internal"}},
 		{"a residency", c, Input{Endpoint: openai.EndpointChat, Body: in.Body, Residency: "EU"}},
+		{"a translated API", c, Input{Endpoint: openai.EndpointChat, Body: in.Body, API: "messages"}},
+		{"a stored conversation", c, Input{Endpoint: openai.EndpointChat, Body: in.Body, API: "responses", StoredConversation: true}},
 		{"another endpoint", c, Input{Endpoint: openai.EndpointCompletions, Body: []byte(`{"model":"m","prompt":"mail alice@example.com"}`)}},
 		{"another classifier", New(testScanner(t), nil), in},
 	} {
@@ -537,15 +540,20 @@ func TestDigestBindsTheContent(t *testing.T) {
 
 func TestDeriveKeepsTheHeadersAndClassifier(t *testing.T) {
 	c := testClassifier(t)
-	a, err := c.Classify(Input{Endpoint: openai.EndpointChat, Path: "/v1/chat/completions", Body: []byte(chatBody("hi")), Declared: "internal", Residency: "EU"})
+	a, err := c.Classify(Input{Endpoint: openai.EndpointChat, Path: "/v1/chat/completions", Body: []byte(chatBody("hi")), Declared: "internal", Residency: "EU",
+		API: "responses", StoredConversation: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if in := a.PolicyInput()["request"].(map[string]any); in["api"] != "responses" || in["stored_conversation"] != true {
+		t.Fatalf("policy input request %v", in)
 	}
 	d, err := a.Derive([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"c","content":"4111 1111 1111 1111"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Declared() != Internal || d.Residency() != "EU" || d.Classifier() != c || d.Sensitivity() != Confidential || d.Endpoint() != openai.EndpointChat {
+	if d.Declared() != Internal || d.Residency() != "EU" || d.Classifier() != c || d.Sensitivity() != Confidential || d.Endpoint() != openai.EndpointChat ||
+		d.API() != "responses" || !d.StoredConversation() {
 		t.Fatalf("derived: declared %s residency %q sensitivity %s", d.Declared(), d.Residency(), d.Sensitivity())
 	}
 	if d.Digest() == a.Digest() {

@@ -83,7 +83,7 @@ func TestThePipelineReroutesOrRefusesAfterAFailedScan(t *testing.T) {
 		message string
 	}{
 		{"the request goes to an allowed tier that needs no redaction", []string{"T1", "T3"}, 200, "lan", ""},
-		{"with only redacting tiers allowed it is refused with the reason", []string{"T3"}, 503, "",
+		{"with only redacting tiers allowed it is refused with the reason (403: no retry makes the scan succeed)", []string{"T3"}, 403, "",
 			"All allowed targets for model `m` failed (lan: tier T1 not allowed by the policy; cloud: cloud (T3 redacts EMAIL): content scan failed, so the redaction the policy requires cannot be guaranteed)."},
 	}
 	for _, tc := range cases {

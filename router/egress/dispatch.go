@@ -49,6 +49,7 @@ var (
 // Safe for concurrent use.
 type Egress struct {
 	clients map[string]*upstream
+	probes  probes // Health's outcomes (probe.go)
 }
 
 type upstream struct {

@@ -86,6 +86,17 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string, hasKey boo
 
 func titleKind(kind string) string { return strings.ToUpper(kind[:1]) + kind[1:] }
 
+// Key returns the API key a request presents: the token of its
+// "Authorization: Bearer" header (Bearer), else its "x-api-key" header,
+// which Anthropic's clients send.
+func Key(h http.Header) (string, bool) {
+	if a := h.Get("Authorization"); a != "" {
+		return Bearer(a)
+	}
+	k := strings.TrimSpace(h.Get("X-Api-Key"))
+	return k, k != ""
+}
+
 // Bearer returns the token of an "Authorization: Bearer <token>" header
 // value (RFC 6750 §2.1; the scheme is case-insensitive).
 func Bearer(authorization string) (string, bool) {
@@ -117,7 +128,8 @@ func OverBudget(m registry.Member, detail string) *openai.Error {
 	if detail != "" {
 		msg += " (" + detail + ")"
 	}
-	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + "."}
+	// A spent budget does not come back by retrying: x-should-retry: false.
+	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + ".", NoRetry: true}
 }
 
 // RateLimited is the 429 rate_limit_exceeded of member m; a request larger

@@ -21,6 +21,7 @@ import (
 //	molly_requests_total                      counter    requests by decision
 //	molly_cost_usd_total                      counter    usage × the target's prices, USD
 //	molly_time_to_first_byte_seconds          histogram  upstream answer headers, per target
+//	molly_stream_malformed_events_total       counter    upstream stream events not passed on, per target and reason
 //
 // Labels: gen_ai_operation_name (chat, text_completion, embeddings), tier,
 // target, adapter (the T0 adapter, "" for none), category (the task) and
@@ -44,6 +45,7 @@ type Metrics struct {
 	tokens   *prometheus.HistogramVec
 	cost     *prometheus.CounterVec
 	ttfb     *prometheus.HistogramVec
+	bad      *prometheus.CounterVec
 }
 
 // DefaultMetrics are the process's collectors.
@@ -71,12 +73,15 @@ func NewMetrics() *Metrics {
 			Name: "molly_time_to_first_byte_seconds", Help: "Time from sending a request upstream to its answer's headers.",
 			Buckets: []float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24},
 		}, []string{"tier", "target"}),
+		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molly_stream_malformed_events_total", Help: "Upstream stream events Molly could not pass on: not JSON, a line over the length limit.",
+		}, []string{"target", "reason"}),
 	}
 }
 
 // Collectors returns every collector, for registering.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.tokens, m.cost, m.ttfb}
+	return []prometheus.Collector{m.requests, m.duration, m.tokens, m.cost, m.ttfb, m.bad}
 }
 
 // Register registers the collectors into reg; ones already there are kept.
@@ -131,4 +136,13 @@ func (m *Metrics) Spent(a *classify.Annotation, c route.Candidate, prompt, compl
 	m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
 	m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
 	m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task()).Add(t.Cost(prompt, completion))
+}
+
+// Malformed counts an upstream stream event of target that was not passed
+// on; reason is "not_json" or "line_too_long".
+func (m *Metrics) Malformed(target, reason string) {
+	if m == nil {
+		return
+	}
+	m.bad.WithLabelValues(target, reason).Inc()
 }

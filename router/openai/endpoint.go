@@ -14,6 +14,10 @@ const (
 	EndpointCompletions Endpoint = "completions"      // POST /v1/completions
 	EndpointEmbeddings  Endpoint = "embeddings"       // POST /v1/embeddings
 	EndpointModels      Endpoint = "models"           // GET  /v1/models, GET /v1/models/{model}
+	// The Responses API and Anthropic's Messages API: translated into chat
+	// completions (package router/translate) before they are classified.
+	EndpointResponses Endpoint = "responses" // POST /v1/responses
+	EndpointMessages  Endpoint = "messages"  // POST /v1/messages
 )
 
 // Path is the endpoint's path relative to an OpenAI base URL ending in /v1.
@@ -27,6 +31,10 @@ func (e Endpoint) Path() string {
 		return "/embeddings"
 	case EndpointModels:
 		return "/models"
+	case EndpointResponses:
+		return "/responses"
+	case EndpointMessages:
+		return "/messages"
 	}
 	return ""
 }
@@ -64,6 +72,10 @@ func EndpointOf(method, path string) (Endpoint, *Error) {
 		ep = EndpointEmbeddings
 	case strings.HasSuffix(path, "/models"):
 		ep = EndpointModels
+	case strings.HasSuffix(path, "/responses"):
+		ep = EndpointResponses
+	case strings.HasSuffix(path, "/messages"):
+		ep = EndpointMessages
 	case ModelPathID(path) != "":
 		ep = EndpointModels // GET /v1/models/{model}
 	default:

@@ -26,6 +26,10 @@ type Error struct {
 	Code    string // machine code, e.g. "model_not_found"
 	// RetryAfter, when positive, is sent as the Retry-After header (seconds, RFC 9110 §10.2.3).
 	RetryAfter int
+	// NoRetry sends "x-should-retry: false", the header OpenAI's SDKs obey
+	// over their own retry rules: for an answer (a spent budget) that no
+	// retry can change although its status (429) is one they retry.
+	NoRetry bool
 	// Extra fields added inside the "error" object (e.g. "reasons" of a policy denial).
 	Extra map[string]any
 }
@@ -57,6 +61,9 @@ func (e *Error) Write(w http.ResponseWriter) {
 	h.Del("Content-Length")
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	if e.NoRetry {
+		h.Set(HeaderShouldRetry, "false")
 	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(e.Body())

@@ -43,6 +43,10 @@ type Request struct {
 	// ResponseFormat is response_format.type ("text", "json_object",
 	// "json_schema"); "" when unset.
 	ResponseFormat string
+	// ToolChoice is tool_choice as a word: "none", "auto", "required", or
+	// the type of an object choice ("function", "allowed_tools",
+	// "custom"); "" when unset.
+	ToolChoice string
 	// Messages is the number of chat messages.
 	Messages int
 	// TokenPrompts reports prompts or inputs given as token ids (arrays of
@@ -151,6 +155,8 @@ func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		err = r.prompts(root, "prompt")
 	case EndpointEmbeddings:
 		err = r.prompts(root, "input")
+	default:
+		err = InvalidRequest("", "The %s endpoint is translated to chat completions before validation.", ep)
 	}
 	if err != nil {
 		return nil, err
@@ -177,6 +183,15 @@ func (r *Request) chat(root gjson.Result) *Error {
 			return WrongType("logprobs", "a boolean", v)
 		}
 		r.Logprobs = v.Bool()
+	}
+	switch tc := root.Get("tool_choice"); {
+	case !tc.Exists() || tc.Type == gjson.Null:
+	case tc.Type == gjson.String:
+		r.ToolChoice = tc.Str
+	case tc.IsObject():
+		r.ToolChoice = tc.Get("type").String()
+	default:
+		return WrongType("tool_choice", "a string or an object", tc)
 	}
 	for _, list := range []struct{ path, name string }{{"tools", "function.name"}, {"functions", "name"}} {
 		t := root.Get(list.path)

@@ -360,7 +360,11 @@ func (p *Pipeline) send(rq *request, c route.Candidate, hold int) outcome {
 
 // note records a failed attempt and logs the fallback.
 func (rq *request) note(o outcome) {
-	rq.tried = append(rq.tried, failed{target: o.cand.Target.Name, err: o.failure, kind: o.kind})
+	f := failed{target: o.cand.Target.Name, err: o.failure, kind: o.kind}
+	if o.header != nil {
+		f.retryAfter = retryAfter(o.header.Get("Retry-After"))
+	}
+	rq.tried = append(rq.tried, f)
 	rq.track(&o, false)
 	rq.log.Warn("upstream failed, falling back", zap.String("target", o.cand.Target.Name), zap.String("decision_id", rq.dec.ID()),
 		zap.String("failure", string(o.kind)), zap.String("error", o.failure))

@@ -43,7 +43,7 @@ func (p *Pipeline) scored(rq *request, c route.Candidate, hold int) outcome {
 		return outcome{cand: c, kind: failRefused, failure: err.Error()}
 	}
 	ask := disp
-	if !rq.a.Logprobs() {
+	if !rq.a.Logprobs() && c.Target.Supports(route.CapLogprobs) { // a target without logprobs is not asked for them
 		if ask, err = disp.WithParam("logprobs", true); err != nil {
 			return outcome{cand: c, kind: failRefused, failure: "asking for logprobs: " + err.Error()}
 		}

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -48,6 +49,12 @@ func (p *Pipeline) setHeaders(rq *request, o *outcome) {
 // label names the answer in the metrics ("" for routed/fallback).
 func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 	body := o.body
+	if o.status/100 == 2 {
+		body = relay.NormaliseBody(answerOf(rq), body)
+	} else if o.status >= 400 {
+		body = relay.NormaliseError(o.status, body)
+		o.header.Set("Content-Type", "application/json")
+	}
 	if o.disp.Added("logprobs") {
 		body = relay.StripLogprobs(body)
 	}
@@ -74,13 +81,21 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 	p.observe(rq, o, label, body, nil)
 }
 
+// answerOf is what normalising rq's answer needs.
+func answerOf(rq *request) relay.Answer {
+	return relay.Answer{Endpoint: rq.a.Endpoint(), Model: rq.a.Model(), IncludeUsage: rq.a.IncludeUsage(), Created: time.Now().Unix()}
+}
+
 // deliverStream relays a held stream: Molly's headers, then the held
-// events and the rest, each chunk with its usage taken (and hidden from a
-// client that did not ask for it), logprobs the client did not ask for set
-// to null, placeholders restored; the usage is recorded before [DONE] is
-// written. A stream that breaks off ends with the stream_truncated error
-// event; upstream event:, id: and retry: lines are not passed on, comments
-// are. It returns the relay's error, if any.
+// events and the rest, each chunk with its usage taken (merged, and sent
+// in one last chunk only to a client that asked for it), normalised to the
+// spec's chunk shape (relay.Stream), logprobs the client did not ask for
+// set to null, placeholders restored; the usage is recorded before [DONE]
+// is written, and a stream that ended cleanly without [DONE] gets one. A
+// stream that breaks off ends with the stream_truncated error event;
+// upstream event:, id: and retry: lines are not passed on, comments are;
+// an event whose data is not JSON is dropped, logged and counted. It
+// returns the relay's error, if any.
 func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	h := o.stream
 	defer h.body.Close()
@@ -95,9 +110,29 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	if v, g := o.disp.Vault(), p.outputGuard(rq, o); v != nil || g != nil {
 		restore = relay.NewStreamRestore(v, g)
 	}
+	norm := relay.NewStream(answerOf(rq))
 	stripLP := o.disp.Added("logprobs")
 	var buf []byte
 	sawDone, sawFinish := false, h.ended
+	// tail is what goes before [DONE]: the usage recorded, the text still
+	// held back, the usage chunk.
+	tail := func() {
+		sawDone = true
+		o.meter.StreamEnd()
+		if restore != nil {
+			if extra := restore.Final(); extra != nil {
+				buf = relay.AppendData(buf, extra)
+			}
+		}
+		prompt, completion := 0, 0
+		if u := o.usage(); u != nil {
+			prompt, completion = u.PromptTokens, u.CompletionTokens
+		}
+		if fin := norm.Final(prompt, completion); fin != nil {
+			buf = relay.AppendData(buf, fin)
+		}
+		buf = relay.AppendData(buf, []byte("[DONE]"))
+	}
 	emit := func(ev relay.Event, counted bool) error {
 		buf = buf[:0]
 		for _, c := range ev.Comments {
@@ -105,14 +140,7 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		}
 		switch {
 		case ev.IsDone():
-			sawDone = true
-			o.meter.StreamEnd()
-			if restore != nil {
-				if extra := restore.Final(); extra != nil {
-					buf = relay.AppendData(buf, extra)
-				}
-			}
-			buf = relay.AppendData(buf, ev.Data)
+			tail()
 		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data):
 			data := ev.Data
 			var drop bool
@@ -122,6 +150,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 				data, drop = o.meter.Event(data)
 			}
 			if drop {
+				break
+			}
+			if data = norm.Chunk(data); data == nil {
 				break
 			}
 			if fr := gjson.GetBytes(data, "choices.#.finish_reason"); strings.Contains(fr.Raw, `"`) {
@@ -138,7 +169,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 			}
 			buf = relay.AppendData(buf, data)
 		case len(ev.Data) > 0:
-			rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.Int("bytes", len(ev.Data)))
+			p.Metrics.Malformed(o.cand.Target.Name, "not_json")
+			rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
+				zap.String("reason", "not_json"), zap.Int("bytes", len(ev.Data)))
 		}
 		if len(buf) == 0 {
 			return nil
@@ -164,6 +197,8 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	}
 	if rq.ctx.Err() != nil {
 		o.meter.StreamEnd()
+		rq.log.Info("client went away", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
+			zap.Bool("stream", true), zap.Duration("after", time.Since(rq.begin)))
 		p.observe(rq, o, "client_closed", nil, err)
 		return err
 	}
@@ -179,13 +214,30 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		p.observe(rq, o, "output_blocked", nil, nil)
 		return blocked
 	}
-	if err != nil && !(sawFinish || sawDone) {
+	if errors.Is(err, relay.ErrLineTooLong) {
+		p.Metrics.Malformed(o.cand.Target.Name, "line_too_long")
+		rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
+			zap.String("reason", "line_too_long"))
+	}
+	switch {
+	case sawDone:
+		err = nil
+	case sawFinish || h.done:
+		// Ended after its last choice finished, without [DONE]: end it as OpenAI does.
+		buf = buf[:0]
+		tail()
+		if _, werr := w.Write(buf); werr == nil {
+			_ = rc.Flush()
+		}
+		err = nil
+	default:
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
 		buf = relay.AppendEvent(buf[:0], relay.Event{Type: "error", Data: []byte(streamTruncated)}, false)
 		_, _ = w.Write(buf)
 		_ = rc.Flush()
 		err = fmt.Errorf("upstream stream ended early: %w", err)
-	} else {
-		err = nil
 	}
 	o.meter.StreamEnd()
 	rq.log.Info("routed", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.String("tier", o.cand.Target.Tier),

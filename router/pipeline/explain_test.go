@@ -198,7 +198,8 @@ func TestDecideSendsTheInputDocument(t *testing.T) {
 	delete(got["capability"].(map[string]any), "difficulty") // the estimator's value, asserted in router/capability
 	// "mail alice@example.com" 6 tokens + 6.
 	want := map[string]any{
-		"request":    map[string]any{"endpoint": "chat.completions", "model": "m", "stream": false, "tools": []any{}, "choices": 1.0},
+		"request": map[string]any{"endpoint": "chat.completions", "model": "m", "stream": false, "tools": []any{}, "choices": 1.0,
+			"api": "", "stored_conversation": false},
 		"capability": map[string]any{"task": "chat", "modalities": []any{"text"}, "prompt_tokens": 12.0, "max_tokens": 9.0, "tools": false},
 		"sovereignty": map[string]any{"sensitivity": "internal", "detected": "internal", "declared": "public", "findings": map[string]any{"EMAIL": 1.0},
 			"opaque": false, "unscanned": []any{}, "scan_failed": false, "residency": ""},

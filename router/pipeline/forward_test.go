@@ -101,10 +101,14 @@ func TestRoutesByPolicyAndObjective(t *testing.T) {
 	})
 	t.Run("a secret is refused when no T0 target exists", func(t *testing.T) {
 		r := post(t, chat, chatBody("key sk-proj-abcdefghijklmnopqrstuvwxyzABCDEF0123456789abcd"))
-		if r.status != 503 || gjson.Get(r.body, "error.code").String() != "no_target_available" || r.header.Get("Retry-After") != "1" {
+		// Nothing can change the decision: a 403 no SDK retries, with the policy's reasons.
+		if r.status != 403 || gjson.Get(r.body, "error.code").String() != "target_not_allowed" || r.header.Get("Retry-After") != "" {
 			t.Fatalf("status %d: %s", r.status, r.body)
 		}
-		want := "No allowed target is available for model `m` (lan: tier T1 not allowed by the policy; remote: tier T2 not allowed by the policy; cloud: tier T3 not allowed by the policy)."
+		if got, want := r.header.Get(HeaderRoute), "none; excluded lan: tier T1 not allowed by the policy; excluded remote: tier T2 not allowed by the policy; excluded cloud: tier T3 not allowed by the policy"; got != want {
+			t.Fatalf("X-Molly-Route = %q, want %q", got, want)
+		}
+		want := "No allowed target is available for model `m` (lan: tier T1 not allowed by the policy; remote: tier T2 not allowed by the policy; cloud: tier T3 not allowed by the policy). The policy decided: sensitivity restricted allows T0; SECRET detected 1 time(s)."
 		if got := gjson.Get(r.body, "error.message").String(); got != want {
 			t.Fatalf("message = %q\nwant      %q", got, want)
 		}
@@ -126,7 +130,7 @@ func TestRoutesByPolicyAndObjective(t *testing.T) {
 			t.Fatalf("completions: %d %s", r.status, r.body)
 		}
 		r = post(t, gw.URL+"/v1/embeddings", `{"model":"m","input":"embed"}`)
-		if r.status != 200 || gjson.Get(r.body, "data.0.embedding.#").Int() != 3 || gjson.Get(r.body, "model").String() != "gpt-up" {
+		if r.status != 200 || gjson.Get(r.body, "data.0.embedding.#").Int() != 3 || gjson.Get(r.body, "model").String() != "m" {
 			t.Fatalf("embeddings: %d %s", r.status, r.body)
 		}
 	})
@@ -373,7 +377,7 @@ func TestEngineTargetInProcess(t *testing.T) {
 	gw, p := startGateway(t, setup{engine: eng, targets: []*route.Target{{Name: "engine", Tier: "T0", Kind: route.KindEngine, Models: []string{"m=molly-demo"}}}})
 	t.Run("a restricted request is answered by the engine without a network hop", func(t *testing.T) {
 		r := post(t, gw.URL+"/v1/chat/completions", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"key sk-proj-abcdefghijklmnopqrstuvwxyzABCDEF0123456789abcd"}]}`)
-		if r.status != 200 || r.header.Get(HeaderTier) != "T0" || r.header.Get(HeaderTarget) != "engine" || gjson.Get(r.body, "model").String() != "molly-demo" {
+		if r.status != 200 || r.header.Get(HeaderTier) != "T0" || r.header.Get(HeaderTarget) != "engine" || gjson.Get(r.body, "model").String() != "m" {
 			t.Fatalf("status %d tier %q: %s", r.status, r.header.Get(HeaderTier), r.body)
 		}
 		if n := gjson.Get(r.body, "usage.completion_tokens").Int(); n < 1 || n > 4 {

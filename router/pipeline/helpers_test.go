@@ -23,6 +23,7 @@ import (
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/relay"
 	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
 )
@@ -173,21 +174,23 @@ func streamBody(prompt string, logprobs bool) string {
 	return `{"model":"m","stream":true,` + lp + `"messages":[{"role":"user","content":"` + prompt + `"}]}`
 }
 
-// sseContent joins the content deltas of an SSE body that ends with [DONE].
+// sseContent joins the content deltas of an SSE body that ends with
+// [DONE], read with the relay's decoder.
 func sseContent(t *testing.T, body string) string {
 	t.Helper()
 	var b strings.Builder
 	done := false
-	for _, line := range strings.Split(body, "\n") {
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok {
-			continue
+	d := relay.NewDecoder(strings.NewReader(body))
+	for {
+		ev, err := d.Next()
+		if err != nil {
+			break
 		}
-		if data == "[DONE]" {
+		if ev.IsDone() {
 			done = true
 			continue
 		}
-		b.WriteString(gjson.Get(data, "choices.0.delta.content").String())
+		b.WriteString(gjson.GetBytes(ev.Data, "choices.0.delta.content").String())
 	}
 	if !done {
 		t.Fatalf("stream without [DONE]: %s", body)

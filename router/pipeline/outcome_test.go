@@ -62,8 +62,8 @@ func TestEveryRequestEndsInOneOutcome(t *testing.T) {
 		t.Fatalf("status %d, outcomes %+v", r.status, got)
 	}
 
-	r = post(t, url, chatBody("my key is AKIAIOSFODNN7EXAMPLE")) // restricted: T0 only, none here
-	if got = rec.take(); len(got) != 1 || got[0].Label != "failed" || got[0].Status != 503 || got[0].Answered != -1 || got[0].Sensitivity != "restricted" {
+	r = post(t, url, chatBody("my key is AKIAIOSFODNN7EXAMPLE")) // restricted: T0 only, none here: no retry helps
+	if got = rec.take(); len(got) != 1 || got[0].Label != "no_target" || got[0].Status != 403 || got[0].Answered != -1 || got[0].Sensitivity != "restricted" {
 		t.Fatalf("status %d, outcomes %+v", r.status, got)
 	}
 }

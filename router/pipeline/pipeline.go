@@ -137,6 +137,8 @@ type failed struct {
 	target string
 	err    string
 	kind   failure
+	// retryAfter is the upstream's Retry-After in seconds (0: none).
+	retryAfter int
 }
 
 // Serve answers the request decided by d: the model listing, or the plan's
@@ -150,6 +152,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 			Message: "The policy decision does not belong to this request."}
 	}
 	w.Header().Set(HeaderDecisionID, dec.ID())
+	openai.RequestID(w, r)
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
 	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
 	if a.Endpoint() == openai.EndpointModels {
@@ -199,7 +202,7 @@ func (p *Pipeline) serve(rq *request) error {
 		err = p.single(rq, rq.plan.Candidates)
 	}
 	var ae *openai.Error
-	if errors.As(err, &ae) && ae.Code == "no_target_available" {
+	if errors.As(err, &ae) && everyAttemptFailed(ae) {
 		p.Metrics.Unrouted(a, "failed")
 	}
 	return err
@@ -230,7 +233,12 @@ func (p *Pipeline) plan(rq *request, h http.Header, cfg route.Config) error {
 	}
 	if len(rq.plan.Candidates) == 0 {
 		p.Metrics.Unrouted(a, "no_target")
-		return noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+		rq.w.Header().Set(HeaderRoute, route.ExcludedHeader(rq.plan.Excluded))
+		e := noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+		if e.Status == http.StatusForbidden && len(rq.dec.Reasons()) > 0 {
+			e.Message += " The policy decided: " + strings.Join(rq.dec.Reasons(), "; ") + "."
+		}
+		return e
 	}
 	return nil
 }
@@ -252,9 +260,13 @@ func labelOf(err error) string {
 		}
 		return ""
 	}
-	switch ae.Code {
-	case "no_target_available":
+	switch {
+	case everyAttemptFailed(ae):
 		return "failed"
+	case unroutableCodes[ae.Code]:
+		return "no_target"
+	}
+	switch ae.Code {
 	case "model_not_found":
 		return "model_not_found"
 	case "insufficient_quota", "rate_limit_exceeded":
@@ -330,21 +342,6 @@ func (p *Pipeline) reserve(rq *request) error {
 	}
 	rq.release = release
 	return nil
-}
-
-func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Error {
-	var parts []string
-	for _, e := range excluded {
-		parts = append(parts, e.String())
-	}
-	for _, t := range tried {
-		parts = append(parts, t.target+": "+t.err)
-	}
-	if len(parts) > 0 {
-		msg += " (" + strings.Join(parts, "; ") + ")"
-	}
-	return &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
-		Message: msg + ".", RetryAfter: 1}
 }
 
 type decidedKey struct{}

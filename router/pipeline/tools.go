@@ -110,7 +110,10 @@ func (p *Pipeline) toolLoop(rq *request) error {
 	steps := p.Strategies.Steps()
 	for _, c := range rq.plan.Candidates {
 		specs := p.offered(rq.ctx, rq.id, c.Target.Tier)
-		if len(specs) == 0 { // nothing may be offered to this tier: a plain attempt
+		if !c.Target.Supports(route.CapTools) {
+			specs = nil // a target without tools is not offered any
+		}
+		if len(specs) == 0 { // nothing may be offered to this tier (or target): a plain attempt
 			o := p.send(rq, c, 0)
 			if o.kind == failClientGone {
 				return p.clientGone(rq, &o)

@@ -6,7 +6,6 @@
 package relay
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -38,106 +37,154 @@ const MaxLine = 8 << 20
 // ErrLineTooLong is returned for a line over MaxLine bytes.
 var ErrLineTooLong = errors.New("event stream line over the length limit")
 
-// Decoder reads events from a stream. Lines end with LF, CRLF or a bare
-// CR, a CRLF pair may be split across reads; "data:" with or without the
-// space; several data lines make one multi-line data; unknown fields are
-// ignored; a blank line dispatches the event (an event with no data
-// field is not dispatched and its type is dropped, but its comments are
-// kept for the next one). At the end of the stream an unterminated event
-// is discarded, as the standard says.
-type Decoder struct {
-	r       *bufio.Reader
+// Parser is the event-stream decoder: bytes in, as they arrive (in any
+// pieces), events out. Lines end with LF, CRLF or a bare CR, and a CRLF
+// pair may be split across writes; "data:" with or without the space;
+// several data lines make one multi-line data; unknown fields are ignored;
+// a blank line dispatches the event (an event with no data field is not
+// dispatched and its type is dropped, but its comments are kept for the
+// next one); a line over MaxLine bytes is an error. Decoder reads a stream
+// through one; a writer that is handed a stream (a response translated on
+// its way out) feeds one directly. The zero value is ready.
+type Parser struct {
 	lastCR  bool // the previous line ended with CR: a following LF belongs to it
 	line    []byte
 	pending Event
 	hasData bool
 }
 
-// NewDecoder returns a decoder reading r.
-func NewDecoder(r io.Reader) *Decoder {
-	return &Decoder{r: bufio.NewReaderSize(r, 64<<10)}
-}
-
-// Buffered returns the bytes read from the source but not yet decoded.
-func (d *Decoder) Buffered() int { return d.r.Buffered() }
-
-// Next returns the next event. At the end of the stream it returns io.EOF
-// (io.ErrUnexpectedEOF when it ended inside an event); a read error is
-// returned as it is.
-func (d *Decoder) Next() (Event, error) {
-	for {
-		line, err := d.readLine()
-		if err != nil {
-			if err == io.EOF && (d.hasData || len(d.line) > 0) {
-				err = io.ErrUnexpectedEOF
-			}
-			return Event{}, err
-		}
-		if len(line) == 0 {
-			if !d.hasData {
-				d.pending.Type = "" // the standard empties the event type buffer too
+// Write parses b and calls emit with each event dispatched, in order. It
+// returns emit's first error, or ErrLineTooLong; the parser keeps what
+// follows an unterminated line for the next Write.
+func (p *Parser) Write(b []byte, emit func(Event) error) error {
+	for len(b) > 0 {
+		if p.lastCR {
+			p.lastCR = false
+			if b[0] == '\n' && len(p.line) == 0 {
+				b = b[1:] // the LF of a CRLF split across writes
 				continue
 			}
-			ev := d.pending
-			d.pending = Event{ID: ev.ID, HasID: ev.HasID}
-			d.hasData = false
-			if n := len(ev.Data); n > 0 && ev.Data[n-1] == '\n' {
-				ev.Data = ev.Data[:n-1]
+		}
+		i := bytes.IndexAny(b, "\r\n")
+		if i < 0 {
+			if len(p.line)+len(b) > MaxLine {
+				return ErrLineTooLong
 			}
-			return ev, nil
+			p.line = append(p.line, b...)
+			return nil
 		}
-		if line[0] == ':' {
-			d.pending.Comments = append(d.pending.Comments, string(bytes.TrimPrefix(line[1:], []byte(" "))))
-			continue
+		if len(p.line)+i > MaxLine {
+			return ErrLineTooLong
 		}
-		name, value, found := bytes.Cut(line, []byte(":"))
-		if found && len(value) > 0 && value[0] == ' ' {
-			value = value[1:]
-		}
-		switch string(name) {
-		case "data":
-			d.pending.Data = append(append(d.pending.Data, value...), '\n')
-			d.hasData = true
-		case "event":
-			d.pending.Type = string(value)
-		case "id":
-			if bytes.IndexByte(value, 0) < 0 {
-				d.pending.ID, d.pending.HasID = string(value), true
-			}
-		case "retry":
-			if n, err := strconv.Atoi(string(value)); err == nil && n >= 0 {
-				d.pending.Retry = n
+		p.line = append(p.line, b[:i]...)
+		p.lastCR = b[i] == '\r'
+		b = b[i+1:]
+		ev, ok := p.endLine()
+		p.line = p.line[:0]
+		if ok {
+			if err := emit(ev); err != nil {
+				return err
 			}
 		}
 	}
+	return nil
 }
 
-// readLine returns the next line without its terminator.
-func (d *Decoder) readLine() ([]byte, error) {
-	d.line = d.line[:0]
-	for {
-		b, err := d.r.ReadByte()
-		if err != nil {
-			return nil, err
+// End reports how the stream ended: io.EOF after a whole event, or
+// io.ErrUnexpectedEOF when it ended inside an event or a line, which is
+// discarded, as the standard says.
+func (p *Parser) End() error {
+	if p.hasData || len(p.line) > 0 {
+		return io.ErrUnexpectedEOF
+	}
+	return io.EOF
+}
+
+// endLine interprets the complete line p.line; ok when it dispatches ev.
+func (p *Parser) endLine() (ev Event, ok bool) {
+	line := p.line
+	if len(line) == 0 {
+		if !p.hasData {
+			p.pending.Type = "" // the standard empties the event type buffer too
+			return Event{}, false
 		}
-		if d.lastCR {
-			d.lastCR = false
-			if b == '\n' && len(d.line) == 0 {
-				continue // the LF of a CRLF split across lines
+		ev = p.pending
+		p.pending = Event{ID: ev.ID, HasID: ev.HasID}
+		p.hasData = false
+		if n := len(ev.Data); n > 0 && ev.Data[n-1] == '\n' {
+			ev.Data = ev.Data[:n-1]
+		}
+		return ev, true
+	}
+	if line[0] == ':' {
+		p.pending.Comments = append(p.pending.Comments, string(bytes.TrimPrefix(line[1:], []byte(" "))))
+		return Event{}, false
+	}
+	name, value, found := bytes.Cut(line, []byte(":"))
+	if found && len(value) > 0 && value[0] == ' ' {
+		value = value[1:]
+	}
+	switch string(name) {
+	case "data":
+		p.pending.Data = append(append(p.pending.Data, value...), '\n')
+		p.hasData = true
+	case "event":
+		p.pending.Type = string(value)
+	case "id":
+		if bytes.IndexByte(value, 0) < 0 {
+			p.pending.ID, p.pending.HasID = string(value), true
+		}
+	case "retry":
+		if n, err := strconv.Atoi(string(value)); err == nil && n >= 0 {
+			p.pending.Retry = n
+		}
+	}
+	return Event{}, false
+}
+
+// Decoder reads events from a stream with a Parser. At the end of the
+// stream an unterminated event is discarded.
+type Decoder struct {
+	r      io.Reader
+	p      Parser
+	buf    []byte
+	queue  []Event // parsed, not yet returned
+	err    error   // the read error or end, once seen
+	failed error   // a parse error: the stream is unusable from here
+}
+
+// NewDecoder returns a decoder reading r.
+func NewDecoder(r io.Reader) *Decoder {
+	return &Decoder{r: r, buf: make([]byte, 32<<10)}
+}
+
+// Next returns the next event. At the end of the stream it returns io.EOF
+// (io.ErrUnexpectedEOF when it ended inside an event), ErrLineTooLong for
+// a line over MaxLine; a read error is returned as it is.
+func (d *Decoder) Next() (Event, error) {
+	for len(d.queue) == 0 {
+		if d.failed != nil {
+			return Event{}, d.failed
+		}
+		if d.err != nil {
+			if d.err == io.EOF {
+				return Event{}, d.p.End()
+			}
+			return Event{}, d.err
+		}
+		n, err := d.r.Read(d.buf)
+		if n > 0 {
+			if perr := d.p.Write(d.buf[:n], func(ev Event) error { d.queue = append(d.queue, ev); return nil }); perr != nil {
+				d.failed = perr
 			}
 		}
-		switch b {
-		case '\n':
-			return d.line, nil
-		case '\r':
-			d.lastCR = true
-			return d.line, nil
+		if err != nil {
+			d.err = err
 		}
-		if len(d.line) >= MaxLine {
-			return nil, ErrLineTooLong
-		}
-		d.line = append(d.line, b)
 	}
+	ev := d.queue[0]
+	d.queue = d.queue[1:]
+	return ev, nil
 }
 
 // AppendEvent appends the encoding of ev to dst: "event:" when Type is set

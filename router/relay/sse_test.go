@@ -149,3 +149,25 @@ func TestAppendEvent(t *testing.T) {
 		}
 	})
 }
+
+func TestParserFedInAnyPiecesDecodesTheSame(t *testing.T) {
+	stream := "data: a\r\n\r\n: note\revent: x\rdata: b\r\rid: 3\ndata:c\ndata: d\n\n"
+	want, _ := decodeAll(strings.NewReader(stream))
+	if len(want) != 3 {
+		t.Fatalf("%d events from the whole stream", len(want))
+	}
+	for cut := 0; cut <= len(stream); cut++ {
+		var p Parser
+		var got []Event
+		collect := func(ev Event) error { got = append(got, ev); return nil }
+		if err := p.Write([]byte(stream[:cut]), collect); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Write([]byte(stream[cut:]), collect); err != nil {
+			t.Fatal(err)
+		}
+		if !sameEvents(got, want) || p.End() != io.EOF {
+			t.Fatalf("cut at %d: %+v, want %+v", cut, got, want)
+		}
+	}
+}

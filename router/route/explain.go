@@ -50,6 +50,18 @@ func RouteHeader(chosen Candidate, cands []Candidate, excluded []Exclusion) stri
 	return b.String()
 }
 
+// ExcludedHeader is the X-Molly-Route value of a request no candidate was
+// left for: "none", then "; excluded <target>: <reason>" for each
+// excluded target, as in RouteHeader.
+func ExcludedHeader(excluded []Exclusion) string {
+	var b strings.Builder
+	b.WriteString("none")
+	for _, e := range excluded {
+		fmt.Fprintf(&b, "; excluded %s: %s", e.Target, headerSafe(e.Reason))
+	}
+	return b.String()
+}
+
 // headerSafe keeps a reason printable ASCII for a header value.
 func headerSafe(s string) string {
 	var b strings.Builder

@@ -45,6 +45,53 @@ type Candidate struct {
 type Exclusion struct {
 	Target string `json:"target"`
 	Reason string `json:"reason"`
+	// Kind is what kind of constraint removed it, which decides the
+	// status of a request no target is left for (pipeline); Need is the
+	// missing capability of a KindCapability exclusion.
+	Kind ExclusionKind `json:"-"`
+	Need string        `json:"-"`
+}
+
+// ExclusionKind classifies exclusions.
+type ExclusionKind string
+
+// Exclusion kinds.
+const (
+	ExcludedPolicy     ExclusionKind = "policy"     // tier, region or cost limit of the decision
+	ExcludedEndpoint   ExclusionKind = "endpoint"   // the target does not serve the endpoint
+	ExcludedModality   ExclusionKind = "modality"   // an input modality the target does not accept
+	ExcludedCapability ExclusionKind = "capability" // a capability the request needs (Needs)
+	ExcludedContext    ExclusionKind = "context"    // the prompt and completion do not fit the context window
+	ExcludedCost       ExclusionKind = "cost"       // over the client's X-Molly-Max-Cost
+	ExcludedBudget     ExclusionKind = "budget"     // over the caller's remaining budget
+)
+
+// Needs lists the capabilities request a needs from a target, in
+// AllCapabilities order: CapTools for declared tools (unless tool_choice
+// is "none") and for tool turns in the conversation, CapJSONSchema for
+// response_format json_schema or json_object, CapLogprobs for logprobs.
+// Modalities and endpoints are checked on their own (Target.Modalities,
+// Target.Endpoints).
+func Needs(a *classify.Annotation) []string {
+	var out []string
+	r := a.Request()
+	if (len(r.Tools) > 0 && r.ToolChoice != "none") || r.ToolTurns {
+		out = append(out, CapTools)
+	}
+	if r.ResponseFormat == "json_schema" || r.ResponseFormat == "json_object" {
+		out = append(out, CapJSONSchema)
+	}
+	if r.Logprobs {
+		out = append(out, CapLogprobs)
+	}
+	return out
+}
+
+// needWhy says what in the request needs capability c.
+var needWhy = map[string]string{
+	CapTools:      "the request uses tools",
+	CapJSONSchema: "the request sets response_format",
+	CapLogprobs:   "the request asks for logprobs",
 }
 
 func (e Exclusion) String() string { return e.Target + ": " + e.Reason }
@@ -74,6 +121,7 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 	maxCost, capped := d.MaxCostUSD()
 	w := s.Prefer.weights(s.Weights)
 	out := CompletionTokens(a)
+	needs := Needs(a)
 	for _, t := range c.targets {
 		up, ok := t.upstream(a.Model())
 		if !ok {
@@ -81,25 +129,37 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 		}
 		known = true
 		cost := (float64(a.PromptTokens())*t.PriceIn + float64(out)*t.PriceOut) / 1e6
-		var why string
+		var why, need string
+		var kind ExclusionKind
+		missing := func() string {
+			for _, n := range needs {
+				if !t.Supports(n) {
+					return n
+				}
+			}
+			return ""
+		}
 		switch {
 		case !d.AllowsTier(t.Tier):
-			why = fmt.Sprintf("tier %s not allowed by the policy", t.Tier)
+			why, kind = fmt.Sprintf("tier %s not allowed by the policy", t.Tier), ExcludedPolicy
 		case !RegionAllowed(d, t):
-			why = fmt.Sprintf("region %q outside the allowed regions %s", t.Region, strings.Join(d.Regions(), ","))
+			why, kind = fmt.Sprintf("region %q outside the allowed regions %s", t.Region, strings.Join(d.Regions(), ",")), ExcludedPolicy
 		case len(t.Endpoints) > 0 && !slices.Contains(t.Endpoints, string(a.Endpoint())):
-			why = fmt.Sprintf("does not serve %s (serves %s)", a.Endpoint(), strings.Join(t.Endpoints, ", "))
+			why, kind = fmt.Sprintf("does not serve %s (serves %s)", a.Endpoint(), strings.Join(t.Endpoints, ", ")), ExcludedEndpoint
 		case !modalitiesOK(a.Modalities(), t.Modalities):
-			why = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities(), ","))
+			why, kind = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities(), ",")), ExcludedModality
+		case missing() != "":
+			need = missing()
+			why, kind = fmt.Sprintf("does not support %s (%s)", need, needWhy[need]), ExcludedCapability
 		case t.MaxContext > 0 && a.PromptTokens()+a.MaxTokens() > t.MaxContext:
-			why = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens()+a.MaxTokens())
+			why, kind = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens()+a.MaxTokens()), ExcludedContext
 		case capped && cost > maxCost:
-			why = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost)
+			why, kind = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost), ExcludedPolicy
 		case s.HasMaxCost && cost > s.MaxCostUSD:
-			why = fmt.Sprintf("expected cost %.6f USD over X-Molly-Max-Cost %.6f", cost, s.MaxCostUSD)
+			why, kind = fmt.Sprintf("expected cost %.6f USD over X-Molly-Max-Cost %.6f", cost, s.MaxCostUSD), ExcludedCost
 		}
 		if why != "" {
-			excluded = append(excluded, Exclusion{Target: t.Name, Reason: why})
+			excluded = append(excluded, Exclusion{Target: t.Name, Reason: why, Kind: kind, Need: need})
 			continue
 		}
 		lat := t.LatencyMS / 1000
@@ -162,7 +222,7 @@ func withinBudget(cands []Candidate, excluded []Exclusion, remaining float64) ([
 			continue
 		}
 		if !slices.ContainsFunc(excluded, func(e Exclusion) bool { return e.Target == c.Target.Name }) {
-			excluded = append(excluded, Exclusion{Target: c.Target.Name,
+			excluded = append(excluded, Exclusion{Target: c.Target.Name, Kind: ExcludedBudget,
 				Reason: fmt.Sprintf("expected cost %.6f USD over the remaining budget %.6f", c.CostUSD, remaining)})
 		}
 	}

@@ -83,28 +83,28 @@ func TestRank(t *testing.T) {
 			[]ranked{rCloud, rLAN, rLocal}, nil},
 		{"a tier the policy does not allow is excluded",
 			allow([]string{"T0", "T1", "T2"}, nil), nil, nil, DefaultWeights,
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "tier T3 not allowed by the policy"}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "tier T3 not allowed by the policy", ExcludedPolicy, ""}}},
 		{"a denial excludes every target",
 			map[string]any{"allow": false, "tiers": []any{"T0"}, "reasons": []any{"no"}}, nil, nil, DefaultWeights,
-			nil, []Exclusion{{"local", "tier T0 not allowed by the policy"}, {"lan", "tier T1 not allowed by the policy"}, {"cloud", "tier T3 not allowed by the policy"}}},
+			nil, []Exclusion{{"local", "tier T0 not allowed by the policy", ExcludedPolicy, ""}, {"lan", "tier T1 not allowed by the policy", ExcludedPolicy, ""}, {"cloud", "tier T3 not allowed by the policy", ExcludedPolicy, ""}}},
 		{"a region outside the decision's regions is excluded",
 			allow(allTiers, map[string]any{"regions": []any{"EU", "local"}}), nil, nil, DefaultWeights,
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", `region "US" outside the allowed regions EU,local`}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", `region "US" outside the allowed regions EU,local`, ExcludedPolicy, ""}}},
 		{"a target in the decision's region stays",
 			allow(allTiers, map[string]any{"regions": []any{"US"}}), nil, nil, DefaultWeights,
-			[]ranked{rCloud}, []Exclusion{{"local", `region "local" outside the allowed regions US`}, {"lan", `region "local" outside the allowed regions US`}}},
+			[]ranked{rCloud}, []Exclusion{{"local", `region "local" outside the allowed regions US`, ExcludedPolicy, ""}, {"lan", `region "local" outside the allowed regions US`, ExcludedPolicy, ""}}},
 		{"a target without the request's modality is excluded",
 			allow(allTiers, nil), func(r *request) { r.image = true }, func(ts []*Target) { ts[2].Modalities = []string{"text", "image"} }, DefaultWeights,
-			[]ranked{rCloud}, []Exclusion{{"local", "accepts text, request needs text,image"}, {"lan", "accepts text, request needs text,image"}}},
+			[]ranked{rCloud}, []Exclusion{{"local", "accepts text, request needs text,image", ExcludedModality, ""}, {"lan", "accepts text, request needs text,image", ExcludedModality, ""}}},
 		{"a context window smaller than prompt plus completion is excluded",
 			allow(allTiers, nil), nil, func(ts []*Target) { ts[2].MaxContext = 1499; ts[1].MaxContext = 1500 }, DefaultWeights,
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "context window 1499 tokens < 1500 needed"}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "context window 1499 tokens < 1500 needed", ExcludedContext, ""}}},
 		{"a target that does not serve the endpoint is excluded",
 			allow(allTiers, nil), nil, func(ts []*Target) { ts[1].Endpoints = []string{"embeddings"} }, DefaultWeights,
-			[]ranked{rCloud, rLocal}, []Exclusion{{"lan", "does not serve chat.completions (serves embeddings)"}}},
+			[]ranked{rCloud, rLocal}, []Exclusion{{"lan", "does not serve chat.completions (serves embeddings)", ExcludedEndpoint, ""}}},
 		{"an expected cost over max_cost_usd is excluded",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.005}), nil, nil, DefaultWeights,
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.012500 USD over the policy limit 0.005000"}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.012500 USD over the policy limit 0.005000", ExcludedPolicy, ""}}},
 		{"a cost equal to max_cost_usd is allowed",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.0125}), nil, nil, DefaultWeights,
 			[]ranked{rCloud, rLAN, rLocal}, nil},
@@ -183,7 +183,7 @@ func TestRankUnknownModel(t *testing.T) {
 	r.model = "big" // served by lan only, which the decision excludes
 	a = annotate(t, nil, r)
 	cands, excluded, known = c.Rank(a, decision(t, a, allow([]string{"T0"}, nil)), DefaultWeights)
-	if !known || len(cands) != 0 || !reflect.DeepEqual(excluded, []Exclusion{{"lan", "tier T1 not allowed by the policy"}}) {
+	if !known || len(cands) != 0 || !reflect.DeepEqual(excluded, []Exclusion{{"lan", "tier T1 not allowed by the policy", ExcludedPolicy, ""}}) {
 		t.Fatalf("Rank = %v, %v, %v; want lan excluded and known = true", cands, excluded, known)
 	}
 }
@@ -198,13 +198,13 @@ func TestRankWithOverrides(t *testing.T) {
 	}{
 		{"X-Molly-Max-Cost below the cloud's expected cost excludes it",
 			allow(allTiers, nil), Overrides{MaxCostUSD: 0.005, HasMaxCost: true},
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.012500 USD over X-Molly-Max-Cost 0.005000"}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.012500 USD over X-Molly-Max-Cost 0.005000", ExcludedCost, ""}}},
 		{"X-Molly-Max-Cost 0 keeps the free targets only",
 			allow(allTiers, nil), Overrides{HasMaxCost: true},
-			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over X-Molly-Max-Cost 0.000000"}, {"cloud", "expected cost 0.012500 USD over X-Molly-Max-Cost 0.000000"}}},
+			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over X-Molly-Max-Cost 0.000000", ExcludedCost, ""}, {"cloud", "expected cost 0.012500 USD over X-Molly-Max-Cost 0.000000", ExcludedCost, ""}}},
 		{"the policy's max_cost_usd is checked before the header's",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.001}), Overrides{MaxCostUSD: 1, HasMaxCost: true},
-			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over the policy limit 0.001000"}, {"cloud", "expected cost 0.012500 USD over the policy limit 0.001000"}}},
+			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over the policy limit 0.001000", ExcludedPolicy, ""}, {"cloud", "expected cost 0.012500 USD over the policy limit 0.001000", ExcludedPolicy, ""}}},
 		{"prefer best orders by quality alone",
 			allow(allTiers, nil), Overrides{Prefer: PreferBest},
 			[]ranked{withScore(rCloud, 0.9), withScore(rLAN, 0.7), withScore(rLocal, 0.6)}, nil},
@@ -216,7 +216,7 @@ func TestRankWithOverrides(t *testing.T) {
 			[]ranked{withScore(rLAN, 0.63-0.1), withScore(rLocal, 0.5), withScore(rCloud, 0.75-0.3)}, nil},
 		{"prefer local does not lift a tier the policy excluded",
 			allow([]string{"T3"}, nil), Overrides{Prefer: PreferLocal},
-			[]ranked{withScore(rCloud, 0.75-0.3)}, []Exclusion{{"local", "tier T0 not allowed by the policy"}, {"lan", "tier T1 not allowed by the policy"}}},
+			[]ranked{withScore(rCloud, 0.75-0.3)}, []Exclusion{{"local", "tier T0 not allowed by the policy", ExcludedPolicy, ""}, {"lan", "tier T1 not allowed by the policy", ExcludedPolicy, ""}}},
 	}
 	a := annotate(t, nil, rankRequest())
 	for _, tt := range tests {
@@ -299,11 +299,11 @@ func TestSelectionHonoursTheRemainingBudget(t *testing.T) {
 	}{
 		{"without a budget every allowed candidate stays", []string{"T1", "T2", "T3"}, false, 0, []string{"cloud", "remote", "lan"}, nil},
 		{"a budget under cloud's expected cost excludes cloud", []string{"T1", "T2", "T3"}, true, 0.0001, []string{"remote", "lan"},
-			[]Exclusion{{"cloud", "expected cost 0.000270 USD over the remaining budget 0.000100"}}},
+			[]Exclusion{{"cloud", "expected cost 0.000270 USD over the remaining budget 0.000100", ExcludedBudget, ""}}},
 		{"a budget under every paid candidate leaves the free one", []string{"T1", "T2", "T3"}, true, 0.00001, []string{"lan"},
-			[]Exclusion{{"remote", "expected cost 0.000027 USD over the remaining budget 0.000010"}, {"cloud", "expected cost 0.000270 USD over the remaining budget 0.000010"}}},
+			[]Exclusion{{"remote", "expected cost 0.000027 USD over the remaining budget 0.000010", ExcludedBudget, ""}, {"cloud", "expected cost 0.000270 USD over the remaining budget 0.000010", ExcludedBudget, ""}}},
 		{"a budget no candidate fits keeps them all, for the ledger to refuse", []string{"T2", "T3"}, true, 0.00001, []string{"cloud", "remote"},
-			[]Exclusion{{"lan", "tier T1 not allowed by the policy"}}},
+			[]Exclusion{{"lan", "tier T1 not allowed by the policy", ExcludedPolicy, ""}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -478,9 +478,9 @@ func TestRouteHeader(t *testing.T) {
 		{"the first choice names the runner-up", cands[0], cands, nil, "cloud/gpt-m score=0.7500; runner-up lan/m score=0.6300"},
 		{"a fallback says so and names the best other candidate", cands[1], cands, nil, "lan/m score=0.6300; runner-up cloud/gpt-m score=0.7500; fallback"},
 		{"a lone candidate has no runner-up", cands[2], cands[2:], nil, "local/local-m score=0.5000; runner-up none"},
-		{"excluded targets end the header with their reasons", cands[1], cands[1:], []Exclusion{{"cloud", "tier T3 not allowed by the policy"}, {"eu", `region "EU" outside the allowed regions local`}},
+		{"excluded targets end the header with their reasons", cands[1], cands[1:], []Exclusion{{"cloud", "tier T3 not allowed by the policy", ExcludedPolicy, ""}, {"eu", `region "EU" outside the allowed regions local`, ExcludedPolicy, ""}},
 			`lan/m score=0.6300; runner-up local/local-m score=0.5000; excluded cloud: tier T3 not allowed by the policy; excluded eu: region "EU" outside the allowed regions local`},
-		{"a reason outside printable ASCII is made safe for a header", cands[2], cands[2:], []Exclusion{{"x", "région\r\nX-Evil: 1"}},
+		{"a reason outside printable ASCII is made safe for a header", cands[2], cands[2:], []Exclusion{{Target: "x", Reason: "région\r\nX-Evil: 1"}},
 			"local/local-m score=0.5000; runner-up none; excluded x: r?gion??X-Evil: 1"},
 	}
 	for _, tt := range tests {
@@ -502,7 +502,7 @@ func TestDescribe(t *testing.T) {
 		"lan/m q=0.6500 (learned 3) cost=0.000000 lat=0.000 score=0.0000"; got != want {
 		t.Fatalf("Describe = %q, want %q", got, want)
 	}
-	if !strings.HasPrefix(Exclusion{"a", "b"}.String(), "a: b") {
+	if !strings.HasPrefix(Exclusion{Target: "a", Reason: "b"}.String(), "a: b") {
 		t.Fatal("Exclusion.String")
 	}
 }

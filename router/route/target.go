@@ -55,10 +55,57 @@ type Target struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 	// TimeoutMS bounds connecting plus waiting for response headers; default 30000.
 	TimeoutMS int `json:"timeout_ms,omitempty"`
+	// Capabilities the target has beyond text in and text out (CapTools,
+	// CapJSONSchema, CapVision, CapAudio, CapEmbeddings, CapLogprobs).
+	// Empty for kind openai: every capability is assumed (the upstream
+	// refuses what it cannot do itself, and its 400 reaches the client);
+	// once declared, exactly these. A kind engine target has what the
+	// engine implements (EngineCapabilities), narrowed to this list when
+	// one is declared. vision and audio admit the image and audio
+	// modalities; a target without embeddings does not serve that endpoint.
+	Capabilities []string `json:"capabilities,omitempty"`
 
 	models map[string]string // client name → upstream name
 	engine Engine            // kind engine: also every model the engine serves now
+	caps   map[string]bool   // nil: every capability
 }
+
+// Capabilities a target may have (Target.Capabilities) and a request may
+// need (Needs).
+const (
+	CapTools      = "tools"       // function tools, tool_choice, tool turns in the conversation
+	CapJSONSchema = "json_schema" // response_format json_schema and json_object (structured output)
+	CapVision     = "vision"      // image inputs
+	CapAudio      = "audio"       // audio inputs
+	CapEmbeddings = "embeddings"  // POST /v1/embeddings
+	CapLogprobs   = "logprobs"    // token log-probabilities
+)
+
+// AllCapabilities lists every capability name.
+var AllCapabilities = []string{CapTools, CapJSONSchema, CapVision, CapAudio, CapEmbeddings, CapLogprobs}
+
+// DefaultEngineCapabilities is what the T0 engine is taken to implement
+// when it does not say (CapabilityReporter): log-probabilities, and no
+// tools, structured output or embeddings.
+var DefaultEngineCapabilities = []string{CapLogprobs}
+
+// CapabilityReporter is implemented by an Engine that says what it
+// implements: capability names as in AllCapabilities.
+type CapabilityReporter interface {
+	Capabilities() []string
+}
+
+// EngineCapabilities is what engine implements: its own report, else
+// DefaultEngineCapabilities.
+func EngineCapabilities(engine Engine) []string {
+	if r, ok := engine.(CapabilityReporter); ok {
+		return r.Capabilities()
+	}
+	return DefaultEngineCapabilities
+}
+
+// Supports reports whether t has capability c.
+func (t *Target) Supports(c string) bool { return t.caps == nil || t.caps[c] }
 
 // Engine is the in-process T0 engine as routing sees it: the model names
 // it serves now (base and "<base>:<adapter>"). Calling it is egress's job.
@@ -127,6 +174,11 @@ func (t *Target) Validate() error {
 			return fmt.Errorf("target %s: endpoint kind %q must be chat.completions, completions or embeddings", t.Name, ep)
 		}
 	}
+	for _, c := range t.Capabilities {
+		if !slices.Contains(AllCapabilities, c) {
+			return fmt.Errorf("target %s: capability %q must be one of %s", t.Name, c, strings.Join(AllCapabilities, ", "))
+		}
+	}
 	for cat, q := range t.Quality {
 		if q < 0 || q > 1 {
 			return fmt.Errorf("target %s: quality %s = %v must be in [0,1]", t.Name, cat, q)
@@ -158,6 +210,7 @@ func (t *Target) provision(engine Engine) error {
 	if len(t.Modalities) == 0 {
 		t.Modalities = []string{"text"}
 	}
+	caps := t.Capabilities
 	if t.Kind == KindEngine {
 		if engine == nil {
 			return fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
@@ -166,11 +219,47 @@ func (t *Target) provision(engine Engine) error {
 		if c, ok := engine.(interface{ ContextTokens() int }); ok && t.MaxContext == 0 {
 			t.MaxContext = c.ContextTokens()
 		}
+		implemented := EngineCapabilities(engine)
+		if len(caps) == 0 {
+			caps = implemented
+		} else {
+			caps = slices.DeleteFunc(slices.Clone(caps), func(c string) bool { return !slices.Contains(implemented, c) })
+		}
+		if caps == nil {
+			caps = []string{}
+		}
+	}
+	if caps != nil {
+		t.caps = make(map[string]bool, len(caps))
+		for _, c := range caps {
+			t.caps[c] = true
+		}
+		for c, m := range map[string]string{CapVision: "image", CapAudio: "audio"} {
+			if t.caps[c] && !slices.Contains(t.Modalities, m) {
+				t.Modalities = append(t.Modalities, m)
+			}
+		}
 		if len(t.Endpoints) == 0 {
 			t.Endpoints = []string{string(openai.EndpointChat), string(openai.EndpointCompletions)}
+			if t.caps[CapEmbeddings] {
+				t.Endpoints = append(t.Endpoints, string(openai.EndpointEmbeddings))
+			}
 		}
 	}
 	return nil
+}
+
+// CapabilityNames lists the target's capabilities (every one when it
+// declared none), sorted.
+func (t *Target) CapabilityNames() []string {
+	var out []string
+	for _, c := range AllCapabilities {
+		if t.Supports(c) {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Timeout is how long connecting plus waiting for response headers may

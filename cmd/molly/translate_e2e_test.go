@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/internal/upstreamtest"
+)
+
+// lastBody is the last request body u received.
+func lastBody(t *testing.T, bodies [][]byte) gjson.Result {
+	t.Helper()
+	if len(bodies) == 0 {
+		t.Fatal("the upstream received nothing")
+	}
+	return gjson.ParseBytes(bodies[len(bodies)-1])
+}
+
+func TestResponsesAPIWithTheOpenAIClient(t *testing.T) {
+	spec := openapitest.Load(t)
+	tr := startTiers(t)
+	// E-mail addresses are public here, so T3 may get them, redacted.
+	g := startMolly(t, tr.caddyfile("", "sensitivity EMAIL public"))
+	c := client(g)
+	ctx := context.Background()
+	prompt := "Write to anna@example.org about lunch"
+
+	var first *responses.Response
+	t.Run("a response: instructions and input, redacted for T3 and restored", func(t *testing.T) {
+		var hr *http.Response
+		var err error
+		first, err = c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", Instructions: openai.String("Be brief."),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}}, option.WithResponseInto(&hr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.Validate(t, "Response", []byte(first.RawJSON()))
+		if got, want := first.OutputText(), "t3 says: "+prompt; got != want || first.Status != "completed" || first.Model != "chat" {
+			t.Fatalf("output %q status %q model %q, want %q", got, first.Status, first.Model, want)
+		}
+		if hr.Header.Get("X-Molly-Tier") != "T3" || len(hr.Header.Get("X-Molly-Decision-Id")) != 36 || first.Usage.TotalTokens != 10 {
+			t.Fatalf("tier %q usage %+v", hr.Header.Get("X-Molly-Tier"), first.Usage)
+		}
+		sent := lastBody(t, tr.t3.Received())
+		if tr.t3.Contains("anna@example.org") || sent.Get("messages.0.role").Str != "system" || sent.Get("messages.0.content").Str != "Be brief." ||
+			!strings.Contains(sent.Get("messages.1.content").Str, "[EMAIL_1]") {
+			t.Fatalf("T3 received %s", sent.Raw)
+		}
+	})
+	t.Run("previous_response_id continues the stored conversation, on T0-T2 only", func(t *testing.T) {
+		var hr *http.Response
+		next, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", PreviousResponseID: openai.String(first.ID),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("and shorter?")}}, option.WithResponseInto(&hr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hr.Header.Get("X-Molly-Tier") != "T2" || next.PreviousResponseID != first.ID || next.OutputText() != "t2 says: and shorter?" {
+			t.Fatalf("tier %q previous %q output %q", hr.Header.Get("X-Molly-Tier"), next.PreviousResponseID, next.OutputText())
+		}
+		sent := lastBody(t, tr.t2.Received())
+		// The earlier turn as the client saw it (restored), without its instructions.
+		want := []string{"user", prompt, "assistant", "t3 says: " + prompt, "user", "and shorter?"}
+		var got []string
+		for _, m := range sent.Get("messages").Array() {
+			got = append(got, m.Get("role").Str, m.Get("content").Str)
+		}
+		if strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("T2 received %v, want %v", got, want)
+		}
+		_, err = c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", PreviousResponseID: openai.String("resp_unknown"),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}})
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Param != "previous_response_id" {
+			t.Fatalf("an unknown previous_response_id: %v", err)
+		}
+	})
+	t.Run("a streamed response: the Responses events, each spec-valid", func(t *testing.T) {
+		tr.t3.Chunks = 5
+		stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: "chat",
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Stream to anna@example.org")}})
+		var deltas strings.Builder
+		var types []string
+		var done responses.Response
+		for stream.Next() {
+			ev := stream.Current()
+			spec.Validate(t, "ResponseStreamEvent", []byte(ev.RawJSON()))
+			types = append(types, ev.Type)
+			switch ev.Type {
+			case "response.output_text.delta":
+				deltas.WriteString(ev.Delta)
+			case "response.completed":
+				done = ev.Response
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		want := "t3 says: Stream to anna@example.org"
+		if deltas.String() != want || done.OutputText() != want || done.Usage.OutputTokens != 5 {
+			t.Fatalf("deltas %q completed %q usage %+v; events %v", deltas.String(), done.OutputText(), done.Usage, types)
+		}
+		if types[0] != "response.created" || types[len(types)-1] != "response.completed" {
+			t.Fatalf("events %v", types)
+		}
+	})
+	t.Run("function tools: a call, then its output in the next turn", func(t *testing.T) {
+		tr.t3.ToolCalls = func(body []byte) []upstreamtest.ToolCall {
+			if gjson.GetBytes(body, `messages.#(role=="tool")`).Exists() {
+				return nil
+			}
+			return []upstreamtest.ToolCall{{ID: "call_w", Name: "weather", Arguments: `{"city":"Rome"}`}}
+		}
+		defer func() { tr.t3.ToolCalls = nil }()
+		r, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat",
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("weather in Rome?")},
+			Tools: []responses.ToolUnionParam{responses.ToolParamOfFunction("weather", map[string]any{"type": "object"}, false)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.Validate(t, "Response", []byte(r.RawJSON()))
+		call := r.Output[0]
+		if len(r.Output) != 1 || call.Type != "function_call" || call.CallID != "call_w" || call.Name != "weather" || call.Arguments.OfString != `{"city":"Rome"}` {
+			t.Fatalf("output %s", r.RawJSON())
+		}
+		out := responses.ResponseInputItemParamOfFunctionCallOutput("sunny")
+		out.OfFunctionCallOutput.CallID = openai.String("call_w")
+		r2, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", PreviousResponseID: openai.String(r.ID),
+			Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{out}},
+			Tools: []responses.ToolUnionParam{responses.ToolParamOfFunction("weather", map[string]any{"type": "object"}, false)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := lastBody(t, tr.t2.Received()) // a stored conversation: T0-T2
+		msgs := sent.Get("messages").Array()
+		if len(msgs) != 3 || msgs[1].Get("tool_calls.0.id").Str != "call_w" || msgs[2].Get("role").Str != "tool" || msgs[2].Get("content").Str != "sunny" {
+			t.Fatalf("T2 received %s (answer %s)", sent.Raw, r2.RawJSON())
+		}
+	})
+}
+
+func TestMessagesAPI(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", "sensitivity EMAIL public"))
+	base := strings.TrimSuffix(g.URL, "/v1")
+
+	t.Run("the recorded tool round is translated and answered as a Message", func(t *testing.T) {
+		req, err := os.ReadFile("../../router/translate/testdata/anthropic/tool_use_request.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := strings.Replace(string(req), `"claude-sonnet-4-5"`, `"chat"`, 1)
+		resp, b := do(t, g, "POST", "/v1/messages", body, "anthropic-version", "2023-06-01")
+		m := gjson.ParseBytes(b)
+		if resp.StatusCode != 200 || m.Get("type").Str != "message" || m.Get("role").Str != "assistant" || m.Get("model").Str != "chat" ||
+			m.Get("content.0.type").Str != "text" || m.Get("content.0.text").Str != "t3 says: And in Celsius?" || m.Get("stop_reason").Str != "end_turn" ||
+			m.Get("usage.input_tokens").Int() != 5 || !strings.HasPrefix(resp.Header.Get("X-Request-Id"), "req_") {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		sent := lastBody(t, tr.t3.Received())
+		if sent.Get("messages.0.role").Str != "system" || sent.Get("messages.2.tool_calls.0.id").Str != "toolu_01A09q90qw90lq917835lq9" ||
+			sent.Get("messages.3.role").Str != "tool" || sent.Get("tools.0.function.name").Str != "get_weather" || sent.Get("max_tokens").Int() != 1024 {
+			t.Fatalf("T3 received %s", sent.Raw)
+		}
+	})
+	t.Run("redacted for T3 and restored, streamed", func(t *testing.T) {
+		tr.t3.Chunks = 6
+		resp, b := do(t, g, "POST", "/v1/messages", `{"model":"chat","max_tokens":50,"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"mail bob@example.net now"}]}]}`)
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") || tr.t3.Contains("bob@example.net") {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		var types []string
+		var text strings.Builder
+		for _, ev := range sseEvents(t, b) {
+			types = append(types, ev.Type)
+			if gjson.GetBytes(ev.Data, "type").Str != ev.Type {
+				t.Fatalf("event %q with data %s", ev.Type, ev.Data)
+			}
+			text.WriteString(gjson.GetBytes(ev.Data, "delta.text").Str)
+		}
+		if text.String() != "t3 says: mail bob@example.net now" || types[0] != "message_start" || types[len(types)-2] != "message_delta" || types[len(types)-1] != "message_stop" {
+			t.Fatalf("text %q events %v", text.String(), types)
+		}
+	})
+	t.Run("errors are Anthropic's", func(t *testing.T) {
+		for _, c := range []struct {
+			body, typ string
+			status    int
+		}{
+			{`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, "invalid_request_error", 400},
+			{`{"model":"nope","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, "not_found_error", 404},
+			{`{"model":"chat","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}` + "x", "invalid_request_error", 400},
+		} {
+			resp, b := do(t, g, "POST", "/v1/messages", c.body)
+			if resp.StatusCode != c.status || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != c.typ || gjson.GetBytes(b, "error.message").Str == "" {
+				t.Fatalf("%s: %d %s", c.body, resp.StatusCode, b)
+			}
+		}
+	})
+	t.Run("Anthropic's TypeScript SDK", func(t *testing.T) {
+		sdk, _ := filepath.Abs("testdata/node/node_modules")
+		if _, err := os.Stat(filepath.Join(sdk, "@anthropic-ai", "sdk")); err != nil {
+			t.Skipf("@anthropic-ai/sdk is not installed in %s (make sdk installs it from npm)", sdk)
+		}
+		node, err := exec.LookPath("node")
+		if err != nil {
+			t.Skip("node is not installed")
+		}
+		cmd := exec.Command(node, "testdata/anthropic_sdk.cjs", base)
+		cmd.Env = append(os.Environ(), "NODE_PATH="+sdk)
+		out, err := cmd.Output()
+		if err != nil {
+			var ee *exec.ExitError
+			errors.As(err, &ee)
+			t.Fatalf("node: %v\n%s", err, ee.Stderr)
+		}
+		r := gjson.ParseBytes(out)
+		if r.Get("message.type").Str != "message" || r.Get("message.text").Str != "t3 says: Reply to anna@example.org please" || r.Get("message.stop_reason").Str != "end_turn" ||
+			r.Get("message.usage.output_tokens").Int() != 5 {
+			t.Fatalf("message: %s", out)
+		}
+		if r.Get("stream.deltas").Str != "t3 says: Stream a haiku about tea" || r.Get("stream.text").Str != r.Get("stream.deltas").Str || r.Get("stream.stop_reason").Str != "end_turn" {
+			t.Fatalf("stream: %s", out)
+		}
+		if r.Get("error.status").Int() != 404 || r.Get("error.type").Str != "not_found_error" || r.Get("error.name").Str != "NotFoundError" {
+			t.Fatalf("error: %s", out)
+		}
+		if tr.t3.Contains("anna@example.org") {
+			t.Fatal("T3 received the address")
+		}
+	})
+}

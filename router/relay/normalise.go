@@ -1,0 +1,643 @@
+package relay
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/molly-gateway/molly/router/openai"
+)
+
+// Answer is what normalising an answer needs to know about its request.
+type Answer struct {
+	// Endpoint is the OpenAI operation answered (chat, completions, embeddings).
+	Endpoint openai.Endpoint
+	// Model is the client's model name, written as the answer's "model"
+	// (the upstream's name for it stays Molly's business).
+	Model string
+	// IncludeUsage: a stream whose client set stream_options.include_usage.
+	IncludeUsage bool
+	// Created is the Unix time (seconds) written where the upstream gave no
+	// "created".
+	Created int64
+}
+
+// finishAliases maps finish reasons of OpenAI-compatible servers that are
+// not in OpenAI's enum to the enum's word.
+var finishAliases = map[string]string{
+	"eos": "stop", "end_turn": "stop", "stop_sequence": "stop", "eot": "stop",
+	"max_tokens": "length", "max_output_tokens": "length", "model_length": "length",
+	"tool_use": "tool_calls", "function_calls": "tool_calls",
+	"safety": "content_filter", "recitation": "content_filter",
+}
+
+// chatFinish and textFinish are the finish reasons the spec admits.
+var (
+	chatFinish = map[string]bool{"stop": true, "length": true, "tool_calls": true, "content_filter": true, "function_call": true}
+	textFinish = map[string]bool{"stop": true, "length": true, "content_filter": true}
+)
+
+// finishReason maps a finish reason to the spec's enum for ep: aliases to
+// their word, anything else unknown to "stop".
+func finishReason(ep openai.Endpoint, r string) string {
+	if a, ok := finishAliases[r]; ok {
+		r = a
+	}
+	ok := chatFinish[r]
+	if ep == openai.EndpointCompletions {
+		ok = textFinish[r]
+		if r == "tool_calls" || r == "function_call" {
+			ok = false
+		}
+	}
+	if !ok {
+		return "stop"
+	}
+	return r
+}
+
+// NewID returns prefix followed by 24 random hex digits (an OpenAI-style id).
+func NewID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// edit applies sjson edits to a JSON document, keeping the first error's
+// document unchanged.
+type edit struct{ b []byte }
+
+func (e *edit) set(path string, v any) {
+	if out, err := sjson.SetBytes(e.b, path, v); err == nil {
+		e.b = out
+	}
+}
+
+func (e *edit) raw(path, v string) {
+	if out, err := sjson.SetRawBytes(e.b, path, []byte(v)); err == nil {
+		e.b = out
+	}
+}
+
+func (e *edit) del(path string) {
+	if out, err := sjson.DeleteBytes(e.b, path); err == nil {
+		e.b = out
+	}
+}
+
+// argsCut reports tool-call arguments that are not a complete JSON text
+// (an empty string is a call without arguments, not a cut one).
+func argsCut(args string) bool {
+	return strings.TrimSpace(args) != "" && !gjson.Valid(args)
+}
+
+// NormaliseBody rewrites a whole 2xx answer (chat completion, text
+// completion or embeddings list) into the shape of OpenAI's spec
+// (CreateChatCompletionResponse, CreateCompletionResponse,
+// CreateEmbeddingResponse) where the upstream left it short: "id",
+// "object" and "created" when absent, the client's model name as "model",
+// a "system_fingerprint" that is not a string dropped, every choice's
+// "index", "logprobs" (null) and "finish_reason" (an alias mapped to the
+// enum; "length" when a tool call's arguments were cut off), a chat
+// message's "role", "content" and "refusal" (null), a tool call's "type",
+// and the usage's "total_tokens". A body that is not a JSON object, or an
+// error object, is returned as it is.
+func NormaliseBody(ans Answer, body []byte) []byte {
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() || root.Get("error").Exists() {
+		return body
+	}
+	e := &edit{b: body}
+	switch ans.Endpoint {
+	case openai.EndpointEmbeddings:
+		normaliseEmbeddings(ans, root, e)
+		return e.b
+	case openai.EndpointChat, openai.EndpointCompletions:
+	default:
+		return body
+	}
+	chat := ans.Endpoint == openai.EndpointChat
+	prefix, object := "cmpl-", "text_completion"
+	if chat {
+		prefix, object = "chatcmpl-", "chat.completion"
+	}
+	header(ans, root, e, prefix, object)
+	root.Get("choices").ForEach(func(k, ch gjson.Result) bool {
+		base := "choices." + k.String()
+		if !ch.Get("index").Exists() {
+			e.set(base+".index", k.Int())
+		}
+		lp := ch.Get("logprobs")
+		switch {
+		case !lp.Exists():
+			e.raw(base+".logprobs", "null")
+		case chat && lp.IsObject():
+			logprobFields(base+".logprobs", lp, e)
+		}
+		fr := ch.Get("finish_reason").Str
+		if !chat {
+			if !ch.Get("text").Exists() {
+				e.set(base+".text", "")
+			}
+			if want := finishReason(ans.Endpoint, fr); want != fr || ch.Get("finish_reason").Type != gjson.String {
+				e.set(base+".finish_reason", want)
+			}
+			return true
+		}
+		msg := ch.Get("message")
+		if !msg.IsObject() {
+			e.raw(base+".message", `{"role":"assistant","content":null,"refusal":null}`)
+		} else {
+			if msg.Get("role").Type != gjson.String {
+				e.set(base+".message.role", "assistant")
+			}
+			for _, f := range []string{"content", "refusal"} {
+				if !msg.Get(f).Exists() {
+					e.raw(base+".message."+f, "null")
+				}
+			}
+		}
+		cut := false
+		msg.Get("tool_calls").ForEach(func(j, tc gjson.Result) bool {
+			p := base + ".message.tool_calls." + j.String()
+			if !tc.Get("type").Exists() {
+				e.set(p+".type", "function")
+			}
+			if tc.Get("id").Type != gjson.String {
+				e.set(p+".id", NewID("call_"))
+			}
+			if a := tc.Get("function.arguments"); a.Type != gjson.String {
+				e.set(p+".function.arguments", "{}")
+			} else if argsCut(a.Str) {
+				cut = true
+			}
+			return true
+		})
+		if tcs := msg.Get("tool_calls"); tcs.Type == gjson.Null {
+			e.del(base + ".message.tool_calls")
+		}
+		want := finishReason(ans.Endpoint, fr)
+		if ch.Get("finish_reason").Type != gjson.String && msg.Get("tool_calls.#").Int() > 0 {
+			want = "tool_calls"
+		}
+		if cut {
+			want = "length"
+		}
+		if want != fr || ch.Get("finish_reason").Type != gjson.String {
+			e.set(base+".finish_reason", want)
+		}
+		return true
+	})
+	normaliseUsage(root.Get("usage"), "usage", e)
+	return e.b
+}
+
+// header sets id, object, created and model and drops a non-string
+// system_fingerprint.
+func header(ans Answer, root gjson.Result, e *edit, prefix, object string) {
+	if id := root.Get("id"); id.Type != gjson.String || id.Str == "" {
+		e.set("id", NewID(prefix))
+	}
+	if root.Get("object").Str != object {
+		e.set("object", object)
+	}
+	if c := root.Get("created"); c.Type != gjson.Number || c.Raw != strconv.FormatInt(c.Int(), 10) {
+		e.set("created", ans.Created)
+	}
+	if ans.Model != "" && root.Get("model").Str != ans.Model {
+		e.set("model", ans.Model)
+	}
+	if fp := root.Get("system_fingerprint"); fp.Exists() && fp.Type != gjson.String {
+		e.del("system_fingerprint")
+	}
+}
+
+// logprobFields gives a chat logprobs object its two required members.
+func logprobFields(path string, lp gjson.Result, e *edit) {
+	for _, f := range []string{"content", "refusal"} {
+		if !lp.Get(f).Exists() {
+			e.raw(path+"."+f, "null")
+		}
+	}
+}
+
+// normaliseUsage makes u (at path) a CompletionUsage: a null or non-object
+// usage is dropped, a missing total_tokens is the sum.
+func normaliseUsage(u gjson.Result, path string, e *edit) {
+	switch {
+	case !u.Exists():
+	case !u.IsObject():
+		e.del(path)
+	default:
+		p, c := u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
+		if !u.Get("prompt_tokens").Exists() {
+			e.set(path+".prompt_tokens", 0)
+		}
+		if !u.Get("completion_tokens").Exists() {
+			e.set(path+".completion_tokens", 0)
+		}
+		if !u.Get("total_tokens").Exists() {
+			e.set(path+".total_tokens", p+c)
+		}
+	}
+}
+
+func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
+	if root.Get("object").Str != "list" {
+		e.set("object", "list")
+	}
+	if ans.Model != "" && root.Get("model").Str != ans.Model {
+		e.set("model", ans.Model)
+	}
+	root.Get("data").ForEach(func(k, d gjson.Result) bool {
+		if d.Get("object").Str != "embedding" {
+			e.set("data."+k.String()+".object", "embedding")
+		}
+		if !d.Get("index").Exists() {
+			e.set("data."+k.String()+".index", k.Int())
+		}
+		return true
+	})
+	u := root.Get("usage")
+	if !u.IsObject() {
+		e.raw("usage", `{"prompt_tokens":0,"total_tokens":0}`)
+		return
+	}
+	if !u.Get("prompt_tokens").Exists() {
+		e.set("usage.prompt_tokens", 0)
+	}
+	if !u.Get("total_tokens").Exists() {
+		e.set("usage.total_tokens", u.Get("prompt_tokens").Int())
+	}
+}
+
+// Stream normalises the chunks of one streamed chat or text completion
+// into the spec's CreateChatCompletionStreamResponse (or
+// CreateCompletionResponse) shape, chunk by chunk:
+//
+//   - every chunk gets the first chunk's id and created (the spec: "each
+//     chunk has the same ID", "the same timestamp"), the client's model
+//     name, the object name; a system_fingerprint that is not a string is
+//     dropped;
+//   - every choice gets its index, a delta, and finish_reason (null until
+//     it finishes; aliases mapped to the enum); the first delta of each
+//     chat choice gets role "assistant"; a logprobs object gets content and
+//     refusal;
+//   - tool-call deltas are re-indexed per choice so that distinct call ids
+//     never share an index (some servers stream parallel calls all with
+//     index 0), and a first delta without a type gets "function"; a choice
+//     that finishes with a tool call whose arguments are not complete JSON
+//     finishes with "length" (the call was cut off);
+//   - usage is taken out of every chunk and merged (a provider may report
+//     prompt tokens on its first chunk and completion tokens on its last:
+//     each count keeps its largest report); Final returns the one usage
+//     chunk the spec places last, with "choices": [], when the client asked
+//     for it (stream_options.include_usage), and nothing otherwise.
+//
+// A chunk left without choices (a usage-only chunk, a provider's empty
+// preamble) is dropped. Not safe for concurrent use.
+type Stream struct {
+	ans         Answer
+	chat        bool
+	id          string
+	created     int64
+	fingerprint string // raw JSON of a string system_fingerprint, "" when none
+	started     bool
+	choices     map[int64]*choiceState
+	usage       usageSum
+}
+
+type choiceState struct {
+	roleSent bool
+	// byIndex maps an upstream tool-call index to the index given to the
+	// call it continues; byID a call id to its index.
+	byIndex map[int64]int
+	byID    map[string]int
+	args    []*strings.Builder // arguments so far, by given index
+}
+
+// usageSum merges the usage reports of a stream.
+type usageSum struct {
+	seen               bool
+	prompt, completion int64
+	raw                string // the last usage object, for its other members
+}
+
+// NewStream returns the normaliser of one stream answering ans.
+func NewStream(ans Answer) *Stream {
+	return &Stream{ans: ans, chat: ans.Endpoint == openai.EndpointChat, choices: map[int64]*choiceState{}}
+}
+
+// Usage returns the merged usage reported so far (ok false when none).
+func (s *Stream) Usage() (prompt, completion int, ok bool) {
+	return int(s.usage.prompt), int(s.usage.completion), s.usage.seen
+}
+
+// Chunk normalises one chunk's JSON data and returns it, or nil when the
+// chunk is to be dropped (nothing but usage left). An error object (an
+// error event inside the stream) is returned as it is. The chunk is read
+// in one pass over its members and one over each choice's; a chunk that
+// needs no change is returned without a copy.
+func (s *Stream) Chunk(data []byte) []byte {
+	root := gjson.ParseBytes(data)
+	if !root.IsObject() {
+		return data
+	}
+	var id, object, created, model, fp, usage, choices, errObj gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "id":
+			id = v
+		case "object":
+			object = v
+		case "created":
+			created = v
+		case "model":
+			model = v
+		case "system_fingerprint":
+			fp = v
+		case "usage":
+			usage = v
+		case "choices":
+			choices = v
+		case "error":
+			errObj = v
+		}
+		return true
+	})
+	if errObj.Exists() {
+		return data
+	}
+	e := &edit{b: data}
+	if !s.started {
+		s.started = true
+		s.id = id.Str
+		if s.id == "" {
+			s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
+		}
+		s.created = s.ans.Created
+		if created.Type == gjson.Number && created.Raw == strconv.FormatInt(created.Int(), 10) {
+			s.created = created.Int()
+		}
+		if fp.Type == gjson.String {
+			s.fingerprint = fp.Raw
+		}
+	}
+	if usage.Exists() {
+		if usage.IsObject() {
+			s.usage.seen = true
+			s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
+			s.usage.completion = max(s.usage.completion, usage.Get("completion_tokens").Int())
+			s.usage.raw = usage.Raw
+		}
+		e.del("usage")
+	}
+	if !choices.IsArray() || len(choices.Raw) <= 2 || choices.Get("#").Int() == 0 {
+		return nil
+	}
+	if id.Str != s.id {
+		e.set("id", s.id)
+	}
+	want := "text_completion"
+	if s.chat {
+		want = "chat.completion.chunk"
+	}
+	if object.Str != want {
+		e.set("object", want)
+	}
+	if created.Raw != strconv.FormatInt(s.created, 10) {
+		e.set("created", s.created)
+	}
+	if s.ans.Model != "" && model.Str != s.ans.Model {
+		e.set("model", s.ans.Model)
+	}
+	if fp.Exists() && fp.Type != gjson.String {
+		e.del("system_fingerprint")
+	}
+	pos := int64(0)
+	choices.ForEach(func(_, ch gjson.Result) bool {
+		s.choice(e, "choices."+strconv.FormatInt(pos, 10), pos, ch)
+		pos++
+		return true
+	})
+	return e.b
+}
+
+func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
+	var index, delta, fr, lp, text gjson.Result
+	ch.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "index":
+			index = v
+		case "delta":
+			delta = v
+		case "finish_reason":
+			fr = v
+		case "logprobs":
+			lp = v
+		case "text":
+			text = v
+		}
+		return true
+	})
+	idx := pos
+	if index.Type == gjson.Number {
+		idx = index.Int()
+	} else {
+		e.set(base+".index", pos)
+	}
+	st := s.choices[idx]
+	if st == nil {
+		st = &choiceState{byIndex: map[int64]int{}, byID: map[string]int{}}
+		s.choices[idx] = st
+	}
+	if !s.chat {
+		if !text.Exists() {
+			e.set(base+".text", "")
+		}
+		if !lp.Exists() {
+			e.raw(base+".logprobs", "null")
+		}
+		switch {
+		case !fr.Exists():
+			e.raw(base+".finish_reason", "null")
+		case fr.Type == gjson.String:
+			if want := finishReason(s.ans.Endpoint, fr.Str); want != fr.Str {
+				e.set(base+".finish_reason", want)
+			}
+		}
+		return
+	}
+	if !delta.IsObject() {
+		e.raw(base+".delta", "{}")
+	}
+	var role, calls gjson.Result
+	delta.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "role":
+			role = v
+		case "tool_calls":
+			calls = v
+		}
+		return true
+	})
+	if !st.roleSent {
+		st.roleSent = true
+		if role.Type != gjson.String {
+			e.set(base+".delta.role", "assistant")
+		}
+	}
+	if lp.IsObject() {
+		logprobFields(base+".logprobs", lp, e)
+	}
+	calls.ForEach(func(j, tc gjson.Result) bool {
+		p := base + ".delta.tool_calls." + j.String()
+		given := s.toolIndex(st, j.Int(), tc)
+		if tc.Get("index").Raw != strconv.Itoa(given) {
+			e.set(p+".index", given)
+		}
+		if tc.Get("id").Type == gjson.String && !tc.Get("type").Exists() {
+			e.set(p+".type", "function")
+		}
+		if a := tc.Get("function.arguments"); a.Type == gjson.String {
+			st.args[given].WriteString(a.Str)
+		}
+		return true
+	})
+	switch {
+	case !fr.Exists():
+		e.raw(base+".finish_reason", "null")
+	case fr.Type == gjson.String:
+		want := finishReason(s.ans.Endpoint, fr.Str)
+		for i := range st.args {
+			if argsCut(st.args[i].String()) {
+				want = "length"
+			}
+		}
+		if want != fr.Str {
+			e.set(base+".finish_reason", want)
+		}
+	}
+}
+
+// toolIndex is the index given to tool-call delta tc (the pos-th of its
+// chunk): a new call id gets the next free index; a delta without an id
+// continues the call last given for its upstream index.
+func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) int {
+	up := pos
+	if i := tc.Get("index"); i.Type == gjson.Number {
+		up = i.Int()
+	}
+	id := tc.Get("id").Str
+	if id != "" {
+		if given, ok := st.byID[id]; ok {
+			st.byIndex[up] = given
+			return given
+		}
+		given := len(st.args)
+		st.args = append(st.args, &strings.Builder{})
+		st.byID[id] = given
+		st.byIndex[up] = given
+		return given
+	}
+	if given, ok := st.byIndex[up]; ok {
+		return given
+	}
+	given := len(st.args) // a call that never said its id
+	st.args = append(st.args, &strings.Builder{})
+	st.byIndex[up] = given
+	return given
+}
+
+// Final returns the stream's last chunk: the usage chunk ("choices": [],
+// the merged usage, or the fallback counts when the upstream reported
+// none) when the client asked for usage, else nil.
+func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
+	if !s.ans.IncludeUsage {
+		return nil
+	}
+	object := "text_completion"
+	if s.chat {
+		object = "chat.completion.chunk"
+	}
+	if s.id == "" {
+		s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
+		s.created = s.ans.Created
+	}
+	e := &edit{b: []byte(`{}`)}
+	e.set("id", s.id)
+	e.set("object", object)
+	e.set("created", s.created)
+	e.set("model", s.ans.Model)
+	if s.fingerprint != "" {
+		e.raw("system_fingerprint", s.fingerprint)
+	}
+	e.raw("choices", "[]")
+	p, c := int64(fallbackPrompt), int64(fallbackCompletion)
+	u := `{}`
+	if s.usage.seen {
+		p, c, u = s.usage.prompt, s.usage.completion, s.usage.raw
+	}
+	ue := &edit{b: []byte(u)}
+	ue.set("prompt_tokens", p)
+	ue.set("completion_tokens", c)
+	ue.set("total_tokens", p+c)
+	e.raw("usage", string(ue.b))
+	return e.b
+}
+
+// NormaliseError rewrites the body of an upstream's error answer (status
+// ≥ 400) into OpenAI's ErrorResponse, {"error": {"message", "type",
+// "param", "code"}}: missing members are added (param and code null, type
+// from the status), a string "error" becomes the message, and a body that
+// is not such JSON becomes the message (its first 512 bytes).
+func NormaliseError(status int, body []byte) []byte {
+	typ := "invalid_request_error"
+	if status >= 500 {
+		typ = "upstream_error"
+	}
+	root := gjson.ParseBytes(body)
+	eo := root.Get("error")
+	switch {
+	case root.IsObject() && eo.IsObject():
+		e := &edit{b: body}
+		if eo.Get("message").Type != gjson.String {
+			msg := eo.Get("message").String()
+			if msg == "" {
+				msg = "The upstream answered HTTP " + strconv.Itoa(status) + "."
+			}
+			e.set("error.message", msg)
+		}
+		if eo.Get("type").Type != gjson.String {
+			e.set("error.type", typ)
+		}
+		for _, f := range []string{"param", "code"} {
+			switch v := eo.Get(f); {
+			case !v.Exists():
+				e.raw("error."+f, "null")
+			case v.Type == gjson.Number:
+				e.set("error."+f, v.Raw) // some servers give the status as a number
+			}
+		}
+		return e.b
+	case root.IsObject() && eo.Type == gjson.String:
+		return (&openai.Error{Status: status, Type: typ, Message: eo.Str}).Body()
+	}
+	msg := strings.TrimSpace(string(body))
+	if len(msg) > 512 {
+		msg = msg[:512] + "..."
+	}
+	if msg == "" || !utf8Valid(msg) {
+		msg = "The upstream answered HTTP " + strconv.Itoa(status) + "."
+	}
+	return (&openai.Error{Status: status, Type: typ, Message: msg}).Body()
+}
+
+func utf8Valid(s string) bool { return utf8.ValidString(s) }
+
+func validJSON(b []byte) bool { return gjson.ValidBytes(b) }

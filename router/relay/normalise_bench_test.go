@@ -1,0 +1,37 @@
+package relay
+
+import "testing"
+
+// BenchmarkStreamChunk measures normalising one typical stream chunk
+// against the baseline every relayed chunk pays anyway in the same run:
+// validating its JSON and encoding it as an SSE event. The "openai" chunk
+// is already in the spec's shape but names the upstream's model; the
+// "quirky" one also has a null system_fingerprint and no role.
+func BenchmarkStreamChunk(b *testing.B) {
+	chunks := map[string][]byte{
+		"openai": []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}`),
+		"quirky": []byte(`{"id":"gen-1","object":"chat.completion.chunk","created":1767225600,"model":"up-model","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" the"},"finish_reason":null}]}`),
+	}
+	for name, c := range chunks {
+		b.Run(name+"/baseline", func(b *testing.B) {
+			var buf []byte
+			for b.Loop() {
+				if !validJSON(c) {
+					b.Fatal("not JSON")
+				}
+				buf = AppendData(buf[:0], c)
+			}
+		})
+		b.Run(name+"/normalised", func(b *testing.B) {
+			var buf []byte
+			s := NewStream(chatAnswer(true))
+			s.Chunk(c) // the first chunk sets the stream's id and role
+			for b.Loop() {
+				if !validJSON(c) {
+					b.Fatal("not JSON")
+				}
+				buf = AppendData(buf[:0], s.Chunk(c))
+			}
+		})
+	}
+}

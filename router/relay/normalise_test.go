@@ -1,0 +1,212 @@
+package relay
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/openapitest"
+	oai "github.com/molly-gateway/molly/router/openai"
+)
+
+const created = 1767225600 // 2026-01-01T00:00:00Z
+
+func chatAnswer(includeUsage bool) Answer {
+	return Answer{Endpoint: oai.EndpointChat, Model: "alias", IncludeUsage: includeUsage, Created: created}
+}
+
+func TestNormaliseBodyMakesSpecValidAnswers(t *testing.T) {
+	spec := openapitest.Load(t)
+	tests := []struct {
+		name   string
+		ep     oai.Endpoint
+		schema string
+		body   string
+		check  map[string]string // gjson path → raw JSON expected after normalising
+	}{
+		{"a llama.cpp-style chat answer: null fingerprint, no refusal, no created, the upstream's model", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"chatcmpl-1","object":"chat.completion","model":"molly-demo","system_fingerprint":null,"choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`,
+			map[string]string{"model": `"alias"`, "created": "1767225600", "choices.0.message.refusal": "null", "choices.0.logprobs": "null",
+				"usage.total_tokens": "4", "system_fingerprint": ""}},
+		{"finish reasons outside the enum are mapped", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"eos","logprobs":null,"message":{"role":"assistant","content":"a","refusal":null}},{"index":1,"finish_reason":"max_tokens","logprobs":null,"message":{"role":"assistant","content":"b","refusal":null}}]}`,
+			map[string]string{"choices.0.finish_reason": `"stop"`, "choices.1.finish_reason": `"length"`, "created": "5"}},
+		{"a tool call cut by max_tokens finishes with length", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_a","function":{"name":"f","arguments":"{\"city\": \"Par"}}]}}]}`,
+			map[string]string{"choices.0.finish_reason": `"length"`, "choices.0.message.tool_calls.0.type": `"function"`}},
+		{"a logprobs object gets its refusal member", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.1,"bytes":[97],"top_logprobs":[]}]}}]}`,
+			map[string]string{"choices.0.logprobs.refusal": "null"}},
+		{"a text completion", oai.EndpointCompletions, "CreateCompletionResponse",
+			`{"id":"cmpl-1","model":"up","choices":[{"text":"hi","finish_reason":null}],"system_fingerprint":null}`,
+			map[string]string{"object": `"text_completion"`, "choices.0.index": "0", "choices.0.logprobs": "null", "choices.0.finish_reason": `"stop"`, "model": `"alias"`}},
+		{"an embeddings list", oai.EndpointEmbeddings, "CreateEmbeddingResponse",
+			`{"model":"up","data":[{"embedding":[0.1,0.2]}],"usage":{"prompt_tokens":2}}`,
+			map[string]string{"object": `"list"`, "data.0.object": `"embedding"`, "data.0.index": "0", "usage.total_tokens": "2", "model": `"alias"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if spec.Check(tt.schema, []byte(tt.body)) == nil {
+				t.Fatalf("the validator accepts the upstream's body as it is; the case proves nothing")
+			}
+			out := NormaliseBody(Answer{Endpoint: tt.ep, Model: "alias", Created: created}, []byte(tt.body))
+			spec.Validate(t, tt.schema, out)
+			for path, want := range tt.check {
+				got := gjson.GetBytes(out, path)
+				if want == "" {
+					if got.Exists() {
+						t.Errorf("%s = %s, want it absent", path, got.Raw)
+					}
+					continue
+				}
+				if got.Raw != want {
+					t.Errorf("%s = %s, want %s\n%s", path, got.Raw, want, out)
+				}
+			}
+		})
+	}
+}
+
+func TestNormaliseErrorMakesErrorResponses(t *testing.T) {
+	spec := openapitest.Load(t)
+	for _, body := range []string{
+		`{"error":{"message":"bad"}}`,
+		`{"error":"model overloaded"}`,
+		`{"error":{"message":"x","type":"invalid_request_error","code":400}}`,
+		`<html>502 Bad Gateway</html>`,
+		``,
+	} {
+		out := NormaliseError(502, []byte(body))
+		spec.Validate(t, "ErrorResponse", out)
+	}
+	if got := gjson.GetBytes(NormaliseError(400, []byte(`{"error":"model overloaded"}`)), "error.message").Str; got != "model overloaded" {
+		t.Fatalf("message %q", got)
+	}
+}
+
+// providerStream is a stream as some OpenAI-compatible servers send it:
+// no role on the first delta, a null system_fingerprint, prompt tokens on
+// the first chunk and completion tokens on the last one's usage, two
+// parallel tool calls both streamed with index 0, the usage on the finish
+// chunk, and the upstream's own model name.
+var providerStream = []string{
+	`{"id":"gen-1","object":"chat.completion.chunk","created":42,"model":"up-model","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":"Let me check."},"finish_reason":null}],"usage":{"prompt_tokens":7,"completion_tokens":0}}`,
+	`{"id":"gen-1","object":"chat.completion.chunk","created":42,"model":"up-model","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"weather","arguments":""}}]},"finish_reason":null}]}`,
+	`{"id":"gen-1","object":"chat.completion.chunk","created":42,"model":"up-model","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":\"Rome\"}"}}]},"finish_reason":null}]}`,
+	`{"id":"gen-1","object":"chat.completion.chunk","created":42,"model":"up-model","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"weather","arguments":"{\"city\":"}}]},"finish_reason":null}]}`,
+	`{"id":"gen-1","object":"chat.completion.chunk","created":42,"model":"up-model","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Oslo\"}"}}]},"finish_reason":null}]}`,
+	`{"id":"gen-1","object":"chat.completion.chunk","created":42,"model":"up-model","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":0,"completion_tokens":5}}`,
+}
+
+func runStream(t *testing.T, s *Stream, chunks []string) [][]byte {
+	t.Helper()
+	var out [][]byte
+	for _, c := range chunks {
+		if b := s.Chunk([]byte(c)); b != nil {
+			out = append(out, b)
+		}
+	}
+	if fin := s.Final(0, 0); fin != nil {
+		out = append(out, fin)
+	}
+	return out
+}
+
+func TestStreamNormalisesChunkByChunk(t *testing.T) {
+	spec := openapitest.Load(t)
+	if spec.Check("CreateChatCompletionStreamResponse", []byte(providerStream[0])) == nil {
+		t.Fatal("the validator accepts a chunk with a null system_fingerprint; the test proves nothing")
+	}
+	out := runStream(t, NewStream(chatAnswer(true)), providerStream)
+	for _, c := range out {
+		spec.Validate(t, "CreateChatCompletionStreamResponse", c)
+		if gjson.GetBytes(c, "model").Str != "alias" || gjson.GetBytes(c, "id").Str != "gen-1" || gjson.GetBytes(c, "created").Int() != 42 {
+			t.Errorf("chunk header: %s", c)
+		}
+	}
+	if got := gjson.GetBytes(out[0], "choices.0.delta.role").Str; got != "assistant" {
+		t.Errorf("first delta role %q", got)
+	}
+	// The usage is on one last chunk with no choices, merged: 7 prompt
+	// tokens from the first report, 5 completion tokens from the last.
+	last := out[len(out)-1]
+	if gjson.GetBytes(last, "choices.#").Int() != 0 || gjson.GetBytes(last, "usage.prompt_tokens").Int() != 7 ||
+		gjson.GetBytes(last, "usage.completion_tokens").Int() != 5 || gjson.GetBytes(last, "usage.total_tokens").Int() != 12 {
+		t.Fatalf("last chunk %s", last)
+	}
+	for _, c := range out[:len(out)-1] {
+		if gjson.GetBytes(c, "usage").Exists() {
+			t.Fatalf("usage on a chunk with choices: %s", c)
+		}
+	}
+	// The SDK's own accumulator (an oracle outside Molly) sees two calls.
+	var acc openai.ChatCompletionAccumulator
+	for _, c := range out {
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(c, &chunk); err != nil {
+			t.Fatal(err)
+		}
+		if !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s", c)
+		}
+	}
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 2 || calls[0].ID != "call_a" || calls[0].Function.Arguments != `{"city":"Rome"}` ||
+		calls[1].ID != "call_b" || calls[1].Function.Arguments != `{"city":"Oslo"}` {
+		t.Fatalf("accumulated tool calls %+v", calls)
+	}
+	if acc.Choices[0].FinishReason != "tool_calls" || acc.Usage.PromptTokens != 7 || acc.Usage.CompletionTokens != 5 {
+		t.Fatalf("finish %q usage %+v", acc.Choices[0].FinishReason, acc.Usage)
+	}
+}
+
+func TestStreamWithoutIncludeUsageCarriesNoUsage(t *testing.T) {
+	out := runStream(t, NewStream(chatAnswer(false)), providerStream)
+	for _, c := range out {
+		if gjson.GetBytes(c, "usage").Exists() || gjson.GetBytes(c, "choices.#").Int() == 0 {
+			t.Fatalf("chunk %s", c)
+		}
+	}
+	if len(out) != len(providerStream) {
+		t.Fatalf("%d chunks, want %d", len(out), len(providerStream))
+	}
+}
+
+func TestStreamUsageFallsBackToTheCount(t *testing.T) {
+	s := NewStream(chatAnswer(true))
+	s.Chunk([]byte(`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}`))
+	fin := s.Final(11, 3)
+	if gjson.GetBytes(fin, "usage.prompt_tokens").Int() != 11 || gjson.GetBytes(fin, "usage.total_tokens").Int() != 14 {
+		t.Fatalf("final %s", fin)
+	}
+}
+
+func TestStreamToolCallCutByMaxTokensFinishesWithLength(t *testing.T) {
+	s := NewStream(chatAnswer(false))
+	s.Chunk([]byte(`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":"{\"q\": \"lon"}}]},"finish_reason":null}]}`))
+	fin := s.Chunk([]byte(`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`))
+	if got := gjson.GetBytes(fin, "choices.0.finish_reason").Str; got != "length" {
+		t.Fatalf("finish_reason %q: %s", got, fin)
+	}
+}
+
+func TestStreamCompletionChunks(t *testing.T) {
+	spec := openapitest.Load(t)
+	s := NewStream(Answer{Endpoint: oai.EndpointCompletions, Model: "alias", IncludeUsage: true, Created: created})
+	out := runStream(t, s, []string{
+		`{"id":"c","object":"text_completion","created":1,"model":"up","choices":[{"text":"he","index":0,"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","object":"text_completion","created":1,"model":"up","choices":[{"text":"y","index":0,"finish_reason":"eos"}]}`,
+		`{"id":"c","object":"text_completion","created":1,"model":"up","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}`,
+	})
+	if len(out) != 3 {
+		t.Fatalf("%d chunks", len(out))
+	}
+	for _, c := range out {
+		spec.ValidateCompletionChunk(t, c)
+	}
+	if gjson.GetBytes(out[1], "choices.0.finish_reason").Str != "stop" || gjson.GetBytes(out[2], "usage.total_tokens").Int() != 4 {
+		t.Fatalf("chunks %s", out)
+	}
+}

@@ -1,0 +1,400 @@
+package translate
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/relay"
+)
+
+// FromMessages translates an Anthropic Messages API request into a chat
+// completions request:
+//
+//   - system (a string or text blocks) becomes the system message; each
+//     message's text blocks become text parts, image blocks (base64 or URL
+//     sources) image_url parts, an assistant's tool_use blocks its
+//     tool_calls (the input as JSON arguments), a user's tool_result blocks
+//     tool messages (before the rest of that user turn), is_error results
+//     prefixed "Error: "; thinking blocks of earlier turns are skipped;
+//   - tools (name, description, input_schema) become function tools;
+//     tool_choice auto, any, tool and none become auto, required, the named
+//     function and none, disable_parallel_tool_use parallel_tool_calls
+//     false; max_tokens, stop_sequences (as stop), temperature, top_p and
+//     metadata.user_id (as user) map to their chat parameters (top_k has
+//     no chat equivalent and is dropped); a stream asks for the usage chunk;
+//   - max_tokens is required, as in Anthropic's API; server tools (no
+//     input_schema) and document blocks are a 400 naming the parameter.
+func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
+	root, aerr := object(body)
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	t := &Translation{API: APIMessages, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root}
+	chat := map[string]any{"model": t.Model}
+	mt := root.Get("max_tokens")
+	if n, err := strconv.Atoi(mt.Raw); mt.Type != gjson.Number || err != nil || n < 1 {
+		return nil, nil, openai.InvalidRequest("max_tokens", "max_tokens: Field required (a positive integer).")
+	}
+	chat["max_tokens"] = json.RawMessage(mt.Raw)
+	var msgs []any
+	switch sys := root.Get("system"); {
+	case !sys.Exists() || sys.Type == gjson.Null:
+	case sys.Type == gjson.String:
+		msgs = append(msgs, map[string]any{"role": "system", "content": sys.Str})
+	case sys.IsArray():
+		msgs = append(msgs, map[string]any{"role": "system", "content": joinText(sys, "text")})
+	default:
+		return nil, nil, openai.WrongType("system", "a string or an array of text blocks", sys)
+	}
+	ms := root.Get("messages")
+	if !ms.IsArray() || len(ms.Array()) == 0 {
+		return nil, nil, openai.InvalidRequest("messages", "messages: Field required (a non-empty array).")
+	}
+	var bad *openai.Error
+	i := 0
+	ms.ForEach(func(_, m gjson.Result) bool {
+		param := "messages." + strconv.Itoa(i)
+		i++
+		out, err := anthropicMessage(param, m)
+		if err != nil {
+			bad = err
+			return false
+		}
+		msgs = append(msgs, out...)
+		return true
+	})
+	if bad != nil {
+		return nil, nil, bad
+	}
+	chat["messages"] = msgs
+	if aerr := anthropicTools(root, chat); aerr != nil {
+		return nil, nil, aerr
+	}
+	for _, p := range []string{"temperature", "top_p"} {
+		if aerr := copyNumber(chat, p, root, p); aerr != nil {
+			return nil, nil, aerr
+		}
+	}
+	if st := root.Get("stop_sequences"); st.IsArray() && len(st.Array()) > 0 {
+		chat["stop"] = json.RawMessage(st.Raw)
+	}
+	if u := root.Get("metadata.user_id"); u.Type == gjson.String {
+		chat["user"] = u.Str
+	}
+	if t.Stream {
+		chat["stream"] = true
+		chat["stream_options"] = map[string]any{"include_usage": true}
+	}
+	return marshal(chat), t, nil
+}
+
+// anthropicMessage translates one message into chat messages.
+func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
+	role := m.Get("role").Str
+	if role != "user" && role != "assistant" {
+		return nil, openai.InvalidRequest(param+".role", "%s.role: Input should be 'user' or 'assistant'.", param)
+	}
+	c := m.Get("content")
+	if c.Type == gjson.String {
+		return []any{map[string]any{"role": role, "content": c.Str}}, nil
+	}
+	if !c.IsArray() {
+		return nil, openai.WrongType(param+".content", "a string or an array of content blocks", c)
+	}
+	var out, parts, calls []any
+	var text strings.Builder
+	var bad *openai.Error
+	j := 0
+	c.ForEach(func(_, b gjson.Result) bool {
+		bp := param + ".content." + strconv.Itoa(j)
+		j++
+		switch typ := b.Get("type").Str; typ {
+		case "text":
+			if role == "assistant" {
+				text.WriteString(b.Get("text").Str)
+			} else {
+				parts = append(parts, map[string]any{"type": "text", "text": b.Get("text").Str})
+			}
+		case "image":
+			src := b.Get("source")
+			var url string
+			switch src.Get("type").Str {
+			case "base64":
+				url = "data:" + src.Get("media_type").Str + ";base64," + src.Get("data").Str
+			case "url":
+				url = src.Get("url").Str
+			default:
+				bad = openai.InvalidRequest(bp+".source.type", "%s.source.type: this gateway accepts base64 and url image sources.", bp)
+				return false
+			}
+			parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}})
+		case "tool_use":
+			if role != "assistant" {
+				bad = openai.InvalidRequest(bp+".type", "%s: tool_use blocks belong to assistant messages.", bp)
+				return false
+			}
+			args := b.Get("input").Raw
+			if args == "" {
+				args = "{}"
+			}
+			calls = append(calls, map[string]any{"id": b.Get("id").Str, "type": "function",
+				"function": map[string]any{"name": b.Get("name").Str, "arguments": args}})
+		case "tool_result":
+			rc := b.Get("content")
+			result := rc.Str
+			if rc.IsArray() {
+				result = joinText(rc, "text")
+			}
+			if b.Get("is_error").Bool() {
+				result = "Error: " + result
+			}
+			out = append(out, map[string]any{"role": "tool", "tool_call_id": b.Get("tool_use_id").Str, "content": result})
+		case "thinking", "redacted_thinking":
+			// Reasoning of earlier turns: chat completions has no place for it.
+		default:
+			bad = openai.InvalidRequest(bp+".type", "%s.type: '%s' blocks are not supported by this gateway; use text, image, tool_use and tool_result.", bp, typ)
+			return false
+		}
+		return true
+	})
+	if bad != nil {
+		return nil, bad
+	}
+	if role == "assistant" {
+		msg := map[string]any{"role": "assistant", "content": nil}
+		if text.Len() > 0 {
+			msg["content"] = text.String()
+		}
+		if len(calls) > 0 {
+			msg["tool_calls"] = calls
+		}
+		return append(out, msg), nil
+	}
+	if len(parts) > 0 {
+		out = append(out, map[string]any{"role": "user", "content": parts})
+	}
+	return out, nil
+}
+
+// anthropicTools translates tools and tool_choice.
+func anthropicTools(root gjson.Result, chat map[string]any) *openai.Error {
+	var tools []any
+	var bad *openai.Error
+	i := 0
+	root.Get("tools").ForEach(func(_, tl gjson.Result) bool {
+		param := "tools." + strconv.Itoa(i)
+		i++
+		schema := tl.Get("input_schema")
+		if !schema.IsObject() {
+			bad = openai.InvalidRequest(param, "%s: server tools (type %q) are not supported by this gateway; declare client tools with an input_schema.", param, tl.Get("type").Str)
+			return false
+		}
+		fn := map[string]any{"name": tl.Get("name").Str, "parameters": json.RawMessage(schema.Raw)}
+		if d := tl.Get("description"); d.Type == gjson.String {
+			fn["description"] = d.Str
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": fn})
+		return true
+	})
+	if bad != nil {
+		return bad
+	}
+	if len(tools) > 0 {
+		chat["tools"] = tools
+	}
+	tc := root.Get("tool_choice")
+	switch tc.Get("type").Str {
+	case "":
+	case "auto":
+		chat["tool_choice"] = "auto"
+	case "any":
+		chat["tool_choice"] = "required"
+	case "none":
+		chat["tool_choice"] = "none"
+	case "tool":
+		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
+	default:
+		return openai.InvalidRequest("tool_choice.type", "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'.")
+	}
+	if tc.Get("disable_parallel_tool_use").Bool() && len(tools) > 0 {
+		chat["parallel_tool_calls"] = false
+	}
+	return nil
+}
+
+// stopReason maps a chat finish reason to Anthropic's stop_reason.
+func stopReason(finish string) string {
+	switch finish {
+	case "length":
+		return "max_tokens"
+	case "tool_calls", "function_call":
+		return "tool_use"
+	case "content_filter":
+		return "refusal"
+	}
+	return "end_turn"
+}
+
+// toolInput is a tool call's arguments as the tool_use block's input
+// object; arguments that are not a JSON object become {}.
+func toolInput(args string) json.RawMessage {
+	if v := gjson.Parse(args); gjson.Valid(args) && v.IsObject() {
+		return json.RawMessage(v.Raw)
+	}
+	return json.RawMessage(`{}`)
+}
+
+// messageFromChat translates a chat completion into a Message.
+func (t *Translation) messageFromChat(chat []byte) []byte {
+	root := gjson.ParseBytes(chat)
+	ch := root.Get("choices.0")
+	msg := ch.Get("message")
+	content := []any{}
+	if c := msg.Get("content"); c.Type == gjson.String && c.Str != "" {
+		content = append(content, map[string]any{"type": "text", "text": c.Str})
+	}
+	if r := msg.Get("refusal"); r.Type == gjson.String && r.Str != "" {
+		content = append(content, map[string]any{"type": "text", "text": r.Str})
+	}
+	msg.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+		content = append(content, map[string]any{"type": "tool_use", "id": tc.Get("id").Str, "name": tc.Get("function.name").Str,
+			"input": toolInput(tc.Get("function.arguments").Str)})
+		return true
+	})
+	return marshal(map[string]any{
+		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
+		"stop_reason": stopReason(ch.Get("finish_reason").Str), "stop_sequence": nil,
+		"usage": map[string]any{"input_tokens": root.Get("usage.prompt_tokens").Int(), "output_tokens": root.Get("usage.completion_tokens").Int()},
+	})
+}
+
+// messageError is Anthropic's error body for an OpenAI error answer.
+func messageError(status int, body []byte) []byte {
+	msg := gjson.GetBytes(body, "error.message").Str
+	if msg == "" {
+		msg = strings.TrimSpace(string(body))
+	}
+	if msg == "" {
+		msg = "HTTP " + strconv.Itoa(status)
+	}
+	return marshal(map[string]any{"type": "error", "error": map[string]any{"type": statusType(status), "message": msg}})
+}
+
+// messagesStream turns a chat completion stream into Anthropic's:
+// message_start, then per content block content_block_start,
+// content_block_delta (text_delta, input_json_delta)… and
+// content_block_stop, then message_delta (stop_reason and the usage) and
+// message_stop.
+type messagesStream struct {
+	t       *Translation
+	started bool
+	ended   bool
+	id      string
+	block   int           // the open block's index, -1 for none
+	next    int           // the next block index
+	kind    string        // "text" or "tool_use": the open block
+	calls   map[int64]int // chat tool-call index → block index
+	finish  string
+	usage   gjson.Result
+}
+
+func newMessagesStream(t *Translation) *messagesStream {
+	return &messagesStream{t: t, block: -1, calls: map[int64]int{}, id: relay.NewID("msg_")}
+}
+
+func (s *messagesStream) emit(out []byte, typ string, ev map[string]any) []byte {
+	ev["type"] = typ
+	return relay.AppendEvent(out, relay.Event{Type: typ, Data: marshal(ev)}, false)
+}
+
+func (s *messagesStream) start(out []byte) []byte {
+	s.started = true
+	return s.emit(out, "message_start", map[string]any{"message": map[string]any{
+		"id": s.id, "type": "message", "role": "assistant", "model": s.t.Model, "content": []any{},
+		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": s.t.PromptEstimate, "output_tokens": 0}}})
+}
+
+func (s *messagesStream) stopBlock(out []byte) []byte {
+	if s.block < 0 {
+		return out
+	}
+	out = s.emit(out, "content_block_stop", map[string]any{"index": s.block})
+	s.block, s.kind = -1, ""
+	return out
+}
+
+// event translates one event of the chat stream.
+func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
+	if s.ended {
+		return out
+	}
+	if ev.IsDone() {
+		return s.end(out)
+	}
+	root := gjson.ParseBytes(ev.Data)
+	if e := root.Get("error"); e.Exists() {
+		s.ended = true
+		return s.emit(out, "error", map[string]any{"error": map[string]any{"type": "api_error", "message": e.Get("message").Str}})
+	}
+	if !s.started {
+		out = s.start(out)
+	}
+	if u := root.Get("usage"); u.IsObject() {
+		s.usage = u
+	}
+	ch := root.Get("choices.0")
+	d := ch.Get("delta")
+	for _, f := range []string{"content", "refusal"} {
+		if c := d.Get(f); c.Type == gjson.String && c.Str != "" {
+			if s.kind != "text" {
+				out = s.stopBlock(out)
+				s.block, s.kind = s.next, "text"
+				s.next++
+				out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{"type": "text", "text": ""}})
+			}
+			out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "text_delta", "text": c.Str}})
+		}
+	}
+	d.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+		idx := tc.Get("index").Int()
+		b, ok := s.calls[idx]
+		if !ok {
+			out = s.stopBlock(out)
+			b = s.next
+			s.next++
+			s.calls[idx] = b
+			s.block, s.kind = b, "tool_use"
+			out = s.emit(out, "content_block_start", map[string]any{"index": b, "content_block": map[string]any{
+				"type": "tool_use", "id": tc.Get("id").Str, "name": tc.Get("function.name").Str, "input": map[string]any{}}})
+		}
+		if a := tc.Get("function.arguments").Str; a != "" && b == s.block {
+			out = s.emit(out, "content_block_delta", map[string]any{"index": b, "delta": map[string]any{"type": "input_json_delta", "partial_json": a}})
+		}
+		return true
+	})
+	if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
+		s.finish = fr.Str
+	}
+	return out
+}
+
+func (s *messagesStream) end(out []byte) []byte {
+	if s.ended {
+		return out
+	}
+	s.ended = true
+	if !s.started {
+		out = s.start(out)
+	}
+	out = s.stopBlock(out)
+	usage := map[string]any{"output_tokens": s.usage.Get("completion_tokens").Int()}
+	if s.usage.IsObject() {
+		usage["input_tokens"] = s.usage.Get("prompt_tokens").Int()
+	}
+	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": stopReason(s.finish), "stop_sequence": nil}, "usage": usage})
+	return s.emit(out, "message_stop", map[string]any{})
+}

@@ -1,0 +1,452 @@
+package translate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/relay"
+)
+
+// FromResponses translates a Responses API request (CreateResponse) into a
+// chat completions request:
+//
+//   - instructions become the system message; previous_response_id puts the
+//     stored conversation it names (store must have it, for member) after
+//     it — the earlier instructions are not carried over, as in OpenAI's
+//     API; input (a string, or message, function_call and
+//     function_call_output items; reasoning items are skipped) follows as
+//     chat messages, consecutive function calls in one assistant message;
+//   - function tools and tool_choice, parallel_tool_calls,
+//     max_output_tokens (as max_completion_tokens), temperature, top_p,
+//     top_logprobs, user and text.format (as response_format) map to their
+//     chat parameters; a stream asks for the usage chunk;
+//   - what chat completions cannot express is a 400 naming the parameter:
+//     hosted tools (web search, file search, …), item references, files by
+//     id, background mode, prompt templates.
+//
+// The answer is stored when the request does not set store: false (and
+// store is not nil). Errors are *openai.Error: 400 for a bad request, 404
+// for an unknown previous_response_id.
+func FromResponses(ctx context.Context, body []byte, store Store, member string) ([]byte, *Translation, *openai.Error) {
+	root, aerr := object(body)
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	t := &Translation{API: APIResponses, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root,
+		id: relay.NewID("resp_"), member: member}
+	if root.Get("store").Type != gjson.False {
+		t.store = store
+	}
+	for _, p := range []string{"background", "prompt", "conversation"} {
+		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.False {
+			return nil, nil, openai.InvalidRequest(p, "'%s' is not supported by this gateway.", p)
+		}
+	}
+	chat := map[string]any{"model": t.Model}
+	var msgs []json.RawMessage
+	switch ins := root.Get("instructions"); {
+	case !ins.Exists() || ins.Type == gjson.Null:
+	case ins.Type == gjson.String:
+		if ins.Str != "" {
+			msgs = append(msgs, marshal(map[string]any{"role": "system", "content": ins.Str}))
+		}
+	default:
+		return nil, nil, openai.WrongType("instructions", "a string", ins)
+	}
+	if prev := root.Get("previous_response_id"); prev.Exists() && prev.Type != gjson.Null {
+		if prev.Type != gjson.String || prev.Str == "" {
+			return nil, nil, openai.WrongType("previous_response_id", "a response id", prev)
+		}
+		if store == nil {
+			return nil, nil, openai.InvalidRequest("previous_response_id", "This gateway stores no responses, so previous_response_id cannot be used.")
+		}
+		s, err := store.Response(ctx, prev.Str, member)
+		if errors.Is(err, ErrNotFound) {
+			return nil, nil, &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "previous_response_id",
+				Code: "previous_response_not_found", Message: "Previous response with id '" + prev.Str + "' not found."}
+		}
+		if err != nil {
+			return nil, nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "Reading the previous response failed; try again."}
+		}
+		gjson.ParseBytes(s.Messages).ForEach(func(_, m gjson.Result) bool {
+			t.history = append(t.history, json.RawMessage(m.Raw))
+			return true
+		})
+		t.StoredConversation = true
+	}
+	in, aerr := inputMessages(root.Get("input"))
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	t.history = append(t.history, in...)
+	msgs = append(msgs, t.history...)
+	if len(msgs) == 0 {
+		return nil, nil, openai.InvalidRequest("input", "Missing required parameter: 'input'.")
+	}
+	chat["messages"] = msgs
+	if aerr := responsesTools(root, chat); aerr != nil {
+		return nil, nil, aerr
+	}
+	if v := root.Get("parallel_tool_calls"); v.Type == gjson.True || v.Type == gjson.False {
+		chat["parallel_tool_calls"] = v.Bool()
+	}
+	if v := root.Get("max_output_tokens"); v.Exists() && v.Type != gjson.Null {
+		if n, err := strconv.Atoi(v.Raw); err != nil || n < 1 {
+			return nil, nil, openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': expected a positive integer, but got %s.", v.Raw)
+		}
+		chat["max_completion_tokens"] = json.RawMessage(v.Raw)
+	}
+	for _, p := range []string{"temperature", "top_p"} {
+		if aerr := copyNumber(chat, p, root, p); aerr != nil {
+			return nil, nil, aerr
+		}
+	}
+	if v := root.Get("top_logprobs"); v.Type == gjson.Number {
+		chat["logprobs"], chat["top_logprobs"] = true, json.RawMessage(v.Raw)
+	}
+	if v := root.Get("user"); v.Type == gjson.String {
+		chat["user"] = v.Str
+	}
+	switch f := root.Get("text.format"); f.Get("type").Str {
+	case "", "text":
+	case "json_object":
+		chat["response_format"] = map[string]any{"type": "json_object"}
+	case "json_schema":
+		js := map[string]any{"name": f.Get("name").Str}
+		for _, k := range []string{"schema", "strict", "description"} {
+			if v := f.Get(k); v.Exists() {
+				js[k] = json.RawMessage(v.Raw)
+			}
+		}
+		chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
+	default:
+		return nil, nil, openai.InvalidRequest("text.format.type", "Invalid value for 'text.format.type': '%s'. Supported values are: 'text', 'json_object' and 'json_schema'.", f.Get("type").Str)
+	}
+	if t.Stream {
+		chat["stream"] = true
+		chat["stream_options"] = map[string]any{"include_usage": true}
+	}
+	return marshal(chat), t, nil
+}
+
+// inputMessages translates the input (a string or items) into chat messages.
+func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
+	switch {
+	case !input.Exists() || input.Type == gjson.Null:
+		return nil, nil
+	case input.Type == gjson.String:
+		return []json.RawMessage{marshal(map[string]any{"role": "user", "content": input.Str})}, nil
+	case !input.IsArray():
+		return nil, openai.WrongType("input", "a string or an array of input items", input)
+	}
+	var out []map[string]any
+	var bad *openai.Error
+	i := 0
+	input.ForEach(func(_, item gjson.Result) bool {
+		param := "input[" + strconv.Itoa(i) + "]"
+		i++
+		if !item.IsObject() {
+			bad = openai.WrongType(param, "an object", item)
+			return false
+		}
+		typ := item.Get("type").Str
+		if typ == "" && item.Get("role").Exists() {
+			typ = "message"
+		}
+		switch typ {
+		case "message":
+			m, err := inputMessage(param, item)
+			if err != nil {
+				bad = err
+				return false
+			}
+			out = append(out, m)
+		case "function_call":
+			call := map[string]any{"id": item.Get("call_id").Str, "type": "function",
+				"function": map[string]any{"name": item.Get("name").Str, "arguments": item.Get("arguments").Str}}
+			if n := len(out); n > 0 && out[n-1]["role"] == "assistant" {
+				calls, _ := out[n-1]["tool_calls"].([]any)
+				out[n-1]["tool_calls"] = append(calls, call)
+			} else {
+				out = append(out, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{call}})
+			}
+		case "function_call_output":
+			o := item.Get("output")
+			text := o.Str
+			if o.IsArray() {
+				text = joinText(o, "text")
+			}
+			out = append(out, map[string]any{"role": "tool", "tool_call_id": item.Get("call_id").Str, "content": text})
+		case "reasoning":
+			// Reasoning items of earlier turns: chat completions has no place for them.
+		default:
+			bad = openai.InvalidRequest(param+".type", "Invalid value for '%s.type': '%s'. This gateway supports message, function_call, function_call_output and reasoning items.", param, typ)
+			return false
+		}
+		return true
+	})
+	if bad != nil {
+		return nil, bad
+	}
+	msgs := make([]json.RawMessage, len(out))
+	for i, m := range out {
+		msgs[i] = marshal(m)
+	}
+	return msgs, nil
+}
+
+// inputMessage translates one message item.
+func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Error) {
+	role := item.Get("role").Str
+	switch role {
+	case "user", "assistant", "system", "developer":
+	default:
+		return nil, openai.InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'user', 'assistant', 'system' and 'developer'.", param, role)
+	}
+	c := item.Get("content")
+	if c.Type == gjson.String {
+		return map[string]any{"role": role, "content": c.Str}, nil
+	}
+	if !c.IsArray() {
+		return nil, openai.WrongType(param+".content", "a string or an array of content parts", c)
+	}
+	if role == "assistant" { // chat assistant content: text (and refusal)
+		m := map[string]any{"role": "assistant", "content": joinText(c, "text")}
+		if r := joinText(c, "refusal"); r != "" {
+			m["refusal"] = r
+		}
+		return m, nil
+	}
+	var parts []any
+	var bad *openai.Error
+	j := 0
+	c.ForEach(func(_, p gjson.Result) bool {
+		pp := param + ".content[" + strconv.Itoa(j) + "]"
+		j++
+		switch p.Get("type").Str {
+		case "input_text", "output_text", "text":
+			parts = append(parts, map[string]any{"type": "text", "text": p.Get("text").Str})
+		case "input_image":
+			url := p.Get("image_url").Str
+			if url == "" {
+				bad = openai.InvalidRequest(pp+".image_url", "'%s.image_url' is required: this gateway has no file store for file_id.", pp)
+				return false
+			}
+			img := map[string]any{"url": url}
+			if d := p.Get("detail"); d.Type == gjson.String {
+				img["detail"] = d.Str
+			}
+			parts = append(parts, map[string]any{"type": "image_url", "image_url": img})
+		case "input_file":
+			if p.Get("file_data").Type != gjson.String {
+				bad = openai.InvalidRequest(pp+".file_data", "'%s.file_data' is required: this gateway has no file store for file_id or file_url.", pp)
+				return false
+			}
+			parts = append(parts, map[string]any{"type": "file", "file": map[string]any{"file_data": p.Get("file_data").Str, "filename": p.Get("filename").Str}})
+		case "input_audio":
+			parts = append(parts, map[string]any{"type": "input_audio", "input_audio": map[string]any{
+				"data": p.Get("input_audio.data").Str, "format": p.Get("input_audio.format").Str}})
+		default:
+			bad = openai.InvalidRequest(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'input_text', 'input_image', 'input_file' and 'input_audio'.", pp, p.Get("type").Str)
+			return false
+		}
+		return true
+	})
+	if bad != nil {
+		return nil, bad
+	}
+	return map[string]any{"role": role, "content": parts}, nil
+}
+
+// joinText joins the field of the parts of array a that have it.
+func joinText(a gjson.Result, field string) string {
+	var b strings.Builder
+	a.ForEach(func(_, p gjson.Result) bool {
+		b.WriteString(p.Get(field).Str)
+		return true
+	})
+	return b.String()
+}
+
+// responsesTools translates tools and tool_choice.
+func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
+	var tools []any
+	var bad *openai.Error
+	i := 0
+	root.Get("tools").ForEach(func(_, tl gjson.Result) bool {
+		param := "tools[" + strconv.Itoa(i) + "]"
+		i++
+		if tl.Get("type").Str != "function" {
+			bad = openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+			return false
+		}
+		fn := map[string]any{"name": tl.Get("name").Str}
+		for _, k := range []string{"description", "parameters", "strict"} {
+			if v := tl.Get(k); v.Exists() && v.Type != gjson.Null {
+				fn[k] = json.RawMessage(v.Raw)
+			}
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": fn})
+		return true
+	})
+	if bad != nil {
+		return bad
+	}
+	if len(tools) > 0 {
+		chat["tools"] = tools
+	}
+	switch tc := root.Get("tool_choice"); {
+	case !tc.Exists() || tc.Type == gjson.Null:
+	case tc.Type == gjson.String:
+		chat["tool_choice"] = tc.Str
+	case tc.Get("type").Str == "function":
+		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
+	default:
+		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
+	}
+	return nil
+}
+
+// baseResponse is the Response object without output and usage: the
+// request's parameters echoed, with OpenAI's defaults where it set none.
+func (t *Translation) baseResponse(created int64, status string) map[string]any {
+	r := t.req
+	or := func(path string, def any) any {
+		if v := r.Get(path); v.Exists() && v.Type != gjson.Null {
+			return json.RawMessage(v.Raw)
+		}
+		return def
+	}
+	tools := []any{}
+	r.Get("tools").ForEach(func(_, tl gjson.Result) bool {
+		tools = append(tools, map[string]any{"type": "function", "name": tl.Get("name").Str,
+			"description": or0(tl.Get("description")), "parameters": or0(tl.Get("parameters")), "strict": or0(tl.Get("strict"))})
+		return true
+	})
+	format := any(map[string]any{"type": "text"})
+	if f := r.Get("text.format"); f.IsObject() {
+		format = json.RawMessage(f.Raw)
+	}
+	resp := map[string]any{
+		"id": t.id, "object": "response", "created_at": created, "status": status,
+		"error": nil, "incomplete_details": nil,
+		"instructions":         or("instructions", nil),
+		"max_output_tokens":    or("max_output_tokens", nil),
+		"model":                t.Model,
+		"output":               []any{},
+		"parallel_tool_calls":  or("parallel_tool_calls", true),
+		"previous_response_id": or("previous_response_id", nil),
+		"reasoning":            map[string]any{"effort": nil, "summary": nil},
+		"store":                t.store != nil,
+		"temperature":          or("temperature", 1),
+		"text":                 map[string]any{"format": format},
+		"tool_choice":          or("tool_choice", "auto"),
+		"tools":                tools,
+		"top_p":                or("top_p", 1),
+		"truncation":           "disabled",
+		"metadata":             or("metadata", map[string]any{}),
+	}
+	if u := r.Get("user"); u.Type == gjson.String {
+		resp["user"] = u.Str
+	}
+	return resp
+}
+
+// or0 is v's raw JSON, or null.
+func or0(v gjson.Result) any {
+	if v.Exists() {
+		return json.RawMessage(v.Raw)
+	}
+	return nil
+}
+
+// responseUsage is the ResponseUsage of a chat usage object.
+func responseUsage(u gjson.Result) map[string]any {
+	in, out := u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
+	return map[string]any{
+		"input_tokens": in, "input_tokens_details": map[string]any{"cached_tokens": u.Get("prompt_tokens_details.cached_tokens").Int(), "cache_write_tokens": 0},
+		"output_tokens": out, "output_tokens_details": map[string]any{"reasoning_tokens": u.Get("completion_tokens_details.reasoning_tokens").Int()},
+		"total_tokens": in + out,
+	}
+}
+
+// statusOf maps a chat finish reason to the Response's status and
+// incomplete_details.
+func statusOf(finish string) (string, any) {
+	switch finish {
+	case "length":
+		return "incomplete", map[string]any{"reason": "max_output_tokens"}
+	case "content_filter":
+		return "incomplete", map[string]any{"reason": "content_filter"}
+	}
+	return "completed", nil
+}
+
+// outputText is an output_text content part.
+func outputText(text string) map[string]any {
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+}
+
+// responseFromChat translates a chat completion into a Response, and
+// returns the answer as a chat message, for storing.
+func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[string]any) {
+	root := gjson.ParseBytes(chat)
+	ch := root.Get("choices.0")
+	msg := ch.Get("message")
+	status, incomplete := statusOf(ch.Get("finish_reason").Str)
+	r := t.baseResponse(root.Get("created").Int(), status)
+	r["incomplete_details"] = incomplete
+	var output []any
+	assistant = map[string]any{"role": "assistant", "content": nil}
+	if c := msg.Get("content"); c.Type == gjson.String && c.Str != "" {
+		output = append(output, map[string]any{"type": "message", "id": relay.NewID("msg_"), "status": "completed", "role": "assistant",
+			"content": []any{outputText(c.Str)}})
+		assistant["content"] = c.Str
+	}
+	if rf := msg.Get("refusal"); rf.Type == gjson.String && rf.Str != "" {
+		output = append(output, map[string]any{"type": "message", "id": relay.NewID("msg_"), "status": "completed", "role": "assistant",
+			"content": []any{map[string]any{"type": "refusal", "refusal": rf.Str}}})
+		assistant["refusal"] = rf.Str
+	}
+	var calls []any
+	msg.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+		output = append(output, map[string]any{"type": "function_call", "id": relay.NewID("fc_"), "call_id": tc.Get("id").Str,
+			"name": tc.Get("function.name").Str, "arguments": tc.Get("function.arguments").Str, "status": "completed"})
+		calls = append(calls, json.RawMessage(tc.Raw))
+		return true
+	})
+	if len(calls) > 0 {
+		assistant["tool_calls"] = calls
+	}
+	if output == nil {
+		output = []any{}
+	}
+	r["output"] = output
+	if status == "completed" {
+		r["completed_at"] = time.Now().Unix()
+	}
+	if u := root.Get("usage"); u.IsObject() {
+		r["usage"] = responseUsage(u)
+	}
+	return marshal(r), assistant
+}
+
+// save stores the finished response: the conversation sent, then the
+// answer. A failure is returned (and the answer is still sent: the
+// client's turn succeeded; only continuing it will fail).
+func (t *Translation) save(ctx context.Context, resp []byte, assistant map[string]any, decisionID string) error {
+	if t.store == nil {
+		return nil
+	}
+	msgs := append(append([]json.RawMessage(nil), t.history...), marshal(assistant))
+	return t.store.PutResponse(context.WithoutCancel(ctx), StoredResponse{ID: t.id, Member: t.member, Model: t.Model, DecisionID: decisionID,
+		Messages: marshal(msgs), Response: resp})
+}

@@ -1,0 +1,268 @@
+package translate
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/relay"
+)
+
+// responsesStream turns a chat completion stream into the Responses API's
+// stream: response.created and response.in_progress first; for the text,
+// response.output_item.added (a message), response.content_part.added,
+// response.output_text.delta…, then .done events; for each tool call,
+// response.output_item.added (a function_call),
+// response.function_call_arguments.delta…, .done, response.output_item.done;
+// last response.completed (or response.incomplete) with the whole
+// Response, usage included. Every event has the next sequence_number.
+type responsesStream struct {
+	t       *Translation
+	ctx     context.Context
+	decided string // the decision id, stored with the response
+	seq     int
+	created int64
+	started bool
+	ended   bool
+	next    int // the next output_index
+
+	text    strings.Builder
+	msg     *outItem // the message item, once text or a refusal came
+	part    string   // "output_text" or "refusal": the open content part
+	refusal strings.Builder
+
+	calls   map[int64]*outItem // function_call items by chat tool-call index
+	order   []*outItem         // every item, in output_index order
+	finish  string
+	usage   gjson.Result
+	saveErr error // storing the response failed (the answer is still sent)
+}
+
+type outItem struct {
+	index  int
+	id     string
+	callID string
+	name   string
+	args   strings.Builder
+	done   bool
+	isCall bool
+	item   map[string]any // the finished item
+}
+
+func newResponsesStream(t *Translation, ctx context.Context, decisionID string) *responsesStream {
+	return &responsesStream{t: t, ctx: ctx, decided: decisionID, calls: map[int64]*outItem{}}
+}
+
+func (s *responsesStream) emit(out []byte, typ string, ev map[string]any) []byte {
+	ev["type"] = typ
+	ev["sequence_number"] = s.seq
+	s.seq++
+	return relay.AppendEvent(out, relay.Event{Type: typ, Data: marshal(ev)}, false)
+}
+
+func (s *responsesStream) start(out []byte, created int64) []byte {
+	s.started = true
+	s.created = created
+	r := s.t.baseResponse(created, "in_progress")
+	out = s.emit(out, "response.created", map[string]any{"response": r})
+	return s.emit(out, "response.in_progress", map[string]any{"response": r})
+}
+
+// event translates one event of the chat stream.
+func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
+	if s.ended {
+		return out
+	}
+	if ev.IsDone() {
+		return s.end(out)
+	}
+	root := gjson.ParseBytes(ev.Data)
+	if e := root.Get("error"); e.Exists() {
+		s.ended = true
+		return s.emit(out, "error", map[string]any{"code": or0(e.Get("code")), "message": e.Get("message").Str, "param": or0(e.Get("param"))})
+	}
+	if !s.started {
+		created := root.Get("created").Int()
+		if created == 0 {
+			created = time.Now().Unix()
+		}
+		out = s.start(out, created)
+	}
+	if u := root.Get("usage"); u.IsObject() {
+		s.usage = u
+	}
+	ch := root.Get("choices.0")
+	if !ch.Exists() {
+		return out
+	}
+	d := ch.Get("delta")
+	if c := d.Get("content"); c.Type == gjson.String && c.Str != "" {
+		out = s.textDelta(out, "output_text", c.Str)
+	}
+	if r := d.Get("refusal"); r.Type == gjson.String && r.Str != "" {
+		out = s.textDelta(out, "refusal", r.Str)
+	}
+	d.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+		idx := tc.Get("index").Int()
+		it := s.calls[idx]
+		if it == nil {
+			out = s.closeMessage(out)
+			it = &outItem{index: s.next, id: relay.NewID("fc_"), callID: tc.Get("id").Str, name: tc.Get("function.name").Str, isCall: true}
+			s.next++
+			s.calls[idx] = it
+			s.order = append(s.order, it)
+			out = s.emit(out, "response.output_item.added", map[string]any{"output_index": it.index, "item": map[string]any{
+				"type": "function_call", "id": it.id, "call_id": it.callID, "name": it.name, "arguments": "", "status": "in_progress"}})
+		}
+		if a := tc.Get("function.arguments").Str; a != "" {
+			it.args.WriteString(a)
+			out = s.emit(out, "response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": it.index, "delta": a})
+		}
+		return true
+	})
+	if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
+		s.finish = fr.Str
+	}
+	return out
+}
+
+// textDelta appends text of kind ("output_text" or "refusal") to the
+// message item, opening it and its content part first.
+func (s *responsesStream) textDelta(out []byte, kind, text string) []byte {
+	if s.msg == nil {
+		s.msg = &outItem{index: s.next, id: relay.NewID("msg_")}
+		s.next++
+		s.order = append(s.order, s.msg)
+		out = s.emit(out, "response.output_item.added", map[string]any{"output_index": s.msg.index, "item": map[string]any{
+			"type": "message", "id": s.msg.id, "status": "in_progress", "role": "assistant", "content": []any{}}})
+	}
+	if s.part != kind {
+		out = s.closePart(out)
+		s.part = kind
+		part := outputText("")
+		if kind == "refusal" {
+			part = map[string]any{"type": "refusal", "refusal": ""}
+		}
+		out = s.emit(out, "response.content_part.added", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+			"content_index": s.contentIndex(), "part": part})
+	}
+	if kind == "refusal" {
+		s.refusal.WriteString(text)
+		return s.emit(out, "response.refusal.delta", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+			"content_index": s.contentIndex(), "delta": text})
+	}
+	s.text.WriteString(text)
+	return s.emit(out, "response.output_text.delta", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+		"content_index": s.contentIndex(), "delta": text, "logprobs": []any{}})
+}
+
+// contentIndex is the index of the open content part.
+func (s *responsesStream) contentIndex() int {
+	if s.part == "refusal" && s.text.Len() > 0 {
+		return 1
+	}
+	return 0
+}
+
+// parts are the message's content parts so far.
+func (s *responsesStream) parts() []any {
+	var parts []any
+	if s.text.Len() > 0 {
+		parts = append(parts, outputText(s.text.String()))
+	}
+	if s.refusal.Len() > 0 {
+		parts = append(parts, map[string]any{"type": "refusal", "refusal": s.refusal.String()})
+	}
+	if parts == nil {
+		parts = []any{}
+	}
+	return parts
+}
+
+func (s *responsesStream) closePart(out []byte) []byte {
+	switch s.part {
+	case "output_text":
+		out = s.emit(out, "response.output_text.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+			"content_index": s.contentIndex(), "text": s.text.String(), "logprobs": []any{}})
+		out = s.emit(out, "response.content_part.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+			"content_index": s.contentIndex(), "part": outputText(s.text.String())})
+	case "refusal":
+		out = s.emit(out, "response.refusal.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+			"content_index": s.contentIndex(), "refusal": s.refusal.String()})
+		out = s.emit(out, "response.content_part.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
+			"content_index": s.contentIndex(), "part": map[string]any{"type": "refusal", "refusal": s.refusal.String()}})
+	}
+	s.part = ""
+	return out
+}
+
+// closeMessage finishes the message item, if one is open.
+func (s *responsesStream) closeMessage(out []byte) []byte {
+	if s.msg == nil || s.msg.done {
+		return out
+	}
+	out = s.closePart(out)
+	s.msg.done = true
+	s.msg.item = map[string]any{"type": "message", "id": s.msg.id, "status": "completed", "role": "assistant", "content": s.parts()}
+	return s.emit(out, "response.output_item.done", map[string]any{"output_index": s.msg.index, "item": s.msg.item})
+}
+
+// end closes every item, stores the response and sends its last event.
+func (s *responsesStream) end(out []byte) []byte {
+	if s.ended {
+		return out
+	}
+	s.ended = true
+	if !s.started {
+		out = s.start(out, time.Now().Unix())
+	}
+	out = s.closeMessage(out)
+	calls := make([]*outItem, 0, len(s.calls))
+	for _, c := range s.calls {
+		calls = append(calls, c)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].index < calls[j].index })
+	var toolCalls []any
+	for _, c := range calls {
+		args := c.args.String()
+		c.item = map[string]any{"type": "function_call", "id": c.id, "call_id": c.callID, "name": c.name, "arguments": args, "status": "completed"}
+		out = s.emit(out, "response.function_call_arguments.done", map[string]any{"item_id": c.id, "output_index": c.index, "name": c.name, "arguments": args})
+		out = s.emit(out, "response.output_item.done", map[string]any{"output_index": c.index, "item": c.item})
+		toolCalls = append(toolCalls, map[string]any{"id": c.callID, "type": "function", "function": map[string]any{"name": c.name, "arguments": args}})
+	}
+	status, incomplete := statusOf(s.finish)
+	r := s.t.baseResponse(s.created, status)
+	r["incomplete_details"] = incomplete
+	output := []any{}
+	for _, it := range s.order {
+		output = append(output, it.item)
+	}
+	r["output"] = output
+	if status == "completed" {
+		r["completed_at"] = time.Now().Unix()
+	}
+	if s.usage.IsObject() {
+		r["usage"] = responseUsage(s.usage)
+	}
+	assistant := map[string]any{"role": "assistant", "content": nil}
+	if s.text.Len() > 0 {
+		assistant["content"] = s.text.String()
+	}
+	if s.refusal.Len() > 0 {
+		assistant["refusal"] = s.refusal.String()
+	}
+	if toolCalls != nil {
+		assistant["tool_calls"] = toolCalls
+	}
+	resp := marshal(r)
+	s.saveErr = s.t.save(s.ctx, resp, assistant, s.decided)
+	typ := "response.completed"
+	if status == "incomplete" {
+		typ = "response.incomplete"
+	}
+	return s.emit(out, typ, map[string]any{"response": json.RawMessage(resp)})
+}

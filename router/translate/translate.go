@@ -1,0 +1,159 @@
+// Package translate serves two more client APIs over the chat completions
+// pipeline: OpenAI's Responses API (POST /v1/responses) and Anthropic's
+// Messages API (POST /v1/messages). A request in either is translated into
+// a chat completions request (FromResponses, FromMessages), and that chat
+// body is what is classified, decided, redacted and sent — the annotation
+// is of the bytes that leave, exactly as for a chat request. What the
+// pipeline answers (a chat completion, a chat stream, an OpenAI error) is
+// translated back on its way to the client by a Writer.
+//
+// Wire shapes: OpenAI's API description (schemas CreateResponse, Response,
+// ResponseStreamEvent); Anthropic's Messages API reference
+// (https://docs.anthropic.com/en/api/messages, .../messages-streaming,
+// .../errors).
+package translate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/openai"
+)
+
+// API names a client API translated to chat completions.
+type API string
+
+// The translated APIs.
+const (
+	APIResponses API = "responses" // OpenAI Responses API, POST /v1/responses
+	APIMessages  API = "messages"  // Anthropic Messages API, POST /v1/messages
+)
+
+// ErrNotFound is returned by a Store for an unknown response (or one of
+// another member).
+var ErrNotFound = errors.New("response not found")
+
+// StoredResponse is a Responses API response kept for previous_response_id.
+type StoredResponse struct {
+	ID, Member, Model, DecisionID string
+	// Messages is the conversation as chat messages (a JSON array), the
+	// answer last, without instructions.
+	Messages []byte
+	// Response is the Response object sent.
+	Response []byte
+	Created  time.Time
+}
+
+// Store keeps responses (the registry, through the Caddy glue).
+type Store interface {
+	PutResponse(ctx context.Context, r StoredResponse) error
+	// Response returns member's response id, or ErrNotFound.
+	Response(ctx context.Context, id, member string) (StoredResponse, error)
+}
+
+// Translation is one translated request: what writing its answer back
+// needs. Made by FromResponses or FromMessages.
+type Translation struct {
+	API API
+	// Model is the client's model name.
+	Model string
+	// Stream reports a streamed request.
+	Stream bool
+	// StoredConversation reports a request continuing a stored response
+	// (previous_response_id): its history comes from Molly's store.
+	StoredConversation bool
+	// PromptEstimate is the prompt's size in tokens as classification
+	// estimated it (set by the caller; Anthropic's message_start reports it
+	// before the upstream's count is known).
+	PromptEstimate int
+
+	req gjson.Result // the client's request, for the fields answers echo
+
+	// Responses API.
+	id      string            // resp_…
+	store   Store             // nil: nothing is stored
+	member  string            // the caller, owner of what is stored
+	history []json.RawMessage // chat messages sent, without instructions
+}
+
+// ResponseID is the id of the Response being made ("" for Messages).
+func (t *Translation) ResponseID() string { return t.id }
+
+// marshal encodes v as JSON without escaping <, > and & (the text stays
+// byte for byte what the client sent, for classification and restoring).
+func marshal(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic(err) // only maps, slices, strings, numbers and raw JSON are encoded
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// object parses body as a JSON object, the first step of both
+// translations: errors are the 400s ParseRequest gives.
+func object(body []byte) (gjson.Result, *openai.Error) {
+	if len(body) == 0 {
+		return gjson.Result{}, openai.InvalidRequest("", "The request body is empty; send a JSON object.")
+	}
+	if !gjson.ValidBytes(body) {
+		return gjson.Result{}, openai.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	}
+	if k, dup, deep := openai.CheckStructure(body); deep {
+		return gjson.Result{}, openai.InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", openai.MaxJSONDepth)
+	} else if dup {
+		return gjson.Result{}, openai.InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", k)
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return gjson.Result{}, openai.InvalidRequest("", "The JSON body of your request must be an object, got %s.", openai.Kind(root))
+	}
+	if m := root.Get("model"); m.Type != gjson.String || m.Str == "" {
+		return gjson.Result{}, openai.InvalidRequest("model", "You must provide a model parameter (a non-empty string).")
+	}
+	return root, nil
+}
+
+// copyNumber copies the numeric parameter param of the client's request
+// as key.
+func copyNumber(dst map[string]any, key string, root gjson.Result, param string) *openai.Error {
+	switch v := root.Get(param); {
+	case !v.Exists() || v.Type == gjson.Null:
+	case v.Type == gjson.Number:
+		dst[key] = json.RawMessage(v.Raw)
+	default:
+		return openai.WrongType(param, "a number", v)
+	}
+	return nil
+}
+
+// statusType is the Anthropic error type of an HTTP status.
+func statusType(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	}
+	if status >= 400 && status < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
+}

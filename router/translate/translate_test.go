@@ -1,0 +1,442 @@
+package translate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/router/relay"
+)
+
+// memStore is a Store in memory.
+type memStore struct {
+	mu sync.Mutex
+	m  map[string]StoredResponse
+}
+
+func (s *memStore) PutResponse(_ context.Context, r StoredResponse) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]StoredResponse{}
+	}
+	s.m[r.ID] = r
+	return nil
+}
+
+func (s *memStore) Response(_ context.Context, id, member string) (StoredResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.m[id]
+	if !ok || r.Member != member {
+		return StoredResponse{}, ErrNotFound
+	}
+	return r, nil
+}
+
+// sameJSON compares two JSON texts as values.
+func sameJSON(t *testing.T, got []byte, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("got is not JSON: %v\n%s", err, got)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("want is not JSON: %v", err)
+	}
+	if !reflect.DeepEqual(g, w) {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}
+
+func TestFromResponses(t *testing.T) {
+	ctx := context.Background()
+	store := &memStore{}
+	store.PutResponse(ctx, StoredResponse{ID: "resp_old", Member: "ana", Messages: []byte(`[{"role":"user","content":"my name is Ana"},{"role":"assistant","content":"Hello Ana"}]`)})
+	tests := []struct {
+		name, body, want string
+	}{
+		{"a string input with instructions and parameters",
+			`{"model":"m","instructions":"Be brief.","input":"Hi <there> & you","max_output_tokens":50,"temperature":0.5,"top_p":0.9,"user":"u1"}`,
+			`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi <there> & you"}],"max_completion_tokens":50,"temperature":0.5,"top_p":0.9,"user":"u1"}`},
+		{"items: messages with parts, a function call round, function tools, a schema, a stream",
+			`{"model":"m","stream":true,"input":[{"role":"user","content":[{"type":"input_text","text":"weather?"},{"type":"input_image","image_url":"https://x/y.png","detail":"low"}]},
+			{"type":"function_call","call_id":"call_1","name":"weather","arguments":"{\"city\":\"Rome\"}"},{"type":"function_call","call_id":"call_2","name":"weather","arguments":"{}"},
+			{"type":"function_call_output","call_id":"call_1","output":"sunny"},{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"It is sunny."}]}],
+			"tools":[{"type":"function","name":"weather","description":"d","parameters":{"type":"object"},"strict":true}],"tool_choice":{"type":"function","name":"weather"},"parallel_tool_calls":false,
+			"text":{"format":{"type":"json_schema","name":"w","schema":{"type":"object"},"strict":true}}}`,
+			`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[
+			{"role":"user","content":[{"type":"text","text":"weather?"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]},
+			{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Rome\"}"}},{"id":"call_2","type":"function","function":{"name":"weather","arguments":"{}"}}]},
+			{"role":"tool","tool_call_id":"call_1","content":"sunny"},{"role":"assistant","content":"It is sunny."}],
+			"tools":[{"type":"function","function":{"name":"weather","description":"d","parameters":{"type":"object"},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"weather"}},"parallel_tool_calls":false,
+			"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object"},"strict":true}}}`},
+		{"previous_response_id puts the stored conversation before the input, after the new instructions",
+			`{"model":"m","previous_response_id":"resp_old","instructions":"Be kind.","input":"what is my name?"}`,
+			`{"model":"m","messages":[{"role":"system","content":"Be kind."},{"role":"user","content":"my name is Ana"},{"role":"assistant","content":"Hello Ana"},{"role":"user","content":"what is my name?"}]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			chat, tr, aerr := FromResponses(ctx, []byte(tt.body), store, "ana")
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			sameJSON(t, chat, tt.want)
+			if tr.Model != "m" || !strings.HasPrefix(tr.ResponseID(), "resp_") || tr.StoredConversation != strings.Contains(tt.body, "previous_response_id") {
+				t.Fatalf("translation %+v", tr)
+			}
+			if !bytes.Contains(chat, []byte("<there> & you")) && strings.Contains(tt.body, "<there>") {
+				t.Fatal("the text was escaped: the classified bytes differ from the client's")
+			}
+		})
+	}
+	refusals := []struct {
+		name, body, param string
+		status            int
+	}{
+		{"a hosted tool", `{"model":"m","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type", 400},
+		{"an item reference", `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`, "input[0].type", 400},
+		{"an image by file id", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","file_id":"f"}]}]}`, "input[0].content[0].image_url", 400},
+		{"background mode", `{"model":"m","input":"x","background":true}`, "background", 400},
+		{"no input", `{"model":"m"}`, "input", 400},
+		{"no model", `{"input":"x"}`, "model", 400},
+		{"another member's response", `{"model":"m","input":"x","previous_response_id":"resp_old"}`, "previous_response_id", 404},
+		{"an unknown response", `{"model":"m","input":"x","previous_response_id":"resp_nope"}`, "previous_response_id", 404},
+		{"a repeated key", `{"model":"m","input":"x","input":"y"}`, "", 400},
+	}
+	for _, tt := range refusals {
+		t.Run("refuses "+tt.name, func(t *testing.T) {
+			member := "ana"
+			if strings.Contains(tt.name, "another member") {
+				member = "bo"
+			}
+			_, _, aerr := FromResponses(ctx, []byte(tt.body), store, member)
+			if aerr == nil || aerr.Status != tt.status || aerr.Param != tt.param {
+				t.Fatalf("error %+v, want %d param %q", aerr, tt.status, tt.param)
+			}
+		})
+	}
+}
+
+// serve runs a Writer over an httptest recorder: write is what the
+// pipeline would write.
+func serve(t *testing.T, api API, tr *Translation, write func(w http.ResponseWriter)) *httptest.ResponseRecorder {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	w := NewWriter(rec, context.Background(), api)
+	if tr != nil {
+		w.Bind(tr)
+	}
+	write(w)
+	w.Finish()
+	if err := w.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func writeJSON(status int, body string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1")
+		w.Header().Set(HeaderDecisionID, "dec-1")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}
+}
+
+func writeSSE(chunks ...string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for _, c := range chunks {
+			_, _ = w.Write(relay.AppendData(nil, []byte(c)))
+			w.(http.Flusher).Flush()
+		}
+	}
+}
+
+// events decodes an SSE body with the one decoder.
+func events(t *testing.T, body []byte) []relay.Event {
+	t.Helper()
+	d := relay.NewDecoder(bytes.NewReader(body))
+	var out []relay.Event
+	for {
+		ev, err := d.Next()
+		if err != nil {
+			return out
+		}
+		out = append(out, ev)
+	}
+}
+
+const chatAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,
+	"message":{"role":"assistant","content":"Checking.","refusal":null,"tool_calls":[{"id":"call_9","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Oslo\"}"}}]}}],
+	"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}`
+
+var chatStream = []string{
+	`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Check"},"finish_reason":null}]}`,
+	`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"ing."},"finish_reason":null}]}`,
+	`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_9","type":"function","function":{"name":"weather","arguments":"{\"city\":"}}]},"finish_reason":null}]}`,
+	`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Oslo\"}"}}]},"finish_reason":null}]}`,
+	`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+	`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}`,
+	`[DONE]`,
+}
+
+func TestResponsesAnswersAreSpecValid(t *testing.T) {
+	spec := openapitest.Load(t)
+	ctx := context.Background()
+	body := `{"model":"m","input":"weather in Oslo?","tools":[{"type":"function","name":"weather","parameters":{"type":"object"}}]}`
+	t.Run("a whole answer becomes a Response and is stored", func(t *testing.T) {
+		store := &memStore{}
+		_, tr, _ := FromResponses(ctx, []byte(body), store, "ana")
+		rec := serve(t, APIResponses, tr, writeJSON(200, chatAnswer))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		r := gjson.ParseBytes(rec.Body.Bytes())
+		if r.Get("id").Str != tr.ResponseID() || r.Get("status").Str != "completed" || r.Get("output.0.content.0.text").Str != "Checking." ||
+			r.Get("output.1.type").Str != "function_call" || r.Get("output.1.call_id").Str != "call_9" || r.Get("usage.total_tokens").Int() != 19 {
+			t.Fatalf("response %s", rec.Body)
+		}
+		if rec.Header().Get("Content-Length") != strconv.Itoa(rec.Body.Len()) {
+			t.Fatalf("Content-Length %q for %d bytes", rec.Header().Get("Content-Length"), rec.Body.Len())
+		}
+		s, err := store.Response(ctx, tr.ResponseID(), "ana")
+		if err != nil || s.DecisionID != "dec-1" {
+			t.Fatalf("stored %+v, %v", s, err)
+		}
+		sameJSON(t, s.Messages, `[{"role":"user","content":"weather in Oslo?"},{"role":"assistant","content":"Checking.","tool_calls":[{"id":"call_9","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Oslo\"}"}}]}]`)
+	})
+	t.Run("store false keeps nothing", func(t *testing.T) {
+		store := &memStore{}
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"x","store":false}`), store, "ana")
+		rec := serve(t, APIResponses, tr, writeJSON(200, chatAnswer))
+		if len(store.m) != 0 || gjson.GetBytes(rec.Body.Bytes(), "store").Bool() {
+			t.Fatalf("stored %d: %s", len(store.m), rec.Body)
+		}
+	})
+	t.Run("errors stay OpenAI's", func(t *testing.T) {
+		err := `{"error":{"message":"no","type":"invalid_request_error","param":null,"code":"x"}}`
+		rec := serve(t, APIResponses, nil, writeJSON(400, err))
+		if rec.Code != 400 || rec.Body.String() != err {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+	})
+	t.Run("a stream becomes the Responses events", func(t *testing.T) {
+		store := &memStore{}
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"weather in Oslo?"}`), store, "ana")
+		rec := serve(t, APIResponses, tr, writeSSE(chatStream...))
+		evs := events(t, rec.Body.Bytes())
+		var types []string
+		for i, ev := range evs {
+			spec.Validate(t, "ResponseStreamEvent", ev.Data)
+			if got := gjson.GetBytes(ev.Data, "type").Str; got != ev.Type {
+				t.Fatalf("event %q carries type %q", ev.Type, got)
+			}
+			if n := gjson.GetBytes(ev.Data, "sequence_number").Int(); n != int64(i) {
+				t.Fatalf("event %d has sequence_number %d", i, n)
+			}
+			types = append(types, ev.Type)
+		}
+		want := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+			"response.output_text.delta", "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+			"response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+			"response.function_call_arguments.done", "response.output_item.done", "response.completed"}
+		if !reflect.DeepEqual(types, want) {
+			t.Fatalf("events\n%v\nwant\n%v", types, want)
+		}
+		done := gjson.GetBytes(evs[len(evs)-1].Data, "response")
+		spec.Validate(t, "Response", []byte(done.Raw))
+		if done.Get("output.1.arguments").Str != `{"city":"Oslo"}` || done.Get("usage.output_tokens").Int() != 7 || done.Get("output.0.content.0.text").Str != "Checking." {
+			t.Fatalf("completed %s", done.Raw)
+		}
+		if _, err := store.Response(ctx, tr.ResponseID(), "ana"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("a stream cut short ends with an error event", func(t *testing.T) {
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"x"}`), nil, "ana")
+		rec := serve(t, APIResponses, tr, writeSSE(chatStream[0], `{"error":{"message":"cut","type":"upstream_error","param":null,"code":"stream_truncated"}}`))
+		evs := events(t, rec.Body.Bytes())
+		last := evs[len(evs)-1]
+		spec.Validate(t, "ResponseStreamEvent", last.Data)
+		if last.Type != "error" || gjson.GetBytes(last.Data, "code").Str != "stream_truncated" {
+			t.Fatalf("last event %s %s", last.Type, last.Data)
+		}
+	})
+}
+
+// collapseTypes drops consecutive repeats.
+func collapseTypes(ts []string) []string {
+	var out []string
+	for _, s := range ts {
+		if n := len(out); n == 0 || out[n-1] != s {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func readFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("testdata/anthropic/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// shape is a JSON value's shape: objects as their sorted member names
+// with each member's shape, arrays as the shapes of their elements, other
+// values as their JSON type. Values are ignored.
+func shape(v gjson.Result) any {
+	switch {
+	case v.IsObject():
+		m := map[string]any{}
+		v.ForEach(func(k, e gjson.Result) bool {
+			m[k.Str] = shape(e)
+			if k.Str == "input" && e.IsObject() {
+				m[k.Str] = "a tool's input object" // its members are the tool's, not the API's
+			}
+			return true
+		})
+		return m
+	case v.IsArray():
+		var out []any
+		for _, e := range v.Array() {
+			out = append(out, shape(e))
+		}
+		return out
+	}
+	return v.Type.String()
+}
+
+func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
+	chat, tr, aerr := FromMessages(readFile(t, "tool_use_request.json"))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if tr.API != APIMessages || tr.Model != "claude-sonnet-4-5" || tr.Stream {
+		t.Fatalf("translation %+v", tr)
+	}
+	sameJSON(t, chat, `{"model":"claude-sonnet-4-5","max_tokens":1024,"messages":[
+		{"role":"system","content":"You are a weather assistant."},
+		{"role":"user","content":"What is the weather like in San Francisco?"},
+		{"role":"assistant","content":"I'll check the current weather in San Francisco for you.","tool_calls":[{"id":"toolu_01A09q90qw90lq917835lq9","type":"function","function":{"name":"get_weather","arguments":"{\"location\": \"San Francisco, CA\"}"}}]},
+		{"role":"tool","tool_call_id":"toolu_01A09q90qw90lq917835lq9","content":"15 degrees"},
+		{"role":"user","content":[{"type":"text","text":"And in Celsius?"}]}],
+		"tools":[{"type":"function","function":{"name":"get_weather","description":"Get the current weather in a given location","parameters":{"type":"object","properties":{"location":{"type":"string","description":"The city and state, e.g. San Francisco, CA"}},"required":["location"]}}}],
+		"tool_choice":"auto","parallel_tool_calls":false,"stop":["END"],"temperature":0.2,"user":"user-7"}`)
+	for _, tt := range []struct{ name, body, param string }{
+		{"no max_tokens", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, "max_tokens"},
+		{"a server tool", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "tools.0"},
+		{"a document block", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}`, "messages.0.content.0.type"},
+		{"a system role in messages", `{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, "messages.0.role"},
+	} {
+		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
+			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
+		}
+	}
+}
+
+func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
+	_, tr, _ := FromMessages(readFile(t, "tool_use_request.json"))
+	t.Run("a whole answer", func(t *testing.T) {
+		rec := serve(t, APIMessages, tr, writeJSON(200, chatAnswer))
+		got, want := gjson.ParseBytes(rec.Body.Bytes()), gjson.ParseBytes(readFile(t, "tool_use_response.json"))
+		if !reflect.DeepEqual(shape(got), shape(want)) {
+			t.Fatalf("shape\n%v\nwant\n%v", shape(got), shape(want))
+		}
+		if got.Get("stop_reason").Str != "tool_use" || got.Get("content.1.input.city").Str != "Oslo" || got.Get("usage.input_tokens").Int() != 12 ||
+			got.Get("model").Str != "claude-sonnet-4-5" {
+			t.Fatalf("message %s", rec.Body)
+		}
+	})
+	t.Run("an error", func(t *testing.T) {
+		rec := serve(t, APIMessages, tr, writeJSON(400, `{"error":{"message":"max_tokens: Field required","type":"invalid_request_error","param":"max_tokens","code":null}}`))
+		if rec.Code != 400 || !reflect.DeepEqual(shape(gjson.ParseBytes(rec.Body.Bytes())), shape(gjson.ParseBytes(readFile(t, "error.json")))) ||
+			gjson.GetBytes(rec.Body.Bytes(), "error.type").Str != "invalid_request_error" {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+	})
+	t.Run("streams", func(t *testing.T) {
+		stream := *tr
+		stream.Stream = true
+		stream.PromptEstimate = 12
+		rec := serve(t, APIMessages, &stream, writeSSE(chatStream...))
+		got := events(t, rec.Body.Bytes())
+		// The recorded tool use stream has a text block then a tool_use
+		// block, as this answer does: the same events, with the same shapes.
+		want := events(t, readFile(t, "tool_use_stream.txt"))
+		// Deltas come in as many events as the text came in chunks:
+		// consecutive events of one type and block are compared as one.
+		collapse := func(evs []relay.Event) []relay.Event {
+			var out []relay.Event
+			for _, ev := range evs {
+				if n := len(out); n > 0 && ev.Type == "content_block_delta" && out[n-1].Type == ev.Type &&
+					gjson.GetBytes(out[n-1].Data, "index").Int() == gjson.GetBytes(ev.Data, "index").Int() {
+					continue
+				}
+				out = append(out, ev)
+			}
+			return out
+		}
+		g, w := collapse(got), collapse(want)
+		var gotTypes, wantTypes []string
+		for _, ev := range g {
+			gotTypes = append(gotTypes, ev.Type)
+		}
+		for _, ev := range w {
+			wantTypes = append(wantTypes, ev.Type)
+		}
+		if !reflect.DeepEqual(gotTypes, wantTypes) {
+			t.Fatalf("events\n%v\nwant\n%v", gotTypes, wantTypes)
+		}
+		for i := range g {
+			gs, ws := shape(gjson.ParseBytes(g[i].Data)), shape(gjson.ParseBytes(w[i].Data))
+			if g[i].Type == "message_delta" {
+				// Molly also reports the upstream's input_tokens there (the
+				// estimate went out in message_start), as the API's newer
+				// versions do; the recorded example has output_tokens only.
+				delete(gs.(map[string]any)["usage"].(map[string]any), "input_tokens")
+			}
+			if !reflect.DeepEqual(gs, ws) {
+				t.Fatalf("event %d (%s)\n%v\nwant\n%v", i, g[i].Type, gs, ws)
+			}
+		}
+		var args strings.Builder
+		for _, ev := range got {
+			args.WriteString(gjson.GetBytes(ev.Data, "delta.partial_json").Str)
+		}
+		if args.String() != `{"city":"Oslo"}` || gjson.GetBytes(got[len(got)-2].Data, "usage.output_tokens").Int() != 7 {
+			t.Fatalf("arguments %q, message_delta %s", args.String(), got[len(got)-2].Data)
+		}
+		// The text-only recorded stream's event types, without its ping.
+		text := events(t, readFile(t, "text_stream.txt"))
+		var textTypes []string
+		for _, ev := range text {
+			if ev.Type != "ping" {
+				textTypes = append(textTypes, ev.Type)
+			}
+		}
+		rec = serve(t, APIMessages, &stream, writeSSE(chatStream[0], chatStream[1], `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, `[DONE]`))
+		var plain []string
+		for _, ev := range events(t, rec.Body.Bytes()) {
+			plain = append(plain, ev.Type)
+		}
+		if !reflect.DeepEqual(collapseTypes(plain), collapseTypes(textTypes)) {
+			t.Fatalf("text stream events %v, want %v", plain, textTypes)
+		}
+	})
+}

@@ -1,0 +1,169 @@
+package translate
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/relay"
+)
+
+// HeaderDecisionID is the response header the pipeline names its decision in.
+const HeaderDecisionID = "X-Molly-Decision-Id"
+
+// Writer is the http.ResponseWriter the pipeline writes to for a
+// translated request: what it writes in chat completions' terms reaches
+// the client in the client's API. A whole answer is held until Finish and
+// translated there (a chat completion becomes a Response or a Message; an
+// OpenAI error becomes Anthropic's error body for the Messages API and
+// stays as it is for the Responses API, whose errors are OpenAI's); a 2xx
+// event stream is translated event by event as it is written, through a
+// relay.Parser. Headers set by the pipeline are kept (Content-Length is
+// recomputed).
+type Writer struct {
+	w   http.ResponseWriter
+	ctx context.Context
+	api API
+	t   *Translation // nil until Bind: errors only
+
+	status    int
+	streaming bool
+	buf       bytes.Buffer
+	p         relay.Parser
+	rs        *responsesStream
+	ms        *messagesStream
+	out       []byte
+	finished  bool
+	err       error // storing the response failed
+}
+
+// NewWriter wraps w for a request in api; ctx is the request's (storing a
+// response outlives its cancellation).
+func NewWriter(w http.ResponseWriter, ctx context.Context, api API) *Writer {
+	return &Writer{w: w, ctx: ctx, api: api}
+}
+
+// Bind attaches the request's translation, once it is made.
+func (w *Writer) Bind(t *Translation) { w.t = t }
+
+// Header is the response's header map.
+func (w *Writer) Header() http.Header { return w.w.Header() }
+
+// WriteHeader records the status; it is sent with the translated body.
+func (w *Writer) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+
+// Write takes part of the chat answer.
+func (w *Writer) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if !w.streaming && w.buf.Len() == 0 && w.t != nil && w.t.Stream && w.status == http.StatusOK &&
+		strings.HasPrefix(w.Header().Get("Content-Type"), "text/event-stream") {
+		w.startStream()
+	}
+	if !w.streaming {
+		return w.buf.Write(b)
+	}
+	w.out = w.out[:0]
+	if err := w.p.Write(b, func(ev relay.Event) error {
+		if w.rs != nil {
+			w.out = w.rs.event(w.out, ev)
+		} else {
+			w.out = w.ms.event(w.out, ev)
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	if len(w.out) > 0 {
+		if _, err := w.w.Write(w.out); err != nil {
+			return 0, err
+		}
+	}
+	return len(b), nil
+}
+
+func (w *Writer) startStream() {
+	w.streaming = true
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	if w.api == APIResponses {
+		w.rs = newResponsesStream(w.t, w.ctx, h.Get(HeaderDecisionID))
+	} else {
+		w.ms = newMessagesStream(w.t)
+	}
+	w.w.WriteHeader(http.StatusOK)
+}
+
+// Flush sends what was written of a stream.
+func (w *Writer) Flush() {
+	if w.streaming {
+		_ = http.NewResponseController(w.w).Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the wrapped writer.
+func (w *Writer) Unwrap() http.ResponseWriter { return w.w }
+
+// Err reports a failure to store the response (the answer was sent).
+func (w *Writer) Err() error {
+	if w.rs != nil && w.rs.saveErr != nil {
+		return w.rs.saveErr
+	}
+	return w.err
+}
+
+// Finish writes the translated whole answer, or ends a stream that ended
+// without its terminator. Nothing is written when nothing was (the
+// handler chain returned an error for Caddy to render). Call it once, after
+// the pipeline returned.
+func (w *Writer) Finish() {
+	if w.finished {
+		return
+	}
+	w.finished = true
+	if w.streaming {
+		// A stream that stopped without [DONE] already carries its error
+		// event; one that simply stopped (the client went away) gets nothing.
+		w.Flush()
+		return
+	}
+	if w.status == 0 {
+		return
+	}
+	body := w.buf.Bytes()
+	status := w.status
+	chatAnswer := status/100 == 2 && w.t != nil && gjson.GetBytes(body, "choices").IsArray()
+	switch {
+	case chatAnswer && w.api == APIResponses:
+		resp, assistant := w.t.responseFromChat(body)
+		w.err = w.t.save(w.ctx, resp, assistant, w.Header().Get(HeaderDecisionID))
+		body = resp
+	case chatAnswer:
+		body = w.t.messageFromChat(body)
+	case status >= 400 && w.api == APIMessages:
+		body = messageError(status, body)
+	}
+	h := w.Header()
+	if len(body) > 0 {
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.w.WriteHeader(status)
+	_, _ = w.w.Write(body)
+}
+
+var (
+	_ http.ResponseWriter = (*Writer)(nil)
+	_ http.Flusher        = (*Writer)(nil)
+)
