@@ -54,8 +54,12 @@ test: deps
 	$(GO) vet ./...
 	$(GO) test -timeout $(TEST_TIMEOUT) ./...
 
+# Every package's benchmarks, then the gateway table (docs/benchmarks.md):
+# Molly against bare Caddy reverse_proxy in the same run, written to
+# bench/latest.txt and compared with the previous run's file.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 2s -timeout 30m ./...
+	$(GO) test -run '^$$' -bench . -skip '^BenchmarkGateway(Load)?$$' -benchtime 2s -timeout 30m ./...
+	$(GO) test -run '^$$' -bench '^BenchmarkGateway$$' -benchtime 1x -timeout 30m ./cmd/molly/
 
 # Long fuzzing: FUZZTIME per target (default 5m). The canary residency fuzz
 # plants canaries anywhere in valid bodies under every strategy; the others
