@@ -63,13 +63,15 @@ bench: deps
 
 # Long fuzzing: FUZZTIME per target (default 5m). The canary residency fuzz
 # plants canaries anywhere in valid bodies under every strategy; the others
-# fuzz body parsing, redaction and the SSE decoder.
+# fuzz body parsing (against the gjson passes it replaced), redaction and
+# the SSE decoder.
 FUZZTIME ?= 5m
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzCanaryResidency$$' -fuzztime $(FUZZTIME) ./router/pipeline/
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamRestorer$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzEstimate$$' -fuzztime $(FUZZTIME) ./router/capability/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./router/openai/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
