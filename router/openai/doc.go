@@ -2,6 +2,8 @@ package openai
 
 import (
 	"math"
+	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
@@ -129,12 +131,72 @@ func (d *Doc) result(i int) gjson.Result {
 	return gjson.Parse(d.Raw(i))
 }
 
-// decode returns the text of the JSON string raw (quotes included).
+// decode returns the text of the JSON string raw (quotes included), which
+// the parser has checked.
 func decode(raw string, esc bool) string {
 	if !esc {
 		return raw[1 : len(raw)-1]
 	}
-	return gjson.Parse(raw).Str
+	return unescape(raw[1 : len(raw)-1])
+}
+
+// unescape decodes the escapes of a checked JSON string's content (RFC 8259
+// §7) as gjson does: a \u escape of a high surrogate followed by one of a
+// low surrogate is one code point (UTF-16, RFC 2781 §2.2), any other
+// surrogate becomes U+FFFD. Runs without escapes are copied whole.
+func unescape(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for {
+		i := strings.IndexByte(s, '\\')
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i])
+		c := s[i+1]
+		switch c {
+		case 'u':
+			r, n := hex4(s[i+2:]), 6
+			if r >= 0xD800 && r < 0xDC00 && len(s)-i >= 12 && s[i+6] == '\\' && s[i+7] == 'u' {
+				if r2 := hex4(s[i+8:]); r2 >= 0xDC00 && r2 < 0xE000 {
+					r, n = utf16.DecodeRune(r, r2), 12
+				}
+			}
+			b.WriteRune(r) // a lone surrogate is written as U+FFFD
+			s = s[i+n:]
+			continue
+		case 'b':
+			c = '\b'
+		case 'f':
+			c = '\f'
+		case 'n':
+			c = '\n'
+		case 'r':
+			c = '\r'
+		case 't':
+			c = '\t'
+		} // '"', '\\' and '/' stand for themselves
+		b.WriteByte(c)
+		s = s[i+2:]
+	}
+}
+
+// hex4 reads four hexadecimal digits (checked by the parser).
+func hex4(s string) rune {
+	var r rune
+	for _, c := range []byte(s[:4]) {
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // problem is what parse found wrong, in the order ParseRequest reports it.

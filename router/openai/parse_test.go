@@ -26,6 +26,7 @@ func parseSeeds() []string {
 		`{"model":"m","input":"text"}`,
 		` {"model" : "m" , "messages" : [ {"role":"user","content":[{"type":"text","text":"a\nb \u00e9 \ud83d\ude00"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]} ] } `,
 		`{"mod\u0065l":"m","messages":[{"r\u006fle":"us\u0065r","content":"esc\"aped\\ \/ \b\f\r\t"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"lone \ud800x \udc00 \ud800\u0041 \ud800\udbff \uDBFF\uDFFF \u0000 \uABCD\\u"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"é ü 日本語 🙂"}],"temperature":-1.5e-3,"top_p":0,"seed":-0}`,
 		"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"bad \xff utf8\"}]}",
 		"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"surrogate \xed\xa0\x80\"}]}",
