@@ -4,7 +4,6 @@
 package classify
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -144,7 +143,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	var body []byte
 	if ep != openai.EndpointModels && r.Body != nil {
 		var err error
-		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes))
+		body, err = readBody(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes), r.ContentLength, c.MaxBodyBytes)
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
@@ -161,9 +160,34 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		openai.WriteError(w, err)
 		return nil
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	// The body was read once; later handlers read the annotation's copy.
+	r.Body = io.NopCloser(strings.NewReader(ann.Body()))
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
 	return next.ServeHTTP(w, r)
+}
+
+// readBody reads rd to its end into one buffer sized by the request's
+// Content-Length (when it is known and within limit), so a body is not
+// copied again and again as it grows; io.ReadAll's behaviour otherwise.
+func readBody(rd io.Reader, contentLength, limit int64) ([]byte, error) {
+	size := int64(512)
+	if contentLength > 0 && contentLength <= limit {
+		size = contentLength + 1 // room to see the end without growing
+	}
+	buf := make([]byte, 0, size)
+	for {
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+	}
 }
 
 // Interface guards.

@@ -11,6 +11,9 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
+
+	"github.com/open-policy-agent/opa/v1/ast"
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
@@ -85,6 +88,9 @@ type Annotation struct {
 
 	classifier *Classifier
 	digest     policies.Digest
+
+	policyOnce  sync.Once
+	policyValue ast.Value // PolicyValue, built on first use
 }
 
 // Endpoint is the OpenAI operation.
