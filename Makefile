@@ -72,6 +72,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamRestorer$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzEstimate$$' -fuzztime $(FUZZTIME) ./router/capability/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./router/openai/
+	$(GO) test -run '^$$' -fuzz '^FuzzWalk$$' -fuzztime $(FUZZTIME) ./router/classify/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
