@@ -79,12 +79,17 @@ test: deps sdk
 	$(GO) vet ./...
 	$(GO) test -timeout $(TEST_TIMEOUT) ./...
 
+# Every package's benchmarks, then the gateway table (docs/benchmarks.md):
+# Molly against bare Caddy reverse_proxy in the same run, written to
+# bench/latest.txt and compared with the previous run's file.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 2s -timeout 30m ./...
+	$(GO) test -run '^$$' -bench . -skip '^BenchmarkGateway(Load)?$$' -benchtime 2s -timeout 30m ./...
+	$(GO) test -run '^$$' -bench '^BenchmarkGateway$$' -benchtime 1x -timeout 30m ./cmd/molly/
 
 # Long fuzzing: FUZZTIME per target (default 5m). The canary residency fuzz
 # plants canaries anywhere in valid bodies under every strategy; the others
-# fuzz body parsing, redaction and the SSE decoder.
+# fuzz body parsing (against the gjson passes it replaced), redaction and
+# the SSE decoder.
 FUZZTIME ?= 5m
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzCanaryResidency$$' -fuzztime $(FUZZTIME) ./router/pipeline/
@@ -92,6 +97,8 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamRestorer$$' -fuzztime $(FUZZTIME) ./redaction/
 	$(GO) test -run '^$$' -fuzz '^FuzzEstimate$$' -fuzztime $(FUZZTIME) ./router/capability/
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamNormalise$$' -fuzztime $(FUZZTIME) ./router/relay/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./router/openai/
+	$(GO) test -run '^$$' -fuzz '^FuzzWalk$$' -fuzztime $(FUZZTIME) ./router/classify/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

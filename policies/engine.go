@@ -79,6 +79,10 @@ type Options struct {
 	// OnReload, if set, is called after every reload attempt that changed
 	// the Status (a new revision, or a failure), from the watcher goroutine.
 	OnReload func(Status)
+	// MemoSize is how many route decisions a revision remembers by the
+	// parts of the input its policy reads (memo.go); 0: DefaultMemoSize,
+	// negative: none.
+	MemoSize int
 }
 
 // Status describes the revision serving and the last reload, for the admin
@@ -148,7 +152,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading the embedded policies: %w", err)
 		}
-		r, err := compile(ctx, s, "embedded", opts.Query)
+		r, err := compile(ctx, s, "embedded", opts.Query, opts.MemoSize)
 		if err != nil {
 			return nil, fmt.Errorf("compiling the embedded policies: %w", err)
 		}
@@ -163,7 +167,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		w.close()
 		return nil, fmt.Errorf("loading policy directory %s: %w", opts.Dir, err)
 	}
-	r, err := compile(ctx, s, opts.Dir, opts.Query)
+	r, err := compile(ctx, s, opts.Dir, opts.Query, opts.MemoSize)
 	if err != nil {
 		w.close()
 		return nil, fmt.Errorf("compiling policy directory %s: %w", opts.Dir, err)
@@ -256,7 +260,7 @@ func (e *Engine) reload(ctx context.Context) (*snapshot, error) {
 	}
 	if err == nil {
 		var r *revision
-		if r, err = compile(ctx, s, e.opts.Dir, e.opts.Query); err == nil {
+		if r, err = compile(ctx, s, e.opts.Dir, e.opts.Query, e.opts.MemoSize); err == nil {
 			e.rev.Store(r)
 			e.setError(nil)
 			e.failedHash, e.failedErr = "", nil
@@ -328,6 +332,17 @@ func (e *Engine) DecideMap(ctx context.Context, input map[string]any) *Decision 
 // decideValue evaluates the route decision on one revision and logs it.
 func (e *Engine) decideValue(ctx context.Context, input ast.Object) *Decision {
 	rev := e.rev.Load()
+	var key []ast.Value
+	var hash int
+	if rev.memo != nil {
+		key, hash = rev.memo.key(input)
+		if m := rev.memo.get(key, hash); m != nil {
+			d := *m.decision
+			d.id, d.revision = newID(), rev.id
+			e.logDecision(e.path, d.id, rev.id, input, result{value: m.value, defined: true}, "", zap.Object("molly", &d), zap.Bool("memoized", true))
+			return &d
+		}
+	}
 	r := eval(ctx, &rev.decision, input, e.opts.Timeout)
 	var d *Decision
 	switch r.outcome {
@@ -345,6 +360,9 @@ func (e *Engine) decideValue(ctx context.Context, input ast.Object) *Decision {
 		var err error
 		if d, err = parseDecision(r.value); err != nil {
 			d = denyDetail(CodePolicyError, "policy returned a malformed decision (details in the server log)", err.Error())
+		} else if rev.memo != nil {
+			rev.memo.put(key, hash, r.value, d)
+			d = ptr(*d) // the memo keeps its own, without id
 		}
 	}
 	d.id, d.revision = newID(), rev.id
@@ -384,6 +402,8 @@ func (e *Engine) logDecision(path, id, revision string, input ast.Object, r resu
 	}
 	ce.Write(append(fields, extra...)...)
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // newID returns a random RFC 4122 version 4 UUID.
 func newID() string {

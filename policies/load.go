@@ -37,6 +37,7 @@ type revision struct {
 	loadedAt time.Time
 
 	decision, tool, offer, escalate, orchestration rego.PreparedEvalQuery
+	memo                                           *memo // route decisions by the input parts the policy reads; nil: none
 }
 
 // snapshot is the content of a policy directory read at one moment: the
@@ -167,7 +168,7 @@ func (s *snapshot) sameContent(fsys fs.FS) bool {
 // directory's path below data) and bundles; one ast.Compiler compiles the
 // modules once (with the data paths as conflicts, as OPA checks them); every
 // query is prepared on that compiler and one in-memory store.
-func compile(ctx context.Context, s *snapshot, source, decisionQuery string) (*revision, error) {
+func compile(ctx context.Context, s *snapshot, source, decisionQuery string, memoSize int) (*revision, error) {
 	res, err := loader.NewFileLoader().WithFS(s.files).Filtered([]string{"."}, nil)
 	if err != nil {
 		return nil, err
@@ -204,5 +205,6 @@ func compile(ctx context.Context, s *snapshot, source, decisionQuery string) (*r
 		}
 		*q.into = pq
 	}
+	r.memo = newMemo(c, decisionQuery, memoSize)
 	return r, nil
 }

@@ -4,7 +4,6 @@
 package classify
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -161,7 +160,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	var body []byte
 	if ep != openai.EndpointModels && r.Body != nil {
 		var err error
-		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes))
+		body, err = readBody(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes), r.ContentLength, c.MaxBodyBytes)
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
@@ -194,7 +193,8 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	if tr != nil {
 		tr.PromptEstimate = ann.PromptTokens()
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	// The body was read once; later handlers read the annotation's copy.
+	r.Body = io.NopCloser(strings.NewReader(ann.Body()))
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
 	return next.ServeHTTP(w, r)
 }
@@ -220,6 +220,30 @@ func (c *Classify) finish(tw *translate.Writer) {
 	tw.Finish()
 	if err := tw.Err(); err != nil {
 		c.logger.Error("storing a response failed; previous_response_id cannot continue it", zap.Error(err))
+	}
+}
+
+// readBody reads rd to its end into one buffer sized by the request's
+// Content-Length (when it is known and within limit), so a body is not
+// copied again and again as it grows; io.ReadAll's behaviour otherwise.
+func readBody(rd io.Reader, contentLength, limit int64) ([]byte, error) {
+	size := int64(512)
+	if contentLength > 0 && contentLength <= limit {
+		size = contentLength + 1 // room to see the end without growing
+	}
+	buf := make([]byte, 0, size)
+	for {
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
 	}
 }
 

@@ -11,6 +11,9 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
+
+	"github.com/open-policy-agent/opa/v1/ast"
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
@@ -32,9 +35,10 @@ const (
 	kindDataURL                  // the decoded text of a text-typed data: URL
 )
 
-// field is one scanned piece of the body, addressed by its sjson path.
+// field is one scanned piece of the body, addressed by its node in the
+// body's Doc (Annotation.fieldPath gives its sjson path).
 type field struct {
-	path string
+	node int32
 	text string
 	kind fieldKind
 	// mediaType is the data URL's media type (kindDataURL only), for
@@ -64,8 +68,9 @@ type Unscanned struct {
 // or a value), and travels in the request context (WithAnnotation).
 type Annotation struct {
 	req       openai.Request
-	path      string // URL path (GET /v1/models/{model})
-	body      string // the body as received, immutable
+	path      string      // URL path (GET /v1/models/{model})
+	body      string      // the body as received, immutable
+	doc       *openai.Doc // the body's values, read once (nil for the model listing)
 	fields    []field
 	findings  []FieldFinding // sorted by field, then offset
 	counts    map[string]int // per entity type; a split value counts once
@@ -85,6 +90,9 @@ type Annotation struct {
 
 	classifier *Classifier
 	digest     policies.Digest
+
+	policyOnce  sync.Once
+	policyValue ast.Value // PolicyValue, built on first use
 }
 
 // Endpoint is the OpenAI operation.

@@ -161,7 +161,9 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 		a.seal()
 		return a, nil
 	}
-	req, aerr := openai.ParseRequest(in.Endpoint, in.Body)
+	// The one read of the body: Parse validates it and records its values
+	// (openai.Doc); the walk below visits them without parsing again.
+	req, doc, aerr := openai.Parse(in.Endpoint, string(in.Body))
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -169,10 +171,11 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 		return nil, err
 	}
 	a.req = *req
-	a.body = string(in.Body)
+	a.doc = doc
+	a.body = doc.Body()
 	a.modal = []string{"text"}
-	w := walker{a: a}
-	w.walk(gjson.Parse(a.body), 0)
+	w := walker{a: a, d: doc}
+	w.walk(0)
 	if req.TokenPrompts {
 		field := "prompt"
 		if in.Endpoint == openai.EndpointEmbeddings {
@@ -195,7 +198,7 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	case openai.EndpointCompletions:
 		a.lastUser = w.prompts.String()
 	default:
-		a.lastUser = w.lastUser
+		a.lastUser = w.lastUserText()
 	}
 	if a.task == "" {
 		e := c.estimator.Estimate(a.lastUser, a.Tools())
@@ -211,10 +214,15 @@ func (a *Annotation) seal() {
 	h := sha256.New()
 	h.Write(a.classifier.id[:])
 	var n [8]byte
+	var chunk [4096]byte // the body is hashed through it, not copied whole
 	put := func(s string) {
 		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
 		h.Write(n[:])
-		h.Write([]byte(s))
+		for len(s) > 0 {
+			k := copy(chunk[:], s)
+			h.Write(chunk[:k])
+			s = s[k:]
+		}
 	}
 	put(string(a.req.Endpoint))
 	put(a.path)
@@ -304,27 +312,43 @@ func init() {
 	}
 }
 
-// walker visits every value of the body once, in document order.
-type walker struct {
-	a        *Annotation
-	segs     []string // path segments; "#" stands for the index in matching
-	idx      []bool   // whether segs[i] is an array index
-	lastUser string
-	prompts  strings.Builder
-	user     strings.Builder
+// enumsByFirst indexes enumPaths by their first segment.
+var enumsByFirst = map[string][]int{}
+
+func init() {
+	for i, p := range enumPaths {
+		enumsByFirst[p.path[0]] = append(enumsByFirst[p.path[0]], i)
+	}
 }
 
-func (w *walker) path() string {
+// walker visits every value of the body's Doc once, in document order. It
+// keeps the path as a stack of member names (array indices are marked, not
+// written) and builds a path string only for what is listed as unscanned;
+// fields name their node, whose path is built when a redaction needs it.
+type walker struct {
+	a    *Annotation
+	d    *openai.Doc
+	segs []string // member names; "" for an array index
+	idx  []bool   // whether segs[i] is an array index
+	role string   // the role of the chat message the walker is in ("" if not a string)
+	// The content fields of the user message being walked, and of the
+	// last user message walked: the text the estimator reads.
+	user, lastUser []int
+	prompts        strings.Builder
+}
+
+// lastUserText is the texts of the last user message, each followed by a
+// line feed.
+func (w *walker) lastUserText() string {
+	n := 0
+	for _, f := range w.lastUser {
+		n += len(w.a.fields[f].text) + 1
+	}
 	var b strings.Builder
-	for i, s := range w.segs {
-		if i > 0 {
-			b.WriteByte('.')
-		}
-		if w.idx[i] {
-			b.WriteString(s)
-		} else {
-			b.WriteString(escapePath(s))
-		}
+	b.Grow(n)
+	for _, f := range w.lastUser {
+		b.WriteString(w.a.fields[f].text)
+		b.WriteByte('\n')
 	}
 	return b.String()
 }
@@ -349,8 +373,11 @@ func (w *walker) at(pattern ...string) bool {
 // enum reports whether s at the current path is one of the schema's enum
 // values for it (and so is not content).
 func (w *walker) enum(s string) bool {
-	for _, p := range enumPaths {
-		if w.at(p.path...) {
+	if len(w.segs) == 0 || w.idx[0] {
+		return false
+	}
+	for _, i := range enumsByFirst[w.segs[0]] {
+		if p := enumPaths[i]; w.at(p.path...) {
 			return p.values == nil || p.values[s]
 		}
 	}
@@ -367,51 +394,54 @@ func (w *walker) pop() {
 	w.idx = w.idx[:len(w.idx)-1]
 }
 
-func (w *walker) add(text string, kind fieldKind) {
-	w.a.fields = append(w.a.fields, field{path: w.path(), text: text, kind: kind})
+// add records text, at node, as a field to scan.
+func (w *walker) add(node int, text string, kind fieldKind) {
+	w.a.fields = append(w.a.fields, field{node: int32(node), text: text, kind: kind})
 }
 
-func (w *walker) walk(v gjson.Result, depth int) {
-	switch {
-	case v.IsObject():
-		v.ForEach(func(k, e gjson.Result) bool {
-			w.push(k.Str, false)
-			if !schemaKeys[k.Str] {
-				w.add(k.Str, kindKey)
+// unscanned lists node as not scanned.
+func (w *walker) unscanned(node int, reason string) {
+	w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.a.nodePath(node), Reason: reason})
+}
+
+// walk visits value i and its subtree.
+func (w *walker) walk(i int) {
+	d := w.d
+	switch d.Kind(i) {
+	case openai.KindObject:
+		msg := w.at("messages", "#")
+		if msg {
+			w.role = ""
+			if r := d.Member(i, "role"); r >= 0 {
+				w.role = d.Str(r)
 			}
-			w.walk(e, depth+1)
-			w.pop()
-			return true
-		})
-		if w.at("messages", "#") {
-			w.endMessage(v)
 		}
-	case v.IsArray():
-		i := 0
-		v.ForEach(func(_, e gjson.Result) bool {
-			w.push(strconv.Itoa(i), true)
-			w.walk(e, depth+1)
+		for c, end := i+1, d.Next(i); c < end; c = d.Next(c) {
+			k, _ := d.Key(c)
+			w.push(k, false)
+			if !schemaKeys[k] {
+				w.add(c, k, kindKey)
+			}
+			w.walk(c)
 			w.pop()
-			i++
-			return true
-		})
-	case v.Type == gjson.String:
-		w.str(v.Str)
-	case v.Type == gjson.Number:
-		w.add(v.Raw, kindNumber)
+		}
+		if msg && w.role == "user" {
+			w.lastUser, w.user = w.user, w.lastUser[:0]
+		}
+	case openai.KindArray:
+		for c, end := i+1, d.Next(i); c < end; c = d.Next(c) {
+			w.push("", true)
+			w.walk(c)
+			w.pop()
+		}
+	case openai.KindString:
+		w.str(i, d.Str(i))
+	case openai.KindNumber:
+		w.add(i, d.Raw(i), kindNumber)
 	}
 }
 
-// endMessage notes the text of a user message for the estimator.
-func (w *walker) endMessage(m gjson.Result) {
-	if m.Get("role").Str != "user" {
-		return
-	}
-	w.lastUser = w.user.String()
-	w.user.Reset()
-}
-
-func (w *walker) str(s string) {
+func (w *walker) str(node int, s string) {
 	if len(w.segs) == 0 {
 		return
 	}
@@ -431,44 +461,68 @@ func (w *walker) str(s string) {
 		return
 	}
 	if strings.HasPrefix(s, "data:") {
-		w.dataURL(s)
+		w.dataURL(node, s)
 		return
 	}
 	switch {
 	case w.at("messages", "#", "content"), w.at("messages", "#", "content", "#", "text"), w.at("messages", "#", "content", "#", "refusal"):
-		w.add(s, kindContent)
-		if w.messageRole() == "user" {
-			w.user.WriteString(s)
-			w.user.WriteByte('\n')
+		if w.role == "user" {
+			w.user = append(w.user, len(w.a.fields))
 		}
+		w.add(node, s, kindContent)
 	case w.at("messages", "#", "name"), w.at("tools", "#", "function", "name"), w.at("functions", "#", "name"),
 		w.at("messages", "#", "tool_calls", "#", "function", "name"), w.at("messages", "#", "function_call", "name"),
 		w.at("tool_choice", "function", "name"):
-		w.add(s, kindName)
+		w.add(node, s, kindName)
 	case w.at("messages", "#", "tool_calls", "#", "function", "arguments"), w.at("messages", "#", "function_call", "arguments"):
-		w.add(s, kindArgs)
+		w.add(node, s, kindArgs)
 	case w.at("messages", "#", "content", "#", "input_audio", "data"):
 		w.a.addModality("audio")
-		w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "audio data"})
+		w.unscanned(node, "audio data")
 	case w.at("messages", "#", "content", "#", "file", "file_data"):
 		w.a.addModality("file")
-		w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "file data"})
+		w.unscanned(node, "file data")
 	case w.at("prompt"), w.at("prompt", "#"), w.at("input"), w.at("input", "#"):
-		w.add(s, kindPrompt)
+		w.add(node, s, kindPrompt)
 		w.prompts.WriteString(s)
 		w.prompts.WriteByte('\n')
 	default:
 		if w.at("messages", "#", "content", "#", "image_url", "url") {
 			w.a.addModality("image")
 		}
-		w.add(s, kindText)
+		w.add(node, s, kindText)
 	}
 }
 
-// messageRole returns the role of the message the walker is inside.
-func (w *walker) messageRole() string {
-	return gjson.Get(w.a.body, "messages."+w.segs[1]+".role").Str
+// nodePath is the sjson path of the body's value n: member names escaped
+// (escapePath), array indices in decimal, joined by '.'.
+func (a *Annotation) nodePath(n int) string {
+	d := a.doc
+	var up [16]int
+	chain := up[:0]
+	size := 0
+	for i := n; d.Parent(i) >= 0; i = d.Parent(i) {
+		chain = append(chain, i)
+		size += 8
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for k := len(chain) - 1; k >= 0; k-- {
+		i := chain[k]
+		if k < len(chain)-1 {
+			b.WriteByte('.')
+		}
+		if key, ok := d.Key(i); ok {
+			b.WriteString(escapePath(key))
+		} else {
+			b.WriteString(strconv.Itoa(d.Index(i)))
+		}
+	}
+	return b.String()
 }
+
+// fieldPath is the sjson path of field i.
+func (a *Annotation) fieldPath(i int) string { return a.nodePath(int(a.fields[i].node)) }
 
 // textMediaTypes are the data URL media types whose bytes are text the
 // detectors can read; any other media type is binary and left unscanned.
@@ -482,7 +536,7 @@ func textMediaType(mt string) bool {
 // dataURL handles an RFC 2397 data: URL: a text media type is decoded and
 // scanned (its redaction is re-encoded as a base64 data URL of the same
 // type); a binary one (an image, audio, a PDF) is listed in Unscanned.
-func (w *walker) dataURL(s string) {
+func (w *walker) dataURL(node int, s string) {
 	meta, payload, ok := strings.Cut(s[len("data:"):], ",")
 	if w.at("messages", "#", "content", "#", "image_url", "url") {
 		w.a.addModality("image")
@@ -491,11 +545,11 @@ func (w *walker) dataURL(s string) {
 	mt := params[0]
 	b64 := slices.Contains(params[1:], "base64")
 	if !ok {
-		w.add(s, kindText)
+		w.add(node, s, kindText)
 		return
 	}
 	if !textMediaType(mt) {
-		w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "binary " + strings.ToLower(mt) + " data URL"})
+		w.unscanned(node, "binary "+strings.ToLower(mt)+" data URL")
 		return
 	}
 	var text string
@@ -505,14 +559,14 @@ func (w *walker) dataURL(s string) {
 			dec, err = base64.RawStdEncoding.DecodeString(payload)
 		}
 		if err != nil {
-			w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "undecodable base64 data URL"})
+			w.unscanned(node, "undecodable base64 data URL")
 			return
 		}
 		text = string(dec)
 	} else {
 		dec, err := url.PathUnescape(payload)
 		if err != nil {
-			w.a.unscanned = append(w.a.unscanned, Unscanned{Path: w.path(), Reason: "undecodable data URL"})
+			w.unscanned(node, "undecodable data URL")
 			return
 		}
 		text = dec
@@ -520,7 +574,7 @@ func (w *walker) dataURL(s string) {
 	if mt == "" {
 		mt = "text/plain"
 	}
-	w.a.fields = append(w.a.fields, field{path: w.path(), text: text, kind: kindDataURL, mediaType: mt})
+	w.a.fields = append(w.a.fields, field{node: int32(node), text: text, kind: kindDataURL, mediaType: mt})
 }
 
 func (a *Annotation) addModality(m string) {
@@ -564,7 +618,7 @@ func (c *Classifier) sovereignty(a *Annotation) {
 	deadline := time.Now().Add(c.budget)
 	for i, f := range a.fields {
 		if time.Now().After(deadline) {
-			a.unscanned = append(a.unscanned, Unscanned{Path: f.path, Reason: ReasonScanBudget})
+			a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(i), Reason: ReasonScanBudget})
 			continue
 		}
 		fs, err, ok := safeScan2(c.scan, f.text)
@@ -573,7 +627,7 @@ func (c *Classifier) sovereignty(a *Annotation) {
 			a.failed = true
 			continue
 		case errors.Is(err, redaction.ErrScanBudget):
-			a.unscanned = append(a.unscanned, Unscanned{Path: f.path, Reason: ReasonScanBudget})
+			a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(i), Reason: ReasonScanBudget})
 			continue
 		case err != nil:
 			a.failed = true
@@ -659,7 +713,7 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 		found, err, ok := safeScan2(c.scanAcross, texts)
 		switch {
 		case ok && errors.Is(err, redaction.ErrScanBudget):
-			a.unscanned = append(a.unscanned, Unscanned{Path: a.fields[seq[0].field].path, Reason: ReasonScanBudget + " (values split across fields)"})
+			a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(seq[0].field), Reason: ReasonScanBudget + " (values split across fields)"})
 			continue
 		case !ok || err != nil:
 			a.failed = true

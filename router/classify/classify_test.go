@@ -336,7 +336,7 @@ func TestClassifyFindingOffsetsAddressTheField(t *testing.T) {
 	a := classifyBody(t, openai.EndpointChat, body, "")
 	var got []string
 	for _, f := range a.findings {
-		got = append(got, a.fields[f.Field].path+"="+a.fields[f.Field].text[f.Start:f.End])
+		got = append(got, a.fieldPath(f.Field)+"="+a.fields[f.Field].text[f.Start:f.End])
 	}
 	want := []string{"messages.1.content.0.text=alice@example.com", "messages.1.content.0.text=bob@example.org"}
 	if !reflect.DeepEqual(got, want) {
@@ -391,7 +391,7 @@ func TestClassifyFindsValuesSplitAcrossFields(t *testing.T) {
 			var got []string
 			for _, f := range a.findings {
 				fl := a.fields[f.Field]
-				got = append(got, fl.path+":"+f.Type+":"+fl.text[f.Start:f.End])
+				got = append(got, a.fieldPath(f.Field)+":"+f.Type+":"+fl.text[f.Start:f.End])
 			}
 			if !reflect.DeepEqual(got, tc.parts) {
 				t.Errorf("findings\n got %q\nwant %q", got, tc.parts)

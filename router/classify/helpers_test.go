@@ -70,7 +70,7 @@ var kindNames = map[fieldKind]string{kindText: "text", kindContent: "content", k
 func fieldList(a *Annotation) []string {
 	out := make([]string, len(a.fields))
 	for i, f := range a.fields {
-		out[i] = kindNames[f.kind] + " " + f.path + "=" + f.text
+		out[i] = kindNames[f.kind] + " " + a.fieldPath(i) + "=" + f.text
 	}
 	return out
 }

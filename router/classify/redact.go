@@ -80,6 +80,7 @@ func (a *Annotation) Redact(types []string) (Redacted, error) {
 		if red == f.text {
 			continue
 		}
+		path := a.fieldPath(fi)
 		switch f.kind {
 		case kindName:
 			red = participantName(red)
@@ -87,14 +88,14 @@ func (a *Annotation) Redact(types []string) (Redacted, error) {
 			red = "data:" + f.mediaType + ";base64," + base64.StdEncoding.EncodeToString([]byte(red))
 		case kindKey:
 			parent := ""
-			if j := lastSegment(f.path); j > 0 {
-				parent = f.path[:j-1]
+			if j := lastSegment(path); j > 0 {
+				parent = path[:j-1]
 			}
-			renames = append(renames, rename{f.path, parent, red})
+			renames = append(renames, rename{path, parent, red})
 			continue
 		}
-		if body, err = sjson.Set(body, f.path, red); err != nil {
-			return out, fmt.Errorf("redacting %s: %w", f.path, err)
+		if body, err = sjson.Set(body, path, red); err != nil {
+			return out, fmt.Errorf("redacting %s: %w", path, err)
 		}
 	}
 	// Keys last, deepest first (reverse document order), so the paths of

@@ -1,8 +1,8 @@
 package openai
 
 import (
+	"math"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -61,107 +61,186 @@ func (r *Request) Choices() int {
 }
 
 // ParseRequest validates body as a request for ep (chat completions,
-// completions or embeddings) and returns its view. It reads the body in a
-// few linear passes and builds no document tree. Errors are 400
-// invalid_request_error naming the parameter: not JSON, not UTF-8 (RFC 8259
-// §8.1), nesting deeper than MaxJSONDepth, a key repeated in one object
-// (gjson reads the first of two equal names, Go and Python parsers keep the
-// last: a body could be classified on one value and answered on the other),
-// a root that is not an object, a missing or mistyped parameter.
+// completions or embeddings) and returns its view; see Parse, which it
+// calls on a copy of body.
 func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
+	r, _, err := Parse(ep, string(body))
+	return r, err
+}
+
+// Parse validates body as a request for ep (chat completions, completions
+// or embeddings) and returns its view and its Doc. It reads the body once:
+// the JSON grammar, the UTF-8 of every string, the depth and repeated
+// member names are checked in the pass that records the Doc, and the
+// parameters are then read from the Doc. Errors are 400
+// invalid_request_error naming the parameter, in this order: an empty body,
+// not JSON, not UTF-8 (RFC 8259 §8.1), nesting deeper than MaxJSONDepth or
+// a key repeated in one object (whichever comes first in the body; gjson
+// reads the first of two equal names, Go and Python parsers keep the last:
+// a body could be classified on one value and answered on the other), a
+// root that is not an object, then a missing or mistyped parameter.
+func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 	if len(body) == 0 {
-		return nil, InvalidRequest("", "The request body is empty; send a JSON object.")
+		return nil, nil, InvalidRequest("", "The request body is empty; send a JSON object.")
 	}
-	if !gjson.ValidBytes(body) {
-		return nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	if len(body) >= math.MaxInt32 {
+		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it is 2 GiB or more.")
 	}
-	if !utf8.Valid(body) {
-		return nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
+	d, pr, key := parse(body)
+	switch pr {
+	case problemSyntax:
+		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	case problemUTF8:
+		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
+	case problemDeep:
+		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
+	case problemDup:
+		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", key)
 	}
-	k, dup, deep := CheckStructure(body)
-	if deep {
-		return nil, InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
+	if d.Kind(0) != KindObject {
+		return nil, nil, InvalidRequest("", "The JSON body of your request must be an object, got %s.", kindOf(d, 0))
 	}
-	if dup {
-		return nil, InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", k)
-	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() {
-		return nil, InvalidRequest("", "The JSON body of your request must be an object, got %s.", Kind(root))
-	}
+	var f rootMembers
+	f.read(d)
 	r := &Request{Endpoint: ep, N: 1}
-	model := root.Get("model")
-	if !model.Exists() || model.Type == gjson.Null {
-		return nil, InvalidRequest("model", "You must provide a model parameter.")
+	if f.model < 0 || d.Kind(f.model) == KindNull {
+		return nil, nil, InvalidRequest("model", "You must provide a model parameter.")
 	}
-	if model.Type != gjson.String || model.Str == "" {
-		return nil, WrongType("model", "a non-empty string", model)
+	if d.Kind(f.model) != KindString || d.Str(f.model) == "" {
+		return nil, nil, wrongType("model", "a non-empty string", d, f.model)
 	}
-	if len(model.Str) > MaxModelName {
-		return nil, InvalidRequest("model", "Invalid 'model': longer than %d bytes.", MaxModelName)
+	r.Model = d.Str(f.model)
+	if len(r.Model) > MaxModelName {
+		return nil, nil, InvalidRequest("model", "Invalid 'model': longer than %d bytes.", MaxModelName)
 	}
-	r.Model = model.Str
 	var err *Error
-	if r.Stream, err = optBool(root, "stream"); err != nil {
-		return nil, err
+	if r.Stream, err = optBool(d, f.stream, "stream"); err != nil {
+		return nil, nil, err
 	}
-	if r.IncludeUsage, err = optBool(root, "stream_options.include_usage"); err != nil {
-		return nil, err
+	if r.IncludeUsage, err = optBool(d, d.Member(f.streamOptions, "include_usage"), "stream_options.include_usage"); err != nil {
+		return nil, nil, err
 	}
-	for _, p := range []string{"max_completion_tokens", "max_tokens"} {
-		n, set, err := optPositive(root, p)
+	for _, p := range []struct {
+		i    int
+		name string
+	}{{f.maxCompletionTokens, "max_completion_tokens"}, {f.maxTokens, "max_tokens"}} {
+		n, set, err := optPositive(d, p.i, p.name)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if set && r.MaxTokens == 0 {
 			r.MaxTokens = n
 		}
 	}
-	for _, p := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
-		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.Number {
-			return nil, WrongType(p, "a number", v)
+	for _, p := range []struct {
+		i    int
+		name string
+	}{{f.temperature, "temperature"}, {f.topP, "top_p"}, {f.presencePenalty, "presence_penalty"}, {f.frequencyPenalty, "frequency_penalty"}} {
+		if p.i >= 0 && d.Kind(p.i) != KindNull && d.Kind(p.i) != KindNumber {
+			return nil, nil, wrongType(p.name, "a number", d, p.i)
 		}
 	}
-	if n, set, err := optPositive(root, "n"); err != nil {
-		return nil, err
+	if n, set, err := optPositive(d, f.n, "n"); err != nil {
+		return nil, nil, err
 	} else if set {
 		r.N = n
 	}
-	if v := root.Get("response_format"); v.Exists() && v.Type != gjson.Null {
-		if !v.IsObject() {
-			return nil, WrongType("response_format", "an object", v)
+	if v := f.responseFormat; v >= 0 && d.Kind(v) != KindNull {
+		if d.Kind(v) != KindObject {
+			return nil, nil, wrongType("response_format", "an object", d, v)
 		}
-		t := v.Get("type")
-		if t.Type != gjson.String {
-			return nil, WrongType("response_format.type", "a string", t)
+		t := d.Member(v, "type")
+		if t < 0 || d.Kind(t) != KindString {
+			return nil, nil, wrongType("response_format.type", "a string", d, t)
 		}
-		r.ResponseFormat = t.Str
+		r.ResponseFormat = d.Str(t)
 	}
 	switch ep {
 	case EndpointChat:
-		err = r.chat(root)
+		err = r.chat(d, &f)
 	case EndpointCompletions:
-		if n, set, e := optPositive(root, "best_of"); e != nil {
-			return nil, e
+		if n, set, e := optPositive(d, f.bestOf, "best_of"); e != nil {
+			return nil, nil, e
 		} else if set {
 			r.BestOf = n
 		}
-		if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
-			if v.Type != gjson.Number {
-				return nil, WrongType("logprobs", "an integer", v)
+		if v := f.logprobs; v >= 0 && d.Kind(v) != KindNull {
+			if d.Kind(v) != KindNumber {
+				return nil, nil, wrongType("logprobs", "an integer", d, v)
 			}
 			r.Logprobs = true
 		}
-		err = r.prompts(root, "prompt")
+		err = r.prompts(d, f.prompt, "prompt")
 	case EndpointEmbeddings:
-		err = r.prompts(root, "input")
+		err = r.prompts(d, f.input, "input")
 	default:
 		err = InvalidRequest("", "The %s endpoint is translated to chat completions before validation.", ep)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return r, nil
+	return r, d, nil
+}
+
+// rootMembers are the indices of the root's members ParseRequest reads; -1
+// when absent.
+type rootMembers struct {
+	model, stream, streamOptions, maxCompletionTokens, maxTokens            int
+	temperature, topP, presencePenalty, frequencyPenalty, n, responseFormat int
+	bestOf, logprobs, prompt, input, messages, tools, functions             int
+	toolChoice                                                              int
+}
+
+// read finds the members in one walk over the root's members.
+func (f *rootMembers) read(d *Doc) {
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
+		k, _ := d.Key(c)
+		var at *int
+		switch k {
+		case "model":
+			at = &f.model
+		case "stream":
+			at = &f.stream
+		case "stream_options":
+			at = &f.streamOptions
+		case "max_completion_tokens":
+			at = &f.maxCompletionTokens
+		case "max_tokens":
+			at = &f.maxTokens
+		case "temperature":
+			at = &f.temperature
+		case "top_p":
+			at = &f.topP
+		case "presence_penalty":
+			at = &f.presencePenalty
+		case "frequency_penalty":
+			at = &f.frequencyPenalty
+		case "n":
+			at = &f.n
+		case "response_format":
+			at = &f.responseFormat
+		case "best_of":
+			at = &f.bestOf
+		case "logprobs":
+			at = &f.logprobs
+		case "prompt":
+			at = &f.prompt
+		case "input":
+			at = &f.input
+		case "messages":
+			at = &f.messages
+		case "tools":
+			at = &f.tools
+		case "functions":
+			at = &f.functions
+		case "tool_choice":
+			at = &f.toolChoice
+		default:
+			continue
+		}
+		*at = c
+	}
 }
 
 // ChatRoles are the roles a chat message may have.
@@ -170,62 +249,63 @@ var ChatRoles = map[string]bool{"system": true, "developer": true, "user": true,
 // ContentPartTypes are the types a chat content part may have.
 var ContentPartTypes = map[string]bool{"text": true, "image_url": true, "input_audio": true, "refusal": true, "file": true}
 
-func (r *Request) chat(root gjson.Result) *Error {
-	msgs := root.Get("messages")
-	if !msgs.Exists() {
+func (r *Request) chat(d *Doc, f *rootMembers) *Error {
+	msgs := f.messages
+	if msgs < 0 {
 		return InvalidRequest("messages", "Missing required parameter: 'messages'.")
 	}
-	if !msgs.IsArray() {
-		return WrongType("messages", "an array", msgs)
+	if d.Kind(msgs) != KindArray {
+		return wrongType("messages", "an array", d, msgs)
 	}
-	if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
-		if v.Type != gjson.True && v.Type != gjson.False {
-			return WrongType("logprobs", "a boolean", v)
+	if v := f.logprobs; v >= 0 && d.Kind(v) != KindNull {
+		if d.Kind(v) != KindTrue && d.Kind(v) != KindFalse {
+			return wrongType("logprobs", "a boolean", d, v)
 		}
-		r.Logprobs = v.Bool()
+		r.Logprobs = d.Kind(v) == KindTrue
 	}
-	switch tc := root.Get("tool_choice"); {
-	case !tc.Exists() || tc.Type == gjson.Null:
-	case tc.Type == gjson.String:
-		r.ToolChoice = tc.Str
-	case tc.IsObject():
-		r.ToolChoice = tc.Get("type").String()
-	default:
-		return WrongType("tool_choice", "a string or an object", tc)
+	if tc := f.toolChoice; tc >= 0 {
+		switch d.Kind(tc) {
+		case KindNull:
+		case KindString:
+			r.ToolChoice = d.Str(tc)
+		case KindObject:
+			if ty := d.Member(tc, "type"); ty >= 0 && d.Kind(ty) == KindString {
+				r.ToolChoice = d.Str(ty)
+			}
+		default:
+			return wrongType("tool_choice", "a string or an object", d, tc)
+		}
 	}
-	for _, list := range []struct{ path, name string }{{"tools", "function.name"}, {"functions", "name"}} {
-		t := root.Get(list.path)
-		if !t.Exists() || t.Type == gjson.Null {
+	for _, list := range []struct {
+		at         int
+		path, name string
+		nested     bool // the name is at function.name
+	}{{f.tools, "tools", "function.name", true}, {f.functions, "functions", "name", false}} {
+		t := list.at
+		if t < 0 || d.Kind(t) == KindNull {
 			continue
 		}
-		if !t.IsArray() {
-			return WrongType(list.path, "an array", t)
+		if d.Kind(t) != KindArray {
+			return wrongType(list.path, "an array", d, t)
 		}
-		var bad *Error
-		i := 0
-		t.ForEach(func(_, tool gjson.Result) bool {
-			n := tool.Get(list.name)
-			if n.Type != gjson.String {
-				bad = WrongType(list.path+"["+strconv.Itoa(i)+"]."+list.name, "a string", n)
-				return false
+		for c, end := t+1, d.Next(t); c < end; c = d.Next(c) {
+			n := c
+			if list.nested {
+				n = d.Member(n, "function")
 			}
-			r.Tools = append(r.Tools, n.Str)
-			i++
-			return true
-		})
-		if bad != nil {
-			return bad
+			n = d.Member(n, "name")
+			if n < 0 || d.Kind(n) != KindString {
+				return wrongType(list.path+"["+strconv.Itoa(d.Index(c))+"]."+list.name, "a string", d, n)
+			}
+			r.Tools = append(r.Tools, d.Str(n))
 		}
 	}
-	var bad *Error
 	i := 0
-	msgs.ForEach(func(_, m gjson.Result) bool {
-		bad = r.message(i, m)
+	for c, end := msgs+1, d.Next(msgs); c < end; c = d.Next(c) {
+		if err := r.message(d, i, c); err != nil {
+			return err
+		}
 		i++
-		return bad == nil
-	})
-	if bad != nil {
-		return bad
 	}
 	if i == 0 {
 		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
@@ -234,121 +314,160 @@ func (r *Request) chat(root gjson.Result) *Error {
 	return nil
 }
 
-func (r *Request) message(i int, m gjson.Result) *Error {
-	param := "messages[" + strconv.Itoa(i) + "]"
-	if !m.IsObject() {
-		return WrongType(param, "an object", m)
+func (r *Request) message(d *Doc, i, m int) *Error {
+	param := func() string { return "messages[" + strconv.Itoa(i) + "]" }
+	if d.Kind(m) != KindObject {
+		return wrongType(param(), "an object", d, m)
 	}
-	role := m.Get("role")
-	if role.Type != gjson.String {
-		return WrongType(param+".role", "a string", role)
+	// The members read, in one walk over the message's members.
+	role, name, content, toolCalls, functionCall := -1, -1, -1, -1, -1
+	for c, end := m+1, d.Next(m); c < end; c = d.Next(c) {
+		switch k, _ := d.Key(c); k {
+		case "role":
+			role = c
+		case "name":
+			name = c
+		case "content":
+			content = c
+		case "tool_calls":
+			toolCalls = c
+		case "function_call":
+			functionCall = c
+		}
 	}
-	if !ChatRoles[role.Str] {
-		return InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
+	if role < 0 || d.Kind(role) != KindString {
+		return wrongType(param()+".role", "a string", d, role)
 	}
-	if role.Str == "tool" || role.Str == "function" {
+	rs := d.Str(role)
+	if !ChatRoles[rs] {
+		p := param()
+		return InvalidRequest(p+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", p, rs)
+	}
+	if rs == "tool" || rs == "function" {
 		r.ToolTurns = true
 	}
-	if n := m.Get("name"); n.Exists() && n.Type != gjson.Null && n.Type != gjson.String {
-		return WrongType(param+".name", "a string", n)
+	if name >= 0 && d.Kind(name) != KindNull && d.Kind(name) != KindString {
+		return wrongType(param()+".name", "a string", d, name)
 	}
-	content := m.Get("content")
 	switch {
-	case !content.Exists() || content.Type == gjson.Null:
-		if role.Str != "assistant" {
-			return InvalidRequest(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
+	case content < 0 || d.Kind(content) == KindNull:
+		if rs != "assistant" {
+			p := param()
+			return InvalidRequest(p+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", p)
 		}
-	case content.Type == gjson.String:
-	case content.IsArray():
-		var bad *Error
-		j := 0
-		content.ForEach(func(_, part gjson.Result) bool {
-			pparam := param + ".content[" + strconv.Itoa(j) + "]"
-			j++
-			if !part.IsObject() {
-				bad = WrongType(pparam, "an object", part)
-				return false
+	case d.Kind(content) == KindString:
+	case d.Kind(content) == KindArray:
+		for part, end := content+1, d.Next(content); part < end; part = d.Next(part) {
+			pparam := func() string { return param() + ".content[" + strconv.Itoa(d.Index(part)) + "]" }
+			if d.Kind(part) != KindObject {
+				return wrongType(pparam(), "an object", d, part)
 			}
-			t := part.Get("type").String()
-			switch {
-			case !ContentPartTypes[t]:
-				bad = InvalidRequest(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
-			case t == "text":
-				if txt := part.Get("text"); txt.Type != gjson.String {
-					bad = WrongType(pparam+".text", "a string", txt)
+			t := ""
+			if ti := d.Member(part, "type"); ti >= 0 {
+				if d.Kind(ti) == KindString {
+					t = d.Str(ti)
+				} else {
+					t = d.result(ti).String() // a number, literal or JSON text, as gjson prints it
 				}
 			}
-			return bad == nil
-		})
-		if bad != nil {
-			return bad
+			switch {
+			case !ContentPartTypes[t]:
+				pp := pparam()
+				return InvalidRequest(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pp, t)
+			case t == "text":
+				if txt := d.Member(part, "text"); txt < 0 || d.Kind(txt) != KindString {
+					return wrongType(pparam()+".text", "a string", d, txt)
+				}
+			}
 		}
 	default:
-		return WrongType(param+".content", "a string or an array of content parts", content)
+		return wrongType(param()+".content", "a string or an array of content parts", d, content)
 	}
-	if tcs := m.Get("tool_calls"); tcs.Exists() && tcs.Type != gjson.Null {
-		if !tcs.IsArray() {
-			return WrongType(param+".tool_calls", "an array", tcs)
+	if toolCalls >= 0 && d.Kind(toolCalls) != KindNull {
+		if d.Kind(toolCalls) != KindArray {
+			return wrongType(param()+".tool_calls", "an array", d, toolCalls)
 		}
 		r.ToolTurns = true
 	}
-	if m.Get("function_call").Exists() {
+	if functionCall >= 0 {
 		r.ToolTurns = true
 	}
 	return nil
 }
 
-// prompts checks the "prompt" (completions) or "input" (embeddings) field:
-// a string, an array of strings, or token ids.
-func (r *Request) prompts(root gjson.Result, field string) *Error {
-	v := root.Get(field)
-	if !v.Exists() || v.Type == gjson.Null {
+// prompts checks the "prompt" (completions) or "input" (embeddings) field
+// (value v, -1 when absent): a string, an array of strings, or token ids.
+func (r *Request) prompts(d *Doc, v int, field string) *Error {
+	if v < 0 || d.Kind(v) == KindNull {
 		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
 	}
-	switch {
-	case v.Type == gjson.String:
-	case v.IsArray():
-		var bad *Error
-		i := 0
-		v.ForEach(func(_, e gjson.Result) bool {
-			switch {
-			case e.Type == gjson.String:
-			case e.Type == gjson.Number, e.IsArray():
+	switch d.Kind(v) {
+	case KindString:
+	case KindArray:
+		for e, end := v+1, d.Next(v); e < end; e = d.Next(e) {
+			switch d.Kind(e) {
+			case KindString:
+			case KindNumber, KindArray:
 				r.TokenPrompts = true
 			default:
-				bad = WrongType(field+"["+strconv.Itoa(i)+"]", "a string or token ids", e)
+				return wrongType(field+"["+strconv.Itoa(d.Index(e))+"]", "a string or token ids", d, e)
 			}
-			i++
-			return bad == nil
-		})
-		return bad
+		}
 	default:
-		return WrongType(field, "a string or an array", v)
+		return wrongType(field, "a string or an array", d, v)
 	}
 	return nil
 }
 
-func optBool(root gjson.Result, p string) (bool, *Error) {
-	v := root.Get(p)
-	if !v.Exists() || v.Type == gjson.Null {
+// optBool reads the optional boolean value v (-1 when absent) of parameter p.
+func optBool(d *Doc, v int, p string) (bool, *Error) {
+	if v < 0 || d.Kind(v) == KindNull {
 		return false, nil
 	}
-	if v.Type != gjson.True && v.Type != gjson.False {
-		return false, WrongType(p, "a boolean", v)
+	if d.Kind(v) != KindTrue && d.Kind(v) != KindFalse {
+		return false, wrongType(p, "a boolean", d, v)
 	}
-	return v.Bool(), nil
+	return d.Kind(v) == KindTrue, nil
 }
 
-func optPositive(root gjson.Result, p string) (n int, set bool, err *Error) {
-	v := root.Get(p)
-	if !v.Exists() || v.Type == gjson.Null {
+// optPositive reads the optional positive integer value v (-1 when absent)
+// of parameter p.
+func optPositive(d *Doc, v int, p string) (n int, set bool, err *Error) {
+	if v < 0 || d.Kind(v) == KindNull {
 		return 0, false, nil
 	}
-	n, perr := strconv.Atoi(v.Raw)
-	if v.Type != gjson.Number || perr != nil || n < 1 {
-		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw)
+	raw := d.Raw(v)
+	n, perr := strconv.Atoi(raw)
+	if d.Kind(v) != KindNumber || perr != nil || n < 1 {
+		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, raw)
 	}
 	return n, true, nil
+}
+
+// kindOf names value i's type for error messages, as Kind does; "nothing"
+// for a negative i (a value that does not exist).
+func kindOf(d *Doc, i int) string {
+	if i < 0 {
+		return "nothing"
+	}
+	switch d.Kind(i) {
+	case KindNull:
+		return "null"
+	case KindString:
+		return "a string"
+	case KindNumber:
+		return "a number"
+	case KindTrue, KindFalse:
+		return "a boolean"
+	case KindArray:
+		return "an array"
+	}
+	return "an object"
+}
+
+// wrongType is WrongType for value i of d (-1: absent).
+func wrongType(param, want string, d *Doc, i int) *Error {
+	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, kindOf(d, i))
 }
 
 // Kind names a JSON value's type for error messages.
@@ -376,70 +495,12 @@ func WrongType(param, want string, got gjson.Result) *Error {
 	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, Kind(got))
 }
 
-// CheckStructure walks the valid JSON text b once and stops at the first
-// problem: an object member name (unescaped) that occurs twice in one
-// object (dup), or nesting deeper than MaxJSONDepth (deep). No recursion,
-// so deeply nested bodies cost no stack; a map is made only for objects
-// with more than two members.
+// CheckStructure reads the valid JSON text b once and reports its first
+// structural problem, as Parse finds it: an object member name (decoded)
+// that occurs twice in one object (dup, with the name), or nesting deeper
+// than MaxJSONDepth (deep). No recursion, so deeply nested bodies cost no
+// stack.
 func CheckStructure(b []byte) (key string, dup, deep bool) {
-	type frame struct {
-		object bool
-		first  string              // the first member name
-		keys   map[string]struct{} // the names, from the second member on
-		n      int                 // members seen
-	}
-	var stack []frame
-	expectKey := false
-	for i := 0; i < len(b); i++ {
-		switch b[i] {
-		case '{', '[':
-			if len(stack) == MaxJSONDepth {
-				return "", false, true
-			}
-			stack = append(stack, frame{object: b[i] == '{'})
-			expectKey = b[i] == '{'
-		case '}', ']':
-			if len(stack) > 0 {
-				stack = stack[:len(stack)-1]
-			}
-			expectKey = false
-		case ',':
-			expectKey = len(stack) > 0 && stack[len(stack)-1].object
-		case '"':
-			j, esc := i+1, false
-			for ; j < len(b) && b[j] != '"'; j++ {
-				if b[j] == '\\' {
-					j++
-					esc = true
-				}
-			}
-			if expectKey && len(stack) > 0 {
-				var k string
-				if esc {
-					k = gjson.ParseBytes(b[i : j+1]).Str
-				} else {
-					k = string(b[i+1 : j])
-				}
-				f := &stack[len(stack)-1]
-				switch f.n {
-				case 0:
-					f.first = k
-				case 1:
-					if k == f.first {
-						return k, true, false
-					}
-					f.keys = map[string]struct{}{f.first: {}, k: {}}
-				default:
-					if _, seen := f.keys[k]; seen {
-						return k, true, false
-					}
-					f.keys[k] = struct{}{}
-				}
-				f.n++
-				expectKey = false
-			}
-			i = j
-		}
-	}
-	return "", false, false
+	p, _ := parseAll(string(b))
+	return p.dupKey, p.problem == problemDup, p.problem == problemDeep
 }

@@ -122,65 +122,67 @@ func TestParseRequestReadsTheView(t *testing.T) {
 	})
 }
 
+// badBodies are refused by ParseRequest with a 400 naming param.
+var badBodies = []struct {
+	name  string
+	ep    Endpoint
+	body  string
+	param string
+	msg   string // a part of the message
+}{
+	{"an empty body", EndpointChat, ``, "", "empty"},
+	{"malformed JSON", EndpointChat, `{"model":`, "", "not valid JSON"},
+	{"invalid UTF-8", EndpointChat, "{\"model\":\"m\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "", "not valid UTF-8"},
+	{"a JSON array body", EndpointChat, `[1]`, "", "must be an object, got an array"},
+	{"a duplicate key smuggling a second messages array", EndpointChat,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"messages":[{"role":"user","content":"alice@example.com"}]}`, "", `the key "messages" appears twice`},
+	{"a duplicate content key in a message", EndpointChat,
+		`{"model":"m","messages":[{"role":"user","content":"hi","content":"alice@example.com"}]}`, "", `the key "content" appears twice`},
+	{"a duplicate key spelled with an escape", EndpointChat,
+		`{"model":"m","messages":[{"role":"user","content":"hi","cont\u0065nt":"x"}]}`, "", `the key "content" appears twice`},
+	{"a duplicate key in a deep object", EndpointChat,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","x":{"k":1,"j":2,"k":3}}]}]}`, "", `the key "k" appears twice`},
+	{"nesting deeper than the limit", EndpointChat,
+		`{"model":"m","x":` + strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth) + `,"messages":[{"role":"user","content":"hi"}]}`, "", "nests deeper than 64 levels"},
+	{"a missing model", EndpointChat, `{"messages":[{"role":"user","content":"hi"}]}`, "model", "You must provide a model parameter."},
+	{"a numeric model", EndpointChat, `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, "model", "expected a non-empty string, but got a number"},
+	{"an empty model", EndpointChat, `{"model":"","messages":[{"role":"user","content":"hi"}]}`, "model", "non-empty string"},
+	{"a model name over the limit", EndpointChat, `{"model":"` + strings.Repeat("m", MaxModelName+1) + `","messages":[{"role":"user","content":"hi"}]}`, "model", "longer than 256 bytes"},
+	{"a string stream flag", EndpointChat, `{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, "stream", "expected a boolean, but got a string"},
+	{"a numeric include_usage", EndpointChat, `{"model":"m","stream_options":{"include_usage":1},"messages":[{"role":"user","content":"hi"}]}`, "stream_options.include_usage", "expected a boolean"},
+	{"a zero max_tokens", EndpointChat, `{"model":"m","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "expected a positive integer, but got 0"},
+	{"a fractional max_completion_tokens", EndpointChat, `{"model":"m","max_completion_tokens":1.5,"messages":[{"role":"user","content":"hi"}]}`, "max_completion_tokens", "got 1.5"},
+	{"a string max_tokens", EndpointChat, `{"model":"m","max_tokens":"9","messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "positive integer"},
+	{"a string temperature", EndpointChat, `{"model":"m","temperature":"hot","messages":[{"role":"user","content":"hi"}]}`, "temperature", "expected a number, but got a string"},
+	{"a zero n", EndpointChat, `{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}`, "n", "positive integer"},
+	{"a response_format without a type", EndpointChat, `{"model":"m","response_format":{},"messages":[{"role":"user","content":"hi"}]}`, "response_format.type", "expected a string"},
+	{"missing messages", EndpointChat, `{"model":"m"}`, "messages", "Missing required parameter: 'messages'."},
+	{"messages as a string", EndpointChat, `{"model":"m","messages":"hi"}`, "messages", "expected an array, but got a string"},
+	{"an empty messages array", EndpointChat, `{"model":"m","messages":[]}`, "messages", "empty array"},
+	{"tools as an object", EndpointChat, `{"model":"m","tools":{},"messages":[{"role":"user","content":"hi"}]}`, "tools", "expected an array, but got an object"},
+	{"a tool without a function name", EndpointChat, `{"model":"m","tools":[{"type":"function","function":{}}],"messages":[{"role":"user","content":"hi"}]}`, "tools[0].function.name", "expected a string"},
+	{"a string chat logprobs", EndpointChat, `{"model":"m","logprobs":"yes","messages":[{"role":"user","content":"hi"}]}`, "logprobs", "expected a boolean"},
+	{"a message that is a string", EndpointChat, `{"model":"m","messages":["hi"]}`, "messages[0]", "expected an object, but got a string"},
+	{"a numeric role", EndpointChat, `{"model":"m","messages":[{"role":3,"content":"hi"}]}`, "messages[0].role", "expected a string, but got a number"},
+	{"an unknown role", EndpointChat, `{"model":"m","messages":[{"role":"robot","content":"hi"}]}`, "messages[0].role", "'robot'"},
+	{"a numeric name", EndpointChat, `{"model":"m","messages":[{"role":"user","name":1,"content":"hi"}]}`, "messages[0].name", "expected a string"},
+	{"a null user content", EndpointChat, `{"model":"m","messages":[{"role":"user","content":null}]}`, "messages[0].content", "got null"},
+	{"a numeric content in the second message", EndpointChat, `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":5}]}`, "messages[1].content", "but got a number"},
+	{"a content part that is a string", EndpointChat, `{"model":"m","messages":[{"role":"user","content":["hi"]}]}`, "messages[0].content[0]", "expected an object"},
+	{"an unknown content part type", EndpointChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"video"}]}]}`, "messages[0].content[1].type", "'video'"},
+	{"a numeric content-part text", EndpointChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "messages[0].content[0].text", "expected a string"},
+	{"tool_calls as an object", EndpointChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":{}}]}`, "messages[0].tool_calls", "expected an array"},
+	{"a missing prompt", EndpointCompletions, `{"model":"m"}`, "prompt", "Missing required parameter: 'prompt'."},
+	{"an object prompt", EndpointCompletions, `{"model":"m","prompt":{}}`, "prompt", "expected a string or an array, but got an object"},
+	{"an object inside the prompt array", EndpointCompletions, `{"model":"m","prompt":["a",{}]}`, "prompt[1]", "expected a string or token ids"},
+	{"a fractional best_of", EndpointCompletions, `{"model":"m","prompt":"a","best_of":2.5}`, "best_of", "positive integer"},
+	{"a boolean completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":true}`, "logprobs", "expected an integer"},
+	{"a missing input", EndpointEmbeddings, `{"model":"m"}`, "input", "Missing required parameter: 'input'."},
+	{"a boolean input", EndpointEmbeddings, `{"model":"m","input":true}`, "input", "but got a boolean"},
+}
+
 func TestParseRequestRejectsBadBodies(t *testing.T) {
-	tests := []struct {
-		name  string
-		ep    Endpoint
-		body  string
-		param string
-		msg   string // a part of the message
-	}{
-		{"an empty body", EndpointChat, ``, "", "empty"},
-		{"malformed JSON", EndpointChat, `{"model":`, "", "not valid JSON"},
-		{"invalid UTF-8", EndpointChat, "{\"model\":\"m\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "", "not valid UTF-8"},
-		{"a JSON array body", EndpointChat, `[1]`, "", "must be an object, got an array"},
-		{"a duplicate key smuggling a second messages array", EndpointChat,
-			`{"model":"m","messages":[{"role":"user","content":"hi"}],"messages":[{"role":"user","content":"alice@example.com"}]}`, "", `the key "messages" appears twice`},
-		{"a duplicate content key in a message", EndpointChat,
-			`{"model":"m","messages":[{"role":"user","content":"hi","content":"alice@example.com"}]}`, "", `the key "content" appears twice`},
-		{"a duplicate key spelled with an escape", EndpointChat,
-			`{"model":"m","messages":[{"role":"user","content":"hi","cont\u0065nt":"x"}]}`, "", `the key "content" appears twice`},
-		{"a duplicate key in a deep object", EndpointChat,
-			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","x":{"k":1,"j":2,"k":3}}]}]}`, "", `the key "k" appears twice`},
-		{"nesting deeper than the limit", EndpointChat,
-			`{"model":"m","x":` + strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth) + `,"messages":[{"role":"user","content":"hi"}]}`, "", "nests deeper than 64 levels"},
-		{"a missing model", EndpointChat, `{"messages":[{"role":"user","content":"hi"}]}`, "model", "You must provide a model parameter."},
-		{"a numeric model", EndpointChat, `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, "model", "expected a non-empty string, but got a number"},
-		{"an empty model", EndpointChat, `{"model":"","messages":[{"role":"user","content":"hi"}]}`, "model", "non-empty string"},
-		{"a model name over the limit", EndpointChat, `{"model":"` + strings.Repeat("m", MaxModelName+1) + `","messages":[{"role":"user","content":"hi"}]}`, "model", "longer than 256 bytes"},
-		{"a string stream flag", EndpointChat, `{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, "stream", "expected a boolean, but got a string"},
-		{"a numeric include_usage", EndpointChat, `{"model":"m","stream_options":{"include_usage":1},"messages":[{"role":"user","content":"hi"}]}`, "stream_options.include_usage", "expected a boolean"},
-		{"a zero max_tokens", EndpointChat, `{"model":"m","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "expected a positive integer, but got 0"},
-		{"a fractional max_completion_tokens", EndpointChat, `{"model":"m","max_completion_tokens":1.5,"messages":[{"role":"user","content":"hi"}]}`, "max_completion_tokens", "got 1.5"},
-		{"a string max_tokens", EndpointChat, `{"model":"m","max_tokens":"9","messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "positive integer"},
-		{"a string temperature", EndpointChat, `{"model":"m","temperature":"hot","messages":[{"role":"user","content":"hi"}]}`, "temperature", "expected a number, but got a string"},
-		{"a zero n", EndpointChat, `{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}`, "n", "positive integer"},
-		{"a response_format without a type", EndpointChat, `{"model":"m","response_format":{},"messages":[{"role":"user","content":"hi"}]}`, "response_format.type", "expected a string"},
-		{"missing messages", EndpointChat, `{"model":"m"}`, "messages", "Missing required parameter: 'messages'."},
-		{"messages as a string", EndpointChat, `{"model":"m","messages":"hi"}`, "messages", "expected an array, but got a string"},
-		{"an empty messages array", EndpointChat, `{"model":"m","messages":[]}`, "messages", "empty array"},
-		{"tools as an object", EndpointChat, `{"model":"m","tools":{},"messages":[{"role":"user","content":"hi"}]}`, "tools", "expected an array, but got an object"},
-		{"a tool without a function name", EndpointChat, `{"model":"m","tools":[{"type":"function","function":{}}],"messages":[{"role":"user","content":"hi"}]}`, "tools[0].function.name", "expected a string"},
-		{"a string chat logprobs", EndpointChat, `{"model":"m","logprobs":"yes","messages":[{"role":"user","content":"hi"}]}`, "logprobs", "expected a boolean"},
-		{"a message that is a string", EndpointChat, `{"model":"m","messages":["hi"]}`, "messages[0]", "expected an object, but got a string"},
-		{"a numeric role", EndpointChat, `{"model":"m","messages":[{"role":3,"content":"hi"}]}`, "messages[0].role", "expected a string, but got a number"},
-		{"an unknown role", EndpointChat, `{"model":"m","messages":[{"role":"robot","content":"hi"}]}`, "messages[0].role", "'robot'"},
-		{"a numeric name", EndpointChat, `{"model":"m","messages":[{"role":"user","name":1,"content":"hi"}]}`, "messages[0].name", "expected a string"},
-		{"a null user content", EndpointChat, `{"model":"m","messages":[{"role":"user","content":null}]}`, "messages[0].content", "got null"},
-		{"a numeric content in the second message", EndpointChat, `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":5}]}`, "messages[1].content", "but got a number"},
-		{"a content part that is a string", EndpointChat, `{"model":"m","messages":[{"role":"user","content":["hi"]}]}`, "messages[0].content[0]", "expected an object"},
-		{"an unknown content part type", EndpointChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"video"}]}]}`, "messages[0].content[1].type", "'video'"},
-		{"a numeric content-part text", EndpointChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "messages[0].content[0].text", "expected a string"},
-		{"tool_calls as an object", EndpointChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":{}}]}`, "messages[0].tool_calls", "expected an array"},
-		{"a missing prompt", EndpointCompletions, `{"model":"m"}`, "prompt", "Missing required parameter: 'prompt'."},
-		{"an object prompt", EndpointCompletions, `{"model":"m","prompt":{}}`, "prompt", "expected a string or an array, but got an object"},
-		{"an object inside the prompt array", EndpointCompletions, `{"model":"m","prompt":["a",{}]}`, "prompt[1]", "expected a string or token ids"},
-		{"a fractional best_of", EndpointCompletions, `{"model":"m","prompt":"a","best_of":2.5}`, "best_of", "positive integer"},
-		{"a boolean completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":true}`, "logprobs", "expected an integer"},
-		{"a missing input", EndpointEmbeddings, `{"model":"m"}`, "input", "Missing required parameter: 'input'."},
-		{"a boolean input", EndpointEmbeddings, `{"model":"m","input":true}`, "input", "but got a boolean"},
-	}
-	for _, tt := range tests {
+	for _, tt := range badBodies {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := ParseRequest(tt.ep, []byte(tt.body))
 			if r != nil || err == nil {

@@ -87,9 +87,9 @@ func (p *Pipeline) log() *zap.Logger {
 }
 
 // Decide asks the policy about a for the caller id (nil: anonymous), with
-// the catalogue's targets in the input.
+// the catalogue's targets (converted once, route.Catalogue.PolicyTargets) in the input.
 func (p *Pipeline) Decide(ctx context.Context, a *classify.Annotation, id *identity.Identity) policies.Decided {
-	return p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: id.PolicyInput(), Targets: p.Catalogue.PolicyView()})
+	return p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: id.PolicyInput(), Targets: p.Catalogue.PolicyTargets()})
 }
 
 // derive classifies body, a request derived from rq's (a tool round), and
@@ -107,7 +107,7 @@ func (p *Pipeline) derive(ctx context.Context, rq *request, kind string, body []
 	for t, n := range rq.a.Findings() {
 		findings[t] = n
 	}
-	d := p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: rq.id.PolicyInput(), Targets: p.Catalogue.PolicyView(),
+	d := p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: rq.id.PolicyInput(), Targets: p.Catalogue.PolicyTargets(),
 		Derived: map[string]any{"kind": kind, "parent": map[string]any{"decision_id": rq.dec.ID(), "sensitivity": parent, "findings": findings}}})
 	return a, d, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/molly-gateway/molly/policies"
@@ -290,6 +291,8 @@ func (t *Target) quality(task string) float64 {
 // Catalogue is the set of targets. Read-only after NewCatalogue.
 type Catalogue struct {
 	targets []*Target
+	// policy is PolicyTargets' conversion (policyview.go).
+	policy atomic.Pointer[policyTargets]
 }
 
 // NewCatalogue validates and provisions targets. engine serves kind engine
@@ -342,9 +345,12 @@ func (c *Catalogue) PolicyView() []any {
 }
 
 // PolicyView is the target as the policy input document shows it.
-func (t *Target) PolicyView() map[string]any {
+func (t *Target) PolicyView() map[string]any { return t.policyViewOf(t.modelNames()) }
+
+// policyViewOf is PolicyView with the model names given.
+func (t *Target) policyViewOf(models []string) map[string]any {
 	names := []any{}
-	for _, m := range t.modelNames() {
+	for _, m := range models {
 		names = append(names, m)
 	}
 	return map[string]any{

@@ -1,0 +1,54 @@
+package classify
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/openai"
+)
+
+// mapsOnly hides an annotation's PolicyValue, so Decide converts its
+// PolicyInput maps (the reference path).
+type mapsOnly struct{ *Annotation }
+
+func (m mapsOnly) Digest() policies.Digest     { return m.Annotation.Digest() }
+func (m mapsOnly) PolicyInput() map[string]any { return m.Annotation.PolicyInput() }
+
+func TestPolicyValueIsPolicyInput(t *testing.T) {
+	c := FailScansOn(New(testScanner(t), nil), "DETECTOR-BUG")
+	eng, err := policies.New(context.Background(), policies.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []Input{
+		{Endpoint: openai.EndpointChat, Body: []byte(chatBody("hello"))},
+		{Endpoint: openai.EndpointChat, Declared: "confidential", Residency: "EU",
+			Body: []byte(`{"model":"m","stream":true,"max_tokens":9,"n":2,"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":[{"type":"text","text":"mail alice@example.com, +39 333 123 4567"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)},
+		{Endpoint: openai.EndpointChat, Body: []byte(chatBody("key sk-proj-Zx8kQ2mP9vLr4TfW7yBn3HcJ5dGs1aE6 and card 4111 1111 1111 1111"))},
+		{Endpoint: openai.EndpointChat, Body: []byte(chatBody("DETECTOR-BUG"))},
+		{Endpoint: openai.EndpointCompletions, Body: []byte(`{"model":"m","prompt":[[1,2],"x"],"best_of":3}`)},
+		{Endpoint: openai.EndpointEmbeddings, Declared: "internal", Body: []byte(`{"model":"m","input":"bob@example.org"}`)},
+		{Endpoint: openai.EndpointModels, Path: "/v1/models"},
+	} {
+		a, err := c.Classify(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := policies.ValueOf(a.PolicyInput())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.PolicyValue(); ast.Compare(got, want) != 0 {
+			t.Fatalf("%s: PolicyValue =\n%v\nPolicyInput converted =\n%v", in.Body, got, want)
+		}
+		fast := eng.Decide(context.Background(), policies.Input{Subject: a}).Decision()
+		slow := eng.Decide(context.Background(), policies.Input{Subject: mapsOnly{a}}).Decision()
+		if fast.Allowed() != slow.Allowed() || strings.Join(fast.Tiers(), ",") != strings.Join(slow.Tiers(), ",") || strings.Join(fast.Reasons(), "\n") != strings.Join(slow.Reasons(), "\n") {
+			t.Fatalf("%s: decisions differ: %v %v %v / %v %v %v", in.Body, fast.Allowed(), fast.Tiers(), fast.Reasons(), slow.Allowed(), slow.Tiers(), slow.Reasons())
+		}
+	}
+}

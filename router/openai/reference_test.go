@@ -1,0 +1,351 @@
+package openai
+
+import (
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// ParseRequest validates body as a request for ep (chat completions,
+// completions or embeddings) and returns its view. It reads the body in a
+// few linear passes and builds no document tree. Errors are 400
+// invalid_request_error naming the parameter: not JSON, not UTF-8 (RFC 8259
+// §8.1), nesting deeper than MaxJSONDepth, a key repeated in one object
+// (gjson reads the first of two equal names, Go and Python parsers keep the
+// last: a body could be classified on one value and answered on the other),
+// a root that is not an object, a missing or mistyped parameter.
+func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
+	if len(body) == 0 {
+		return nil, InvalidRequest("", "The request body is empty; send a JSON object.")
+	}
+	if !gjson.ValidBytes(body) {
+		return nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	}
+	if !utf8.Valid(body) {
+		return nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
+	}
+	k, dup, deep := refCheckStructure(body)
+	if deep {
+		return nil, InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
+	}
+	if dup {
+		return nil, InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", k)
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, InvalidRequest("", "The JSON body of your request must be an object, got %s.", Kind(root))
+	}
+	r := &Request{Endpoint: ep, N: 1}
+	model := root.Get("model")
+	if !model.Exists() || model.Type == gjson.Null {
+		return nil, InvalidRequest("model", "You must provide a model parameter.")
+	}
+	if model.Type != gjson.String || model.Str == "" {
+		return nil, WrongType("model", "a non-empty string", model)
+	}
+	if len(model.Str) > MaxModelName {
+		return nil, InvalidRequest("model", "Invalid 'model': longer than %d bytes.", MaxModelName)
+	}
+	r.Model = model.Str
+	var err *Error
+	if r.Stream, err = refOptBool(root, "stream"); err != nil {
+		return nil, err
+	}
+	if r.IncludeUsage, err = refOptBool(root, "stream_options.include_usage"); err != nil {
+		return nil, err
+	}
+	for _, p := range []string{"max_completion_tokens", "max_tokens"} {
+		n, set, err := refOptPositive(root, p)
+		if err != nil {
+			return nil, err
+		}
+		if set && r.MaxTokens == 0 {
+			r.MaxTokens = n
+		}
+	}
+	for _, p := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
+		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.Number {
+			return nil, WrongType(p, "a number", v)
+		}
+	}
+	if n, set, err := refOptPositive(root, "n"); err != nil {
+		return nil, err
+	} else if set {
+		r.N = n
+	}
+	if v := root.Get("response_format"); v.Exists() && v.Type != gjson.Null {
+		if !v.IsObject() {
+			return nil, WrongType("response_format", "an object", v)
+		}
+		t := v.Get("type")
+		if t.Type != gjson.String {
+			return nil, WrongType("response_format.type", "a string", t)
+		}
+		r.ResponseFormat = t.Str
+	}
+	switch ep {
+	case EndpointChat:
+		err = refChat(r, root)
+	case EndpointCompletions:
+		if n, set, e := refOptPositive(root, "best_of"); e != nil {
+			return nil, e
+		} else if set {
+			r.BestOf = n
+		}
+		if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
+			if v.Type != gjson.Number {
+				return nil, WrongType("logprobs", "an integer", v)
+			}
+			r.Logprobs = true
+		}
+		err = refPrompts(r, root, "prompt")
+	case EndpointEmbeddings:
+		err = refPrompts(r, root, "input")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func refChat(r *Request, root gjson.Result) *Error {
+	msgs := root.Get("messages")
+	if !msgs.Exists() {
+		return InvalidRequest("messages", "Missing required parameter: 'messages'.")
+	}
+	if !msgs.IsArray() {
+		return WrongType("messages", "an array", msgs)
+	}
+	if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
+		if v.Type != gjson.True && v.Type != gjson.False {
+			return WrongType("logprobs", "a boolean", v)
+		}
+		r.Logprobs = v.Bool()
+	}
+	for _, list := range []struct{ path, name string }{{"tools", "function.name"}, {"functions", "name"}} {
+		t := root.Get(list.path)
+		if !t.Exists() || t.Type == gjson.Null {
+			continue
+		}
+		if !t.IsArray() {
+			return WrongType(list.path, "an array", t)
+		}
+		var bad *Error
+		i := 0
+		t.ForEach(func(_, tool gjson.Result) bool {
+			n := tool.Get(list.name)
+			if n.Type != gjson.String {
+				bad = WrongType(list.path+"["+strconv.Itoa(i)+"]."+list.name, "a string", n)
+				return false
+			}
+			r.Tools = append(r.Tools, n.Str)
+			i++
+			return true
+		})
+		if bad != nil {
+			return bad
+		}
+	}
+	var bad *Error
+	i := 0
+	msgs.ForEach(func(_, m gjson.Result) bool {
+		bad = refMessage(r, i, m)
+		i++
+		return bad == nil
+	})
+	if bad != nil {
+		return bad
+	}
+	if i == 0 {
+		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+	}
+	r.Messages = i
+	return nil
+}
+
+func refMessage(r *Request, i int, m gjson.Result) *Error {
+	param := "messages[" + strconv.Itoa(i) + "]"
+	if !m.IsObject() {
+		return WrongType(param, "an object", m)
+	}
+	role := m.Get("role")
+	if role.Type != gjson.String {
+		return WrongType(param+".role", "a string", role)
+	}
+	if !ChatRoles[role.Str] {
+		return InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
+	}
+	if role.Str == "tool" || role.Str == "function" {
+		r.ToolTurns = true
+	}
+	if n := m.Get("name"); n.Exists() && n.Type != gjson.Null && n.Type != gjson.String {
+		return WrongType(param+".name", "a string", n)
+	}
+	content := m.Get("content")
+	switch {
+	case !content.Exists() || content.Type == gjson.Null:
+		if role.Str != "assistant" {
+			return InvalidRequest(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
+		}
+	case content.Type == gjson.String:
+	case content.IsArray():
+		var bad *Error
+		j := 0
+		content.ForEach(func(_, part gjson.Result) bool {
+			pparam := param + ".content[" + strconv.Itoa(j) + "]"
+			j++
+			if !part.IsObject() {
+				bad = WrongType(pparam, "an object", part)
+				return false
+			}
+			t := part.Get("type").String()
+			switch {
+			case !ContentPartTypes[t]:
+				bad = InvalidRequest(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
+			case t == "text":
+				if txt := part.Get("text"); txt.Type != gjson.String {
+					bad = WrongType(pparam+".text", "a string", txt)
+				}
+			}
+			return bad == nil
+		})
+		if bad != nil {
+			return bad
+		}
+	default:
+		return WrongType(param+".content", "a string or an array of content parts", content)
+	}
+	if tcs := m.Get("tool_calls"); tcs.Exists() && tcs.Type != gjson.Null {
+		if !tcs.IsArray() {
+			return WrongType(param+".tool_calls", "an array", tcs)
+		}
+		r.ToolTurns = true
+	}
+	if m.Get("function_call").Exists() {
+		r.ToolTurns = true
+	}
+	return nil
+}
+
+// prompts checks the "prompt" (completions) or "input" (embeddings) field:
+// a string, an array of strings, or token ids.
+func refPrompts(r *Request, root gjson.Result, field string) *Error {
+	v := root.Get(field)
+	if !v.Exists() || v.Type == gjson.Null {
+		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
+	}
+	switch {
+	case v.Type == gjson.String:
+	case v.IsArray():
+		var bad *Error
+		i := 0
+		v.ForEach(func(_, e gjson.Result) bool {
+			switch {
+			case e.Type == gjson.String:
+			case e.Type == gjson.Number, e.IsArray():
+				r.TokenPrompts = true
+			default:
+				bad = WrongType(field+"["+strconv.Itoa(i)+"]", "a string or token ids", e)
+			}
+			i++
+			return bad == nil
+		})
+		return bad
+	default:
+		return WrongType(field, "a string or an array", v)
+	}
+	return nil
+}
+
+func refOptBool(root gjson.Result, p string) (bool, *Error) {
+	v := root.Get(p)
+	if !v.Exists() || v.Type == gjson.Null {
+		return false, nil
+	}
+	if v.Type != gjson.True && v.Type != gjson.False {
+		return false, WrongType(p, "a boolean", v)
+	}
+	return v.Bool(), nil
+}
+
+func refOptPositive(root gjson.Result, p string) (n int, set bool, err *Error) {
+	v := root.Get(p)
+	if !v.Exists() || v.Type == gjson.Null {
+		return 0, false, nil
+	}
+	n, perr := strconv.Atoi(v.Raw)
+	if v.Type != gjson.Number || perr != nil || n < 1 {
+		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw)
+	}
+	return n, true, nil
+}
+
+// refCheckStructure is CheckStructure as it was before the one-pass parser.
+// It walks the valid JSON text b once and stops at the first
+// problem: an object member name (unescaped) that occurs twice in one
+// object (dup), or nesting deeper than MaxJSONDepth (deep). No recursion,
+// so deeply nested bodies cost no stack; a map is made only for objects
+// with more than two members.
+func refCheckStructure(b []byte) (key string, dup, deep bool) {
+	type frame struct {
+		object bool
+		first  string              // the first member name
+		keys   map[string]struct{} // the names, from the second member on
+		n      int                 // members seen
+	}
+	var stack []frame
+	expectKey := false
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{', '[':
+			if len(stack) == MaxJSONDepth {
+				return "", false, true
+			}
+			stack = append(stack, frame{object: b[i] == '{'})
+			expectKey = b[i] == '{'
+		case '}', ']':
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
+			}
+			expectKey = false
+		case ',':
+			expectKey = len(stack) > 0 && stack[len(stack)-1].object
+		case '"':
+			j, esc := i+1, false
+			for ; j < len(b) && b[j] != '"'; j++ {
+				if b[j] == '\\' {
+					j++
+					esc = true
+				}
+			}
+			if expectKey && len(stack) > 0 {
+				var k string
+				if esc {
+					k = gjson.ParseBytes(b[i : j+1]).Str
+				} else {
+					k = string(b[i+1 : j])
+				}
+				f := &stack[len(stack)-1]
+				switch f.n {
+				case 0:
+					f.first = k
+				case 1:
+					if k == f.first {
+						return k, true, false
+					}
+					f.keys = map[string]struct{}{f.first: {}, k: {}}
+				default:
+					if _, seen := f.keys[k]; seen {
+						return k, true, false
+					}
+					f.keys[k] = struct{}{}
+				}
+				f.n++
+				expectKey = false
+			}
+			i = j
+		}
+	}
+	return "", false, false
+}
