@@ -11,6 +11,7 @@ import (
 	_ "github.com/molly-gateway/molly/caddy-modules/app"
 	_ "github.com/molly-gateway/molly/caddy-modules/auth"
 	_ "github.com/molly-gateway/molly/caddy-modules/classify"
+	_ "github.com/molly-gateway/molly/caddy-modules/console"
 	_ "github.com/molly-gateway/molly/caddy-modules/feedback"
 	_ "github.com/molly-gateway/molly/caddy-modules/policy"
 	_ "github.com/molly-gateway/molly/caddy-modules/route"

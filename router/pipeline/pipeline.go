@@ -146,6 +146,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	w.Header().Set(HeaderDecisionID, dec.ID())
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
 	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
+	defer traceRoute(rq)()
 	if a.Endpoint() == openai.EndpointModels {
 		err := p.models(rq)
 		p.finish(rq, "routed", statusOf(err, http.StatusOK))
@@ -170,7 +171,9 @@ func (p *Pipeline) serve(rq *request) error {
 	}
 	cfg := p.Strategies
 	cfg.Tools = cfg.Tools && p.Tools != nil && len(p.Tools.Tools()) > 0
+	planned := time.Now()
 	rq.plan = p.Catalogue.NewPlan(a, dec, sel, cfg)
+	tracePlan(rq, planned)
 	p.logPlan(rq, o)
 	if !rq.plan.Known {
 		p.Metrics.Unrouted(a, "model_not_found")
@@ -208,7 +211,7 @@ func (p *Pipeline) serve(rq *request) error {
 func newOutcome(a *classify.Annotation, dec *policies.Decision, id *identity.Identity, start time.Time) Outcome {
 	return Outcome{DecisionID: dec.ID(), Revision: dec.Revision(), Member: id.Name(), Endpoint: string(a.Endpoint()), Model: a.Model(),
 		Task: a.Task(), Difficulty: a.Difficulty(), Sensitivity: dec.Sensitivity(), Tiers: dec.Tiers(), Stream: a.Stream(),
-		Answered: -1, Start: start}
+		Answered: -1, Start: start, Findings: a.Findings(), Reasons: dec.Reasons(), Code: dec.Code()}
 }
 
 // labelOf is the outcome label of a request that ended with err ("" when
