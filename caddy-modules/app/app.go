@@ -84,10 +84,7 @@ type App struct {
 	registryPath string
 	anonymous    *identity.Identity // requests without molly_auth (registry.go)
 	priors       *priorsHandle      // shared across reloads (priors.go)
-	// policyRevision is the revision last reported (observe.go); sampling
-	// stops the engine sampler.
-	policyRevision atomic.Pointer[string]
-	sampling       chan struct{}
+	sampling     chan struct{}      // stops the engine sampler (observe.go)
 }
 
 func init() { caddy.RegisterModule(App{}) }

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,6 +15,10 @@ import (
 // EngineSampleInterval is how often the engine's adapter states are
 // sampled for molly_engine_adapter_transitions_total.
 const EngineSampleInterval = time.Second
+
+// policyRevision is the policy revision last reported to the metrics
+// (process-wide, as the metrics are).
+var policyRevision atomic.Pointer[string]
 
 // recorders are the pipeline's outcome recorders: the metrics and the
 // console, both process-wide (they outlive config reloads).
@@ -51,18 +56,18 @@ func (a *App) EngineState() (observe.EngineState, bool) {
 // policyLoaded records the revision the policy engine started with.
 func (a *App) policyLoaded() {
 	st := a.policy.Status()
-	a.policyRevision.Store(&st.Revision)
+	policyRevision.Store(&st.Revision)
 	observe.DefaultMetrics.PolicyLoaded(st)
 }
 
 // onPolicyReload is policies.Options.OnReload: it counts the reload.
 func (a *App) onPolicyReload(st policies.Status) {
 	prev := ""
-	if p := a.policyRevision.Load(); p != nil {
+	if p := policyRevision.Load(); p != nil {
 		prev = *p
 	}
 	outcome := observe.DefaultMetrics.PolicyReload(st, prev)
-	a.policyRevision.Store(&st.Revision)
+	policyRevision.Store(&st.Revision)
 	if a.logger != nil {
 		a.logger.Debug("policy reload counted", zap.String("outcome", outcome), zap.String("revision", st.Revision))
 	}

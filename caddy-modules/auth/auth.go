@@ -24,13 +24,16 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/observe"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/tracing"
 )
 
 // Auth is the molly_auth handler.
@@ -127,6 +130,8 @@ var active atomic.Pointer[registry.Registry]
 // request before next sees it.
 func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ctx := r.Context()
+	_, span := tracing.Start(ctx, "molly.auth", trace.SpanKindInternal)
+	defer span.End() // a no-op once ended below
 	key, hasKey := bearer(r)
 	r.Header.Del("Authorization")
 	var m registry.Member
@@ -136,11 +141,13 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		m, err = au.reg.Member(ctx, au.Anonymous)
 	case !hasKey:
 		unauthorized(w, "You didn't provide an API key. Send it as Authorization: Bearer <key>; an administrator creates keys with `molly keys create`.")
+		refused(span, "missing_key")
 		return nil
 	default:
 		m, _, err = au.reg.Lookup(ctx, key)
 		if errors.Is(err, registry.ErrUnknownKey) || errors.Is(err, registry.ErrRevokedKey) {
 			unauthorized(w, "Incorrect API key provided. An administrator creates keys with `molly keys create`.")
+			refused(span, "invalid_key")
 			return nil
 		}
 	}
@@ -153,6 +160,7 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	if budgeted && remaining <= 0 {
 		overBudget(m, "").Write(w)
+		refused(span, "budget")
 		return nil
 	}
 	lim, err := au.reg.Admit(ctx, m)
@@ -163,10 +171,12 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		w.Header().Set("X-Ratelimit-Limit-"+titleKind(lim.Kind), strconv.Itoa(lim.Limit))
 		w.Header().Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
 		rateLimited(m, lim).Write(w)
+		refused(span, "rate_"+lim.Kind)
 		return nil
 	}
 	id := &identity.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
 		Budgeted: budgeted, RemainingUSD: remaining, Ledger: &ledger{reg: au.reg, m: m}}
+	authenticated(span, m.Name)
 	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))
 }
 
@@ -236,9 +246,11 @@ func (l *ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (
 	var lim *registry.Limited
 	switch {
 	case errors.As(err, &ob):
+		observe.DefaultMetrics.Refused("budget", "reservation")
 		return nil, overBudget(l.m, fmt.Sprintf("this request may cost up to %.6f USD; %.6f are spent and %.6f held by requests in flight",
 			ob.ExpectedUSD, ob.SpentUSD, ob.ReservedUSD))
 	case errors.As(err, &lim):
+		observe.DefaultMetrics.Refused("rate_"+lim.Kind, "reservation")
 		return nil, rateLimited(l.m, lim)
 	case err != nil:
 		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}

@@ -15,11 +15,13 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/tracing"
 )
 
 // DefaultMaxBodyBytes is the request body limit when none is set (8 MiB).
@@ -136,6 +138,8 @@ func (c *Classify) Validate() error {
 // ServeHTTP classifies the request and calls next with the annotation in
 // the context; bad requests are answered with OpenAI errors.
 func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	_, span := tracing.Start(r.Context(), "molly.classify", trace.SpanKindInternal)
+	defer span.End() // a no-op once ended below
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		aerr.Write(w)
@@ -163,7 +167,22 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
+	endClassify(span, ann)
 	return next.ServeHTTP(w, r)
+}
+
+// endClassify ends the classify span with what was found (types and
+// counts, never values).
+func endClassify(span trace.Span, ann *classify.Annotation) {
+	if span.IsRecording() {
+		n := 0
+		for _, c := range ann.Findings() {
+			n += c
+		}
+		span.SetAttributes(tracing.Task.String(ann.Task()), tracing.Sensitivity.String(ann.Sensitivity().String()),
+			tracing.Findings.Int(n), tracing.GenAIRequestModel.String(ann.Model()), tracing.GenAIOperationName.String(ann.Endpoint().Operation()))
+	}
+	span.End()
 }
 
 // Interface guards.
