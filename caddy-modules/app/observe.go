@@ -81,6 +81,7 @@ func (a *App) startObserve() {
 		return
 	}
 	observe.DefaultMetrics.SetEngine(a.EngineState)
+	observe.DefaultMetrics.SampleEngine() // the adapters as registered, before any scrape
 	a.sampling = make(chan struct{})
 	go observe.DefaultMetrics.SampleEvery(EngineSampleInterval, a.sampling)
 }

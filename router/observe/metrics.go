@@ -51,6 +51,18 @@ type Metrics struct {
 	tracker StateTracker
 }
 
+// Known label values, exported at 0 from the start so that rates and
+// alerts see the series before the first event (Prometheus's
+// instrumentation practice: "avoid missing metrics").
+var (
+	authReasons    = []string{"missing_key", "invalid_key"}
+	refusalReasons = []string{"budget", "rate_requests", "rate_tokens"}
+	refusalStages  = []string{"admission", "reservation"}
+	reloadOutcomes = []string{"loaded", "failed", "restored"}
+	denialCodes    = []string{policies.CodePolicyDenied, policies.CodeModelNotAllowed, policies.CodeToolNotAllowed,
+		policies.CodeToolResultTooSensitive, policies.CodePolicyTimeout, policies.CodePolicyError}
+)
+
 // DefaultMetrics are the process's collectors.
 var DefaultMetrics = NewMetrics()
 
@@ -59,7 +71,7 @@ func NewMetrics() *Metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
-	return &Metrics{
+	m := &Metrics{
 		outcomes: counter("molly_outcomes_total", "Requests by the model the client asked for, operation, answering tier and outcome.",
 			"gen_ai_request_model", "gen_ai_operation_name", "tier", "outcome"),
 		denials:      counter("molly_denials_total", "Requests the policy denied, by the decision's code.", "code"),
@@ -75,6 +87,21 @@ func NewMetrics() *Metrics {
 		loaded: prometheus.NewGauge(prometheus.GaugeOpts{Name: "molly_policy_loaded_timestamp_seconds",
 			Help: "Unix time the serving policy revision was compiled."}),
 	}
+	for _, r := range authReasons {
+		m.authFailures.WithLabelValues(r)
+	}
+	for _, r := range refusalReasons {
+		for _, st := range refusalStages {
+			m.refusals.WithLabelValues(r, st)
+		}
+	}
+	for _, o := range reloadOutcomes {
+		m.reloads.WithLabelValues(o)
+	}
+	for _, c := range denialCodes {
+		m.denials.WithLabelValues(c)
+	}
+	return m
 }
 
 // Register registers the collectors into reg; ones already there are kept.
