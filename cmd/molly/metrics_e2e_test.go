@@ -185,7 +185,10 @@ http://127.0.0.1:{PORT} {
 		t.Fatalf("no key: %v %v", err, resp)
 	}
 	resp.Body.Close()
-	if code, _ := status(func() error { _, err := keyClient(g, "sk-molly-not-a-real-key").Chat.Completions.New(ctx, chat("hi")); return err }()); code != 401 {
+	if code, _ := status(func() error {
+		_, err := keyClient(g, "sk-molly-not-a-real-key").Chat.Completions.New(ctx, chat("hi"))
+		return err
+	}()); code != 401 {
 		t.Fatalf("bad key: %d", code)
 	}
 	// A denial, by the key's model scope.

@@ -44,7 +44,7 @@ import (
 // registered into each Caddy config's registry, so counters survive reloads.
 type Metrics struct {
 	outcomes, denials, authFailures, refusals, fallbacks, escalations, redactions, reloads, transitions *prometheus.CounterVec
-	healthy, loaded                                                                                 prometheus.Gauge
+	healthy, loaded                                                                                     prometheus.Gauge
 
 	mu      sync.Mutex
 	engine  EngineSource

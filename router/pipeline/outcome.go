@@ -38,8 +38,8 @@ type Outcome struct {
 	// Findings counts the entity types the classifier found (no values).
 	Findings map[string]int
 	// Reasons are the decision's reasons; Code its denial code ("" when allowed).
-	Reasons []string
-	Code    string
+	Reasons  []string
+	Code     string
 	Start    time.Time
 	Duration time.Duration
 }
