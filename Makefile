@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench fuzz lint model deps clean env
+.PHONY: all build run test bench fuzz lint model deps browser clean env
 
 all: build
 
@@ -35,13 +35,15 @@ deps:
 	$(GO) mod download
 
 build: deps
+	@test -x $(BIN) || echo "building $(BIN): the first build compiles llama.cpp (about 10 CPU-minutes), later ones are cached"
 	$(GO) build -o $(BIN) ./cmd/molly
 	$(GO) build -o bin/molly-payments ./plugins/payments
 	$(GO) build -o bin/molly-billing ./plugins/billing
 	$(GO) build -o bin/molly-support ./plugins/support
 
 # The demo base model and LoRA adapters, generated deterministically (no
-# model can be downloaded): ~13 MB GGUF plus four adapters.
+# model can be downloaded): ~13 MB GGUF plus four adapters, with a progress
+# bar on a terminal (JSON progress lines otherwise).
 model: $(DEMO_MODEL)
 
 $(DEMO_MODEL): | build
@@ -50,7 +52,14 @@ $(DEMO_MODEL): | build
 run: build model
 	./$(BIN) run --config Caddyfile
 
-test: deps
+# Headless Chromium (Debian's package) for the console's browser test; when
+# apt-get cannot install it, that test skips and says why.
+browser:
+	@command -v chromium >/dev/null || { echo "installing chromium for the console's browser test"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium could not be installed: TestConsoleInABrowser will skip"; }
+
+test: deps browser
 	$(GO) vet ./...
 	$(GO) test -timeout $(TEST_TIMEOUT) ./...
 
