@@ -76,6 +76,9 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 // endPolicy ends the policy span with the decision: its id, revision,
 // allow, code, class and tiers.
 func endPolicy(span trace.Span, dec *policies.Decision) {
+	if !span.IsRecording() {
+		return
+	}
 	span.SetAttributes(tracing.DecisionID.String(dec.ID()), tracing.PolicyRevision.String(dec.Revision()),
 		tracing.Allowed.Bool(dec.Allowed()), tracing.Sensitivity.String(dec.Sensitivity()), attribute.StringSlice("molly.policy.tiers", dec.Tiers()))
 	if !dec.Allowed() {

@@ -114,6 +114,11 @@ type Decision struct {
 	CostUSD     float64           `json:"cost_usd"`
 	DurationMS  float64           `json:"duration_ms"`
 	Reserve     route.Reservation `json:"reserve"`
+
+	// chosen is the answer's plan candidate (Target nil for none): Route is
+	// written from it when the state is read, not on the request's path.
+	chosen route.Candidate
+	plan   *route.Plan
 }
 
 // Candidate is one plan candidate with its score terms.
@@ -276,7 +281,7 @@ func decisionOf(o pipeline.Outcome) Decision {
 		d.Target, d.Tier, d.Adapter = a.Target, a.Tier, a.Adapter
 		for _, c := range o.Plan.Candidates {
 			if c.Target.Name == a.Target && c.Model == a.Model {
-				d.Route = route.RouteHeader(c, o.Plan.Candidates, o.Plan.Excluded)
+				d.chosen, d.plan = c, &o.Plan
 				break
 			}
 		}
@@ -392,7 +397,11 @@ func (r *Recorder) State(src Sources, decisions int) State {
 		s.Members = append(s.Members, c)
 	}
 	for i := 0; i < len(r.decisions) && i < decisions; i++ {
-		s.Decisions = append(s.Decisions, r.decisions[(r.next-1-i+2*len(r.decisions))%len(r.decisions)])
+		d := r.decisions[(r.next-1-i+2*len(r.decisions))%len(r.decisions)]
+		if d.plan != nil {
+			d.Route = route.RouteHeader(d.chosen, d.plan.Candidates, d.plan.Excluded)
+		}
+		s.Decisions = append(s.Decisions, d)
 	}
 	for k, h := range r.health {
 		health[k] = targetHealth{recent: slices.Clone(h.recent), ok: h.ok, failed: h.failed, lastFailure: h.lastFailure}

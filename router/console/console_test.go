@@ -127,7 +127,9 @@ func TestDecisionRowExplainsTheRoute(t *testing.T) {
 	o := answered("ann", "chat", external, 0.1, device)
 	o.Plan.Excluded = []route.Exclusion{{Target: "lan", Reason: "tier T1 not allowed"}}
 	o.Findings, o.RedactedTypes, o.Redacted = map[string]int{"EMAIL": 2, "PHONE": 1}, []string{"EMAIL"}, 2
-	d := decisionOf(o)
+	r := NewRecorder(0, 0, 0)
+	r.Record(o)
+	d := r.State(Sources{}, 1).Decisions[0]
 	if want := "external/m score=0.5000; runner-up device/m score=0.9000; fallback; excluded lan: tier T1 not allowed"; d.Route != want {
 		t.Fatalf("route %q, want %q", d.Route, want)
 	}

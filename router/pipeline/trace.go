@@ -19,6 +19,9 @@ import (
 // traceRoute starts the request's route span (rq.ctx carries it from
 // here on) and returns what ends it, with the outcome's label and status.
 func traceRoute(rq *request) func() {
+	if !tracing.Enabled(rq.ctx) {
+		return func() {}
+	}
 	ctx, span := tracing.Start(rq.ctx, "molly.route", trace.SpanKindInternal,
 		tracing.DecisionID.String(rq.dec.ID()), tracing.PolicyRevision.String(rq.dec.Revision()),
 		tracing.GenAIOperationName.String(rq.a.Endpoint().Operation()), tracing.GenAIRequestModel.String(rq.a.Model()))
@@ -60,6 +63,9 @@ func tracePlan(rq *request, begin time.Time) {
 // startAttempt starts the client span of one attempt at c; its context is
 // the one the call is sent with, so the forwarded traceparent names it.
 func startAttempt(rq *request, c route.Candidate) (context.Context, trace.Span) {
+	if !tracing.Enabled(rq.ctx) {
+		return rq.ctx, trace.SpanFromContext(rq.ctx) // the no-op span
+	}
 	op := rq.a.Endpoint().Operation()
 	return tracing.Start(rq.ctx, op+" "+c.Model, trace.SpanKindClient,
 		tracing.GenAIOperationName.String(op), tracing.GenAIRequestModel.String(c.Model),
@@ -90,6 +96,9 @@ func endAttempt(span trace.Span, o *outcome) {
 // startDeliver starts the span of writing o's answer to the client; the
 // returned func ends it with the tokens metered by then.
 func startDeliver(rq *request, o *outcome) func() {
+	if !tracing.Enabled(rq.ctx) {
+		return func() {}
+	}
 	_, span := tracing.Start(rq.ctx, "molly.deliver", trace.SpanKindInternal,
 		tracing.Target.String(o.cand.Target.Name), tracing.Tier.String(o.cand.Target.Tier),
 		attribute.Bool("molly.stream", o.stream != nil))
@@ -110,6 +119,9 @@ func startDeliver(rq *request, o *outcome) func() {
 
 // startTool starts the span of one governed tool call.
 func startTool(ctx context.Context, name, callID, target, tier string) (context.Context, trace.Span) {
+	if !tracing.Enabled(ctx) {
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	return tracing.Start(ctx, "execute_tool "+name, trace.SpanKindInternal,
 		tracing.GenAIOperationName.String("execute_tool"), tracing.GenAIToolName.String(name), tracing.GenAIToolCallID.String(callID),
 		tracing.Target.String(target), tracing.Tier.String(tier))

@@ -66,6 +66,11 @@ const (
 	CostUSD        = attribute.Key("molly.cost_usd")
 )
 
+// Enabled reports whether ctx carries a trace to add spans to; callers
+// building many attributes check it first, so that an untraced request
+// allocates none.
+func Enabled(ctx context.Context) bool { return trace.SpanContextFromContext(ctx).IsValid() }
+
 // Start starts a span named name under the span in ctx, with the tracer
 // provider that span came from. The span is a no-op when ctx has none.
 func Start(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
