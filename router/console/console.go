@@ -256,7 +256,8 @@ func decisionOf(o pipeline.Outcome) Decision {
 		Difficulty: o.Difficulty, Sensitivity: o.Sensitivity, Tiers: nonNil(o.Tiers), Stream: o.Stream, Revision: o.Revision,
 		Reasons: nonNil(o.Reasons), Code: o.Code, Strategy: string(o.Plan.Strategy), PlanReasons: nonNil(o.Plan.Reasons),
 		Excluded: o.Plan.Excluded, Label: o.Label, Status: o.Status, Redacted: o.Redacted, Redactions: map[string]int{},
-		Findings: o.Findings, DurationMS: ms(o.Duration), Reserve: o.Plan.Reserve, Candidates: []Candidate{}, Attempts: []Attempt{}}
+		Findings: o.Findings, DurationMS: ms(o.Duration), Reserve: o.Plan.Reserve,
+		Candidates: make([]Candidate, 0, len(o.Plan.Candidates)), Attempts: make([]Attempt, 0, len(o.Attempts))}
 	if d.Excluded == nil {
 		d.Excluded = []route.Exclusion{}
 	}
