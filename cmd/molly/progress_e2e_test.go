@@ -92,3 +92,48 @@ func TestModelDemoReportsProgress(t *testing.T) {
 		t.Fatalf("terminal output %q", text)
 	}
 }
+
+// TestModelQuantizeReportsProgress: `molly model quantize` rewrites the
+// model smaller (8-bit weights from 32-bit) and reports start and end as
+// progress lines when not on a terminal; a bad type fails with the
+// failure reported and the model left as it was.
+func TestModelQuantizeReportsProgress(t *testing.T) {
+	dir := t.TempDir()
+	if err := serving.WriteDemo(dir, 1, "small"); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, serving.DemoModelFile)
+	before, _ := os.Stat(path)
+	run := func(ftype string) (string, error) {
+		cmd := exec.Command(mollyBin, "model", "quantize", "--model", path, "--type", ftype)
+		cmd.Env = mollyEnv(t)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		return stderr.String(), err
+	}
+	if out, err := run("q9_9"); err == nil || !strings.Contains(out, `"event":"failed: `) {
+		t.Fatalf("a bad type: %v\n%s", err, out)
+	}
+	if st, _ := os.Stat(path); st.Size() != before.Size() {
+		t.Fatalf("a failed quantization changed the model: %d → %d bytes", before.Size(), st.Size())
+	}
+	out, err := run("q8_0")
+	if err != nil {
+		t.Fatalf("quantize: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var last struct {
+		Task  string `json:"task"`
+		Event string `json:"event"`
+		Done  int64  `json:"done"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || !strings.Contains(lines[0], `"event":"start"`) || last.Event != "end" {
+		t.Fatalf("progress lines:\n%s", out)
+	}
+	after, _ := os.Stat(path)
+	// Q8_0 stores 34 bytes per 32 weights instead of 128: the file shrinks to well under half.
+	if after.Size() >= before.Size()/2 || last.Done != after.Size() {
+		t.Fatalf("%d → %d bytes (reported %d)", before.Size(), after.Size(), last.Done)
+	}
+}
