@@ -174,8 +174,11 @@ type shareBucket struct {
 // NoTier is the tier of requests no target answered.
 const NoTier = "none"
 
-// Record implements pipeline.Recorder.
+// Record implements pipeline.Recorder. Model listings are not recorded.
 func (r *Recorder) Record(o pipeline.Outcome) {
+	if o.Endpoint == "models" {
+		return // the model listing is answered from the catalogue: no decision worth a row
+	}
 	d := decisionOf(o)
 	now := r.now()
 	r.mu.Lock()

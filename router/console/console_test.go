@@ -47,6 +47,7 @@ func TestRecorderKeepsWhatThePageShows(t *testing.T) {
 	clock = clock.Add(time.Minute)
 	r.Record(answered("bob", "billing", device, 0))
 	r.Record(answered("bob", "chat", external, 0.5))
+	r.Record(pipeline.Outcome{DecisionID: "listing", Endpoint: "models", Label: "routed", Answered: -1}) // not a row
 	r.Record(pipeline.Outcome{DecisionID: "denied-1", Member: "eve", Label: "denied", Status: 403, Code: "model_not_allowed",
 		Reasons: []string{"member eve may not use the model chat"}, Answered: -1})
 

@@ -125,7 +125,11 @@ func (m *Metrics) Record(o pipeline.Outcome) {
 	}
 	m.outcomes.WithLabelValues(o.Model, operation(o.Endpoint), tier, o.Label).Inc()
 	if o.Label == "denied" {
-		m.denials.WithLabelValues(o.Code).Inc()
+		code := o.Code
+		if code == "" { // a 403 of a later step under an allowing decision
+			code = policies.CodePolicyDenied
+		}
+		m.denials.WithLabelValues(code).Inc()
 	}
 	for i, a := range o.Attempts {
 		switch {
