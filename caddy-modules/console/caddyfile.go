@@ -38,6 +38,9 @@ func (c *Console) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("molly_console: unrecognized subdirective %q", d.Val())
 		}
 	}
+	if len(c.Members) == 0 {
+		return d.Err("molly_console: members <member>... is required: the registry members whose API keys may read the console")
+	}
 	return nil
 }
 
