@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench fuzz lint model deps postgres clean env sdk
+.PHONY: all build run test bench fuzz lint model deps postgres browser clean env sdk
 
 all: build
 
@@ -48,13 +48,15 @@ postgres:
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
 build: deps
+	@test -x $(BIN) || echo "building $(BIN): the first build compiles llama.cpp (about 10 CPU-minutes), later ones are cached"
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/molly
 	$(GO) build -o bin/molly-payments ./plugins/payments
 	$(GO) build -o bin/molly-billing ./plugins/billing
 	$(GO) build -o bin/molly-support ./plugins/support
 
 # The demo base model and LoRA adapters, generated deterministically (no
-# model can be downloaded): ~13 MB GGUF plus four adapters.
+# model can be downloaded): ~13 MB GGUF plus four adapters, with a progress
+# bar on a terminal (JSON progress lines otherwise).
 model: $(DEMO_MODEL)
 
 $(DEMO_MODEL): | build
@@ -75,7 +77,14 @@ sdk:
 		echo "npm could not install @anthropic-ai/sdk: the Anthropic SDK test skips"; \
 	else echo "npm not found: the Anthropic SDK test skips"; fi
 
-test: deps sdk
+# Headless Chromium (Debian's package) for the console's browser test; when
+# apt-get cannot install it, that test skips and says why.
+browser:
+	@command -v chromium >/dev/null || { echo "installing chromium for the console's browser test"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium could not be installed: TestConsoleInABrowser will skip"; }
+
+test: deps sdk browser
 	$(GO) vet ./...
 	$(GO) test -timeout $(TEST_TIMEOUT) ./...
 

@@ -20,6 +20,7 @@ import (
 	"github.com/molly-gateway/molly/router/egress"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/observe"
 	"github.com/molly-gateway/molly/router/orchestrate"
 	"github.com/molly-gateway/molly/router/pipeline"
 	"github.com/molly-gateway/molly/router/route"
@@ -93,6 +94,7 @@ type App struct {
 
 	// orchestrator serves composite requests; nil when turned off.
 	orchestrator *orchestrate.Orchestrator
+	sampling     chan struct{} // stops the engine sampler (observe.go)
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -106,14 +108,16 @@ func (App) CaddyModule() caddy.ModuleInfo {
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	eng, err := policies.New(ctx, policies.Options{
-		Dir:     a.PolicyDir,
-		Timeout: time.Duration(a.PolicyTimeout),
-		Logger:  a.logger.Named("decision"),
+		Dir:      a.PolicyDir,
+		Timeout:  time.Duration(a.PolicyTimeout),
+		Logger:   a.logger.Named("decision"),
+		OnReload: a.onPolicyReload,
 	})
 	if err != nil {
 		return fmt.Errorf("molly: policy: %w", err)
 	}
 	a.policy = eng
+	a.policyLoaded()
 	var engine route.Engine
 	var handler http.Handler
 	if a.EngineConfig != nil {
@@ -147,6 +151,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err := meter.DefaultMetrics.Register(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
 		}
+		if err := observe.DefaultMetrics.Register(reg); err != nil {
+			return fmt.Errorf("molly: metrics: %w", err)
+		}
 		if err := registerUsageMetrics(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
 		}
@@ -154,7 +161,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.pipeline = &pipeline.Pipeline{Catalogue: cat, Egress: a.egress, Policy: eng, Weights: w, Logger: a.logger.Named("route"),
 		Priors: a.Priors(), Metrics: meter.DefaultMetrics,
 		Strategies:        route.Config{Cascade: a.Cascade, Mixture: a.Mixture, ToolSteps: a.ToolSteps},
-		FirstEventTimeout: time.Duration(a.FirstEventTimeout)}
+		FirstEventTimeout: time.Duration(a.FirstEventTimeout), Recorders: a.recorders()}
 	if a.tools, err = a.provisionTools(); err != nil {
 		return fmt.Errorf("molly: tools: %w", err)
 	}
@@ -218,6 +225,7 @@ func (a *App) Validate() error {
 // priors' flushing and the usage tool's delivery.
 func (a *App) Start() error {
 	current.Store(a)
+	a.startObserve()
 	if err := a.startUsage(); err != nil {
 		return fmt.Errorf("molly: usage_tool: %w", err)
 	}
@@ -229,6 +237,7 @@ func (a *App) Start() error {
 // usage (what is pending stays in the registry's outbox).
 func (a *App) Stop() error {
 	current.CompareAndSwap(a, nil)
+	a.stopObserve()
 	a.stopUsage()
 	return nil
 }

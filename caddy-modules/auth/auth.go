@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
@@ -25,6 +26,7 @@ import (
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/tracing"
 )
 
 // Auth is the molly_auth handler.
@@ -125,6 +127,8 @@ var active atomic.Pointer[registry.Registry]
 func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	openai.RequestID(w, r)
 	ctx := r.Context()
+	_, span := tracing.Start(ctx, "molly.auth", trace.SpanKindInternal)
+	defer span.End() // a no-op once ended below
 	key, hasKey := keyauth.Key(r.Header)
 	r.Header.Del("Authorization")
 	r.Header.Del("X-Api-Key")
@@ -135,12 +139,30 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 	var refusal *openai.Error
 	if errors.As(err, &refusal) {
 		refusal.Write(w)
+		refused(span, refusalReason(refusal, hasKey))
 		return nil
 	}
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
 	}
+	authenticated(span, id.Member)
 	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))
+}
+
+// refusalReason is the metrics class of an admission refusal.
+func refusalReason(e *openai.Error, hasKey bool) string {
+	switch e.Code {
+	case "invalid_api_key":
+		if !hasKey {
+			return "missing_key"
+		}
+		return "invalid_key"
+	case "insufficient_quota":
+		return "budget"
+	case "rate_limit_exceeded":
+		return "rate_" + e.Type
+	}
+	return e.Code
 }
 
 // Interface guards.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
@@ -21,6 +22,7 @@ import (
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/tracing"
 	"github.com/molly-gateway/molly/router/translate"
 )
 
@@ -146,6 +148,8 @@ func (c *Classify) Validate() error {
 // sent, and the answer is translated back by the writer next gets.
 func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	openai.RequestID(w, r)
+	_, span := tracing.Start(r.Context(), "molly.classify", trace.SpanKindInternal)
+	defer span.End() // a no-op once ended below
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		aerr.Write(w)
@@ -196,6 +200,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	// The body was read once; later handlers read the annotation's copy.
 	r.Body = io.NopCloser(strings.NewReader(ann.Body()))
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
+	endClassify(span, ann)
 	return next.ServeHTTP(w, r)
 }
 
@@ -245,6 +250,20 @@ func readBody(rd io.Reader, contentLength, limit int64) ([]byte, error) {
 			buf = append(buf, 0)[:len(buf)]
 		}
 	}
+}
+
+// endClassify ends the classify span with what was found (types and
+// counts, never values).
+func endClassify(span trace.Span, ann *classify.Annotation) {
+	if span.IsRecording() {
+		n := 0
+		for _, c := range ann.Findings() {
+			n += c
+		}
+		span.SetAttributes(tracing.Task.String(ann.Task()), tracing.Sensitivity.String(ann.Sensitivity().String()),
+			tracing.Findings.Int(n), tracing.GenAIRequestModel.String(ann.Model()), tracing.GenAIOperationName.String(ann.Endpoint().Operation()))
+	}
+	span.End()
 }
 
 // Interface guards.

@@ -11,12 +11,16 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
+	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/pipeline"
+	"github.com/molly-gateway/molly/router/tracing"
 )
 
 // Policy is the molly_policy handler. It has no settings of its own: the
@@ -59,14 +63,31 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if ann == nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))
 	}
+	_, span := tracing.Start(r.Context(), "molly.policy", trace.SpanKindInternal)
 	d := p.app.Pipeline().Decide(r.Context(), ann, identity.From(r.Context())) // nil identity without molly_auth: "anonymous"
 	dec := d.Decision()
+	endPolicy(span, dec)
 	w.Header().Set(pipeline.HeaderDecisionID, dec.ID())
 	if !dec.Allowed() {
 		p.app.Pipeline().Denied(ann, d, identity.From(r.Context())).Write(w)
 		return nil
 	}
 	return next.ServeHTTP(w, r.WithContext(pipeline.WithDecided(r.Context(), d)))
+}
+
+// endPolicy ends the policy span with the decision: its id, revision,
+// allow, code, class and tiers.
+func endPolicy(span trace.Span, dec *policies.Decision) {
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(tracing.DecisionID.String(dec.ID()), tracing.PolicyRevision.String(dec.Revision()),
+		tracing.Allowed.Bool(dec.Allowed()), tracing.Sensitivity.String(dec.Sensitivity()), attribute.StringSlice("molly.policy.tiers", dec.Tiers()))
+	if !dec.Allowed() {
+		span.SetAttributes(tracing.DenyCode.String(dec.Code()))
+		tracing.Fail(span, dec.Code(), "denied: "+dec.Code())
+	}
+	span.End()
 }
 
 // Interface guards.

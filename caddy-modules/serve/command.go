@@ -3,6 +3,7 @@ package serve
 import (
 	"fmt"
 	"os"
+	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
@@ -13,7 +14,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "model",
-		Short: "Generates models for the T0 engine (molly model demo)",
+		Short: "Generates models for the T0 engine (molly model demo, molly model quantize)",
 		CobraFunc: func(cmd *cobra.Command) {
 			demo := &cobra.Command{
 				Use:   "demo [--out <dir>] [--seed <n>] [--size tiny|small|bench]",
@@ -26,7 +27,7 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 					out, _ := c.Flags().GetString("out")
 					seed, _ := c.Flags().GetInt64("seed")
 					size, _ := c.Flags().GetString("size")
-					if err := serving.WriteDemo(out, seed, size); err != nil {
+					if err := writeDemoWithProgress(out, seed, size, 100*time.Millisecond); err != nil {
 						return err
 					}
 					fmt.Fprintf(os.Stdout, "wrote %s/%s and %d adapters in %s/%s\n", out, serving.DemoModelFile, len(serving.DemoAdapters), out, serving.DemoAdapterDir)
@@ -37,6 +38,22 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 			demo.Flags().Int64("seed", 1, "random seed")
 			demo.Flags().String("size", "small", "model size: tiny, small or bench")
 			cmd.AddCommand(demo)
+			quantize := &cobra.Command{
+				Use:   "quantize --model <gguf> --type q8_0|q4_0|f16",
+				Short: "Converts a GGUF model's weights in place (llama.cpp's llama_model_quantize)",
+				Args:  cobra.NoArgs,
+				RunE: func(c *cobra.Command, _ []string) error {
+					path, _ := c.Flags().GetString("model")
+					ftype, _ := c.Flags().GetString("type")
+					if path == "" {
+						return fmt.Errorf("--model <gguf> is required")
+					}
+					return quantizeWithProgress(path, ftype)
+				},
+			}
+			quantize.Flags().String("model", "", "the GGUF model to rewrite")
+			quantize.Flags().String("type", "q8_0", "weight type: q8_0, q4_0 or f16")
+			cmd.AddCommand(quantize)
 		},
 	})
 }

@@ -15,6 +15,7 @@ import (
 	_ "github.com/molly-gateway/molly/caddy-modules/app"
 	_ "github.com/molly-gateway/molly/caddy-modules/auth"
 	_ "github.com/molly-gateway/molly/caddy-modules/classify"
+	_ "github.com/molly-gateway/molly/caddy-modules/console"
 	_ "github.com/molly-gateway/molly/caddy-modules/envoy"
 	_ "github.com/molly-gateway/molly/caddy-modules/feedback"
 	_ "github.com/molly-gateway/molly/caddy-modules/health"

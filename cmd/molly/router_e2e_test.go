@@ -202,12 +202,12 @@ func TestOverridesAndMetrics(t *testing.T) {
 		`molly_requests_total{adapter="",category="translation",decision="routed",target="lan",tier="T1"} 2`,
 		`molly_requests_total{adapter="",category="translation",decision="bad_request",target="",tier=""} 1`,
 		// upstreamtest reports 5 prompt and 5 completion tokens per answer.
-		`gen_ai_client_token_usage_sum{adapter="",category="translation",gen_ai_operation_name="chat",gen_ai_token_type="input",target="external",tier="T3"} 5`,
-		`gen_ai_client_token_usage_count{adapter="",category="translation",gen_ai_operation_name="chat",gen_ai_token_type="output",target="lan",tier="T1"} 2`,
+		`gen_ai_client_token_usage_sum{adapter="",category="translation",gen_ai_operation_name="chat",gen_ai_request_model="chat",gen_ai_token_type="input",target="external",tier="T3"} 5`,
+		`gen_ai_client_token_usage_count{adapter="",category="translation",gen_ai_operation_name="chat",gen_ai_request_model="chat",gen_ai_token_type="output",target="lan",tier="T1"} 2`,
 		// external: (5·0.15 + 5·0.6)/1e6 USD; lan is free.
 		`molly_cost_usd_total{adapter="",category="translation",target="external",tier="T3"} 3.75e-06`,
 		`molly_cost_usd_total{adapter="",category="translation",target="lan",tier="T1"} 0`,
-		`gen_ai_client_operation_duration_seconds_count{adapter="",category="translation",decision="routed",gen_ai_operation_name="chat",target="lan",tier="T1"} 2`,
+		`gen_ai_client_operation_duration_seconds_count{adapter="",category="translation",decision="routed",gen_ai_operation_name="chat",gen_ai_request_model="chat",target="lan",tier="T1"} 2`,
 		`molly_time_to_first_byte_seconds_count{target="external",tier="T3"} 1`,
 	} {
 		if !strings.Contains(text, want) {

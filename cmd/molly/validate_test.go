@@ -31,6 +31,8 @@ func TestValidateNamesDirectiveAndLine(t *testing.T) {
 			[]string{"molly", `policy_dri`, "Caddyfile:3"}},
 		{"a cascade threshold above zero", "{\n\tmolly {\n\t\tcascade {\n\t\t\tthreshold 0.5\n\t\t}\n\t}\n}\n",
 			[]string{"molly", "cascade", "threshold 0.5", "Caddyfile:4"}},
+		{"a console without members", "http://127.0.0.1:9 {\n\thandle /console* {\n\t\tmolly_console\n\t}\n}\n",
+			[]string{"molly_console", "members", "Caddyfile:3"}},
 		{"a mixture of one", "{\n\tmolly {\n\t\tmixture {\n\t\t\tentropy 0.6\n\t\t\tk 1\n\t\t}\n\t}\n}\n",
 			[]string{"molly", "mixture", "k must be", "Caddyfile:5"}},
 	}
@@ -40,7 +42,9 @@ func TestValidateNamesDirectiveAndLine(t *testing.T) {
 			if err := os.WriteFile(cfg, []byte(tc.caddyfile), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			out, err := exec.Command(mollyBin, "validate", "--config", cfg, "--adapter", "caddyfile").CombinedOutput()
+			cmd := exec.Command(mollyBin, "validate", "--config", cfg, "--adapter", "caddyfile")
+			cmd.Env = mollyEnv(t) // provisioning opens the registry under the data directory: not the user's
+			out, err := cmd.CombinedOutput()
 			if err == nil {
 				t.Fatalf("validate accepted:\n%s", tc.caddyfile)
 			}

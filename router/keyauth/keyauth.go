@@ -24,6 +24,7 @@ import (
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/observe"
 	"github.com/molly-gateway/molly/router/openai"
 )
 
@@ -168,9 +169,11 @@ func (l *Ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (
 	var lim *registry.Limited
 	switch {
 	case errors.As(err, &ob):
+		observe.DefaultMetrics.Refused("budget", "reservation")
 		return nil, OverBudget(l.Member, fmt.Sprintf("this request may cost up to %.6f USD; %.6f are spent and %.6f held by requests in flight",
 			ob.ExpectedUSD, ob.SpentUSD, ob.ReservedUSD))
 	case errors.As(err, &lim):
+		observe.DefaultMetrics.Refused("rate_"+lim.Kind, "reservation")
 		return nil, RateLimited(l.Member, lim)
 	case err != nil:
 		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "The usage ledger failed; try again."}

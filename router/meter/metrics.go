@@ -23,7 +23,9 @@ import (
 //	molly_time_to_first_byte_seconds          histogram  upstream answer headers, per target
 //	molly_stream_malformed_events_total       counter    upstream stream events not passed on, per target and reason
 //
-// Labels: gen_ai_operation_name (chat, text_completion, embeddings), tier,
+// Labels: gen_ai_operation_name (chat, text_completion, embeddings),
+// gen_ai_request_model (the model name the client asked for, on the two
+// gen_ai_client_* histograms as the conventions list it), tier,
 // target, adapter (the T0 adapter, "" for none), category (the task) and
 // decision: routed (the first choice answered), fallback (a later
 // candidate answered), escalated (a cascade returned a later attempt's
@@ -61,11 +63,11 @@ func NewMetrics() *Metrics {
 			Name: "gen_ai_client_operation_duration_seconds", Help: "GenAI operation duration as Molly's clients see it, request to last byte.",
 			// The buckets the OTel GenAI conventions advise for this metric.
 			Buckets: []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92},
-		}, []string{"gen_ai_operation_name", "tier", "target", "adapter", "category", "decision"}),
+		}, []string{"gen_ai_operation_name", "gen_ai_request_model", "tier", "target", "adapter", "category", "decision"}),
 		tokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "gen_ai_client_token_usage", Help: "Tokens per request, input (prompt) and output (completion).",
 			Buckets: []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864},
-		}, []string{"gen_ai_operation_name", "gen_ai_token_type", "tier", "target", "adapter", "category"}),
+		}, []string{"gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type", "tier", "target", "adapter", "category"}),
 		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "molly_cost_usd_total", Help: "Cost of answered requests in USD: tokens × the target's prices.",
 		}, []string{"tier", "target", "adapter", "category"}),
@@ -112,13 +114,13 @@ func (m *Metrics) Served(a *classify.Annotation, c route.Candidate, decision str
 	}
 	t, ad, op := c.Target, c.Adapter(), a.Endpoint().Operation()
 	m.requests.WithLabelValues(t.Tier, t.Name, ad, a.Task(), decision).Inc()
-	m.duration.WithLabelValues(op, t.Tier, t.Name, ad, a.Task(), decision).Observe(seconds)
+	m.duration.WithLabelValues(op, a.Model(), t.Tier, t.Name, ad, a.Task(), decision).Observe(seconds)
 	m.ttfb.WithLabelValues(t.Tier, t.Name).Observe(ttfb)
 	if prompt >= 0 {
-		m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
+		m.tokens.WithLabelValues(op, a.Model(), "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
 	}
 	if completion >= 0 {
-		m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
+		m.tokens.WithLabelValues(op, a.Model(), "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
 	}
 	if prompt >= 0 || completion >= 0 {
 		m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task()).Add(t.Cost(max(prompt, 0), max(completion, 0)))
@@ -133,8 +135,8 @@ func (m *Metrics) Spent(a *classify.Annotation, c route.Candidate, prompt, compl
 		return
 	}
 	t, ad, op := c.Target, c.Adapter(), a.Endpoint().Operation()
-	m.tokens.WithLabelValues(op, "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
-	m.tokens.WithLabelValues(op, "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
+	m.tokens.WithLabelValues(op, a.Model(), "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
+	m.tokens.WithLabelValues(op, a.Model(), "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
 	m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task()).Add(t.Cost(prompt, completion))
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/relay"
 	"github.com/molly-gateway/molly/router/route"
+	"github.com/molly-gateway/molly/router/tracing"
 )
 
 // failure classifies why an attempt did not answer.
@@ -84,9 +85,11 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 // meters a 2xx answer's usage (before it is written: every answer consumed
 // tokens, returned or not) and bills the prompt estimate when the client
 // went away after the upstream got the request.
-func (p *Pipeline) attempt(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) outcome {
-	o := outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt)}
-	resp, err := disp.Send(rq.ctx, rq.r.Header)
+func (p *Pipeline) attempt(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
+	ctx, span := startAttempt(rq, c)
+	defer func() { endAttempt(span, &o) }()
+	o = outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt)}
+	resp, err := disp.Send(ctx, tracing.Header(ctx, rq.r.Header))
 	o.ttfb = time.Since(o.start)
 	if err != nil {
 		switch {

@@ -254,6 +254,7 @@ func (e errOutputBlocked) Error() string { return "output blocked: " + e.err.Err
 
 // respond delivers o, whole or streamed.
 func (p *Pipeline) respond(rq *request, o *outcome, label string) error {
+	defer startDeliver(rq, o)()
 	if o.stream != nil {
 		_ = p.deliverStream(rq, o, label)
 		return nil

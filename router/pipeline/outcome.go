@@ -32,6 +32,14 @@ type Outcome struct {
 	Label    string
 	Status   int // HTTP status sent to the client (0 when none was)
 	Redacted int // values replaced in what was sent, the answered attempt's
+	// RedactedTypes are the entity types found in the request that the
+	// decision redacted for the answered attempt's tier.
+	RedactedTypes []string
+	// Findings counts the entity types the classifier found (no values).
+	Findings map[string]int
+	// Reasons are the decision's reasons; Code its denial code ("" when allowed).
+	Reasons  []string
+	Code     string
 	Start    time.Time
 	Duration time.Duration
 }
@@ -80,6 +88,12 @@ func (rq *request) track(o *outcome, delivered bool) {
 		rq.outcome.Answered = len(rq.outcome.Attempts) - 1
 		if o.disp != nil {
 			rq.outcome.Redacted = o.disp.Redacted()
+		}
+		rq.outcome.RedactedTypes = nil
+		for _, t := range rq.dec.Redact(o.cand.Target.Tier) {
+			if rq.outcome.Findings[t] > 0 {
+				rq.outcome.RedactedTypes = append(rq.outcome.RedactedTypes, t)
+			}
 		}
 	}
 }

@@ -155,6 +155,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	openai.RequestID(w, r)
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
 	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
+	defer traceRoute(rq)()
 	if a.Endpoint() == openai.EndpointModels {
 		err := p.models(rq)
 		p.finish(rq, "routed", statusOf(err, http.StatusOK))
@@ -224,7 +225,9 @@ func (p *Pipeline) plan(rq *request, h http.Header, cfg route.Config) error {
 	if rq.id != nil && rq.id.Budgeted {
 		sel.Budgeted, sel.RemainingUSD = true, rq.id.RemainingUSD
 	}
+	planned := time.Now()
 	rq.plan = p.Catalogue.NewPlan(a, rq.dec, sel, cfg)
+	tracePlan(rq, planned)
 	p.logPlan(rq, o)
 	if !rq.plan.Known {
 		p.Metrics.Unrouted(a, "model_not_found")
@@ -247,7 +250,7 @@ func (p *Pipeline) plan(rq *request, h http.Header, cfg route.Config) error {
 func newOutcome(a *classify.Annotation, dec *policies.Decision, id *identity.Identity, start time.Time) Outcome {
 	return Outcome{DecisionID: dec.ID(), Revision: dec.Revision(), Member: id.Name(), Endpoint: string(a.Endpoint()), Model: a.Model(),
 		Task: a.Task(), Difficulty: a.Difficulty(), Sensitivity: dec.Sensitivity(), Tiers: dec.Tiers(), Stream: a.Stream(),
-		Answered: -1, Start: start}
+		Answered: -1, Start: start, Findings: a.Findings(), Reasons: dec.Reasons(), Code: dec.Code()}
 }
 
 // labelOf is the outcome label of a request that ended with err ("" when

@@ -283,6 +283,8 @@ func (p *Pipeline) CallTool(ctx context.Context, cl *classify.Classifier, id *id
 // callTool is runTool and CallTool: policy, invocation, one audit line.
 // reasons are the policy's when it denied.
 func (p *Pipeline) callTool(ctx context.Context, log *zap.Logger, decisionID, callID, target, tier string, id *identity.Identity, spec ToolSpec, args, key string, cl *classify.Classifier) (res []byte, reasons []string, te *ToolError) {
+	ctx, span := startTool(ctx, spec.Name, callID, target, tier)
+	defer func() { endTool(span, te) }()
 	start := time.Now()
 	member, scopes := id.Name(), id.Scopes()
 	argTypes, argClass := argFindings(cl, args)

@@ -1,0 +1,49 @@
+package console
+
+import (
+	_ "embed"
+	"encoding/json"
+	"net/http"
+	"strings"
+)
+
+//go:embed page.html
+var page []byte
+
+// StateDecisions is how many recent decisions the state lists.
+const StateDecisions = 50
+
+// Handler serves the console under any prefix: GET <prefix> (or
+// <prefix>/) is the page, GET <prefix>/state the State as JSON; any
+// other path below the prefix is the page too. Other methods are 405. Access control is the caller's (the
+// admin endpoint's, or molly_console's key check).
+type Handler struct {
+	Recorder *Recorder
+	Sources  Sources
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if isState(r.URL.Path) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(h.Recorder.State(h.Sources, StateDecisions))
+		return
+	}
+	// Everything the page needs is inline; nothing may load from elsewhere.
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(page)
+}
+
+// isState reports whether path asks for the state (its last element is
+// "state") rather than the page.
+func isState(path string) bool {
+	return strings.HasSuffix(strings.TrimSuffix(path, "/"), "/state")
+}
