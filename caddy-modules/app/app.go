@@ -12,12 +12,14 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/health"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/pipeline"
@@ -67,6 +69,10 @@ type App struct {
 	// content event after its headers; past it the attempt falls back
 	// (default pipeline.DefaultFirstEventTimeout).
 	FirstEventTimeout caddy.Duration `json:"first_event_timeout,omitempty"`
+	// OutlierDetection is every target's circuit breaking (router/health),
+	// where a target's own outlier_detection leaves a field unset; nil:
+	// health's defaults. Health restarts from closed circuits on a reload.
+	OutlierDetection *health.Config `json:"outlier_detection,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -92,9 +98,14 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "molly", New: func() caddy.Module { return new(App) }}
 }
 
-// Provision compiles the policy and builds the catalogue.
+// Provision checks the admin endpoint, compiles the policy and builds the catalogue.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
+	// `molly validate` binds no admin listener (where admin.Check refuses
+	// a plaintext one), so the app checks the admin block too.
+	if err := admin.CheckContext(ctx); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
 	eng, err := policies.New(ctx, policies.Options{
 		Dir:     a.PolicyDir,
 		Timeout: time.Duration(a.PolicyTimeout),
@@ -145,6 +156,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		Priors: a.Priors(), Metrics: meter.DefaultMetrics,
 		Strategies:        route.Config{Cascade: a.Cascade, Mixture: a.Mixture, ToolSteps: a.ToolSteps},
 		FirstEventTimeout: time.Duration(a.FirstEventTimeout)}
+	if a.pipeline.Health, err = a.provisionHealth(ctx); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
 	if a.tools, err = a.provisionTools(); err != nil {
 		return fmt.Errorf("molly: tools: %w", err)
 	}
@@ -182,6 +196,11 @@ func (a *App) Validate() error {
 	}
 	if err := validateTools(a.Tools, a.ToolSteps); err != nil {
 		return fmt.Errorf("molly: %w", err)
+	}
+	if a.OutlierDetection != nil {
+		if err := a.OutlierDetection.Validate(); err != nil {
+			return fmt.Errorf("molly: %w", err)
+		}
 	}
 	if a.UsageTool != "" && !slices.ContainsFunc(a.Tools, func(t plugins.Config) bool { return t.Name == a.UsageTool }) {
 		return fmt.Errorf("molly: usage_tool %q is not a configured tool", a.UsageTool)

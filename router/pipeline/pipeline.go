@@ -19,6 +19,7 @@ import (
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/health"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/openai"
@@ -70,6 +71,9 @@ type Pipeline struct {
 	// FirstEventTimeout bounds the wait for a stream's first content event
 	// (0: DefaultFirstEventTimeout).
 	FirstEventTimeout time.Duration
+	// Health is the targets' outlier detection: open circuits are excluded
+	// from plans and every attempt's outcome feeds it; nil: none.
+	Health *health.Tracker
 	Logger            *zap.Logger
 }
 
@@ -154,6 +158,9 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	if rq.id != nil && rq.id.Budgeted {
 		sel.Budgeted, sel.RemainingUSD = true, rq.id.RemainingUSD
 	}
+	if p.Health != nil {
+		sel.Health = p.Health
+	}
 	cfg := p.Strategies
 	cfg.Tools = cfg.Tools && p.Tools != nil && len(p.Tools.Tools()) > 0
 	rq.plan = p.Catalogue.NewPlan(a, dec, sel, cfg)
@@ -233,6 +240,10 @@ func (p *Pipeline) reserve(rq *request) error {
 	return nil
 }
 
+// noTarget is the error when no candidate answered: 503
+// no_target_available listing the exclusions and failures, or 502
+// bad_upstream_response when the last attempt was a 2xx that was not
+// JSON (or not a stream when one was asked).
 func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Error {
 	var parts []string
 	for _, e := range excluded {
@@ -243,6 +254,11 @@ func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Er
 	}
 	if len(parts) > 0 {
 		msg += " (" + strings.Join(parts, "; ") + ")"
+	}
+	if n := len(tried); n > 0 && tried[n-1].kind == failBadAnswer {
+		// The last upstream answered, but not with what was asked: a bad
+		// gateway, not a want of capacity.
+		return &openai.Error{Status: http.StatusBadGateway, Type: "upstream_error", Code: "bad_upstream_response", Message: msg + "."}
 	}
 	return &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
 		Message: msg + ".", RetryAfter: 1}

@@ -97,6 +97,10 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 			why = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost)
 		case s.HasMaxCost && cost > s.MaxCostUSD:
 			why = fmt.Sprintf("expected cost %.6f USD over X-Molly-Max-Cost %.6f", cost, s.MaxCostUSD)
+		case s.Health != nil:
+			if ok, reason := s.Health.Admit(t.Name); !ok {
+				why = reason
+			}
 		}
 		if why != "" {
 			excluded = append(excluded, Exclusion{Target: t.Name, Reason: why})
