@@ -166,7 +166,7 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return nil
 	}
 	id := &identity.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
-		Budgeted: budgeted, RemainingUSD: remaining, Ledger: &ledger{reg: au.reg, m: m}}
+		Budgeted: budgeted, RemainingUSD: remaining, TPM: m.TPM, Ledger: &ledger{reg: au.reg, m: m}}
 	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))
 }
 

@@ -48,6 +48,33 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// adminSocket returns "unix/<path>" for an admin socket in a fresh short
+// folder (socket paths are limited to about 104 bytes, test folders can
+// be longer), removed after the test.
+func adminSocket(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return "unix/" + filepath.Join(dir, "admin.sock")
+}
+
+// adminHTTP returns a client and base URL for an admin address:
+// "unix/<path>" dials the socket, anything else is http://<address>.
+func adminHTTP(addr string) (*http.Client, string) {
+	path, ok := strings.CutPrefix(addr, "unix/")
+	if !ok {
+		return http.DefaultClient, "http://" + strings.TrimPrefix(addr, "http://")
+	}
+	path, _, _ = strings.Cut(path, "|")
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}}, "http://127.0.0.1"
+}
+
 // syncBuffer collects the process's log output.
 type syncBuffer struct {
 	mu sync.Mutex

@@ -7,6 +7,7 @@ import (
 
 	"github.com/molly-gateway/molly/router/egress"
 	"github.com/molly-gateway/molly/router/health"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/route"
 )
 
@@ -19,6 +20,7 @@ const failEjected failure = "ejected"
 // circuit refuses it before anything is sent, and the outcome feeds the
 // target's outlier detection.
 func (p *Pipeline) attempt(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) outcome {
+	disp = bounded(rq, disp)
 	if p.Health == nil {
 		return p.upstream(rq, c, disp, prompt, hold)
 	}
@@ -29,6 +31,21 @@ func (p *Pipeline) attempt(rq *request, c route.Candidate, disp *egress.Dispatch
 	o := p.upstream(rq, c, disp, prompt, hold)
 	at.End(healthResult(o.kind), string(o.kind))
 	return o
+}
+
+// bounded caps the completion of a request that set no max_tokens at
+// route.DefaultCompletionTokens, what its admission reserved, when the
+// caller has a budget or a TPM to keep: otherwise an upstream could answer
+// at any length and spend past the reservation.
+func bounded(rq *request, disp *egress.Dispatch) *egress.Dispatch {
+	if rq.id == nil || !(rq.id.Budgeted || rq.id.TPM > 0) || rq.a.MaxTokens() > 0 || disp.Added("max_tokens") ||
+		(rq.a.Endpoint() != openai.EndpointChat && rq.a.Endpoint() != openai.EndpointCompletions) {
+		return disp
+	}
+	if capped, err := disp.WithMaxTokens(route.DefaultCompletionTokens); err == nil {
+		return capped
+	}
+	return disp
 }
 
 // healthResult is how outlier detection counts an attempt's failure kind:
