@@ -20,6 +20,11 @@ import (
 var mollyBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(attackerEnv) != "" {
+		// A helper process of TestAnotherLocalUserCannotUseTheAdminEndpoint,
+		// run as another OS user: it builds nothing.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "molly-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -104,6 +109,13 @@ type gateway struct {
 // it, waiting until it serves. The process is killed at the end of the test.
 func startMolly(t testing.TB, caddyfile string) *gateway {
 	t.Helper()
+	return startMollyEnv(t, caddyfile, nil)
+}
+
+// startMollyEnv is startMolly with env added to the process's environment
+// (after the defaults, so it wins).
+func startMollyEnv(t testing.TB, caddyfile string, env []string) *gateway {
+	t.Helper()
 	port := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "Caddyfile")
 	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(caddyfile, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
@@ -112,7 +124,7 @@ func startMolly(t testing.TB, caddyfile string) *gateway {
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d/v1", port), logs: &syncBuffer{}}
 	g.cmd = exec.Command(mollyBin, "run", "--config", cfg, "--adapter", "caddyfile")
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-	g.cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
+	g.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()), env...)
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
