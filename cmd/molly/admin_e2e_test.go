@@ -3,12 +3,20 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -366,4 +374,126 @@ func copyExecutable(from, to string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// clientCert is a self-signed client certificate for Caddy's remote admin.
+type clientCert struct {
+	tls tls.Certificate
+	b64 string // base64 DER, as admin.remote.access_control.public_keys wants it
+}
+
+func newClientCert(t *testing.T, name string) clientCert {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clientCert{tls: tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, b64: base64.StdEncoding.EncodeToString(der)}
+}
+
+// TestRemoteAdminNeedsAnIdentityAndFollowsItsPermissions: the only way to
+// manage Molly over TCP is Caddy's remote admin endpoint. Without a client
+// certificate it listed, the TLS handshake fails; an operator identity
+// allowed GET on /molly/targets and /molly/usage gets those and 403 for
+// minting keys, calling money tools, the config, pprof and POST /stop;
+// an identity without restrictions reads the config.
+func TestRemoteAdminNeedsAnIdentityAndFollowsItsPermissions(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	ops, owner, mallory := newClientCert(t, "ops"), newClientCert(t, "owner"), newClientCert(t, "mallory")
+	data := t.TempDir()
+	remote := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	sock := adminSocket(t)
+	cfg := `{
+  "admin": {
+    "listen": "` + sock + `|0600",
+    "identity": {"identifiers": ["127.0.0.1"], "issuers": [{"module": "internal"}]},
+    "remote": {"listen": "` + remote + `", "access_control": [
+      {"public_keys": ["` + ops.b64 + `"], "permissions": [{"paths": ["/molly/targets", "/molly/usage"], "methods": ["GET"]}]},
+      {"public_keys": ["` + owner.b64 + `"]}
+    ]}
+  },
+  "apps": {
+    "molly": {"targets": [{"name": "lan", "tier": "T1", "endpoint": "` + lan.URL() + `", "models": ["chat=small-lan"]}]},
+    "http": {"servers": {"srv0": {"listen": ["127.0.0.1:{PORT}"], "automatic_https": {"disable": true},
+      "routes": [{"handle": [{"handler": "molly_classify"}, {"handler": "molly_policy"}, {"handler": "molly_route"}]}]}}}
+  }
+}`
+	g := startMollyConfig(t, cfg, "json", []string{"XDG_DATA_HOME=" + data})
+
+	// The server's identity comes from Caddy's internal CA, in the data dir.
+	roots := x509.NewCertPool()
+	rootFile := filepath.Join(data, "caddy", "pki", "authorities", "local", "root.crt")
+	as := func(c *clientCert) *http.Client {
+		tc := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"}
+		if c != nil {
+			tc.Certificates = []tls.Certificate{c.tls}
+		}
+		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	}
+	do := func(c *http.Client, method, path string) (int, error) {
+		var body io.Reader
+		if method == http.MethodPost {
+			body = strings.NewReader(`{"member":"alice"}`)
+		}
+		req, _ := http.NewRequest(method, "https://"+remote+path, body)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if pem, err := os.ReadFile(rootFile); err == nil && roots.AppendCertsFromPEM(pem) {
+			if code, err := do(as(&owner), http.MethodGet, "/molly/targets"); err == nil && code == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the remote admin endpoint did not come up with its identity; logs:\n%s", g.logs.String())
+		}
+	}
+	for _, tc := range []struct {
+		who          string
+		c            *http.Client
+		method, path string
+		want         int // 0: the handshake fails
+	}{
+		{"no certificate", as(nil), "GET", "/molly/targets", 0},
+		{"an unknown certificate", as(&mallory), "GET", "/molly/targets", 0},
+		{"an unknown certificate", as(&mallory), "POST", "/stop", 0},
+		{"ops", as(&ops), "GET", "/molly/targets", 200},
+		{"ops", as(&ops), "POST", "/molly/keys", 403},
+		{"ops", as(&ops), "POST", "/molly/members", 403},
+		{"ops", as(&ops), "POST", "/molly/tools/payments", 403},
+		{"ops", as(&ops), "POST", "/molly/targets", 403},
+		{"ops", as(&ops), "GET", "/config/", 403},
+		{"ops", as(&ops), "GET", "/debug/pprof/heap", 403},
+		{"ops", as(&ops), "POST", "/load", 403},
+		{"ops", as(&ops), "POST", "/stop", 403},
+		{"owner", as(&owner), "GET", "/config/", 200},
+	} {
+		code, err := do(tc.c, tc.method, tc.path)
+		if tc.want == 0 {
+			if err == nil {
+				t.Errorf("%s: %s %s answered %d, want a refused handshake", tc.who, tc.method, tc.path, code)
+			}
+			continue
+		}
+		if err != nil || code != tc.want {
+			t.Errorf("%s: %s %s = %d, %v; want %d", tc.who, tc.method, tc.path, code, err, tc.want)
+		}
+	}
+	if !g.alive() {
+		t.Fatal("the gateway stopped")
+	}
 }

@@ -116,13 +116,27 @@ func startMolly(t testing.TB, caddyfile string) *gateway {
 // (after the defaults, so it wins).
 func startMollyEnv(t testing.TB, caddyfile string, env []string) *gateway {
 	t.Helper()
+	return startMollyConfig(t, caddyfile, "caddyfile", env)
+}
+
+// startMollyConfig is startMollyEnv for a config in the named adapter's
+// format ("caddyfile" or "json").
+func startMollyConfig(t testing.TB, config, adapter string, env []string) *gateway {
+	t.Helper()
 	port := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(caddyfile, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
+	if adapter == "json" {
+		cfg = filepath.Join(filepath.Dir(cfg), "caddy.json")
+	}
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(config, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d/v1", port), logs: &syncBuffer{}}
-	g.cmd = exec.Command(mollyBin, "run", "--config", cfg, "--adapter", "caddyfile")
+	args := []string{"run", "--config", cfg}
+	if adapter != "json" {
+		args = append(args, "--adapter", adapter)
+	}
+	g.cmd = exec.Command(mollyBin, args...)
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	g.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()), env...)
 	if err := g.cmd.Start(); err != nil {
