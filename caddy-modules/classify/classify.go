@@ -16,6 +16,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/redaction"
@@ -66,6 +67,7 @@ type Classify struct {
 	MinBodyRateGrace caddy.Duration `json:"min_body_rate_grace,omitempty"`
 
 	classifier *classify.Classifier
+	logger     *zap.Logger
 }
 
 func init() { caddy.RegisterModule(Classify{}) }
@@ -85,6 +87,7 @@ const MinHashKeyBytes = 32
 // placeholder, mask or hash, or for a type no detector finds; a
 // hash_key_env variable that is unset or shorter than MinHashKeyBytes.
 func (c *Classify) Provision(ctx caddy.Context) error {
+	c.logger = ctx.Logger()
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -178,7 +181,8 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 					Message: fmt.Sprintf("The request body did not arrive in time (within %s, and at least %d bytes per second after %s).",
 						time.Duration(c.BodyTimeout), c.MinBodyRate, time.Duration(c.MinBodyRateGrace))}).Write(w)
 			case r.Context().Err() != nil:
-				w.WriteHeader(499) // the client went away while sending: nobody reads this
+				c.logger.Info("client went away before the policy decided", zap.String("while", "sending its body"))
+				w.WriteHeader(499) // nobody reads this
 			default:
 				(&openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
 					Message: "The request body could not be read: " + err.Error() + "."}).Write(w)
@@ -189,6 +193,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	if r.Context().Err() != nil {
 		// A client that half-closed or vanished once it sent its body: no
 		// classification, no policy, nothing billed.
+		c.logger.Info("client went away before the policy decided", zap.String("while", "waiting for its answer"))
 		w.WriteHeader(499)
 		return nil
 	}

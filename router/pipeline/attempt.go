@@ -88,7 +88,7 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) outcome {
 	o := outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt)}
 	if rq.ctx.Err() != nil {
-		o.kind, o.failure = failClientGone, "the client went away before the upstream call"
+		o.kind, o.failure, o.meter = failClientGone, "the client went away before the upstream call", nil
 		return o // no upstream saw it: nothing to bill
 	}
 	ctx, reached := reached(rq.ctx, disp)
@@ -98,9 +98,11 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		switch {
 		case rq.ctx.Err() != nil:
 			o.kind, o.failure = failClientGone, "the client went away"
-			if reached() {
-				o.meter.Abandoned() // the upstream has the prompt: bill its estimate
+			if !reached() {
+				o.meter = nil // the request never reached the upstream: nothing to bill
+				break
 			}
+			o.meter.Abandoned() // the upstream has the prompt: bill its estimate
 		case isTimeout(err):
 			o.kind, o.failure = failTimeout, "timed out"
 		default:
