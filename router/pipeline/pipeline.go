@@ -68,12 +68,12 @@ type Pipeline struct {
 	// ToolsHidden names governed tools never offered to models, e.g. the
 	// billing tool usage is sent to.
 	ToolsHidden []string
-	// FirstEventTimeout bounds the wait for a stream's first content event
-	// (0: DefaultFirstEventTimeout).
-	FirstEventTimeout time.Duration
 	// Health is the targets' outlier detection: open circuits are excluded
 	// from plans and every attempt's outcome feeds it; nil: none.
 	Health *health.Tracker
+	// FirstEventTimeout bounds the wait for a stream's first content event
+	// (0: DefaultFirstEventTimeout).
+	FirstEventTimeout time.Duration
 	Logger            *zap.Logger
 }
 
