@@ -590,13 +590,13 @@ func TestGatewayWithTheEngineAsT0(t *testing.T) {
 	_, err = c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "molly-demo",
 		Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hello")}})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "does not serve embeddings") {
-		t.Fatalf("embeddings on the engine: want 503 naming the endpoint, got %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "unsupported_request" || !strings.Contains(apiErr.Message, "does not serve embeddings") {
+		t.Fatalf("embeddings on the engine: want 400 naming the endpoint, got %v", err)
 	}
 	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("long ", 12000))}})
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "context window 512 tokens") {
-		t.Fatalf("a prompt beyond the engine's context: want 503 naming the window, got %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "context_length_exceeded" || !strings.Contains(apiErr.Message, "context window 512 tokens") {
+		t.Fatalf("a prompt beyond the engine's context: want 400 context_length_exceeded naming the window, got %v", err)
 	}
 
 	// Streaming from the engine through the gateway, with usage.

@@ -172,7 +172,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	}
 	if len(rq.plan.Candidates) == 0 {
 		p.Metrics.Unrouted(a, "no_target")
-		return noTarget("No allowed target is available for model `"+a.Model()+"`", rq.plan.Excluded, nil)
+		return unservable(a, rq.plan.Excluded)
 	}
 	if err := p.reserve(rq); err != nil {
 		return err

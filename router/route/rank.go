@@ -49,6 +49,24 @@ type Exclusion struct {
 
 func (e Exclusion) String() string { return e.Target + ": " + e.Reason }
 
+// Reasons that are the request's own needs (an endpoint, a modality, a
+// context window the target lacks): waiting or retrying does not help.
+const (
+	reasonEndpoint = "does not serve "
+	reasonModality = "accepts "
+	reasonContext  = "context window "
+)
+
+// ByRequest reports an exclusion for what the request needs and the
+// target lacks (endpoint, modality, context window), as opposed to the
+// policy, cost limits or the target's health.
+func (e Exclusion) ByRequest() bool {
+	return strings.HasPrefix(e.Reason, reasonEndpoint) || strings.HasPrefix(e.Reason, reasonModality) || e.ContextWindow()
+}
+
+// ContextWindow reports an exclusion for a context window too small.
+func (e Exclusion) ContextWindow() bool { return strings.HasPrefix(e.Reason, reasonContext) }
+
 // Rank returns the targets that may serve a, best first, and the ones the
 // decision or the request's needs excluded, scored with the configured
 // priors and no per-request overrides (RankWith with Selection{Weights: w}).
@@ -88,11 +106,11 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 		case !RegionAllowed(d, t):
 			why = fmt.Sprintf("region %q outside the allowed regions %s", t.Region, strings.Join(d.Regions(), ","))
 		case len(t.Endpoints) > 0 && !slices.Contains(t.Endpoints, string(a.Endpoint())):
-			why = fmt.Sprintf("does not serve %s (serves %s)", a.Endpoint(), strings.Join(t.Endpoints, ", "))
+			why = fmt.Sprintf(reasonEndpoint+"%s (serves %s)", a.Endpoint(), strings.Join(t.Endpoints, ", "))
 		case !modalitiesOK(a.Modalities(), t.Modalities):
-			why = fmt.Sprintf("accepts %s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities(), ","))
+			why = fmt.Sprintf(reasonModality+"%s, request needs %s", strings.Join(t.Modalities, ","), strings.Join(a.Modalities(), ","))
 		case t.MaxContext > 0 && a.PromptTokens()+a.MaxTokens() > t.MaxContext:
-			why = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens()+a.MaxTokens())
+			why = fmt.Sprintf(reasonContext+"%d tokens < %d needed", t.MaxContext, a.PromptTokens()+a.MaxTokens())
 		case capped && cost > maxCost:
 			why = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost)
 		case s.HasMaxCost && cost > s.MaxCostUSD:
