@@ -83,6 +83,9 @@ func TestExamplesValidate(t *testing.T) {
 			abs, _ := filepath.Abs(f)
 			cmd := exec.Command(mollyBin, "validate", "--config", abs, "--adapter", "caddyfile")
 			cmd.Dir = dir
+			// Its own data dir: the registry (and the admin socket's folder)
+			// must not be the user's, which another Molly may have written.
+			cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+t.TempDir())
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("validate: %v\n%s", err, out)
 			}
