@@ -302,6 +302,22 @@ http://127.0.0.1:{PORT} {
 	if code, _ := adminCall(t, admin, http.MethodGet, "/config/", nil); code != http.StatusOK {
 		t.Fatalf("the owner reading the config: %d", code)
 	}
+	// Even the owner cannot move the admin endpoint onto TCP at run time.
+	port := freePort(t)
+	code, body := adminCall(t, admin, http.MethodPost, "/load", map[string]any{"admin": map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", port)}})
+	if code < 400 || !strings.Contains(body, "is plaintext tcp") {
+		t.Fatalf("POST /load with a TCP admin address: %d %s", code, body)
+	}
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+		c.Close()
+		t.Fatal("POST /load bound the refused admin address")
+	}
+	if _, err := client(g).Chat.Completions.New(t.Context(), chat("still here")); err != nil {
+		t.Fatalf("after the refused load: %v", err)
+	}
+	if code, _ := adminCall(t, admin, http.MethodGet, "/molly/targets", nil); code != http.StatusOK {
+		t.Fatalf("the admin socket after the refused load: %d", code)
+	}
 
 	t.Run("a plaintext TCP admin address is refused at validation and binds nothing", func(t *testing.T) {
 		port := freePort(t)

@@ -27,6 +27,23 @@ type soakSample struct {
 	rssKB      int
 	goroutines int
 	done, errs int64
+	cpu        time.Duration // the process's user + system CPU time so far
+}
+
+// cpuTime reads utime + stime of pid from /proc/<pid>/stat (clock ticks of
+// 10 ms: USER_HZ is 100 on Linux).
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond
 }
 
 // rssKB reads VmRSS of pid from /proc.
@@ -72,10 +89,12 @@ func goroutines(t *testing.T, admin string) int {
 // routing to a LAN upstream — first driven closed-loop by 32 clients for
 // 20 s to measure its maximum throughput, then open-loop at 80 % of it for
 // MOLLY_SOAK (e.g. 10m), whole and streamed chat requests mixed, while
-// its RSS and goroutines are sampled every 10 s. It passes when both stay
-// flat: the mean of the last third of the samples is within 20 % (RSS,
-// plus 16 MiB) and 10 % plus 20 (goroutines) of the first third's after
-// a one-minute warm-up, and at most 0.1 % of the requests failed.
+// its RSS, goroutines and CPU time are sampled every 10 s. It passes when
+// they stay flat: after a one-minute warm-up, the last third of the
+// samples is within 20 % plus 16 MiB (RSS), 10 % plus 20 (goroutines) and
+// 50 % (CPU time per request) of the first third, and at most 0.1 % of the
+// requests failed. The rate achieved is reported (on a shared machine it
+// moves with the other load).
 func TestSoak(t *testing.T) {
 	d, err := time.ParseDuration(os.Getenv("MOLLY_SOAK"))
 	if err != nil {
@@ -201,7 +220,7 @@ loop:
 				}
 			}
 		case <-sample.C:
-			samples = append(samples, soakSample{at: time.Since(start), rssKB: rssKB(pid), goroutines: goroutines(t, admin), done: done.Load(), errs: errs.Load()})
+			samples = append(samples, soakSample{at: time.Since(start), rssKB: rssKB(pid), goroutines: goroutines(t, admin), done: done.Load(), errs: errs.Load(), cpu: cpuTime(pid)})
 		case <-end:
 			break loop
 		}
@@ -214,17 +233,21 @@ loop:
 		t.Fatal("the gateway died during the soak")
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%8s %10s %10s %10s %8s\n", "t", "RSS MiB", "goroutines", "requests", "errors")
-	for _, s := range samples {
-		fmt.Fprintf(&b, "%8s %10.1f %10d %10d %8d\n", s.at.Round(time.Second), float64(s.rssKB)/1024, s.goroutines, s.done, s.errs)
+	fmt.Fprintf(&b, "%8s %10s %10s %10s %8s %14s\n", "t", "RSS MiB", "goroutines", "requests", "errors", "CPU ms/request")
+	for i, s := range samples {
+		per := 0.0
+		if i > 0 && s.done > samples[i-1].done {
+			per = float64((s.cpu-samples[i-1].cpu).Milliseconds()) / float64(s.done-samples[i-1].done)
+		}
+		fmt.Fprintf(&b, "%8s %10.1f %10d %10d %8d %14.3f\n", s.at.Round(time.Second), float64(s.rssKB)/1024, s.goroutines, s.done, s.errs, per)
 	}
 	t.Logf("soak samples:\n%s", b.String())
 	total := done.Load()
 	t.Logf("%d requests in %s (%.1f/s achieved, %.1f/s offered), %d failed, %d dropped because the queue of 1024 was full",
 		total, d, float64(total)/d.Seconds(), rate, errs.Load(), dropped)
-	if dropped*100 > int(offered) {
-		t.Errorf("%d of %d offered requests found the queue full: the gateway did not keep up with 80%% of its maximum", dropped, offered)
-	}
+	// Not a failure: on a shared machine the rate it keeps up with moves
+	// with the other load; CPU time per request below says whether the
+	// gateway itself got slower.
 	var warm []soakSample
 	for _, s := range samples {
 		if s.at >= time.Minute {
@@ -253,6 +276,14 @@ loop:
 	sort.Ints(rssSorted)
 	t.Logf("RSS first third %.1f MiB, last third %.1f MiB (min %.1f, max %.1f); goroutines %.0f → %.0f",
 		firstRSS/1024, lastRSS/1024, float64(rssSorted[0])/1024, float64(rssSorted[len(rssSorted)-1])/1024, firstG, lastG)
+	cpuPer := func(ss []soakSample) float64 {
+		return float64((ss[len(ss)-1].cpu - ss[0].cpu).Microseconds()) / 1000 / float64(max(ss[len(ss)-1].done-ss[0].done, 1))
+	}
+	firstCPU, lastCPU := cpuPer(warm[:third]), cpuPer(warm[len(warm)-third:])
+	t.Logf("gateway CPU per request: first third %.3f ms, last third %.3f ms", firstCPU, lastCPU)
+	if lastCPU > firstCPU*1.5 {
+		t.Errorf("CPU per request grew from %.3f to %.3f ms", firstCPU, lastCPU)
+	}
 	if lastRSS > firstRSS*1.2+16*1024 {
 		t.Errorf("RSS grew from %.1f to %.1f MiB", firstRSS/1024, lastRSS/1024)
 	}
