@@ -302,6 +302,17 @@ http://127.0.0.1:{PORT} {
 	if code, _ := adminCall(t, admin, http.MethodGet, "/config/", nil); code != http.StatusOK {
 		t.Fatalf("the owner reading the config: %d", code)
 	}
+	// Molly's commands find the default socket as the gateway made it,
+	// with no --address (the same data directory).
+	for _, args := range [][]string{{"keys", "list", "--member", "alice"}, {"targets"}, {"adapters", "list"}} {
+		cmd := exec.Command(mollyBin, args...)
+		cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+data)
+		out, err := cmd.CombinedOutput()
+		want := map[string]string{"keys": "alice", "targets": "lan", "adapters": "no molly engine is running"}[args[0]]
+		if args[0] != "adapters" && err != nil || !strings.Contains(string(out), want) {
+			t.Errorf("molly %s without --address: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 	// Even the owner cannot move the admin endpoint onto TCP at run time.
 	port := freePort(t)
 	code, body := adminCall(t, admin, http.MethodPost, "/load", map[string]any{"admin": map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", port)}})
