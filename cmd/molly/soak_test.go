@@ -248,7 +248,7 @@ loop:
 	for i, s := range samples {
 		per := 0.0
 		if i > 0 && s.done > samples[i-1].done {
-			per = float64((s.cpu-samples[i-1].cpu).Milliseconds()) / float64(s.done-samples[i-1].done)
+			per = float64((s.cpu - samples[i-1].cpu).Milliseconds()) / float64(s.done-samples[i-1].done)
 		}
 		fmt.Fprintf(&b, "%8s %10.1f %10d %10d %8d %14.3f %14d\n", s.at.Round(time.Second), float64(s.rssKB)/1024, s.goroutines, s.done, s.errs, per, s.pending)
 	}
@@ -301,9 +301,11 @@ loop:
 	}
 	firstCPU, lastCPU := cpuPer(warm[:third]), cpuPer(warm[len(warm)-third:])
 	t.Logf("gateway CPU per request: first third %.3f ms, last third %.3f ms", firstCPU, lastCPU)
-	if last := samples[len(samples)-1]; last.pending > 0 {
+	if first, last := samples[0], samples[len(samples)-1]; last.pending > 0 {
+		secs := (last.at - first.at).Seconds()
+		recorded := float64(last.done-first.done) / secs
 		t.Logf("the billing outbox held %d undelivered records at the end: billing took %.0f records/s of the %.0f/s recorded",
-			last.pending, float64(last.done-int64(last.pending))/last.at.Seconds(), float64(last.done)/last.at.Seconds())
+			last.pending, recorded-float64(last.pending-first.pending)/secs, recorded)
 	}
 	if lastCPU > firstCPU*1.5 {
 		t.Errorf("CPU per request grew from %.3f to %.3f ms", firstCPU, lastCPU)
