@@ -95,6 +95,17 @@ func init() {
 //			endpoints chat.completions|completions|embeddings...
 //			max_context <tokens>
 //			timeout <duration>
+//			outlier_detection { ... } | off   # as below; unset fields from the global one
+//		}
+//		outlier_detection {               # circuit breaking, for every target (router/health)
+//			consecutive_5xx <n>
+//			interval <duration>
+//			base_ejection_time <duration>
+//			max_ejection_time <duration>
+//			max_ejection_percent <0..100>
+//			failure_percentage_threshold <0..100>
+//			failure_percentage_request_volume <n>
+//			latency_threshold <duration>
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -189,6 +200,12 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if err := parseOrchestrator(d, a); err != nil {
 				return nil, err
 			}
+		case "outlier_detection":
+			c, err := parseOutlierDetection(d)
+			if err != nil {
+				return nil, err
+			}
+			a.OutlierDetection = c
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}
@@ -376,6 +393,11 @@ func parseTarget(d *caddyfile.Dispenser) (*route.Target, error) {
 			var v float64
 			if v, err = floatArg(d); err == nil {
 				t.MaxContext = int(v)
+			}
+		case "outlier_detection":
+			t.OutlierDetection, err = parseOutlierDetection(d)
+			if err != nil {
+				return nil, err
 			}
 		case "quality":
 			args := d.RemainingArgs()
