@@ -308,6 +308,10 @@ func (am *adapterManager) load(name, path string, force bool) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("reading adapter %s: %w", name, err)
 	}
+	if after, err := stampOf(path); err != nil || after != st || int64(len(data)) != st.size {
+		// Being written: the watch sees the writer's next event.
+		return false, fmt.Errorf("reading adapter %s: the file changed while it was read", name)
+	}
 	version := contentVersion(data)
 	am.mu.Lock()
 	if cur := am.entries[name]; cur != nil && cur.version == version {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/plugins"
@@ -108,6 +109,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
 		if err := router.DefaultMetrics.Register(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
+		}
+		if a.engine != nil {
+			if err := reg.Register(a.engine.Collector()); err != nil {
+				if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
+					return fmt.Errorf("molly: engine metrics: %w", err)
+				}
+			}
 		}
 	}
 	a.forwarder = &router.Forwarder{Catalogue: cat, Weights: w, Logger: a.logger.Named("route"),
