@@ -25,6 +25,7 @@ TEST_TIMEOUT ?= 25m
 DEMO_MODEL := models/demo/molly-demo.gguf
 
 .PHONY: all build run test bench lint model deps clean env
+.PHONY: bench-engine
 
 all: build
 
@@ -56,6 +57,11 @@ test: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 2s -timeout 30m ./...
+
+# The T0 engine against llama.cpp on the same GGUF (prints the table), the
+# 64-adapter hot-budget run and adapter promotion; part of `make bench` too.
+bench-engine: deps
+	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion' -benchtime 1x -timeout 30m ./serving/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -155,20 +155,19 @@ type Engine struct {
 	busy  atomic.Int64 // sequences in use
 	steps atomic.Int64 // scheduler steps run
 
-	statMu      sync.Mutex
-	mem         MemoryStats // published by the scheduler
-	graphReuses int64
+	// Counters the scheduler writes and Stats reads.
+	kvReserved      atomic.Int64 // cells reserved by running requests
+	kvCached        atomic.Int64 // cells held by cached prefixes
+	prefixEvictions atomic.Int64
+	graphReuses     atomic.Int64
 
 	// scheduler-owned
-	active          []*request
-	order           []*request
-	slots           []slot
-	free            []int                 // free sequence ids
-	cached          map[int]*cachedPrefix // prompt KV kept in free sequences (PrefixCache)
-	kvReserved      int                   // cells reserved by running requests
-	kvCached        int                   // cells held by cached prefixes
-	tokCost         float64               // seconds per token of a step (EWMA)
-	prefixEvictions int64
+	active  []*request
+	order   []*request
+	slots   []slot
+	free    []int                 // free sequence ids
+	cached  map[int]*cachedPrefix // prompt KV kept in free sequences (PrefixCache)
+	tokCost float64               // seconds per token of a step (EWMA)
 }
 
 // New loads the base model, creates the context, registers the adapters and
@@ -227,7 +226,6 @@ func New(cfg Config) (*Engine, error) {
 	for i := cfg.NSeqMax - 1; i >= 0; i-- {
 		e.free = append(e.free, i)
 	}
-	e.publish()
 	e.watch = e.startWatch()
 	go e.loop()
 	return e, nil

@@ -33,7 +33,7 @@ func (e *Engine) cachedLen(id int) int {
 func (e *Engine) dropCached(id int) {
 	if cp := e.cached[id]; cp != nil {
 		e.lctx.SeqRm(id, 0, -1)
-		e.kvCached -= len(cp.tokens)
+		e.kvCached.Add(-int64(len(cp.tokens)))
 		delete(e.cached, id)
 	}
 }
@@ -51,8 +51,9 @@ func (e *Engine) makeRoom(cells int, adapter int64, keep *adapterEntry, keepSeq 
 		am.mu.Lock()
 		hot := am.hotBytes()
 		am.mu.Unlock()
-		used := int64(e.kvReserved+e.kvCached+cells)*e.cellBytes + hot + adapter
-		cellsFit := e.kvReserved+e.kvCached+cells <= e.nCells
+		inUse := e.kvReserved.Load() + e.kvCached.Load() + int64(cells)
+		used := inUse*e.cellBytes + hot + adapter
+		cellsFit := inUse <= int64(e.nCells)
 		if used <= e.budget && cellsFit {
 			return true
 		}
@@ -81,7 +82,7 @@ func (e *Engine) makeRoom(cells int, adapter int64, keep *adapterEntry, keepSeq 
 		case bestAdapter != nil:
 		case bestSeq >= 0:
 			e.dropCached(bestSeq)
-			e.prefixEvictions++
+			e.prefixEvictions.Add(1)
 		default:
 			return false
 		}
@@ -111,16 +112,17 @@ type MemoryStats struct {
 	RetiredVersions int `json:"retired_versions"`
 }
 
-// publish snapshots the memory use for Stats. Scheduler goroutine (or New).
-func (e *Engine) publish() {
+// memory reports the memory use now.
+func (e *Engine) memory() MemoryStats {
+	reserved, cached := e.kvReserved.Load(), e.kvCached.Load()
 	am := e.adapters
 	am.mu.Lock()
+	defer am.mu.Unlock()
 	m := MemoryStats{
 		BudgetBytes: e.budget, KVCellBytes: e.cellBytes, KVCells: e.nCells,
-		KVReservedCells: e.kvReserved, KVCachedCells: e.kvCached,
-		KVBytes:         int64(e.kvReserved+e.kvCached) * e.cellBytes,
+		KVReservedCells: int(reserved), KVCachedCells: int(cached), KVBytes: (reserved + cached) * e.cellBytes,
 		HotAdapterBytes: am.hotBytes(), HotBudgetBytes: am.hotBudget, WarmBytes: am.warmBytes(),
-		AdapterLoads: am.loads, AdapterEvictions: am.evictions, PrefixEvictions: e.prefixEvictions,
+		AdapterLoads: am.loads, AdapterEvictions: am.evictions, PrefixEvictions: e.prefixEvictions.Load(),
 		RetiredVersions: len(am.retired),
 	}
 	am.all(func(x *adapterEntry) {
@@ -128,11 +130,7 @@ func (e *Engine) publish() {
 			m.HotAdapters++
 		}
 	})
-	am.mu.Unlock()
-	reuses := int64(e.lctx.GraphReuses())
-	e.statMu.Lock()
-	e.mem, e.graphReuses = m, reuses
-	e.statMu.Unlock()
+	return m
 }
 
 // Stats is a snapshot of the scheduler's load and memory.
@@ -153,13 +151,9 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	queued := len(e.pending)
 	e.mu.Unlock()
-	e.statMu.Lock()
-	m := e.mem
-	reuses := e.graphReuses
-	e.statMu.Unlock()
 	b := int(e.busy.Load())
 	return Stats{
 		BusySequences: b, FreeSequences: e.cfg.NSeqMax - b, Queued: queued, Steps: e.steps.Load(),
-		GraphReuses: reuses, Memory: m, WatchError: e.watch.errString(),
+		GraphReuses: e.graphReuses.Load(), Memory: e.memory(), WatchError: e.watch.errString(),
 	}
 }

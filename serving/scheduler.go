@@ -103,7 +103,6 @@ func (e *Engine) loop() {
 			e.admit()
 		}
 		e.reap()
-		e.publish()
 		if len(e.active) == 0 {
 			e.lctx.Pause()
 			select {
@@ -266,7 +265,7 @@ func (e *Engine) admit() {
 		e.pending = e.pending[1:]
 		q.entry, q.key = entry, entry
 		q.cells = cells
-		e.kvReserved += cells
+		e.kvReserved.Add(int64(cells))
 		q.u.PromptTokens = len(q.r.Prompt)
 		for i := range q.r.N {
 			id := e.takeSeq(q, i == 0, reuse)
@@ -304,7 +303,7 @@ func (e *Engine) release(q *request) {
 }
 
 func (e *Engine) unreserve(q *request) {
-	e.kvReserved -= q.cells
+	e.kvReserved.Add(-int64(q.cells))
 	q.cells = 0
 	if q.entry != nil {
 		e.adapters.unpin(q.entry)
@@ -319,7 +318,7 @@ func (e *Engine) freeSeq(s *sequence, key *adapterEntry, prompt []int32) {
 	e.busy.Add(-1)
 	if e.cfg.PrefixCache && prompt != nil && e.lctx.SeqRm(s.id, len(prompt), -1) {
 		e.cached[s.id] = &cachedPrefix{key: key, tokens: prompt, lastUsed: time.Now()}
-		e.kvCached += len(prompt)
+		e.kvCached.Add(int64(len(prompt)))
 	} else {
 		e.lctx.SeqRm(s.id, 0, -1)
 	}
@@ -380,7 +379,7 @@ func (e *Engine) takeSeq(q *request, first bool, reuse int) int {
 	id := e.free[pick]
 	e.free = append(e.free[:pick], e.free[pick+1:]...)
 	if cp := e.cached[id]; cp != nil {
-		e.kvCached -= len(cp.tokens)
+		e.kvCached.Add(-int64(len(cp.tokens)))
 		delete(e.cached, id)
 	}
 	if reused > 0 {
@@ -456,6 +455,7 @@ func (e *Engine) step() {
 	if b.Len() > 0 {
 		start := time.Now()
 		err := e.lctx.Decode(b)
+		e.graphReuses.Store(int64(e.lctx.GraphReuses()))
 		if d := time.Since(start).Seconds() / float64(b.Len()); e.tokCost == 0 {
 			e.tokCost = d
 		} else {

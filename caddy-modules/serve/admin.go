@@ -18,11 +18,14 @@ import (
 // Admin is the admin API module admin.api.molly, under Caddy's admin
 // endpoint (default localhost:2019):
 //
-//	GET    /molly/adapters          list adapters with state (hot|warm|cold)
-//	POST   /molly/adapters          {"name": "...", "path": "/abs/file.gguf"} add an adapter
-//	DELETE /molly/adapters/<name>   remove an adapter
-//	POST   /molly/adapters/rescan   rescan the engine's adapter directory
-//	GET    /molly/engine            scheduler state
+//	GET    /molly/adapters          list adapters: content version (sha256), base checksum,
+//	                                quantization, state (hot|warm|cold), draining old versions
+//	POST   /molly/adapters          {"name": "...", "path": "/abs/file.gguf"} add an adapter;
+//	                                answers {"model", "version"}
+//	DELETE /molly/adapters/<name>   remove an adapter until it is added again (the folder
+//	                                watch does not bring it back; serving/README.md)
+//	POST   /molly/adapters/rescan   rescan the engine's adapter directory now
+//	GET    /molly/engine            scheduler state, memory budget use, model versions
 type Admin struct{}
 
 func init() { caddy.RegisterModule(Admin{}) }
@@ -92,7 +95,13 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 			}
 			return caddy.APIError{HTTPStatus: status, Err: err}
 		}
-		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name})
+		version := ""
+		for _, a := range e.Adapters() {
+			if a.Name == req.Name {
+				version = a.Version
+			}
+		}
+		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name, "version": version})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 }
@@ -127,7 +136,7 @@ func (Admin) state(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "stats": e.Stats(), "adapters": e.Adapters()})
+	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "versions": e.ModelVersions(), "stats": e.Stats(), "adapters": e.Adapters()})
 }
 
 var adapterName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

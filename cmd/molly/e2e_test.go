@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -673,8 +675,23 @@ http://127.0.0.1:{PORT} {
 	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("before adding: want 404, got %v", err)
 	}
-	if code, body := post("legal", filepath.Join(models, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") {
-		t.Fatalf("add: %d %s", code, body)
+	legal, err := os.ReadFile(filepath.Join(models, serving.DemoAdapterDir, "legal.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(legal)
+	version := "sha256:" + hex.EncodeToString(sum[:])
+	if code, body := post("legal", filepath.Join(models, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") || !strings.Contains(body, version) {
+		t.Fatalf("add: %d %s, want the model and version %s", code, body, version)
+	}
+	if resp, err := http.Get(admin + "/molly/engine"); err != nil {
+		t.Fatal(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), version) || !strings.Contains(string(body), `"budget_bytes"`) {
+			t.Fatalf("/molly/engine %s: want the adapter's version and the memory budget", body)
+		}
 	}
 	if err := ask("molly-demo:legal"); err != nil {
 		t.Fatalf("after adding: %v", err)
