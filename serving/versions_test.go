@@ -177,7 +177,7 @@ func TestRunningRequestFinishesOnItsVersion(t *testing.T) {
 	src := t.TempDir()
 	v1, ver1 := adapterFile(t, src, "v1.gguf", 21)
 	v2, ver2 := adapterFile(t, src, "v2.gguf", 22)
-	const n = 40
+	const n = 400
 	body := greedy("molly-demo:x", "tell me a long story", n)
 	want1, want2 := freshOutput(t, v1, body), freshOutput(t, v2, body)
 	dir := t.TempDir()
@@ -190,15 +190,17 @@ func TestRunningRequestFinishesOnItsVersion(t *testing.T) {
 	var text strings.Builder
 	var version string
 	events := 0
+	running := false
 	_, err = e.Generate(context.Background(), Request{Adapter: "x", Prompt: prompt, Params: SamplingParams{MaxTokens: n}}, func(ev Event) error {
 		if ev.Version != "" {
 			version = ev.Version
 		}
 		text.WriteString(ev.Text)
-		if events++; events == 3 {
+		if events++; events == 1 {
 			// Hold the scheduler between two steps while the file is
 			// replaced and the watch serves the new version.
 			if err := e.onScheduler(func() {
+				running = len(e.active) == 1 && e.active[0].key.version == ver1 && !e.active[0].isDone()
 				must(t, os.WriteFile(filepath.Join(dir, "x.gguf"), v2, 0o644))
 				waitVersion(t, e, "x", ver2)
 			}); err != nil {
@@ -214,7 +216,10 @@ func TestRunningRequestFinishesOnItsVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if events < 3 || text.String() != want1 || version != ver1 {
+	if !running {
+		t.Fatal("the request was not running on v1 when its file was replaced")
+	}
+	if text.String() != want1 || version != ver1 {
 		t.Errorf("running request (%d events, version %q): %q, want v1's %q (%q)", events, version, text.String(), want1, ver1)
 	}
 	if got, _ := mustText(t, e, body); got != want2 {
