@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -61,6 +62,10 @@ struct molly_lora {
 	std::vector<uint8_t> work; // ggml work buffer
 	alignas(64) uint8_t meta[16384]; // ggml context memory for small graphs
 	std::vector<molly_job> jobs;
+	int64_t job_work = 0; // multiply-adds in jobs
+	// (adapter, weight) → LoRA pair for this decode: llama.cpp looks
+	// weights up by name, a string hash per call.
+	std::unordered_map<const void *, std::unordered_map<const ggml_tensor *, llama_adapter_lora_weight *>> lw_cache;
 	int32_t err = 0;
 	int64_t targets = 0; // adapted products in the last decode
 	int64_t kernel = 0;  // of their spans, done by delta_f32
@@ -103,6 +108,7 @@ void molly_lora_set(molly_lora * s, int32_t n_tokens, int32_t n_outputs, const m
 	s->n_tokens = n_tokens;
 	s->n_outputs = n_outputs;
 	s->spans.assign(spans, spans + n);
+	s->lw_cache.clear();
 	s->targets = 0;
 	s->kernel = 0;
 }
@@ -119,6 +125,16 @@ int64_t molly_lora_kernel_spans(molly_lora * s) { return s->kernel; }
 
 void molly_lora_exact(molly_lora * s, bool exact) { s->exact = exact; }
 
+// weight is adapter a's LoRA pair for base weight w, or nullptr.
+static llama_adapter_lora_weight * weight(molly_lora * s, llama_adapter_lora * a, ggml_tensor * w) {
+	auto & m = s->lw_cache[a];
+	auto it = m.find(w);
+	if (it != m.end()) {
+		return it->second;
+	}
+	return m[w] = a->get_weight(w);
+}
+
 // adapted reports whether any span's adapter targets the weight of t.
 static bool adapted(molly_lora * s, ggml_tensor * t) {
 	if (t->op != GGML_OP_MUL_MAT || t->src[0] == nullptr) {
@@ -130,7 +146,7 @@ static bool adapted(molly_lora * s, ggml_tensor * t) {
 			continue;
 		}
 		last = sp.adapter;
-		if (sp.adapter->get_weight(t->src[0]) != nullptr) {
+		if (weight(s, sp.adapter, t->src[0]) != nullptr) {
 			return true;
 		}
 	}
@@ -206,13 +222,20 @@ static void delta_task(ggml_tensor * dst, int ith, int nth, void * ud) {
 	}
 }
 
-// run_jobs runs s->jobs: inline when there is one job or one thread, else as
-// one custom operation on the thread pool.
+// parallel_work is the multiply-adds from which run_jobs uses the thread
+// pool (about 50 µs of one core's work).
+static const int64_t parallel_work = 1 << 20;
+
+// run_jobs runs s->jobs: inline when there is one job, one thread or little
+// work, else as one custom operation on the thread pool.
 static bool run_jobs(molly_lora * s) {
 	if (s->jobs.empty()) {
 		return true;
 	}
-	if (s->jobs.size() == 1 || s->n_threads == 1) {
+	// Small work (a decode step's runs) stays on this thread: handing it to
+	// the pool costs a wake-up and a barrier, and on a busy machine a
+	// barrier can wait for a descheduled worker.
+	if (s->jobs.size() == 1 || s->n_threads == 1 || s->job_work < parallel_work) {
 		delta_task(nullptr, 0, 1, &s->jobs);
 		return true;
 	}
@@ -262,13 +285,14 @@ static bool apply(molly_lora * s, ggml_tensor * t) {
 	size_t need = ggml_graph_overhead_custom(8 * s->spans.size() + 8, false);
 	int graphed = 0;
 	s->jobs.clear();
+	s->job_work = 0;
 	for (const auto & sp : s->spans) {
 		const int64_t c0 = by_output ? sp.out0 : sp.tok0;
 		const int64_t n = by_output ? sp.nout : sp.ntok;
 		if (sp.adapter == nullptr || n == 0) {
 			continue;
 		}
-		llama_adapter_lora_weight * lw = sp.adapter->get_weight(t->src[0]);
+		llama_adapter_lora_weight * lw = weight(s, sp.adapter, t->src[0]);
 		if (lw == nullptr) {
 			continue;
 		}
@@ -281,6 +305,7 @@ static bool apply(molly_lora * s, ggml_tensor * t) {
 				const int64_t c = c0 + i;
 				s->jobs.push_back({lw->a, lw->b, scale, (const float *) x->data + c * ldx, ldx, (float *) t->data + c * ldy, ldy, std::min(step, n - i)});
 			}
+			s->job_work += n * (lw->a->ne[0] + lw->b->ne[1]) * lw->a->ne[1];
 			s->kernel++;
 			continue;
 		}
@@ -315,7 +340,7 @@ static bool apply(molly_lora * s, ggml_tensor * t) {
 		if (sp.adapter == nullptr || n == 0) {
 			continue;
 		}
-		llama_adapter_lora_weight * lw = sp.adapter->get_weight(t->src[0]);
+		llama_adapter_lora_weight * lw = weight(s, sp.adapter, t->src[0]);
 		if (lw == nullptr || kernel_ok(s, lw)) {
 			continue;
 		}
