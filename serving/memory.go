@@ -14,7 +14,8 @@ type cachedPrefix struct {
 // reloadCost is the expected cost of evicting cp, in the units of
 // adapterEntry.reloadCost: a prefix is worth its recompute time (tokens ×
 // the measured seconds per token) discounted by age; a prefix cached under a
-// retired adapter version can never be reused.
+// retired adapter version can never be reused. Caller holds the adapter
+// manager's mu.
 func (cp *cachedPrefix) reloadCost(now time.Time, tokCost float64) float64 {
 	if cp.key != nil && cp.key.retired {
 		return 0
@@ -59,6 +60,7 @@ func (e *Engine) makeRoom(cells int, adapter int64, keep *adapterEntry, keepSeq 
 		}
 		now := time.Now()
 		bestSeq, bestCost := -1, 0.0
+		am.mu.Lock() // retired is written under it
 		for id, cp := range e.cached {
 			if id == keepSeq {
 				continue
@@ -67,6 +69,7 @@ func (e *Engine) makeRoom(cells int, adapter int64, keep *adapterEntry, keepSeq 
 				bestSeq, bestCost = id, c
 			}
 		}
+		am.mu.Unlock()
 		var bestAdapter *adapterEntry
 		if cellsFit { // only bytes are short: adapters can help too
 			am.mu.Lock()
