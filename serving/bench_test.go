@@ -156,7 +156,7 @@ func median(xs []float64) float64 {
 }
 
 // versusCase is one workload of the comparison: sequence i runs on adapter
-// seqs[i] (an index into the adapter list).
+// seqs[i] (an index into the adapter list; -1: the base model).
 type versusCase struct {
 	name   string
 	seqs   []int
@@ -178,7 +178,9 @@ func versusCases() []versusCase {
 	for i := range zipf {
 		zipf[i] = int(z.Uint64())
 	}
+	base := []int{-1, -1, -1, -1, -1, -1, -1, -1}
 	return []versusCase{
+		{"8 base model", base, 16, 32},
 		{"1 seq", same(1), 16, 32},
 		{"8 same", same(8), 16, 32},
 		{"8 different", diff, 16, 32},
@@ -216,9 +218,6 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 		}
 	}
 	cases := versusCases()
-	var out strings.Builder
-	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "threads\tcase\tmolly tok/s\tllama.cpp tok/s\tmolly/llama.cpp (per round)\t\n")
 	for range b.N {
 		for _, th := range threads {
 			e := benchEngine(b, func(c *Config) { c.Threads = th })
@@ -242,7 +241,9 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 			molly := func(c versusCase) float64 {
 				adapters := make([]string, len(c.seqs))
 				for i, a := range c.seqs {
-					adapters[i] = names[a]
+					if a >= 0 {
+						adapters[i] = names[a]
+					}
 				}
 				prompt := benchPrompt(b, e.Tokenize, c.prompt)
 				start := time.Now()
@@ -264,6 +265,7 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 				}
 				return float64(n) / (res.Prefill + res.Decode).Seconds()
 			}
+			load := loadAverage()
 			// Warm up: every adapter hot in the engine, caches filled.
 			for _, c := range cases {
 				molly(c)
@@ -292,12 +294,19 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 				diffSame = append(diffSame, at("8 different")/at("8 same"))
 				zipfSame = append(zipfSame, at("32 Zipf/16")/at("16 same"))
 			}
+			// Print each thread count's table when it is done.
+			var out strings.Builder
+			tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintf(tw, "threads\tcase\tmolly tok/s\tllama.cpp tok/s\tmolly/llama.cpp (per round)\t\n")
 			for i, c := range cases {
 				fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.3f\t\n", th, c.name, median(mt[i]), median(lt[i]), median(ratio[i]))
 				b.ReportMetric(median(ratio[i]), fmt.Sprintf("x-llama.cpp-%s-t%d", strings.ReplaceAll(c.name, " ", ""), th))
 			}
 			fmt.Fprintf(tw, "%d\tMolly 8 different / 8 same\t%.3f\t\t\t\n", th, median(diffSame))
 			fmt.Fprintf(tw, "%d\tMolly 32 Zipf/16 / 16 same\t%.3f\t\t\t\n", th, median(zipfSame))
+			tw.Flush()
+			fmt.Printf("\nMolly vs llama.cpp at %d threads (%s, %d rounds, medians; load average %s before, %s after)\n%s\n",
+				th, filepath.Base(dir), rounds, load, loadAverage(), out.String())
 			b.ReportMetric(median(diffSame), fmt.Sprintf("ratio-8diff/8same-t%d", th))
 			b.ReportMetric(median(zipfSame), fmt.Sprintf("ratio-zipf/16same-t%d", th))
 			lc.Close()
@@ -308,8 +317,6 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 			e.Close()
 		}
 	}
-	tw.Flush()
-	fmt.Printf("\nMolly vs llama.cpp (%s, %d rounds, median; load average at the end: %s)\n%s\n", filepath.Base(dir), rounds, loadAverage(), out.String())
 }
 
 func loadAverage() string {
