@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -195,7 +196,10 @@ func versusCases() []versusCase {
 // prefill case prompt tokens per second) for each case, at 1 thread and at
 // runtime.NumCPU() threads, medians of MOLLY_BENCH_ROUNDS (default 3)
 // interleaved rounds, each running both back to back in alternating order;
-// the ratio columns are medians of the ratios within a round. Every ratio is
+// the ratio columns are medians of the ratios within a round. Beside wall
+// time it reports tokens per CPU-second of the process, which other work on
+// the machine disturbs less (at more than one thread ggml's workers spin at
+// barriers, which counts as CPU time too). Every ratio is
 // also reported as a metric. MOLLY_BENCH_THREADS=1,4 picks the thread counts.
 func BenchmarkVersusLlamaCpp(b *testing.B) {
 	dir := benchModel(b)
@@ -238,7 +242,7 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			molly := func(c versusCase) float64 {
+			molly := func(c versusCase) measure {
 				adapters := make([]string, len(c.seqs))
 				for i, a := range c.seqs {
 					if a >= 0 {
@@ -246,16 +250,19 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 					}
 				}
 				prompt := benchPrompt(b, e.Tokenize, c.prompt)
-				start := time.Now()
+				cpu, start := cpuTime(), time.Now()
 				n, _ := runConcurrent(b, e, adapters, prompt, c.gen)
+				wall, used := time.Since(start), cpuTime()-cpu
 				if c.gen == 1 {
 					n = c.prompt
 				}
-				return float64(n) / time.Since(start).Seconds()
+				return measure{float64(n) / wall.Seconds(), float64(n) / used.Seconds()}
 			}
-			llamacpp := func(c versusCase) float64 {
+			llamacpp := func(c versusCase) measure {
 				prompt := benchPrompt(b, func(s string) ([]int32, error) { return m.Tokenize(s, true, true) }, c.prompt)
+				cpu := cpuTime()
 				res, err := llama.BatchedBench(lc, llama.BenchSpec{Prompt: prompt, NSeq: len(c.seqs), NGen: c.gen, Adapters: ads, SeqAdapter: c.seqs})
+				used := cpuTime() - cpu
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -263,7 +270,7 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 				if c.gen == 1 {
 					n = c.prompt
 				}
-				return float64(n) / (res.Prefill + res.Decode).Seconds()
+				return measure{float64(n) / (res.Prefill + res.Decode).Seconds(), float64(n) / used.Seconds()}
 			}
 			load := loadAverage()
 			// Warm up: every adapter hot in the engine, caches filled.
@@ -274,41 +281,46 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 			// Each round runs every case on both, back to back in alternating
 			// order; ratios are taken within a round (the machine's load
 			// drifts between rounds) and their medians reported.
-			mt := make([][]float64, len(cases))
-			lt := make([][]float64, len(cases))
-			ratio := make([][]float64, len(cases))
-			var diffSame, zipfSame []float64
+			mt := make([][]measure, len(cases))
+			lt := make([][]measure, len(cases))
+			var diffSame, zipfSame []measure
 			for r := range rounds {
 				for i, c := range cases {
-					var mm, ll float64
+					var mm, ll measure
 					if r%2 == 0 {
 						mm, ll = molly(c), llamacpp(c)
 					} else {
 						ll, mm = llamacpp(c), molly(c)
 					}
-					mt[i], lt[i], ratio[i] = append(mt[i], mm), append(lt[i], ll), append(ratio[i], mm/ll)
+					mt[i], lt[i] = append(mt[i], mm), append(lt[i], ll)
 				}
-				at := func(name string) float64 {
+				at := func(name string) measure {
 					return mt[slices.IndexFunc(cases, func(c versusCase) bool { return c.name == name })][r]
 				}
-				diffSame = append(diffSame, at("8 different")/at("8 same"))
-				zipfSame = append(zipfSame, at("32 Zipf/16")/at("16 same"))
+				diffSame = append(diffSame, at("8 different").over(at("8 same")))
+				zipfSame = append(zipfSame, at("32 Zipf/16").over(at("16 same")))
 			}
 			// Print each thread count's table when it is done.
 			var out strings.Builder
 			tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "threads\tcase\tmolly tok/s\tllama.cpp tok/s\tmolly/llama.cpp (per round)\t\n")
+			fmt.Fprintf(tw, "threads\tcase\tmolly tok/s\tllama.cpp tok/s\tratio\tmolly tok/cpu-s\tllama.cpp tok/cpu-s\tratio\t\n")
 			for i, c := range cases {
-				fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.3f\t\n", th, c.name, median(mt[i]), median(lt[i]), median(ratio[i]))
-				b.ReportMetric(median(ratio[i]), fmt.Sprintf("x-llama.cpp-%s-t%d", strings.ReplaceAll(c.name, " ", ""), th))
+				ratios := make([]measure, len(mt[i]))
+				for r := range ratios {
+					ratios[r] = mt[i][r].over(lt[i][r])
+				}
+				mm, ll, rr := medians(mt[i]), medians(lt[i]), medians(ratios)
+				fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f\t%.3f\t\n", th, c.name, mm.tps, ll.tps, rr.tps, mm.tpc, ll.tpc, rr.tpc)
+				b.ReportMetric(rr.tps, fmt.Sprintf("x-llama.cpp-%s-t%d", strings.ReplaceAll(c.name, " ", ""), th))
 			}
-			fmt.Fprintf(tw, "%d\tMolly 8 different / 8 same\t%.3f\t\t\t\n", th, median(diffSame))
-			fmt.Fprintf(tw, "%d\tMolly 32 Zipf/16 / 16 same\t%.3f\t\t\t\n", th, median(zipfSame))
+			ds, zs := medians(diffSame), medians(zipfSame)
+			fmt.Fprintf(tw, "%d\tMolly 8 different / 8 same\t\t\t%.3f\t\t\t%.3f\t\n", th, ds.tps, ds.tpc)
+			fmt.Fprintf(tw, "%d\tMolly 32 Zipf/16 / 16 same\t\t\t%.3f\t\t\t%.3f\t\n", th, zs.tps, zs.tpc)
 			tw.Flush()
-			fmt.Printf("\nMolly vs llama.cpp at %d threads (%s, %d rounds, medians; load average %s before, %s after)\n%s\n",
+			fmt.Printf("\nMolly vs llama.cpp at %d threads (%s, %d rounds, medians, ratios within a round; load average %s before, %s after)\n%s\n",
 				th, filepath.Base(dir), rounds, load, loadAverage(), out.String())
-			b.ReportMetric(median(diffSame), fmt.Sprintf("ratio-8diff/8same-t%d", th))
-			b.ReportMetric(median(zipfSame), fmt.Sprintf("ratio-zipf/16same-t%d", th))
+			b.ReportMetric(ds.tps, fmt.Sprintf("ratio-8diff/8same-t%d", th))
+			b.ReportMetric(zs.tps, fmt.Sprintf("ratio-zipf/16same-t%d", th))
 			lc.Close()
 			for _, a := range ads {
 				a.Close()
@@ -317,6 +329,29 @@ func BenchmarkVersusLlamaCpp(b *testing.B) {
 			e.Close()
 		}
 	}
+}
+
+// measure is one run's throughput: tokens per second of wall time, and per
+// second of the process's CPU time (user plus system, all threads), which a
+// busy machine disturbs less.
+type measure struct{ tps, tpc float64 }
+
+func (m measure) over(o measure) measure { return measure{m.tps / o.tps, m.tpc / o.tpc} }
+
+func medians(ms []measure) measure {
+	var a, b []float64
+	for _, m := range ms {
+		a, b = append(a, m.tps), append(b, m.tpc)
+	}
+	return measure{median(a), median(b)}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func loadAverage() string {
