@@ -25,6 +25,7 @@ TEST_TIMEOUT ?= 25m
 DEMO_MODEL := models/demo/molly-demo.gguf
 
 .PHONY: all build run test bench fuzz soak lint model deps postgres browser clean env sdk
+.PHONY: bench-engine
 
 all: build
 
@@ -115,6 +116,11 @@ fuzz: deps
 SOAK ?= 10m
 soak: deps
 	MOLLY_SOAK=$(SOAK) $(GO) test -run '^TestSoak$$' -v -timeout 60m ./cmd/molly/
+
+# The T0 engine against llama.cpp on the same GGUF (prints the table), the
+# 64-adapter hot-budget run and adapter promotion; part of `make bench` too.
+bench-engine: deps
+	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion' -benchtime 1x -timeout 30m ./serving/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/admin"
@@ -167,6 +168,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 		if err := registerUsageMetrics(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
+		}
+		if a.engine != nil {
+			if err := reg.Register(a.engine.Collector()); err != nil {
+				if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
+					return fmt.Errorf("molly: engine metrics: %w", err)
+				}
+			}
 		}
 	}
 	a.pipeline = &pipeline.Pipeline{Catalogue: cat, Egress: a.egress, Policy: eng, Weights: w, Logger: a.logger.Named("route"),

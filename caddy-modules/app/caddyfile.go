@@ -66,6 +66,7 @@ func init() {
 //			threads <n>
 //			hot_bytes <size>
 //			warm_bytes <size>
+//			memory_bytes <size>
 //			prefix_cache
 //		}
 //		orchestrator off | {
@@ -587,7 +588,7 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			case "threads":
 				c.Threads = n
 			}
-		case "hot_bytes", "warm_bytes":
+		case "hot_bytes", "warm_bytes", "memory_bytes":
 			var s string
 			if !d.AllArgs(&s) {
 				return nil, d.ArgErr()
@@ -596,10 +597,13 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			if err != nil || n == 0 {
 				return nil, d.Errf("molly: engine: %s %q is not a size such as 256MiB", sub, s)
 			}
-			if sub == "hot_bytes" {
+			switch sub {
+			case "hot_bytes":
 				c.HotBytes = int64(n)
-			} else {
+			case "warm_bytes":
 				c.WarmBytes = int64(n)
+			default:
+				c.MemoryBytes = int64(n)
 			}
 		default:
 			return nil, d.Errf("molly: engine: unrecognized subdirective %q", sub)

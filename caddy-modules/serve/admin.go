@@ -20,13 +20,16 @@ import (
 // Admin is the admin API module admin.api.molly, under Caddy's admin
 // endpoint (Molly's default: a Unix socket, see package admin):
 //
-//	GET    /molly/adapters          list adapters with state (hot|warm|cold)
+//	GET    /molly/adapters          list adapters: content version (sha256), base checksum,
+//	                                quantization, state (hot|warm|cold), draining old versions
 //	POST   /molly/adapters          {"name": "...", "path": "file.gguf"} add an adapter: a file inside the
 //	                                engine's adapter directory (absolute, or relative to it); 403 for
-//	                                any other path or when no adapter directory is configured
-//	DELETE /molly/adapters/<name>   remove an adapter
-//	POST   /molly/adapters/rescan   rescan the engine's adapter directory
-//	GET    /molly/engine            scheduler state
+//	                                any other path or when no adapter directory is configured;
+//	                                answers {"model", "version"}
+//	DELETE /molly/adapters/<name>   remove an adapter until it is added again (the folder
+//	                                watch does not bring it back; serving/README.md)
+//	POST   /molly/adapters/rescan   rescan the engine's adapter directory now
+//	GET    /molly/engine            scheduler state, memory budget use, model versions
 type Admin struct{}
 
 func init() { caddy.RegisterModule(Admin{}) }
@@ -97,7 +100,13 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 			}
 			return caddy.APIError{HTTPStatus: status, Err: err}
 		}
-		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name})
+		version := ""
+		for _, a := range e.Adapters() {
+			if a.Name == req.Name {
+				version = a.Version
+			}
+		}
+		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name, "version": version})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 }
@@ -132,7 +141,7 @@ func (Admin) state(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "stats": e.Stats(), "adapters": e.Adapters()})
+	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "versions": e.ModelVersions(), "stats": e.Stats(), "adapters": e.Adapters()})
 }
 
 // adapterFile resolves path — absolute, or relative to the engine's

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -687,8 +689,17 @@ http://127.0.0.1:{PORT} {
 	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("before adding: want 404, got %v", err)
 	}
-	if code, body := post("legal", "staged/legal.gguf"); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") {
-		t.Fatalf("add: %d %s", code, body)
+	legal, err := os.ReadFile(filepath.Join(dir, "staged", "legal.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(legal)
+	version := "sha256:" + hex.EncodeToString(sum[:])
+	if code, body := post("legal", "staged/legal.gguf"); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") || !strings.Contains(body, version) {
+		t.Fatalf("add: %d %s, want the model and version %s", code, body, version)
+	}
+	if code, body := adminCall(t, admin, http.MethodGet, "/molly/engine", nil); code != http.StatusOK || !strings.Contains(body, version) || !strings.Contains(body, `"budget_bytes"`) {
+		t.Fatalf("/molly/engine %d %s: want the adapter's version and the memory budget", code, body)
 	}
 	if err := ask("molly-demo:legal"); err != nil {
 		t.Fatalf("after adding: %v", err)
