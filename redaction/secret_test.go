@@ -107,7 +107,21 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 		strings.Repeat("-----BEGIN RSA PRIVATE KEY-----\n", 100), strings.Repeat("-----BEGIN RSA PRIVATE KEY\n", 100),
 		"-----BEGIN RSA PRIVATE KEY-----\n"+strings.Repeat(keyPEMBody+"\n", 40)+"-----END CERTIFICATE-----\n-----BEGIN EC PRIVATE KEY-----\n"+keyPEMBody+"\n-----END EC PRIVATE KEY-----",
 		"x -----BEGIN OPENSSH PRIVATE KEY BLOCK-----\n"+strings.Repeat(keyPEMBody+"\n", 30)+"-----END OPENSSH PRIVATE KEY BLOCK----- y",
-		"-----begin private key-----"+strings.Repeat("a", 300)+"KEY BLOCK----- and -----BEGIN PRIVATE KEY----- "+keyPEMBody+" key-----")
+		"-----begin private key-----"+strings.Repeat("a", 300)+"KEY BLOCK----- and -----BEGIN PRIVATE KEY----- "+keyPEMBody+" key-----",
+		// Header choices: two possible ends on one line, the BLOCK form, a
+		// short first body run, a header of 100 bytes and of 101, lower
+		// case and non-ASCII header bytes (gitleaks' rule is (?i)), bodies
+		// that end at the next header.
+		"-----BEGIN A PRIVATE KEY-----B PRIVATE KEY----- "+keyPEMBody+"\n",
+		"-----BEGIN A PRIVATE KEY-----x PRIVATE KEY----- "+keyPEMBody,
+		"-----BEGIN RSA PRIVATE KEY BLOCK-----\n"+keyPEMBody+"\n"+keyPEMBody,
+		"-----BEGIN RSA PRIVATE KEY-----\nabc "+keyPEMBody,
+		"-----BEGIN "+strings.Repeat("X", 89)+"PRIVATE KEY-----\n"+keyPEMBody,
+		"-----BEGIN "+strings.Repeat("X", 90)+"PRIVATE KEY-----\n"+keyPEMBody,
+		"-----begin rsa private key-----\n"+strings.Repeat("a", 70)+"key-----",
+		"-----BEGIN \u017fSA PRIVATE KEY-----"+strings.Repeat("b", 64)+"KEY-----",
+		strings.Repeat("-----BEGIN RSA PRIVATE KEY-----\n"+keyPEMBody[:40]+"\n", 20),
+		strings.Repeat("-----BEGIN RSA PRIVATE KEY----- x\n", 20))
 	total := 0
 	for _, text := range texts {
 		got := sortFindings(fastSecrets(s, text))
