@@ -37,6 +37,9 @@ func matchPrivateKeyGitleaks(text string, p, lastLandmark int) int {
 		n++
 	}
 	for c := n - 1; c >= 0; c-- {
+		if lowerByte[at(text, ends[c])] != 'p' {
+			continue
+		}
 		j := foldAt(text, ends[c], "private key")
 		if j < 0 {
 			continue
@@ -60,15 +63,27 @@ func matchPrivateKeyGitleaks(text string, p, lastLandmark int) int {
 // of the text's last one, lastPrivateKeyLandmark).
 func privateKeyBody(text string, e, lastLandmark int) int {
 	q := e
-	for range 64 {
+	for n := 0; n < 64; n++ {
 		if q >= len(text) {
 			return -1
 		}
-		q += runeWidth(text, q)
+		if text[q] < utf8.RuneSelf {
+			q++
+		} else {
+			q += runeWidth(text, q)
+		}
 	}
-	for ; q <= lastLandmark; q += runeWidth(text, q) {
-		if end := privateKeyLandmark(text, q); end >= 0 {
-			return end
+	for q <= lastLandmark {
+		c := text[q]
+		if c == 'k' || c == 'K' || c == 0xE2 { // k, K or U+212A's first byte
+			if end := privateKeyLandmark(text, q); end >= 0 {
+				return end
+			}
+		}
+		if c < utf8.RuneSelf {
+			q++
+		} else {
+			q += runeWidth(text, q)
 		}
 	}
 	return -1

@@ -495,6 +495,53 @@ func secretRunAfter(text string, o, need int) bool {
 	return false
 }
 
+// runScan is secretRunAfter for the hits of one text, which come in
+// increasing order: it remembers the last run of bytes that are neither
+// white space nor quotes it measured, so that a flood of one long run
+// ("key=key=…") is read once, not once per hit.
+type runScan struct {
+	from, next int // text[from:next] holds no break byte; next is one or len(text)
+	valid      bool
+}
+
+func isRunBreak(c byte) bool {
+	switch c {
+	case ' ', '\t', '\n', '\r', '\f', '\v', '\'', '"', '`':
+		return true
+	}
+	return false
+}
+
+// nextBreak returns the first break byte at or after x (len(text) if none).
+func (rs *runScan) nextBreak(text string, x int) int {
+	if rs.valid && x >= rs.from && x <= rs.next {
+		return rs.next
+	}
+	k := x
+	for k < len(text) && !isRunBreak(text[k]) {
+		if rs.valid && k == rs.from {
+			k = rs.next // the remembered run goes on to its break
+			break
+		}
+		k++
+	}
+	rs.from, rs.next, rs.valid = x, k, true
+	return k
+}
+
+// runAfter is secretRunAfter(text, o, need): a run of need bytes without
+// a break starts within the ten bytes after o.
+func (rs *runScan) runAfter(text string, o, need int) bool {
+	for s := o + 1; s <= o+10 && s < len(text); {
+		nb := rs.nextBreak(text, s)
+		if nb-s >= need {
+			return true
+		}
+		s = nb + 1
+	}
+	return false
+}
+
 // reachScan tracks, for hits in increasing order, the next byte where a
 // generic-api-key match could end (its tail: a quote, space, ; , . ! ? )
 // ] } > or a backslash) and the last byte before that which cannot be in
@@ -563,9 +610,12 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 		}
 		conds = append(conds, cond{start: r.start})
 	}
+	if len(conds) == 1 {
+		return conds[0].start.admits
+	}
 	return func(text string, p int) bool {
 		for _, c := range conds {
-			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec) {
+			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec, nil) {
 				return true
 			}
 		}
@@ -575,12 +625,16 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 
 // assignmentNear reports whether an assignment operator byte follows the
 // keyword hit at p within n bytes, with only identifier, space and quote
-// bytes between: the shape every semi-generic match has.
-func assignmentNear(text string, p, n, minSec int) bool {
+// bytes between: the shape every semi-generic match has. runs, when not
+// nil, remembers the runs it read for later hits of the same text.
+func assignmentNear(text string, p, n, minSec int, runs *runScan) bool {
 	e := min(len(text), p+n)
 	for k := p + 1; k < e; k++ {
 		switch c := text[k]; {
 		case c == '=' || c == '>' || c == ':' || c == '|' || c == '?' || c == ',':
+			if runs != nil {
+				return runs.runAfter(text, k, minSec)
+			}
 			return secretRunAfter(text, k, minSec)
 		case isAlnum(c) || c == '_' || c == '.' || c == '-' || c == '\'' || c == '"' || isSpaceByte(c):
 		default:
@@ -660,12 +714,15 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
 	var reach reachScan
+	var runs runScan
 	// The last occurrence of each literal the rule needs: a hit after it
 	// cannot start a match.
 	limit := len(text)
 	for _, l := range r.required {
 		if l[0] == 0 {
 			limit = min(limit, lastIndexFold(text, l[1:]))
+		} else if strings.Index(text, l) < 0 { // forward search is vectorised; a miss costs little
+			limit = -1
 		} else {
 			limit = min(limit, strings.LastIndex(text, l))
 		}
@@ -687,7 +744,7 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if r.leadB && wordASCII(before(text, p)) == wordASCII(at(text, p)) {
 			continue
 		}
-		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec) {
+		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec, &runs) {
 			continue
 		}
 		if r.generic && !reach.admits(text, p, r.assign) {
