@@ -133,6 +133,8 @@ type completionRequest struct {
 	Logprobs            json.RawMessage `json:"logprobs"` // chat: bool; completions: int
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Echo                bool            `json:"echo"`
+
+	plan *plan // chat: how the output is constrained and decoded (tools.go)
 }
 
 type chatMessage struct {
@@ -276,6 +278,9 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 			}
 			msgs[i] = llama.ChatMessage{Role: role, Content: c}
 		}
+		if err := e.constrain(&cr, &r, &msgs, body); err != nil {
+			return nil, r, err
+		}
 		toks, err := e.tokenizeChat(msgs)
 		return e.withPrompt(&cr, r, toks, err)
 	} else {
@@ -393,6 +398,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	if !chat {
 		id, object = newID("cmpl-"), "text_completion"
 	}
+	if chat && cr.plan != nil && cr.plan.tools {
+		e.serveTools(w, r.Context(), cr, req, id, created)
+		return
+	}
 	if cr.Stream {
 		e.stream(w, r.Context(), cr, req, chat, id, object+map[bool]string{true: ".chunk", false: ""}[chat], created)
 		return
@@ -432,7 +441,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	for i := range choices {
 		c := map[string]any{"index": i, "finish_reason": finish[i], "logprobs": nil}
 		if chat {
-			c["message"] = map[string]any{"role": "assistant", "content": texts[i].String()}
+			c["message"] = map[string]any{"role": "assistant", "content": texts[i].String(), "refusal": nil}
 			if req.Params.Logprobs {
 				c["logprobs"] = wireChatLogprobs{Content: clp[i]}
 			}
@@ -444,11 +453,15 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		}
 		choices[i] = c
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
+	resp := map[string]any{
 		"id": id, "object": object, "created": created, "model": cr.Model,
 		"choices": choices, "usage": usage, "system_fingerprint": fingerprint,
-	})
+	}
+	if fingerprint == nil {
+		delete(resp, "system_fingerprint") // a string or no field (the spec)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
 }
 
 // stream writes server-sent events: for chat, a first chunk per choice with
@@ -477,6 +490,9 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 	var fingerprint any // the adapter version, known from the first event
 	chunk := func(choice map[string]any) map[string]any {
 		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{choice}, "system_fingerprint": fingerprint}
+		if fingerprint == nil {
+			delete(m, "system_fingerprint")
+		}
 		if includeUsage {
 			m["usage"] = nil
 		}
@@ -526,7 +542,11 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		return
 	}
 	if includeUsage {
-		_ = send(map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": fingerprint})
+		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": fingerprint}
+		if fingerprint == nil {
+			delete(m, "system_fingerprint")
+		}
+		_ = send(m)
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	_ = rc.Flush()

@@ -83,6 +83,8 @@ type sequence struct {
 	sent      int
 	logprobs  []TokenLogprob
 	finished  bool
+	gr        *llama.Grammar // Params.Grammar's state (grammar.go)
+	masked    []float32
 }
 
 // loop is the scheduler: admit, reap, one step, repeat.
@@ -317,6 +319,7 @@ func (e *Engine) unreserve(q *request) {
 // prompt's cells (dropping the generated ones) for reuse under key.
 func (e *Engine) freeSeq(s *sequence, key *adapterEntry, prompt []int32) {
 	s.finished = true
+	s.closeGrammar()
 	e.busy.Add(-1)
 	if e.cfg.PrefixCache && prompt != nil && e.lctx.SeqRm(s.id, len(prompt), -1) {
 		e.cached[s.id] = &cachedPrefix{key: key, tokens: prompt, lastUsed: time.Now()}
@@ -516,7 +519,12 @@ func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 	if s.finished {
 		return
 	}
-	tok := s.smp.sample(logits)
+	tok, err := e.sampleNext(s, logits)
+	if err != nil {
+		e.release(q)
+		q.finish(err)
+		return
+	}
 	if e.model.IsEOG(tok) {
 		e.end(q, s, "stop", len(s.text))
 		return
