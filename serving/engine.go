@@ -151,6 +151,7 @@ type Engine struct {
 	quit    chan struct{}
 	done    chan struct{}
 	watch   *watcher
+	emb     embedState // /v1/embeddings (embeddings.go)
 
 	busy  atomic.Int64 // sequences in use
 	steps atomic.Int64 // scheduler steps run
@@ -264,6 +265,7 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) closeLlama() {
+	e.emb.close()
 	e.adapters.close()
 	e.batch.Free()
 	e.lctx.Close()
