@@ -20,6 +20,7 @@ import (
 //
 //	POST /v1/chat/completions  (stream or not; stream_options.include_usage)
 //	POST /v1/completions
+//	POST /v1/embeddings        (embeddings.go)
 //	GET  /v1/models            (the base and "<base>:<adapter>" names)
 //
 // The request's `model` is "<base>" or "<base>:<adapter>". It depends only on
