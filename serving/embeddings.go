@@ -209,12 +209,14 @@ func (e *Engine) parseEmbeddings(body []byte) (string, [][]int32, string, error)
 	return model, out, enc, nil
 }
 
-// Capabilities are what the engine implements, in the terms of the
-// gateway's target capabilities: "chat", "completions", "embeddings",
-// "tools" (tools, tool_choice auto/none/required/function,
-// parallel_tool_calls), "json_object" and "json_schema" (response_format,
-// the schema subset of SchemaToGBNF), "logprobs". It has no "vision" or
-// "audio" (text-only).
+// Capabilities are what the engine implements beyond text in and text
+// out, in router/route's capability names (route.CapabilityReporter, which
+// the T0 target's catalogue entry reads): "tools" (tools, tool_choice
+// auto/none/required/function, parallel_tool_calls, tool turns),
+// "json_schema" (response_format json_object and json_schema, the schema
+// subset of SchemaToGBNF), "embeddings" (POST /v1/embeddings) and
+// "logprobs". Not "vision" or "audio": the engine is text-only. Chat and
+// completions are endpoints, not capabilities.
 func (e *Engine) Capabilities() []string {
-	return []string{"chat", "completions", "embeddings", "tools", "json_object", "json_schema", "logprobs"}
+	return []string{"tools", "json_schema", "embeddings", "logprobs"}
 }

@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ollama/ollama/fs/ggml"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
@@ -200,4 +202,33 @@ func mustTokens(t *testing.T, m *llama.Model, s string) []int32 {
 		t.Fatal(err)
 	}
 	return toks
+}
+
+// The catalogue reads the engine's capabilities through
+// route.CapabilityReporter; every name must be one the router knows, and a
+// T0 target built on the engine serves embeddings and tools.
+func TestCapabilitiesReachTheCatalogue(t *testing.T) {
+	e := newEngine(t, nil)
+	var _ route.CapabilityReporter = e
+	for _, c := range e.Capabilities() {
+		if !slices.Contains(route.AllCapabilities, c) {
+			t.Errorf("capability %q is not one of %v", c, route.AllCapabilities)
+		}
+	}
+	cat, err := route.NewCatalogue([]*route.Target{{Name: "device", Tier: "T0", Kind: route.KindEngine}}, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := cat.Targets()[0]
+	for _, c := range []string{route.CapTools, route.CapJSONSchema, route.CapEmbeddings, route.CapLogprobs} {
+		if !tg.Supports(c) {
+			t.Errorf("the engine's target lacks %s", c)
+		}
+	}
+	if tg.Supports(route.CapVision) || tg.Supports(route.CapAudio) {
+		t.Error("the text-only engine's target claims vision or audio")
+	}
+	if !slices.Contains(tg.Endpoints, "embeddings") {
+		t.Errorf("endpoints %v lack embeddings", tg.Endpoints)
+	}
 }
