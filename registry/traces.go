@@ -301,3 +301,26 @@ func (r *Registry) TraceConsents(ctx context.Context) ([]TraceConsent, error) {
 	}
 	return out, rows.Err()
 }
+
+// Meta returns the value stored under key in the registry's meta table
+// ("" and false when none).
+func (r *Registry) Meta(ctx context.Context, key string) (string, bool, error) {
+	var v string
+	err := r.db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("registry: meta %s: %w", key, err)
+	}
+	return v, true, nil
+}
+
+// SetMeta stores value under key in the meta table.
+func (r *Registry) SetMeta(ctx context.Context, key, value string) error {
+	_, err := r.exec(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`, key, value)
+	if err != nil {
+		return fmt.Errorf("registry: meta %s: %w", key, err)
+	}
+	return nil
+}

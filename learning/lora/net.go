@@ -102,16 +102,16 @@ const (
 
 // layerActs are one layer's activations kept for the backward pass.
 type layerActs struct {
-	x          []float32 // the residual input [T][E]
-	r1, r2     []float32 // 1/RMS of x and of x2 [T]
-	n1, n2     []float32 // normed inputs of attention and FFN [T][E]
-	q, k, v    []float32 // q, k after RoPE [T][E], [T][KV], [T][KV]
-	p          []float32 // attention probabilities [H][T][T]
-	o          []float32 // attention output, heads concatenated [T][E]
-	x2         []float32 // residual after attention [T][E]
-	g, up, hm  []float32 // FFN gate, up, silu(gate)·up [T][F]
-	u          [7][]float32 // x·Aᵀ of each adapted matrix [T][r]
-	hasLoRA    [7]bool
+	x         []float32    // the residual input [T][E]
+	r1, r2    []float32    // 1/RMS of x and of x2 [T]
+	n1, n2    []float32    // normed inputs of attention and FFN [T][E]
+	q, k, v   []float32    // q, k after RoPE [T][E], [T][KV], [T][KV]
+	p         []float32    // attention probabilities [H][T][T]
+	o         []float32    // attention output, heads concatenated [T][E]
+	x2        []float32    // residual after attention [T][E]
+	g, up, hm []float32    // FFN gate, up, silu(gate)·up [T][F]
+	u         [7][]float32 // x·Aᵀ of each adapted matrix [T][r]
+	hasLoRA   [7]bool
 }
 
 // acts are one sequence's activations.
