@@ -24,7 +24,8 @@ TEST_TIMEOUT ?= 25m
 
 DEMO_MODEL := models/demo/molly-demo.gguf
 
-.PHONY: all build run test bench fuzz lint model deps postgres browser clean env sdk
+.PHONY: all build run test bench fuzz soak lint model deps postgres browser clean env sdk
+.PHONY: bench-engine
 
 all: build
 
@@ -108,6 +109,18 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamNormalise$$' -fuzztime $(FUZZTIME) ./router/relay/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./router/openai/
 	$(GO) test -run '^$$' -fuzz '^FuzzWalk$$' -fuzztime $(FUZZTIME) ./router/classify/
+
+# Soak: the real gateway (auth, registry, billing outbox, policy, routing)
+# at 80% of its measured maximum throughput for SOAK (default 10m), RSS and
+# goroutines sampled every 10 s and required to stay flat (cmd/molly TestSoak).
+SOAK ?= 10m
+soak: deps
+	MOLLY_SOAK=$(SOAK) $(GO) test -run '^TestSoak$$' -v -timeout 60m ./cmd/molly/
+
+# The T0 engine against llama.cpp on the same GGUF (prints the table), the
+# 64-adapter hot-budget run and adapter promotion; part of `make bench` too.
+bench-engine: deps
+	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion' -benchtime 1x -timeout 30m ./serving/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -95,6 +95,7 @@ type keywordIndex struct {
 	byPfx    [][]int32            // keyword ids per prefix
 	pfxOf    []uint16             // dense: prefix -> 1 + index into byPfx, 0 = none
 	words    []string
+	third    []byte // each keyword's third byte, 0 for a two-byte one
 	wordOnly []bool
 	// keep, when set for a keyword id, is a necessary condition for a hit
 	// of that keyword to matter (every consumer of the keyword rejects a
@@ -127,6 +128,7 @@ func (ix *keywordIndex) addKW(kw string, wordOnly bool) int32 {
 	}
 	id := int32(len(ix.words))
 	ix.words = append(ix.words, kw)
+	ix.third = append(ix.third, at(kw, 2))
 	ix.wordOnly = append(ix.wordOnly, wordOnly)
 	if wordOnly {
 		ix.wordBits[p/64] |= 1 << (p % 64)
@@ -196,7 +198,11 @@ func (ix *keywordIndex) keywords(text string, a *anchors) {
 		if !any && !word {
 			continue
 		}
+		third := lowerByte[at(text, i+1)]
 		for _, id := range ix.byPfx[ix.pfxOf[p]-1] {
+			if t := ix.third[id]; t != 0 && t != third {
+				continue
+			}
 			if (any && !ix.wordOnly[id] || word) && hasPrefixFold(text, i-1, ix.words[id]) {
 				if int(id) < len(ix.keep) && ix.keep[id] != nil && !ix.keep[id](text, i-1) {
 					continue

@@ -413,7 +413,9 @@ func (s *Scanner) state() *scanState {
 	if st, ok := s.states.Get().(*scanState); ok {
 		return st
 	}
-	return &scanState{}
+	// Non-nil buffers: normaliseInto keeps (and returns for reuse) only
+	// buffers it was given.
+	return &scanState{view: []byte{}, marks: []viewMark{}}
 }
 
 // scan is Scan at nesting depth depth (values inside encodings).
@@ -443,8 +445,8 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
 		}
 	}
-	if cap(st.view) > 4<<20 {
-		st.view, st.marks = nil, nil // keep the pool small after a huge text
+	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 {
+		st.view, st.marks = []byte{}, []viewMark{} // keep the pool small after a huge text
 	}
 	s.states.Put(st)
 	return s.resolve(cand)
@@ -578,15 +580,24 @@ func (s *Scanner) resolve(cand []Finding) []Finding {
 	if len(cand) <= 1 {
 		return cand
 	}
-	sort.SliceStable(cand, func(i, j int) bool {
-		a, b := cand[i], cand[j]
-		if la, lb := a.End-a.Start, b.End-b.Start; la != lb {
-			return la > lb
+	// The order: longer first, then the type's priority, then earlier,
+	// then as detected (a stable sort's order). Each candidate's key is
+	// computed once (the priority is a map look-up), then sorted as
+	// integers.
+	keys := make([]resolveKey, len(cand))
+	for i, f := range cand {
+		keys[i] = resolveKey{length: f.End - f.Start, prio: s.prio[f.Type], start: f.Start, idx: i}
+	}
+	slices.SortFunc(keys, func(a, b resolveKey) int {
+		switch {
+		case a.length != b.length:
+			return b.length - a.length
+		case a.prio != b.prio:
+			return a.prio - b.prio
+		case a.start != b.start:
+			return a.start - b.start
 		}
-		if pa, pb := s.prio[a.Type], s.prio[b.Type]; pa != pb {
-			return pa < pb
-		}
-		return a.Start < b.Start
+		return a.idx - b.idx
 	})
 	// Longest first, keep a finding when none of its bytes is taken; a
 	// bitmap of taken bytes makes each test proportional to the finding.
@@ -596,7 +607,8 @@ func (s *Scanner) resolve(cand []Finding) []Finding {
 	}
 	taken := make([]uint64, end/64+1)
 	out := make([]Finding, 0, len(cand))
-	for _, f := range cand {
+	for _, key := range keys {
+		f := cand[key.idx]
 		if rangeTaken(taken, f.Start, f.End) {
 			continue
 		}
@@ -605,6 +617,10 @@ func (s *Scanner) resolve(cand []Finding) []Finding {
 		}
 		out = append(out, f)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Start < out[j].Start })
+	// Kept findings do not overlap, so their starts differ.
+	slices.SortFunc(out, func(a, b Finding) int { return a.Start - b.Start })
 	return out
 }
+
+// resolveKey is a candidate's place in resolve's order.
+type resolveKey struct{ length, prio, start, idx int }

@@ -35,9 +35,12 @@ type secretRule struct {
 	required   []string       // literals every match contains after its start
 	lineTarget bool           // an allowlist of the rule looks at the whole line
 	// window, for unbounded rules that have one, returns where a match
-	// starting at p must end by (see pemWindowGitleaks), so the rule runs
+	// starting at p must end by (see pemWindowBlock), so the rule runs
 	// on a bounded input.
 	window func(text string, p int) int
+	// privateKey: gitleaks' private-key rule, matched by hand
+	// (matchPrivateKeyGitleaks).
+	privateKey bool
 	orig   string // the pattern before the speed-ups (for tests)
 }
 
@@ -288,8 +291,8 @@ func (d *secretDetector) anchorAtStart(r *secretRule, src string) {
 	}
 	switch {
 	case r.start == nil || r.width >= 0:
-	case r.id == "private-key":
-		r.window = pemWindowGitleaks
+	case r.id == "private-key" && r.orig == privateKeyGitleaks:
+		r.privateKey = true
 	case r.hand && r.subtype == "private_key" && strings.Contains(src, "-----END"):
 		r.window = pemWindowBlock
 	case r.hand && r.subtype == "private_key":
@@ -366,39 +369,16 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 // with the result it has on text[p:]. The header "-----BEGIN[ A-Z0-9_-]{0,100}
 // PRIVATE KEY( BLOCK)?-----" ends at most pemHeaderMax bytes after p.
 //
-//   - gitleaks' private-key: the lazy body of at least 64 bytes ends at the
-//     first "KEY-----" or "KEY BLOCK-----" (any case) that the chosen
-//     header leaves room for; every header choice does for a landmark at
-//     or after p + pemHeaderMax + 64. The window ends after the first such
-//     landmark, or 14 bytes past that point when there is none.
+//   - gitleaks' private-key is matched by hand (pemmatch.go).
 //   - Molly's complete block: the lazy body ends at the first "-----END"
 //     line that completes ("-----END", up to 100 of [ A-Z0-9_-], "PRIVATE
 //     KEY", " BLOCK"?, "-----"), within pemHeaderMax bytes of its dashes.
-//   - Molly's cut block: the header, then white space and base64 only; the
-//     match cannot pass the first byte that is neither (header bytes
-//     allowed up to pemHeaderMax).
+//   - Molly's cut block: each header that can end the "BEGIN" line (a
+//     "PRIVATE KEY-----" or "PRIVATE KEY BLOCK-----" reached through at
+//     most 100 header bytes) must be followed by white space and a run of
+//     16 base64 bytes; the match cannot pass the first byte after it that
+//     is neither white space nor base64. No such header: no match.
 const pemHeaderMax = 10 + 100 + 11 + 6 + 5
-
-func pemWindowGitleaks(text string, p int) int {
-	from := p + pemHeaderMax + 64
-	if from >= len(text) {
-		return len(text)
-	}
-	for k := from; ; {
-		i := indexFold(text[k:], "key")
-		if i < 0 {
-			return min(len(text), from+14)
-		}
-		q := k + i + 3
-		if strings.HasPrefix(text[q:], "-----") {
-			return q + 5
-		}
-		if hasPrefixFold(text, q, " block-----") {
-			return q + 11
-		}
-		k = q
-	}
-}
 
 func isPEMHeaderByte(c byte) bool {
 	return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-'
@@ -427,29 +407,51 @@ func pemWindowBlock(text string, p int) int {
 }
 
 func pemWindowCut(text string, p int) int {
-	h := min(len(text), p+pemHeaderMax)
-	k := p + 10
-	for k < h && (isPEMHeaderByte(text[k]) || isAlnum(text[k]) || text[k] == '+' || text[k] == '/' || text[k] == '=' || isSpaceByte(text[k])) {
+	end := p
+	for j := p + 10; j < len(text) && j-(p+10) <= 100; j++ {
+		if text[j] == 'P' && strings.HasPrefix(text[j:], "PRIVATE KEY") {
+			e := j + len("PRIVATE KEY")
+			switch {
+			case strings.HasPrefix(text[e:], "-----"):
+				e += len("-----")
+			case strings.HasPrefix(text[e:], " BLOCK-----"):
+				e += len(" BLOCK-----")
+			default:
+				e = -1
+			}
+			if e >= 0 {
+				end = max(end, pemCutBody(text, e))
+			}
+		}
+		if !isPEMHeaderByte(text[j]) {
+			break
+		}
+	}
+	return end
+}
+
+// pemCutBody returns, for a header ending at e, one past the first byte
+// a cut block's body (white space, then 16 or more base64 bytes, repeated)
+// cannot reach, or e when no body follows.
+func pemCutBody(text string, e int) int {
+	k := e
+	for k < len(text) && isSpaceByte(text[k]) {
 		k++
 	}
-	if k == h {
-		for k < len(text) && (isAlnum(text[k]) || text[k] == '+' || text[k] == '/' || text[k] == '=' || isSpaceByte(text[k])) {
-			k++
-		}
+	run := k
+	for run < len(text) && isBase64Byte(text[run]) {
+		run++
 	}
-	// The body needs a run of 16 base64 bytes.
-	run := 0
-	for q := p + 10; q < k; q++ {
-		if c := text[q]; isAlnum(c) || c == '+' || c == '/' || c == '=' {
-			if run++; run >= 16 {
-				return min(len(text), k+1)
-			}
-		} else {
-			run = 0
-		}
+	if run-k < 16 {
+		return e
 	}
-	return p
+	for run < len(text) && (isBase64Byte(text[run]) || isSpaceByte(text[run])) {
+		run++
+	}
+	return min(len(text), run+1)
 }
+
+func isBase64Byte(c byte) bool { return isAlnum(c) || c == '+' || c == '/' || c == '=' }
 
 // indexFold is strings.Index for a lower-case ASCII needle, ASCII
 // case-insensitively.
@@ -489,6 +491,53 @@ func secretRunAfter(text string, o, need int) bool {
 				return true
 			}
 		}
+	}
+	return false
+}
+
+// runScan is secretRunAfter for the hits of one text, which come in
+// increasing order: it remembers the last run of bytes that are neither
+// white space nor quotes it measured, so that a flood of one long run
+// ("key=key=…") is read once, not once per hit.
+type runScan struct {
+	from, next int // text[from:next] holds no break byte; next is one or len(text)
+	valid      bool
+}
+
+func isRunBreak(c byte) bool {
+	switch c {
+	case ' ', '\t', '\n', '\r', '\f', '\v', '\'', '"', '`':
+		return true
+	}
+	return false
+}
+
+// nextBreak returns the first break byte at or after x (len(text) if none).
+func (rs *runScan) nextBreak(text string, x int) int {
+	if rs.valid && x >= rs.from && x <= rs.next {
+		return rs.next
+	}
+	k := x
+	for k < len(text) && !isRunBreak(text[k]) {
+		if rs.valid && k == rs.from {
+			k = rs.next // the remembered run goes on to its break
+			break
+		}
+		k++
+	}
+	rs.from, rs.next, rs.valid = x, k, true
+	return k
+}
+
+// runAfter is secretRunAfter(text, o, need): a run of need bytes without
+// a break starts within the ten bytes after o.
+func (rs *runScan) runAfter(text string, o, need int) bool {
+	for s := o + 1; s <= o+10 && s < len(text); {
+		nb := rs.nextBreak(text, s)
+		if nb-s >= need {
+			return true
+		}
+		s = nb + 1
 	}
 	return false
 }
@@ -561,9 +610,12 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 		}
 		conds = append(conds, cond{start: r.start})
 	}
+	if len(conds) == 1 {
+		return conds[0].start.admits
+	}
 	return func(text string, p int) bool {
 		for _, c := range conds {
-			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec) {
+			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec, nil) {
 				return true
 			}
 		}
@@ -573,12 +625,16 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 
 // assignmentNear reports whether an assignment operator byte follows the
 // keyword hit at p within n bytes, with only identifier, space and quote
-// bytes between: the shape every semi-generic match has.
-func assignmentNear(text string, p, n, minSec int) bool {
+// bytes between: the shape every semi-generic match has. runs, when not
+// nil, remembers the runs it read for later hits of the same text.
+func assignmentNear(text string, p, n, minSec int, runs *runScan) bool {
 	e := min(len(text), p+n)
 	for k := p + 1; k < e; k++ {
 		switch c := text[k]; {
 		case c == '=' || c == '>' || c == ':' || c == '|' || c == '?' || c == ',':
+			if runs != nil {
+				return runs.runAfter(text, k, minSec)
+			}
 			return secretRunAfter(text, k, minSec)
 		case isAlnum(c) || c == '_' || c == '.' || c == '-' || c == '\'' || c == '"' || isSpaceByte(c):
 		default:
@@ -658,14 +714,23 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
 	var reach reachScan
+	var runs runScan
 	// The last occurrence of each literal the rule needs: a hit after it
 	// cannot start a match.
 	limit := len(text)
 	for _, l := range r.required {
 		if l[0] == 0 {
 			limit = min(limit, lastIndexFold(text, l[1:]))
+		} else if strings.Index(text, l) < 0 { // forward search is vectorised; a miss costs little
+			limit = -1
 		} else {
 			limit = min(limit, strings.LastIndex(text, l))
+		}
+	}
+	landmark := -1
+	if r.privateKey {
+		if landmark = lastPrivateKeyLandmark(text); landmark < 0 {
+			return dst // no match can end anywhere
 		}
 	}
 	for _, h := range hits {
@@ -679,7 +744,7 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if r.leadB && wordASCII(before(text, p)) == wordASCII(at(text, p)) {
 			continue
 		}
-		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec) {
+		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec, &runs) {
 			continue
 		}
 		if r.generic && !reach.admits(text, p, r.assign) {
@@ -701,6 +766,10 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			if r.width >= 0 {
 				e = min(len(text), p+r.width+1)
 				m = r.anchored.FindStringSubmatchIndex(text[p:e])
+			} else if r.privateKey {
+				if end := matchPrivateKeyGitleaks(text, p, landmark); end >= 0 {
+					m = []int{0, end - p}
+				}
 			} else if r.window != nil {
 				m = r.anchored.FindStringSubmatchIndex(text[p:min(len(text), r.window(text, p))])
 			} else {

@@ -107,7 +107,22 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 		strings.Repeat("-----BEGIN RSA PRIVATE KEY-----\n", 100), strings.Repeat("-----BEGIN RSA PRIVATE KEY\n", 100),
 		"-----BEGIN RSA PRIVATE KEY-----\n"+strings.Repeat(keyPEMBody+"\n", 40)+"-----END CERTIFICATE-----\n-----BEGIN EC PRIVATE KEY-----\n"+keyPEMBody+"\n-----END EC PRIVATE KEY-----",
 		"x -----BEGIN OPENSSH PRIVATE KEY BLOCK-----\n"+strings.Repeat(keyPEMBody+"\n", 30)+"-----END OPENSSH PRIVATE KEY BLOCK----- y",
-		"-----begin private key-----"+strings.Repeat("a", 300)+"KEY BLOCK----- and -----BEGIN PRIVATE KEY----- "+keyPEMBody+" key-----")
+		"-----begin private key-----"+strings.Repeat("a", 300)+"KEY BLOCK----- and -----BEGIN PRIVATE KEY----- "+keyPEMBody+" key-----",
+		// Header choices: two possible ends on one line, the BLOCK form, a
+		// short first body run, a header of 100 bytes and of 101, lower
+		// case and non-ASCII header bytes (gitleaks' rule is (?i)), bodies
+		// that end at the next header.
+		"-----BEGIN A PRIVATE KEY-----B PRIVATE KEY----- "+keyPEMBody+"\n",
+		"-----BEGIN A PRIVATE KEY-----x PRIVATE KEY----- "+keyPEMBody,
+		"-----BEGIN RSA PRIVATE KEY BLOCK-----\n"+keyPEMBody+"\n"+keyPEMBody,
+		"-----BEGIN RSA PRIVATE KEY-----\nabc "+keyPEMBody,
+		"-----BEGIN "+strings.Repeat("X", 89)+"PRIVATE KEY-----\n"+keyPEMBody,
+		"-----BEGIN "+strings.Repeat("X", 90)+"PRIVATE KEY-----\n"+keyPEMBody,
+		"-----begin rsa private key-----\n"+strings.Repeat("a", 70)+"key-----",
+		"-----BEGIN \u017fSA PRIVATE KEY-----"+strings.Repeat("b", 64)+"KEY-----",
+		strings.Repeat("-----BEGIN RSA PRIVATE KEY-----\n"+keyPEMBody[:40]+"\n", 20),
+		strings.Repeat("-----BEGIN RSA PRIVATE KEY----- x\n", 20),
+		"-----BEGIN RSA PRIVATE \u212aEY-----"+strings.Repeat("c", 64)+"\u212aEY-----")
 	total := 0
 	for _, text := range texts {
 		got := sortFindings(fastSecrets(s, text))
@@ -121,4 +136,36 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 		t.Errorf("only %d findings in all texts: the comparison proves little", total)
 	}
 	t.Logf("%d texts, %d findings, fast and plain agree", len(texts), total)
+}
+
+// TestRunScanIsSecretRunAfter checks the remembering form of the secret-run
+// test against the plain one, on random texts of run and break bytes, with
+// queries in increasing order (as hits come) and in any order.
+func TestRunScanIsSecretRunAfter(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 5))
+	for range 2000 {
+		n := 1 + r.IntN(80)
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = "aaaab=:' \"\n`"[r.IntN(12)]
+		}
+		text := string(b)
+		var rs runScan
+		sorted := r.IntN(2) == 0
+		o := 0
+		for range 30 {
+			if sorted {
+				o += r.IntN(4)
+			} else {
+				o = r.IntN(n + 2)
+			}
+			if o >= n {
+				break
+			}
+			need := 1 + r.IntN(14)
+			if got, want := rs.runAfter(text, o, need), secretRunAfter(text, o, need); got != want {
+				t.Fatalf("runAfter(%q, %d, %d) = %v, want %v", text, o, need, got, want)
+			}
+		}
+	}
 }

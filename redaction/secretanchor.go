@@ -21,6 +21,11 @@ type altStart struct {
 	fold bool
 	cls  []rune // ranges of the class after the prefix (pairs); nil = no class check
 	min  int
+	// ascii is cls on ASCII bytes as a bitmap; high whether a byte of
+	// 0x80 or more may be in it (a multi-byte rune of the class, or the
+	// replacement character an invalid byte decodes to).
+	ascii [2]uint64
+	high  bool
 }
 
 // newStartFilter analyses src and returns a filter when every match of src
@@ -48,6 +53,12 @@ func newStartFilter(src string, keywords []string) (*startFilter, bool) {
 		if !hit {
 			return nil, false
 		}
+		for c := range rune(0x80) {
+			if inRanges(c, a.cls) {
+				a.ascii[c>>6] |= 1 << (c & 63)
+			}
+		}
+		a.high = inRanges(unicode.ReplacementChar, a.cls) || len(a.cls) > 0 && a.cls[len(a.cls)-1] >= 0x80
 		f.alts = append(f.alts, a)
 	}
 	return &f, len(f.alts) > 0
@@ -172,12 +183,12 @@ func (f *startFilter) admits(text string, p int) bool {
 		}
 		ok := true
 		for k := 0; k < a.min && ok; k++ {
-			c := rune(text[p+len(a.lit)+k])
+			c := text[p+len(a.lit)+k]
 			if c >= 0x80 {
-				ok = inRanges(unicode.ReplacementChar, a.cls) || len(a.cls) > 0 && a.cls[len(a.cls)-1] >= 0x80
+				ok = a.high
 				continue
 			}
-			ok = inRanges(c, a.cls)
+			ok = a.ascii[c>>6]>>(c&63)&1 != 0
 		}
 		if ok {
 			return true
@@ -301,7 +312,9 @@ func maxWidth(n *syntax.Regexp) int {
 // match of src contains after its start (the top-level concatenation's
 // literal elements past the first), e.g. "-----END" of a PEM block, in
 // lower case with a "\x00" prefix when the literal is case-insensitive: a
-// rule cannot match at p when one of them does not occur after p.
+// rule cannot match at p when one of them does not occur after p. A
+// case-insensitive literal with a k or an s is left out: (?i) also
+// matches those with U+212A and U+017F, which an ASCII search misses.
 func requiredLiterals(src string) []string {
 	re, err := syntax.Parse(src, syntax.Perl)
 	if err != nil {
@@ -321,7 +334,11 @@ func requiredLiterals(src string) []string {
 		}
 		lit := string(s.Rune)
 		if s.Flags&syntax.FoldCase != 0 {
-			lit = "\x00" + strings.ToLower(lit)
+			lit = strings.ToLower(lit)
+			if strings.ContainsAny(lit, "ks") {
+				continue
+			}
+			lit = "\x00" + lit
 		}
 		out = append(out, lit)
 	}

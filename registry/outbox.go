@@ -331,10 +331,14 @@ func (d *Deliverer) claim(n int) ([]claimed, time.Time, error) {
 		if err := d.r.lock(ctx, tx, "outbox/"+d.sink); err != nil { // one claimant at a time
 			return err
 		}
+		// Both queries walk the index outbox_due in its order and stop at
+		// LIMIT, so a claim costs the batch, not the backlog (an ORDER BY
+		// beyond the index, or an aggregate over every pending row, made
+		// each claim O(pending) and a sustained backlog quadratic).
 		rows, err := tx.QueryContext(ctx, `UPDATE outbox SET claim_until = ?
 			WHERE sink = ? AND record_id IN (SELECT record_id FROM outbox
 				WHERE sink = ? AND state = 'pending' AND next_at <= ? AND claim_until <= ?
-				ORDER BY next_at, record_id LIMIT ?)
+				ORDER BY next_at LIMIT ?)
 			RETURNING record_id, attempts`, now+d.opts.Claim.Milliseconds(), d.sink, d.sink, now, now, n)
 		if err != nil {
 			return err
@@ -350,8 +354,15 @@ func (d *Deliverer) claim(n int) ([]claimed, time.Time, error) {
 		if err := rows.Close(); err != nil {
 			return err
 		}
-		return tx.QueryRowContext(ctx, `SELECT MIN(CASE WHEN claim_until > next_at THEN claim_until ELSE next_at END)
-			FROM outbox WHERE sink = ? AND state = 'pending'`, d.sink).Scan(&next)
+		// The next unclaimed row to come due; a claimed one is its
+		// deliverer's until it finishes (which wakes this loop) or its claim
+		// lapses (the next poll sees it).
+		err = tx.QueryRowContext(ctx, `SELECT next_at FROM outbox
+			WHERE sink = ? AND state = 'pending' AND claim_until <= ? ORDER BY next_at LIMIT 1`, d.sink, now).Scan(&next)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
 	})
 	if err != nil {
 		return nil, time.Time{}, err

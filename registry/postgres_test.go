@@ -35,6 +35,7 @@ func TestPostgres(t *testing.T) {
 		{"RateLimits", TestRateLimits},
 		{"TokenWindowSurvivesRestart", TestTokenWindowSurvivesRestart},
 		{"RecordIDsAreAssignedPerDecisionInTheTransaction", TestRecordIDsAreAssignedPerDecisionInTheTransaction},
+		{"ConcurrentRecordsAreEachCommittedWithTheirCountersAndOutbox", TestConcurrentRecordsAreEachCommittedWithTheirCountersAndOutbox},
 		{"TheSpendCounterEqualsTheLedgerPerPeriod", TestTheSpendCounterEqualsTheLedgerPerPeriod},
 		{"TheRPMWindowSurvivesReopen", TestTheRPMWindowSurvivesReopen},
 		{"TwoHandlesOnOneFileCannotOvershootTogether", TestTwoHandlesOnOneFileCannotOvershootTogether},

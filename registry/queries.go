@@ -3,9 +3,22 @@ package registry
 // The statements of the request path, prepared once per handle at Open
 // (Registry.stmt): auth, admission, recording, release.
 const (
-	qMemberPeriod = `SELECT period, period_start FROM members WHERE name = ?`
-	qInsertUsage  = `INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	// qInsertUsage appends a record of a decision (arguments: the decision
+	// id three times, the member, the decision id, the other columns, the
+	// member twice): its record id is the decision id for the decision's
+	// first record, <decision id>:<n> for its n-th (the count of its
+	// records, read in the same statement); it returns the record id and
+	// the member's period and anchor (NULL for a member without a row: no
+	// period). VALUES with scalar subqueries, not INSERT … SELECT: SQLite
+	// copies a SELECT from the table being written into a temporary table.
+	qInsertUsage = `INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts)
+			VALUES ((SELECT CASE WHEN COUNT(*) = 0 THEN ? ELSE ? || ':' || (COUNT(*) + 1) END FROM usage WHERE decision_id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			RETURNING record_id, (SELECT period FROM members WHERE name = ?), (SELECT period_start FROM members WHERE name = ?)`
+	// qInsertUsageNumbered appends a record without a decision id, numbered
+	// usage-<n> after the ledger's last row, returning as qInsertUsage.
+	qInsertUsageNumbered = `INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts)
+			VALUES ('usage-' || (SELECT COALESCE(MAX(id), 0) + 1 FROM usage), ?, '', ?, ?, ?, ?, ?, ?, ?, ?)
+			RETURNING record_id, (SELECT period FROM members WHERE name = ?), (SELECT period_start FROM members WHERE name = ?)`
 	qAddSpend = `INSERT INTO spend (member, period_start, spent_nusd, prompt_tokens, completion_tokens, records)
 			VALUES (?, ?, ?, ?, ?, 1)
 			ON CONFLICT (member, period_start) DO UPDATE SET spent_nusd = spend.spent_nusd + excluded.spent_nusd,
@@ -15,15 +28,16 @@ const (
 				nusd = CASE WHEN nusd > ? THEN nusd - ? ELSE 0 END,
 				tokens = CASE WHEN tokens > ? THEN tokens - ? ELSE 0 END
 				WHERE id = ?`
-	qQueue           = `INSERT INTO outbox (sink, record_id, next_at, created) SELECT name, ?, ?, ? FROM outbox_sinks`
-	qNextID          = `SELECT COALESCE(MAX(id), 0) + 1 FROM usage`
-	qDecisionRecords = `SELECT COUNT(*) FROM usage WHERE decision_id = ?`
-	qExpire          = `DELETE FROM reservations WHERE expires <= ?`
-	qReserve         = `INSERT INTO reservations (member, nusd, tokens, owner, created, expires)
+	qQueue  = `INSERT INTO outbox (sink, record_id, next_at, created) SELECT name, ?, ?, ? FROM outbox_sinks`
+	qExpire = `DELETE FROM reservations WHERE expires <= ?`
+	// qReserve: the CASTs because PostgreSQL types a parameter compared
+	// with the literal 0 as integer (int4: pgx's exec mode sends no
+	// parameter types), which a budget over 2.1 USD in nano-USD overflows.
+	qReserve = `INSERT INTO reservations (member, nusd, tokens, owner, created, expires)
 			SELECT ?, ?, ?, ?, ?, ?
-			WHERE (? = 0 OR COALESCE((SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?), 0)
+			WHERE (CAST(? AS BIGINT) = 0 OR COALESCE((SELECT spent_nusd FROM spend WHERE member = ? AND period_start = ?), 0)
 					+ COALESCE((SELECT SUM(nusd) FROM reservations WHERE member = ?), 0) + ? <= ?)
-			  AND (? = 0 OR COALESCE((SELECT SUM(prompt_tokens + completion_tokens) FROM usage WHERE member = ? AND ts > ?), 0)
+			  AND (CAST(? AS BIGINT) = 0 OR COALESCE((SELECT SUM(prompt_tokens + completion_tokens) FROM usage WHERE member = ? AND ts > ?), 0)
 					+ COALESCE((SELECT SUM(tokens) FROM reservations WHERE member = ?), 0) + ? <= ?)
 			RETURNING id`
 	qRelease     = `DELETE FROM reservations WHERE id = ?`
@@ -41,5 +55,5 @@ var preparedQueries = []string{
 	lookupQuery, memberQuery, spentQuery, // auth
 	qRPMPrune, qRPMCount, qRPMOldest, qRPMAdmit, qTokenWindow, // Admit
 	qExpire, qReserve, qRelease, // Reserve, Release
-	qMemberPeriod, qNextID, qDecisionRecords, qInsertUsage, qAddSpend, qSettle, qQueue, // Record
+	qInsertUsage, qInsertUsageNumbered, qAddSpend, qSettle, qQueue, // Record
 }

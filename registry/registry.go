@@ -81,6 +81,8 @@ type Registry struct {
 
 	stmts map[string]*sql.Stmt // preparedQueries, prepared at Open; read-only after
 
+	group groupCommit // Record's group commit (SQLite)
+
 	wakeMu sync.Mutex
 	wake   map[chan struct{}]struct{} // deliverers to nudge after a record commits
 

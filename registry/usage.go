@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -48,16 +47,30 @@ type Usage struct {
 // u.Time, settles u.Reservation, and queues the record in the outbox of
 // every registered sink (RegisterSink). Its tokens count towards the
 // member's TPM window from u.Time. Errors: ErrInvalid for a usage without a
-// member or with negative numbers; database errors (nothing is recorded).
+// member or with negative numbers; ctx's error when ctx ends before the
+// record joins a commit (nothing is recorded); database errors (nothing is
+// recorded).
+//
+// On SQLite, records of concurrent callers are group-committed (commit.go):
+// the records waiting at the moment a transaction begins share it, and each
+// caller returns once the commit that includes its record is done. A record
+// that has joined a commit is waited for even when ctx ends meanwhile, so
+// an error always means that nothing was recorded. On PostgreSQL every
+// record is its own transaction under its member's advisory lock.
 func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 	if u.Member == "" || u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CostUSD < 0 {
 		return "", fmt.Errorf("usage for %q: member, non-negative tokens and cost are required: %w", u.Member, ErrInvalid)
 	}
-	est := 0
-	if u.Estimated {
-		est = 1
+	if r.pg {
+		return r.recordAlone(ctx, u)
 	}
-	cost := nusd(u.CostUSD)
+	return r.group.record(ctx, r, u)
+}
+
+// recordAlone records u in a transaction of its own, under the member's
+// advisory lock (and the record-numbering one without a decision id) on
+// PostgreSQL.
+func (r *Registry) recordAlone(ctx context.Context, u Usage) (string, error) {
 	var id string
 	err := r.txq(ctx, func(tx q) error {
 		if err := tx.lock(memberLock(u.Member)); err != nil {
@@ -68,39 +81,8 @@ func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 				return err
 			}
 		}
-		// The clock is read under the write lock, so that records and
-		// admissions of every process see time in their commit order.
-		commit := r.now()
-		if u.Time.Before(commit) {
-			u.Time = commit
-		}
-		at, now := ms(u.Time), ms(commit)
-		var m Member
-		var anchor int64
-		err := tx.row(qMemberPeriod, u.Member).Scan(&m.Period, &anchor)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		m.PeriodStart = fromMS(anchor)
-		start := periodKey(&m, u.Time)
-		if id, err = nextRecordID(tx, u.DecisionID); err != nil {
-			return err
-		}
-		if _, err := tx.exec(qInsertUsage,
-			id, u.Member, u.DecisionID, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, cost, at); err != nil {
-			return err
-		}
-		if _, err := tx.exec(qAddSpend,
-			u.Member, start, cost, u.PromptTokens, u.CompletionTokens); err != nil {
-			return err
-		}
-		if u.Reservation != 0 {
-			tokens := int64(u.PromptTokens) + int64(u.CompletionTokens)
-			if _, err := tx.exec(qSettle, cost, cost, tokens, tokens, u.Reservation); err != nil {
-				return err
-			}
-		}
-		_, err = tx.exec(qQueue, id, now, now)
+		var err error
+		id, err = r.recordIn(tx, u)
 		return err
 	})
 	if err != nil {
@@ -110,25 +92,56 @@ func (r *Registry) Record(ctx context.Context, u Usage) (string, error) {
 	return id, nil
 }
 
-// nextRecordID is the id of the next record of decision, inside the
-// recording transaction (which holds the write lock, so no other process
-// can take the same one): decision for the first, decision:n for the n-th.
-func nextRecordID(tx q, decision string) (string, error) {
-	if decision == "" {
-		var next int64
-		if err := tx.row(qNextID).Scan(&next); err != nil {
-			return "", err
-		}
-		return "usage-" + strconv.FormatInt(next, 10), nil
+// recordIn writes u inside tx, which holds the write lock (and, on
+// PostgreSQL, the advisory locks): three statements, four with a
+// reservation. The usage row's insert numbers the record (Usage.RecordID's
+// scheme, read in the same statement) and returns the member's period, so
+// that the spend counter of the period holding u.Time is the one charged;
+// then the spend counter, the settlement, the outbox rows.
+func (r *Registry) recordIn(tx q, u Usage) (string, error) {
+	est := 0
+	if u.Estimated {
+		est = 1
 	}
-	var n int
-	if err := tx.row(qDecisionRecords, decision).Scan(&n); err != nil {
+	cost := nusd(u.CostUSD)
+	// The clock is read under the write lock, so that records and
+	// admissions of every process see time in their commit order.
+	commit := r.now()
+	if u.Time.Before(commit) {
+		u.Time = commit
+	}
+	at, now := ms(u.Time), ms(commit)
+	var id string
+	var m Member
+	var period sql.NullString
+	var anchor sql.NullInt64
+	var row scanner
+	if u.DecisionID == "" {
+		row = tx.row(qInsertUsageNumbered,
+			u.Member, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, cost, at, u.Member, u.Member)
+	} else {
+		row = tx.row(qInsertUsage,
+			u.DecisionID, u.DecisionID, u.DecisionID, u.Member, u.DecisionID, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, cost, at,
+			u.Member, u.Member)
+	}
+	if err := row.Scan(&id, &period, &anchor); err != nil {
 		return "", err
 	}
-	if n == 0 {
-		return decision, nil
+	m.Period, m.PeriodStart = period.String, fromMS(anchor.Int64)
+	if _, err := tx.exec(qAddSpend,
+		u.Member, periodKey(&m, u.Time), cost, u.PromptTokens, u.CompletionTokens); err != nil {
+		return "", err
 	}
-	return decision + ":" + strconv.Itoa(n+1), nil
+	if u.Reservation != 0 {
+		tokens := int64(u.PromptTokens) + int64(u.CompletionTokens)
+		if _, err := tx.exec(qSettle, cost, cost, tokens, tokens, u.Reservation); err != nil {
+			return "", err
+		}
+	}
+	if _, err := tx.exec(qQueue, id, now, now); err != nil {
+		return "", err
+	}
+	return id, nil
 }
 
 // Remaining returns m's budget left in the current period in USD (≤ 0 when

@@ -81,8 +81,9 @@ type chatResponse struct {
 			TokenLogprobs []float64 `json:"token_logprobs"`
 		} `json:"logprobs"`
 	} `json:"choices"`
-	Usage *Usage `json:"usage"`
-	Error *struct {
+	Usage             *Usage `json:"usage"`
+	SystemFingerprint string `json:"system_fingerprint"`
+	Error             *struct {
 		Message string  `json:"message"`
 		Type    string  `json:"type"`
 		Param   *string `json:"param"`

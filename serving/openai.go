@@ -89,6 +89,8 @@ func classify(err error) *apiError {
 		return &apiError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found", err.Error()}
 	case errors.Is(err, ErrAdapterRefused):
 		return &apiError{http.StatusBadRequest, "invalid_request_error", "model", "adapter_refused", err.Error()}
+	case errors.Is(err, ErrMemoryBudget):
+		return &apiError{http.StatusBadRequest, "invalid_request_error", "max_tokens", "context_length_exceeded", err.Error()}
 	case errors.Is(err, ErrClosed):
 		return &apiError{http.StatusServiceUnavailable, "server_error", "", "engine_closed", err.Error()}
 	}
@@ -101,10 +103,11 @@ func (e *Engine) serveModels(w http.ResponseWriter) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
+		Version string `json:"version,omitempty"` // Molly: the content version serving this name
 	}
 	var data []model
-	for _, name := range e.Models() {
-		data = append(data, model{ID: name, Object: "model", Created: 0, OwnedBy: "molly"})
+	for _, m := range e.ModelVersions() {
+		data = append(data, model{ID: m.ID, Object: "model", Created: m.Created, OwnedBy: "molly", Version: m.Version})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
@@ -399,7 +402,11 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	clp := make([][]wireContentLogprob, req.N)
 	llp := make([]wireLegacyLogprobs, req.N)
 	offs := make([]int, req.N)
+	var fingerprint any // the adapter version that answered
 	usage, err := e.Generate(r.Context(), req, func(ev Event) error {
+		if ev.Version != "" {
+			fingerprint = ev.Version
+		}
 		texts[ev.Index].WriteString(ev.Text)
 		if ev.Finish != "" {
 			finish[ev.Index] = ev.Finish
@@ -440,7 +447,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{
 		"id": id, "object": object, "created": created, "model": cr.Model,
-		"choices": choices, "usage": usage, "system_fingerprint": nil,
+		"choices": choices, "usage": usage, "system_fingerprint": fingerprint,
 	})
 }
 
@@ -467,8 +474,9 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		_ = rc.Flush()
 		return nil
 	}
+	var fingerprint any // the adapter version, known from the first event
 	chunk := func(choice map[string]any) map[string]any {
-		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{choice}, "system_fingerprint": nil}
+		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{choice}, "system_fingerprint": fingerprint}
 		if includeUsage {
 			m["usage"] = nil
 		}
@@ -483,6 +491,9 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 	}
 	offs := make([]int, req.N)
 	usage, err := e.Generate(ctx, req, func(ev Event) error {
+		if ev.Version != "" {
+			fingerprint = ev.Version
+		}
 		var fin any
 		if ev.Finish != "" {
 			fin = ev.Finish
@@ -515,7 +526,7 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		return
 	}
 	if includeUsage {
-		_ = send(map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": nil})
+		_ = send(map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": fingerprint})
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	_ = rc.Flush()

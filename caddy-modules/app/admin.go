@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
@@ -17,8 +18,9 @@ import (
 )
 
 // ToolsAdmin is the admin API module admin.api.molly_tools, under Caddy's
-// admin endpoint (default localhost:2019): clients call governed tools
-// directly, under the same tool policy and audit as the tool loop.
+// admin endpoint (Molly's default: a Unix socket, mode 0600; see package
+// admin): clients call governed tools directly, under the same tool policy
+// and audit as the tool loop.
 //
 //	GET  /molly/tools          every tool: [{"name", "description", "side_effect", "args_schema", "result_schema"}]
 //	POST /molly/tools/<name>   {"member": "...", "scopes": ["tool:…", "model:…", "tier:…"],
@@ -54,8 +56,8 @@ func (ToolsAdmin) Routes() []caddy.AdminRoute {
 		return serveTools(w, r, cur.pipeline, cur.toolClassifier)
 	}
 	return []caddy.AdminRoute{
-		{Pattern: "/molly/tools", Handler: caddy.AdminHandlerFunc(h)},
-		{Pattern: "/molly/tools/", Handler: caddy.AdminHandlerFunc(h)},
+		{Pattern: "/molly/tools", Handler: admin.Guard(caddy.AdminHandlerFunc(h))},
+		{Pattern: "/molly/tools/", Handler: admin.Guard(caddy.AdminHandlerFunc(h))},
 	}
 }
 

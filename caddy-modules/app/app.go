@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/health"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/observe"
@@ -75,6 +78,10 @@ type App struct {
 	// NoOrchestrator turns orchestration off.
 	Orchestrator   *orchestrate.Config `json:"orchestrator,omitempty"`
 	NoOrchestrator bool                `json:"no_orchestrator,omitempty"`
+	// OutlierDetection is every target's circuit breaking (router/health),
+	// where a target's own outlier_detection leaves a field unset; nil:
+	// health's defaults. Health restarts from closed circuits on a reload.
+	OutlierDetection *health.Config `json:"outlier_detection,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -104,9 +111,14 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "molly", New: func() caddy.Module { return new(App) }}
 }
 
-// Provision compiles the policy and builds the catalogue.
+// Provision checks the admin endpoint, compiles the policy and builds the catalogue.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
+	// `molly validate` binds no admin listener (where admin.Check refuses
+	// a plaintext one), so the app checks the admin block too.
+	if err := admin.CheckContext(ctx); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
 	eng, err := policies.New(ctx, policies.Options{
 		Dir:      a.PolicyDir,
 		Timeout:  time.Duration(a.PolicyTimeout),
@@ -157,11 +169,21 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err := registerUsageMetrics(reg); err != nil {
 			return fmt.Errorf("molly: metrics: %w", err)
 		}
+		if a.engine != nil {
+			if err := reg.Register(a.engine.Collector()); err != nil {
+				if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
+					return fmt.Errorf("molly: engine metrics: %w", err)
+				}
+			}
+		}
 	}
 	a.pipeline = &pipeline.Pipeline{Catalogue: cat, Egress: a.egress, Policy: eng, Weights: w, Logger: a.logger.Named("route"),
 		Priors: a.Priors(), Metrics: meter.DefaultMetrics,
 		Strategies:        route.Config{Cascade: a.Cascade, Mixture: a.Mixture, ToolSteps: a.ToolSteps},
 		FirstEventTimeout: time.Duration(a.FirstEventTimeout), Recorders: a.recorders()}
+	if a.pipeline.Health, err = a.provisionHealth(ctx); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
 	if a.tools, err = a.provisionTools(); err != nil {
 		return fmt.Errorf("molly: tools: %w", err)
 	}
@@ -212,6 +234,11 @@ func (a *App) Validate() error {
 	}
 	if a.Orchestrator != nil {
 		if err := a.Orchestrator.Validate(); err != nil {
+			return fmt.Errorf("molly: %w", err)
+		}
+	}
+	if a.OutlierDetection != nil {
+		if err := a.OutlierDetection.Validate(); err != nil {
 			return fmt.Errorf("molly: %w", err)
 		}
 	}

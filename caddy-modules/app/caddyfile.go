@@ -66,6 +66,7 @@ func init() {
 //			threads <n>
 //			hot_bytes <size>
 //			warm_bytes <size>
+//			memory_bytes <size>
 //			prefix_cache
 //		}
 //		orchestrator off | {
@@ -95,6 +96,17 @@ func init() {
 //			endpoints chat.completions|completions|embeddings...
 //			max_context <tokens>
 //			timeout <duration>
+//			outlier_detection { ... } | off   # as below; unset fields from the global one
+//		}
+//		outlier_detection {               # circuit breaking, for every target (router/health)
+//			consecutive_5xx <n>
+//			interval <duration>
+//			base_ejection_time <duration>
+//			max_ejection_time <duration>
+//			max_ejection_percent <0..100>
+//			failure_percentage_threshold <0..100>
+//			failure_percentage_request_volume <n>
+//			latency_threshold <duration>
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -189,6 +201,12 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if err := parseOrchestrator(d, a); err != nil {
 				return nil, err
 			}
+		case "outlier_detection":
+			c, err := parseOutlierDetection(d)
+			if err != nil {
+				return nil, err
+			}
+			a.OutlierDetection = c
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}
@@ -376,6 +394,11 @@ func parseTarget(d *caddyfile.Dispenser) (*route.Target, error) {
 			var v float64
 			if v, err = floatArg(d); err == nil {
 				t.MaxContext = int(v)
+			}
+		case "outlier_detection":
+			t.OutlierDetection, err = parseOutlierDetection(d)
+			if err != nil {
+				return nil, err
 			}
 		case "quality":
 			args := d.RemainingArgs()
@@ -565,7 +588,7 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			case "threads":
 				c.Threads = n
 			}
-		case "hot_bytes", "warm_bytes":
+		case "hot_bytes", "warm_bytes", "memory_bytes":
 			var s string
 			if !d.AllArgs(&s) {
 				return nil, d.ArgErr()
@@ -574,10 +597,13 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			if err != nil || n == 0 {
 				return nil, d.Errf("molly: engine: %s %q is not a size such as 256MiB", sub, s)
 			}
-			if sub == "hot_bytes" {
+			switch sub {
+			case "hot_bytes":
 				c.HotBytes = int64(n)
-			} else {
+			case "warm_bytes":
 				c.WarmBytes = int64(n)
+			default:
+				c.MemoryBytes = int64(n)
 			}
 		default:
 			return nil, d.Errf("molly: engine: unrecognized subdirective %q", sub)

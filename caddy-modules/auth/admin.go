@@ -10,12 +10,13 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/registry"
 )
 
 // Admin is the admin API module admin.api.molly_keys, under Caddy's admin
-// endpoint (default localhost:2019). It manages the registry of the running
-// molly_auth handler:
+// endpoint (Molly's default: a Unix socket, mode 0600; see package admin).
+// It manages the registry of the running molly_auth handler:
 //
 //	GET    /molly/members             every member (JSON array of registry.Member)
 //	POST   /molly/members             create or update one: {"name", "budget_usd", "period": "day"|"month",
@@ -42,10 +43,10 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 // Routes returns the admin routes.
 func (a Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
-		{Pattern: "/molly/members", Handler: caddy.AdminHandlerFunc(a.members)},
-		{Pattern: "/molly/keys", Handler: caddy.AdminHandlerFunc(a.keys)},
-		{Pattern: "/molly/keys/", Handler: caddy.AdminHandlerFunc(a.key)},
-		{Pattern: "/molly/usage", Handler: caddy.AdminHandlerFunc(a.usage)},
+		{Pattern: "/molly/members", Handler: admin.Guard(caddy.AdminHandlerFunc(a.members))},
+		{Pattern: "/molly/keys", Handler: admin.Guard(caddy.AdminHandlerFunc(a.keys))},
+		{Pattern: "/molly/keys/", Handler: admin.Guard(caddy.AdminHandlerFunc(a.key))},
+		{Pattern: "/molly/usage", Handler: admin.Guard(caddy.AdminHandlerFunc(a.usage))},
 	}
 }
 

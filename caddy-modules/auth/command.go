@@ -1,35 +1,31 @@
 package auth
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/registry"
 )
 
 // The `molly keys` command manages members and keys of a running Molly
 // through the admin API (admin.api.molly_keys), as `caddy reload` does the
 // config: the address comes from --address, else from --config's admin
-// setting, else localhost:2019.
+// setting, else Molly's admin socket (admin.DefaultListen).
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "keys",
 		Short: "Manages members, API keys and budgets of a running Molly (molly keys create|list|revoke|member|usage)",
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.PersistentFlags().String("address", "", "admin API address (default: from --config, else localhost:2019)")
-			cmd.PersistentFlags().StringP("config", "c", "", "config file whose admin address to use")
-			cmd.PersistentFlags().StringP("adapter", "a", "", "name of the config adapter of --config")
+			admin.Flags(cmd)
 
 			create := &cobra.Command{
 				Use:   "create --member <name> [--name <label>]",
@@ -45,7 +41,7 @@ func init() {
 						Key    string `json:"key"`
 						Prefix string `json:"prefix"`
 					}
-					if err := call(c, http.MethodPost, "/molly/keys", map[string]string{"member": member, "name": name}, &out); err != nil {
+					if err := admin.Call(c, http.MethodPost, "/molly/keys", map[string]string{"member": member, "name": name}, &out); err != nil {
 						return err
 					}
 					fmt.Fprintf(os.Stderr, "key %s for %s; store it now, it is not shown again:\n", out.Prefix, member)
@@ -63,7 +59,7 @@ func init() {
 				RunE: func(c *cobra.Command, _ []string) error {
 					member, _ := c.Flags().GetString("member")
 					var keys []registry.Key
-					if err := call(c, http.MethodGet, "/molly/keys?member="+url.QueryEscape(member), nil, &keys); err != nil {
+					if err := admin.Call(c, http.MethodGet, "/molly/keys?member="+url.QueryEscape(member), nil, &keys); err != nil {
 						return err
 					}
 					tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
@@ -88,7 +84,7 @@ func init() {
 					// A whole key is cut to its display prefix here, so the
 					// secret never travels in a URL (the admin endpoint logs URIs).
 					prefix := registry.DisplayPrefix(args[0])
-					if err := call(c, http.MethodDelete, "/molly/keys/"+url.PathEscape(prefix), nil, nil); err != nil {
+					if err := admin.Call(c, http.MethodDelete, "/molly/keys/"+url.PathEscape(prefix), nil, nil); err != nil {
 						return err
 					}
 					fmt.Fprintf(os.Stderr, "revoked %s\n", prefix)
@@ -111,7 +107,7 @@ func init() {
 					m.Tiers, _ = f.GetStringSlice("tiers")
 					m.Tools, _ = f.GetStringSlice("tools")
 					var out registry.Member
-					if err := call(c, http.MethodPost, "/molly/members", m, &out); err != nil {
+					if err := admin.Call(c, http.MethodPost, "/molly/members", m, &out); err != nil {
 						return err
 					}
 					return json.NewEncoder(os.Stdout).Encode(out)
@@ -132,7 +128,7 @@ func init() {
 				RunE: func(c *cobra.Command, _ []string) error {
 					name, _ := c.Flags().GetString("member")
 					var out json.RawMessage
-					if err := call(c, http.MethodGet, "/molly/usage?member="+url.QueryEscape(name), nil, &out); err != nil {
+					if err := admin.Call(c, http.MethodGet, "/molly/usage?member="+url.QueryEscape(name), nil, &out); err != nil {
 						return err
 					}
 					_, err := os.Stdout.Write(append(out, '\n'))
@@ -144,36 +140,4 @@ func init() {
 			cmd.AddCommand(create, list, revoke, member, usage)
 		},
 	})
-}
-
-// call sends one admin API request; body (if any) goes as JSON, and a JSON
-// answer is decoded into out (if not nil).
-func call(c *cobra.Command, method, uri string, body, out any) error {
-	address, _ := c.Flags().GetString("address")
-	config, _ := c.Flags().GetString("config")
-	adapter, _ := c.Flags().GetString("adapter")
-	addr, err := caddycmd.DetermineAdminAPIAddress(address, nil, config, adapter)
-	if err != nil {
-		return fmt.Errorf("finding the admin API: %w", err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, nil, rd)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, strings.SplitN(uri, "?", 2)[0], err)
-	}
-	defer resp.Body.Close()
-	if out == nil {
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("%s %s: decoding the answer: %w", method, uri, err)
-	}
-	return nil
 }

@@ -1,6 +1,7 @@
 package classify
 
 import (
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -30,6 +31,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		hash_key_env <VAR>            # HMAC key of hash mode, from the environment
 //		pattern <TYPE> <regex>        # user-defined type, Go RE2; repeatable
 //		dictionary <TYPE> <word>...   # user-defined type, whole words, any case
+//		body_timeout <duration>|off   # the whole body within this (default 60s), else 408
+//		min_body_rate <size> [<grace>]|off  # bytes per second after grace (default 240B 5s), else 408
 //	}
 func (c *Classify) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -103,6 +106,41 @@ func (c *Classify) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				c.Dictionaries = map[string][]string{}
 			}
 			c.Dictionaries[args[0]] = append(c.Dictionaries[args[0]], args[1:]...)
+		case "body_timeout":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if v == "off" {
+				c.BodyTimeout = -1
+				break
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("molly_classify: body_timeout %q is not a duration such as 60s (or off)", v)
+			}
+			c.BodyTimeout = caddy.Duration(dur)
+		case "min_body_rate":
+			args := d.RemainingArgs()
+			if len(args) == 1 && args[0] == "off" {
+				c.MinBodyRate = -1
+				break
+			}
+			if len(args) < 1 || len(args) > 2 {
+				return d.Err("molly_classify: min_body_rate takes <bytes per second> [<grace period>], e.g. 240B 5s, or off")
+			}
+			n, err := humanize.ParseBytes(args[0])
+			if err != nil || n == 0 {
+				return d.Errf("molly_classify: min_body_rate %q is not a size per second such as 240B or 1KiB", args[0])
+			}
+			c.MinBodyRate = int64(n)
+			if len(args) == 2 {
+				dur, err := caddy.ParseDuration(args[1])
+				if err != nil || dur < 0 {
+					return d.Errf("molly_classify: min_body_rate grace %q is not a duration such as 5s", args[1])
+				}
+				c.MinBodyRateGrace = caddy.Duration(dur)
+			}
 		default:
 			return d.Errf("molly_classify: unrecognized subdirective %q", d.Val())
 		}

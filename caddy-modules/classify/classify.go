@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -59,6 +60,14 @@ type Classify struct {
 	// Dictionaries maps a user-defined entity type to words or phrases
 	// found case-insensitively as whole words, e.g. {"PROJECT": ["Falcon"]}.
 	Dictionaries map[string][]string `json:"dictionaries,omitempty"`
+	// BodyTimeout bounds reading the whole request body; past it the
+	// request gets 408 and the connection is closed. Default 60s; negative: none.
+	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
+	// MinBodyRate is the slowest a body may arrive after MinBodyRateGrace,
+	// in bytes per second (Kestrel's MinRequestBodyDataRate): a body that
+	// falls behind gets 408. Defaults 240 B/s and 5s; negative rate: none.
+	MinBodyRate      int64          `json:"min_body_rate,omitempty"`
+	MinBodyRateGrace caddy.Duration `json:"min_body_rate_grace,omitempty"`
 
 	classifier *classify.Classifier
 	app        *app.App // nil without a molly app: no Responses or Messages API
@@ -82,8 +91,18 @@ const MinHashKeyBytes = 32
 // placeholder, mask or hash, or for a type no detector finds; a
 // hash_key_env variable that is unset or shorter than MinHashKeyBytes.
 func (c *Classify) Provision(ctx caddy.Context) error {
+	c.logger = ctx.Logger()
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = caddy.Duration(DefaultBodyTimeout)
+	}
+	if c.MinBodyRate == 0 {
+		c.MinBodyRate = DefaultMinBodyRate
+	}
+	if c.MinBodyRateGrace == 0 {
+		c.MinBodyRateGrace = caddy.Duration(DefaultMinBodyRateGrace)
 	}
 	scanner, err := redaction.NewScanner(redaction.Config{DefaultRegion: c.PhoneRegion, Types: c.Entities,
 		Patterns: c.Patterns, Dictionaries: c.Dictionaries})
@@ -138,6 +157,9 @@ func (c *Classify) Validate() error {
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("molly_classify: max_body_bytes must be positive")
 	}
+	if c.MinBodyRateGrace < 0 {
+		return fmt.Errorf("molly_classify: min_body_rate's grace period must not be negative")
+	}
 	return nil
 }
 
@@ -164,16 +186,34 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	var body []byte
 	if ep != openai.EndpointModels && r.Body != nil {
 		var err error
-		body, err = readBody(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes), r.ContentLength, c.MaxBodyBytes)
+		body, err = c.readBody(w, r)
 		if err != nil {
 			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
+			switch {
+			case errors.As(err, &tooBig):
 				(&openai.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 					Message: fmt.Sprintf("The request body is larger than the limit of %d bytes.", c.MaxBodyBytes)}).Write(w)
-				return nil
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				w.Header().Set("Connection", "close")
+				(&openai.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+					Message: fmt.Sprintf("The request body did not arrive in time (within %s, and at least %d bytes per second after %s).",
+						time.Duration(c.BodyTimeout), c.MinBodyRate, time.Duration(c.MinBodyRateGrace))}).Write(w)
+			case r.Context().Err() != nil:
+				c.logger.Info("client went away before the policy decided", zap.String("while", "sending its body"))
+				w.WriteHeader(499) // nobody reads this
+			default:
+				(&openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
+					Message: "The request body could not be read: " + err.Error() + "."}).Write(w)
 			}
-			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+			return nil
 		}
+	}
+	if r.Context().Err() != nil {
+		// A client that half-closed or vanished once it sent its body: no
+		// classification, no policy, nothing billed.
+		c.logger.Info("client went away before the policy decided", zap.String("while", "waiting for its answer"))
+		w.WriteHeader(499)
+		return nil
 	}
 	in := classify.Input{Endpoint: ep, Path: r.URL.Path, Body: body,
 		Declared: strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), Residency: strings.Join(r.Header.Values("X-Molly-Residency"), ",")}

@@ -1,6 +1,8 @@
 // Package policy is the Caddy handler http.handlers.molly_policy: it
 // evaluates the molly app's Rego policy on the request annotation and either
-// denies (403 with the reasons) or passes the decision on in the context.
+// denies (403 with the reasons) or passes the decision on in the context. A
+// client that went away before or while the policy ran gets no 403 but
+// 499 client_closed, and is not billed: no upstream saw it.
 package policy
 
 import (
@@ -13,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/policies"
@@ -26,7 +29,8 @@ import (
 // Policy is the molly_policy handler. It has no settings of its own: the
 // policy lives in the molly app (policy_dir) and in Rego.
 type Policy struct {
-	app *app.App
+	app    *app.App
+	logger *zap.Logger
 }
 
 func init() {
@@ -44,6 +48,7 @@ func (Policy) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the molly app.
 func (p *Policy) Provision(ctx caddy.Context) error {
+	p.logger = ctx.Logger()
 	var err error
 	if p.app, err = app.Load(ctx, "molly_policy"); err != nil {
 		return err
@@ -63,11 +68,18 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if ann == nil {
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))
 	}
+	if r.Context().Err() != nil {
+		return p.clientGone(w, ann, "")
+	}
 	_, span := tracing.Start(r.Context(), "molly.policy", trace.SpanKindInternal)
 	d := p.app.Pipeline().Decide(r.Context(), ann, identity.From(r.Context())) // nil identity without molly_auth: "anonymous"
 	dec := d.Decision()
 	endPolicy(span, dec)
 	w.Header().Set(pipeline.HeaderDecisionID, dec.ID())
+	if dec.Code() == policies.CodeClientClosed {
+		// Not a denial: the client left while the policy ran.
+		return p.clientGone(w, ann, dec.ID())
+	}
 	if !dec.Allowed() {
 		p.app.Pipeline().Denied(ann, d, identity.From(r.Context())).Write(w)
 		return nil
@@ -88,6 +100,16 @@ func endPolicy(span trace.Span, dec *policies.Decision) {
 		tracing.Fail(span, dec.Code(), "denied: "+dec.Code())
 	}
 	span.End()
+}
+
+// clientGone answers a client that went away before any upstream saw its
+// request: nothing is billed, the log says so, and the request counts as
+// client_closed (499, nginx's "client closed request"; nobody reads it).
+func (p *Policy) clientGone(w http.ResponseWriter, ann *classify.Annotation, decisionID string) error {
+	p.logger.Info("client went away before the policy decided", zap.String("decision_id", decisionID))
+	p.app.Pipeline().Metrics.Unrouted(ann, "client_closed")
+	w.WriteHeader(499)
+	return nil
 }
 
 // Interface guards.

@@ -6,23 +6,30 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/serving"
 )
 
 // Admin is the admin API module admin.api.molly, under Caddy's admin
-// endpoint (default localhost:2019):
+// endpoint (Molly's default: a Unix socket, see package admin):
 //
-//	GET    /molly/adapters          list adapters with state (hot|warm|cold)
-//	POST   /molly/adapters          {"name": "...", "path": "/abs/file.gguf"} add an adapter
-//	DELETE /molly/adapters/<name>   remove an adapter
-//	POST   /molly/adapters/rescan   rescan the engine's adapter directory
-//	GET    /molly/engine            scheduler state
+//	GET    /molly/adapters          list adapters: content version (sha256), base checksum,
+//	                                quantization, state (hot|warm|cold), draining old versions
+//	POST   /molly/adapters          {"name": "...", "path": "file.gguf"} add an adapter: a file inside the
+//	                                engine's adapter directory (absolute, or relative to it); 403 for
+//	                                any other path or when no adapter directory is configured;
+//	                                answers {"model", "version"}
+//	DELETE /molly/adapters/<name>   remove an adapter until it is added again (the folder
+//	                                watch does not bring it back; serving/README.md)
+//	POST   /molly/adapters/rescan   rescan the engine's adapter directory now
+//	GET    /molly/engine            scheduler state, memory budget use, model versions
 type Admin struct{}
 
 func init() { caddy.RegisterModule(Admin{}) }
@@ -35,9 +42,9 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 // Routes returns the admin routes.
 func (a Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
-		{Pattern: "/molly/adapters", Handler: caddy.AdminHandlerFunc(a.adapters)},
-		{Pattern: "/molly/adapters/", Handler: caddy.AdminHandlerFunc(a.adapter)},
-		{Pattern: "/molly/engine", Handler: caddy.AdminHandlerFunc(a.state)},
+		{Pattern: "/molly/adapters", Handler: admin.Guard(caddy.AdminHandlerFunc(a.adapters))},
+		{Pattern: "/molly/adapters/", Handler: admin.Guard(caddy.AdminHandlerFunc(a.adapter))},
+		{Pattern: "/molly/engine", Handler: admin.Guard(caddy.AdminHandlerFunc(a.state))},
 	}
 }
 
@@ -82,17 +89,24 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 				return caddy.APIError{HTTPStatus: http.StatusConflict, Err: fmt.Errorf("adapter %q exists (from %s); DELETE it first", req.Name, a.Path)}
 			}
 		}
-		if st, err := os.Stat(req.Path); err != nil || st.IsDir() {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("path %q is not a readable file", req.Path)}
+		path, err := adapterFile(req.Path)
+		if err != nil {
+			return err
 		}
-		if err := e.AddAdapter(req.Name, req.Path); err != nil {
+		if err := e.AddAdapter(req.Name, path); err != nil {
 			status := http.StatusInternalServerError
 			if errors.Is(err, serving.ErrAdapterRefused) {
 				status = http.StatusUnprocessableEntity
 			}
 			return caddy.APIError{HTTPStatus: status, Err: err}
 		}
-		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name})
+		version := ""
+		for _, a := range e.Adapters() {
+			if a.Name == req.Name {
+				version = a.Version
+			}
+		}
+		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name, "version": version})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 }
@@ -127,7 +141,56 @@ func (Admin) state(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "stats": e.Stats(), "adapters": e.Adapters()})
+	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "versions": e.ModelVersions(), "stats": e.Stats(), "adapters": e.Adapters()})
+}
+
+// adapterFile resolves path — absolute, or relative to the engine's
+// adapter directory — to a regular file inside that directory (symbolic
+// links resolved). A path outside it is refused before anything is looked
+// up, so the route cannot tell which files exist elsewhere; with no
+// adapter directory configured, uploads are refused.
+func adapterFile(path string) (string, error) {
+	cur := app.Current()
+	dir := ""
+	if cur != nil && cur.EngineConfig != nil {
+		dir = cur.EngineConfig.AdapterDir
+	}
+	outside := caddy.APIError{HTTPStatus: http.StatusForbidden,
+		Err: fmt.Errorf("adapters are read only from the engine's adapter directory (engine { adapters <dir> })")}
+	if dir == "" {
+		return "", outside
+	}
+	abs, err := filepath.Abs(dir)
+	root := abs
+	if err == nil {
+		root, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return "", caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: fmt.Errorf("the adapter directory: %w", err)}
+	}
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(root, path)
+	}
+	if path = filepath.Clean(path); !within(root, path) && !within(abs, path) {
+		return "", outside
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("no adapter file %s in the adapter directory", filepath.Base(path))}
+	}
+	if !within(root, real) {
+		return "", outside
+	}
+	if st, err := os.Stat(real); err != nil || !st.Mode().IsRegular() {
+		return "", caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s in the adapter directory is not a regular file", filepath.Base(path))}
+	}
+	return real, nil
+}
+
+// within reports whether path lies strictly inside dir (both clean, absolute).
+func within(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
 }
 
 var adapterName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

@@ -1,13 +1,17 @@
 package serve
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/serving"
 )
 
@@ -54,6 +58,68 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 			quantize.Flags().String("model", "", "the GGUF model to rewrite")
 			quantize.Flags().String("type", "q8_0", "weight type: q8_0, q4_0 or f16")
 			cmd.AddCommand(quantize)
+		},
+	})
+}
+
+// The `molly adapters` command manages the engine's LoRA adapters on a
+// running Molly through the admin API (admin.api.molly), at the address
+// admin.Flags resolves (Molly's socket by default).
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "adapters",
+		Short: "Lists, adds, removes and rescans the engine's LoRA adapters of a running Molly (molly adapters list|add|remove|rescan)",
+		CobraFunc: func(cmd *cobra.Command) {
+			admin.Flags(cmd)
+			printJSON := func(v json.RawMessage) error {
+				_, err := os.Stdout.Write(append(v, '\n'))
+				return err
+			}
+			list := &cobra.Command{
+				Use:   "list",
+				Short: "Lists the adapters with their state (hot, warm, cold)",
+				Args:  cobra.NoArgs,
+				RunE: func(c *cobra.Command, _ []string) error {
+					var out json.RawMessage
+					if err := admin.Call(c, http.MethodGet, "/molly/adapters", nil, &out); err != nil {
+						return err
+					}
+					return printJSON(out)
+				},
+			}
+			add := &cobra.Command{
+				Use:   "add <name> <file in the adapter directory>",
+				Short: "Adds an adapter from a GGUF file inside the engine's adapter directory",
+				Args:  cobra.ExactArgs(2),
+				RunE: func(c *cobra.Command, args []string) error {
+					var out json.RawMessage
+					if err := admin.Call(c, http.MethodPost, "/molly/adapters", map[string]string{"name": args[0], "path": args[1]}, &out); err != nil {
+						return err
+					}
+					return printJSON(out)
+				},
+			}
+			remove := &cobra.Command{
+				Use:   "remove <name>",
+				Short: "Removes an adapter",
+				Args:  cobra.ExactArgs(1),
+				RunE: func(c *cobra.Command, args []string) error {
+					return admin.Call(c, http.MethodDelete, "/molly/adapters/"+url.PathEscape(args[0]), nil, nil)
+				},
+			}
+			rescan := &cobra.Command{
+				Use:   "rescan",
+				Short: "Rescans the adapter directory now",
+				Args:  cobra.NoArgs,
+				RunE: func(c *cobra.Command, _ []string) error {
+					var out json.RawMessage
+					if err := admin.Call(c, http.MethodPost, "/molly/adapters/rescan", nil, &out); err != nil {
+						return err
+					}
+					return printJSON(out)
+				},
+			}
+			cmd.AddCommand(list, add, remove, rescan)
 		},
 	})
 }

@@ -24,9 +24,9 @@ import (
 // exactly 0.0001 USD, behind molly_auth on the registry db (molly_auth's
 // db names it again, as the alias it is kept as). molly_auth is written after
 // molly_classify on purpose: the directive order must put it first.
-func authCaddyfile(tr *tiers, adminPort int, db, extraAuth string) string {
+func authCaddyfile(tr *tiers, admin, db, extraAuth string) string {
 	return `{
-	admin 127.0.0.1:` + fmt.Sprint(adminPort) + `
+	admin ` + admin + `|0600
 	auto_https off
 	persist_config off
 	molly {
@@ -59,9 +59,10 @@ func adminCall(t *testing.T, admin, method, path string, body any) (int, string)
 		b, _ := json.Marshal(body)
 		rd = strings.NewReader(string(b))
 	}
-	req, _ := http.NewRequest(method, admin+path, rd)
+	c, base := adminHTTP(admin)
+	req, _ := http.NewRequest(method, base+path, rd)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +126,8 @@ func usageOf(t *testing.T, admin, member string) usageSummary {
 func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 	tr := startTiers(t)
 	db := filepath.Join(t.TempDir(), "registry", "molly.db")
-	adminPort := freePort(t)
-	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
-	g := startMolly(t, authCaddyfile(tr, adminPort, db, ""))
+	admin := adminSocket(t)
+	g := startMolly(t, authCaddyfile(tr, admin, db, ""))
 	ctx := context.Background()
 
 	members := []map[string]any{
@@ -285,7 +285,7 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 
 	t.Run("molly keys creates, lists and revokes keys through the admin API", func(t *testing.T) {
 		run := func(args ...string) string {
-			out, err := exec.Command(mollyBin, append(args, "--address", fmt.Sprintf("127.0.0.1:%d", adminPort))...).Output()
+			out, err := exec.Command(mollyBin, append(args, "--address", admin)...).Output()
 			if err != nil {
 				var ee *exec.ExitError
 				if errors.As(err, &ee) {
@@ -329,9 +329,8 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 	t.Run("a restart after kill -9 keeps the spend", func(t *testing.T) {
 		_ = g.cmd.Process.Kill() // SIGKILL: no clean shutdown
 		_ = g.cmd.Wait()
-		adminPort2 := freePort(t)
-		admin2 := fmt.Sprintf("http://127.0.0.1:%d", adminPort2)
-		g2 := startMolly(t, authCaddyfile(tr, adminPort2, db, "anonymous guest"))
+		admin2 := adminSocket(t)
+		g2 := startMolly(t, authCaddyfile(tr, admin2, db, "anonymous guest"))
 		_, err := keyClient(g2, aliceKey).Chat.Completions.New(ctx, chat("after restart"))
 		if apiErr := apiError(t, err); apiErr.StatusCode != 429 || apiErr.Code != "insufficient_quota" {
 			t.Fatalf("alice after restart: %d %s", apiErr.StatusCode, apiErr.RawJSON())

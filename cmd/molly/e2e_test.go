@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -621,23 +622,37 @@ func TestGatewayWithTheEngineAsT0(t *testing.T) {
 }
 
 // TestAdminAPIManagesAdaptersAtRunTime adds, refuses and removes LoRA
-// adapters through Caddy's admin endpoint while the gateway serves.
+// adapters through the admin socket while the gateway serves. Uploads are
+// read only from the engine's adapter directory: a path outside it (by
+// "..", by a symbolic link, or absolute) is refused with the same 403
+// whether or not the file exists.
 func TestAdminAPIManagesAdaptersAtRunTime(t *testing.T) {
-	models, other := t.TempDir(), t.TempDir()
+	models, other, dir := t.TempDir(), t.TempDir(), t.TempDir()
 	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
 		t.Fatal(err)
 	}
 	if err := serving.WriteDemo(other, 2, "small"); err != nil { // a different base: its adapters do not fit
 		t.Fatal(err)
 	}
-	adminPort := freePort(t)
+	// Staged in subfolders of the adapter directory, which the engine's
+	// rescan (its *.gguf files) does not pick up by itself.
+	for sub, from := range map[string]string{"staged": models, "alien": other} {
+		if err := os.CopyFS(filepath.Join(dir, sub), os.DirFS(filepath.Join(from, serving.DemoAdapterDir))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), filepath.Join(dir, "staged", "link.gguf")); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminSocket(t)
 	g := startMolly(t, `{
-	admin 127.0.0.1:`+fmt.Sprint(adminPort)+`
+	admin `+admin+`|0600
 	auto_https off
 	persist_config off
 	molly {
 		engine {
 			model `+filepath.Join(models, serving.DemoModelFile)+`
+			adapters `+dir+`
 			n_seq_max 2
 			n_ctx 1024
 			threads 1
@@ -659,7 +674,6 @@ http://127.0.0.1:{PORT} {
 	}
 }
 `)
-	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	c := client(g)
 	ctx := context.Background()
 	ask := func(model string) error {
@@ -668,54 +682,55 @@ http://127.0.0.1:{PORT} {
 		return err
 	}
 	post := func(name, path string) (int, string) {
-		b, _ := json.Marshal(map[string]string{"name": name, "path": path})
-		req, _ := http.NewRequest(http.MethodPost, admin+"/molly/adapters", strings.NewReader(string(b)))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		return adminCall(t, admin, http.MethodPost, "/molly/adapters", map[string]string{"name": name, "path": path})
 	}
 
 	var apiErr *openai.Error
 	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("before adding: want 404, got %v", err)
 	}
-	if code, body := post("legal", filepath.Join(models, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") {
-		t.Fatalf("add: %d %s", code, body)
+	legal, err := os.ReadFile(filepath.Join(dir, "staged", "legal.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(legal)
+	version := "sha256:" + hex.EncodeToString(sum[:])
+	if code, body := post("legal", "staged/legal.gguf"); code != http.StatusCreated || !strings.Contains(body, "molly-demo:legal") || !strings.Contains(body, version) {
+		t.Fatalf("add: %d %s, want the model and version %s", code, body, version)
+	}
+	if code, body := adminCall(t, admin, http.MethodGet, "/molly/engine", nil); code != http.StatusOK || !strings.Contains(body, version) || !strings.Contains(body, `"budget_bytes"`) {
+		t.Fatalf("/molly/engine %d %s: want the adapter's version and the memory budget", code, body)
 	}
 	if err := ask("molly-demo:legal"); err != nil {
 		t.Fatalf("after adding: %v", err)
 	}
-	if code, body := post("alien", filepath.Join(other, serving.DemoAdapterDir, "legal.gguf")); code != http.StatusUnprocessableEntity || !strings.Contains(body, "refused") {
+	if code, body := post("alien", filepath.Join(dir, "alien", "legal.gguf")); code != http.StatusUnprocessableEntity || !strings.Contains(body, "refused") {
 		t.Fatalf("a mismatched adapter: %d %s", code, body)
 	}
 	for _, tc := range []struct {
 		name, path string
 		code       int
 	}{
-		{"legal", filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), http.StatusConflict},
-		{"ghost", "/nope.gguf", http.StatusBadRequest},
-		{"a:b/c", filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), http.StatusBadRequest},
+		{"legal", "staged/billing.gguf", http.StatusConflict},
+		{"ghost", "staged/nope.gguf", http.StatusBadRequest},
+		{"a:b/c", "staged/billing.gguf", http.StatusBadRequest},
+		{"outside", filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), http.StatusForbidden},
+		{"missing", "/nope.gguf", http.StatusForbidden},
+		{"shadow", "/etc/shadow", http.StatusForbidden},
+		{"dotdot", "staged/../../" + filepath.Base(models) + "/" + serving.DemoAdapterDir + "/billing.gguf", http.StatusForbidden},
+		{"link", "staged/link.gguf", http.StatusForbidden},
 	} {
 		if code, body := post(tc.name, tc.path); code != tc.code {
 			t.Fatalf("adding %q from %s: %d %s, want %d", tc.name, tc.path, code, body, tc.code)
+		} else if tc.code == http.StatusForbidden && !strings.Contains(body, "only from the engine's adapter directory") {
+			t.Fatalf("adding %q from %s: %s", tc.name, tc.path, body)
 		}
 	}
 	if err := ask("molly-demo:alien"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("a refused adapter must not be served, got %v", err)
 	}
-	req, _ := http.NewRequest(http.MethodDelete, admin+"/molly/adapters/legal", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("delete: %d", resp.StatusCode)
+	if code, body := adminCall(t, admin, http.MethodDelete, "/molly/adapters/legal", nil); code != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", code, body)
 	}
 	if err := ask("molly-demo:legal"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("after removing: want 404, got %v", err)

@@ -29,10 +29,11 @@ import (
 )
 
 // fleetCaddyfile is a Molly serving a fleet: molly_envoy on grpcPort, the
-// three tiers of startTiers (plus extraTargets), admin on adminPort.
-func fleetCaddyfile(tr *tiers, adminPort, grpcPort int, extraTargets string) string {
+// three tiers of startTiers (plus extraTargets), admin on the socket admin
+// ("unix/<path>", adminSocket).
+func fleetCaddyfile(tr *tiers, admin string, grpcPort int, extraTargets string) string {
 	return `{
-	admin 127.0.0.1:` + fmt.Sprint(adminPort) + `
+	admin ` + admin + `|0600
 	auto_https off
 	persist_config off
 	molly {
@@ -89,8 +90,8 @@ func clusterNames(t *testing.T, resp *discoverygrpc.DiscoveryResponse) []string 
 // target reaches the open ADS stream as a new version.
 func TestFleetModeInAMollyProcess(t *testing.T) {
 	tr := startTiers(t)
-	adminPort, grpcPort := freePort(t), freePort(t)
-	g := startMolly(t, fleetCaddyfile(tr, adminPort, grpcPort, ""))
+	adminAddr, grpcPort := adminSocket(t), freePort(t)
+	g := startMolly(t, fleetCaddyfile(tr, adminAddr, grpcPort, ""))
 	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", grpcPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +170,7 @@ func TestFleetModeInAMollyProcess(t *testing.T) {
 
 	// A reload that adds a target is a new snapshot on the open stream.
 	cfg := filepath.Join(t.TempDir(), "Caddyfile")
-	next := fleetCaddyfile(tr, adminPort, grpcPort, `target selfhosted {
+	next := fleetCaddyfile(tr, adminAddr, grpcPort, `target selfhosted {
 			tier T2
 			endpoint `+tr.t2.URL()+`
 			models chat=mid-remote
@@ -177,7 +178,7 @@ func TestFleetModeInAMollyProcess(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(next, "{PORT}", strings.TrimSuffix(strings.TrimPrefix(g.URL, "http://127.0.0.1:"), "/v1"))), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(mollyBin, "reload", "--config", cfg, "--adapter", "caddyfile", "--address", fmt.Sprintf("127.0.0.1:%d", adminPort)).CombinedOutput(); err != nil {
+	if out, err := exec.Command(mollyBin, "reload", "--config", cfg, "--adapter", "caddyfile", "--address", adminAddr).CombinedOutput(); err != nil {
 		t.Fatalf("reload: %v\n%s", err, out)
 	}
 	if err := ads.Send(&discoverygrpc.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType, VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()}); err != nil {
@@ -200,10 +201,10 @@ func TestFleetModeInAMollyProcess(t *testing.T) {
 func TestTwoMollysOnOnePostgresRegistrySpendAtMostTheBudget(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	tr := startTiers(t)
-	adminA, adminB := freePort(t), freePort(t)
+	adminA, adminB := adminSocket(t), adminSocket(t)
 	ga := startMolly(t, authCaddyfile(tr, adminA, dsn, ""))
 	gb := startMolly(t, authCaddyfile(tr, adminB, dsn, ""))
-	admin := fmt.Sprintf("http://127.0.0.1:%d", adminA)
+	admin := adminA
 	const budget = 0.002 // each answer costs 0.0001 USD (5 + 5 tokens at 10 USD per 1M)
 	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "team", "budget_usd": budget}); code != http.StatusCreated {
 		t.Fatalf("creating the member: %d %s", code, body)

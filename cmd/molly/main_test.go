@@ -22,6 +22,11 @@ import (
 var mollyBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(attackerEnv) != "" {
+		// A helper process of TestAnotherLocalUserCannotUseTheAdminEndpoint,
+		// run as another OS user: it builds nothing.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "molly-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -49,6 +54,33 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// adminSocket returns "unix/<path>" for an admin socket in a fresh short
+// folder (socket paths are limited to about 104 bytes, test folders can
+// be longer), removed after the test.
+func adminSocket(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return "unix/" + filepath.Join(dir, "admin.sock")
+}
+
+// adminHTTP returns a client and base URL for an admin address:
+// "unix/<path>" dials the socket, anything else is http://<address>.
+func adminHTTP(addr string) (*http.Client, string) {
+	path, ok := strings.CutPrefix(addr, "unix/")
+	if !ok {
+		return http.DefaultClient, "http://" + strings.TrimPrefix(addr, "http://")
+	}
+	path, _, _ = strings.Cut(path, "|")
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}}, "http://127.0.0.1"
 }
 
 // syncBuffer collects the process's log output.
@@ -80,15 +112,36 @@ type gateway struct {
 // it, waiting until it serves. The process is killed at the end of the test.
 func startMolly(t testing.TB, caddyfile string) *gateway {
 	t.Helper()
+	return startMollyEnv(t, caddyfile, nil)
+}
+
+// startMollyEnv is startMolly with env added to the process's environment
+// (after the defaults, so it wins).
+func startMollyEnv(t testing.TB, caddyfile string, env []string) *gateway {
+	t.Helper()
+	return startMollyConfig(t, caddyfile, "caddyfile", env)
+}
+
+// startMollyConfig is startMollyEnv for a config in the named adapter's
+// format ("caddyfile" or "json").
+func startMollyConfig(t testing.TB, config, adapter string, env []string) *gateway {
+	t.Helper()
 	port := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(caddyfile, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
+	if adapter == "json" {
+		cfg = filepath.Join(filepath.Dir(cfg), "caddy.json")
+	}
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(config, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d/v1", port), logs: &syncBuffer{}}
-	g.cmd = exec.Command(mollyBin, "run", "--config", cfg, "--adapter", "caddyfile")
+	args := []string{"run", "--config", cfg}
+	if adapter != "json" {
+		args = append(args, "--adapter", adapter)
+	}
+	g.cmd = exec.Command(mollyBin, args...)
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-	g.cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
+	g.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()), env...)
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -193,6 +193,21 @@ func (d *Dispatch) WithParam(path string, value any) (*Dispatch, error) {
 	return &c, nil
 }
 
+// WithMaxTokens returns a copy of d that asks the upstream for at most n
+// completion tokens per choice (max_tokens; a number carries no content),
+// for a request that set no limit of its own: the caller's admission held
+// that many, and the upstream must not produce more. Added reports it.
+func (d *Dispatch) WithMaxTokens(n int) (*Dispatch, error) {
+	body, err := sjson.SetBytes(slices.Clone(d.body), "max_tokens", n)
+	if err != nil {
+		return nil, err
+	}
+	c := *d
+	c.body = body
+	c.added = append(slices.Clone(d.added), "max_tokens")
+	return &c, nil
+}
+
 // Added reports whether path was set by WithParam, not by the client.
 func (d *Dispatch) Added(path string) bool { return slices.Contains(d.added, path) }
 

@@ -28,6 +28,8 @@ type Identity struct {
 	// of it in the current period, in USD (the auth step refuses at ≤ 0).
 	Budgeted     bool
 	RemainingUSD float64
+	// TPM is the member's tokens-per-minute limit, 0 for none.
+	TPM int
 	// Ledger records what the member's requests consume; nil records
 	// nothing. When it is also a meter.Reserver, requests reserve their
 	// worst case on it.

@@ -82,7 +82,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string, hasKey boo
 		h.Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
 		return nil, h, RateLimited(m, lim)
 	}
-	return &identity.Identity{Member: m.Name, KeyPrefix: k.Prefix, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools,
+	return &identity.Identity{Member: m.Name, KeyPrefix: k.Prefix, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools, TPM: m.TPM,
 		Budgeted: budgeted, RemainingUSD: remaining, Ledger: &Ledger{Registry: a.Registry, Member: m}}, nil, nil
 }
 

@@ -79,23 +79,33 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 	return meter.New(rq.ctx, o)
 }
 
-// attempt sends disp and reads its answer: a whole answer, or a 2xx stream
+// upstream sends disp and reads its answer: a whole answer, or a 2xx stream
 // held until its first content event (and, with hold > 0, until hold tokens
 // with logprobs arrived, for a cascade). It classifies every failure,
 // meters a 2xx answer's usage (before it is written: every answer consumed
 // tokens, returned or not) and bills the prompt estimate when the client
-// went away after the upstream got the request.
-func (p *Pipeline) attempt(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
+// went away after the upstream got the request (never before: see
+// reached). attempt (health.go) wraps it with the target's circuit.
+func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
 	ctx, span := startAttempt(rq, c)
 	defer func() { endAttempt(span, &o) }()
 	o = outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt)}
+	if rq.ctx.Err() != nil {
+		o.kind, o.failure, o.meter = failClientGone, "the client went away before the upstream call", nil
+		return o // no upstream saw it: nothing to bill
+	}
+	ctx, reached := reached(ctx, disp)
 	resp, err := disp.Send(ctx, tracing.Header(ctx, rq.r.Header))
 	o.ttfb = time.Since(o.start)
 	if err != nil {
 		switch {
 		case rq.ctx.Err() != nil:
 			o.kind, o.failure = failClientGone, "the client went away"
-			o.meter.Abandoned() // the upstream may have the prompt: bill its estimate
+			if !reached() {
+				o.meter = nil // the request never reached the upstream: nothing to bill
+				break
+			}
+			o.meter.Abandoned() // the upstream has the prompt: bill its estimate
 		case isTimeout(err):
 			o.kind, o.failure = failTimeout, "timed out"
 		default:

@@ -97,6 +97,12 @@ func unroutable(msg string, excluded []route.Exclusion) *openai.Error {
 		return &openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Param: param, Message: msg}
 	}
 	if best == nil {
+		for _, e := range excluded {
+			if e.Kind == route.ExcludedHealth { // an open circuit closes again: worth a retry
+				return &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
+					Message: msg, RetryAfter: 1}
+			}
+		}
 		return &openai.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "target_not_allowed", Message: msg}
 	}
 	switch best.Kind {

@@ -19,6 +19,7 @@ import (
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
+	"github.com/molly-gateway/molly/router/health"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/openai"
@@ -67,6 +68,9 @@ type Pipeline struct {
 	// ToolsHidden names governed tools never offered to models, e.g. the
 	// billing tool usage is sent to.
 	ToolsHidden []string
+	// Health is the targets' outlier detection: open circuits are excluded
+	// from plans and every attempt's outcome feeds it; nil: none.
+	Health *health.Tracker
 	// FirstEventTimeout bounds the wait for a stream's first content event
 	// (0: DefaultFirstEventTimeout).
 	FirstEventTimeout time.Duration
@@ -230,6 +234,9 @@ func (p *Pipeline) plan(rq *request, h http.Header, cfg route.Config) error {
 	sel := route.Selection{Weights: p.Weights, Priors: p.Priors, Overrides: o}
 	if rq.id != nil && rq.id.Budgeted {
 		sel.Budgeted, sel.RemainingUSD = true, rq.id.RemainingUSD
+	}
+	if p.Health != nil {
+		sel.Health = p.Health
 	}
 	planned := time.Now()
 	rq.plan = p.Catalogue.NewPlan(a, rq.dec, sel, cfg)

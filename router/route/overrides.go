@@ -76,6 +76,15 @@ type Selection struct {
 	// cost does not fit what is neither spent nor held by requests in flight.
 	Budgeted     bool
 	RemainingUSD float64
+	// Health, when set, removes targets whose circuit is open (outlier
+	// detection, router/health): each is excluded with the reason.
+	Health Health
+}
+
+// Health says whether a target may be planned now (*health.Tracker):
+// ok false removes it from the plan, with reason ("circuit open (…)").
+type Health interface {
+	Admit(target string) (ok bool, reason string)
 }
 
 // ParseOverrides reads X-Molly-Max-Cost (a non-negative number of USD) and

@@ -64,6 +64,7 @@ const (
 	ExcludedContext    ExclusionKind = "context"    // the prompt and completion do not fit the context window
 	ExcludedCost       ExclusionKind = "cost"       // over the client's X-Molly-Max-Cost
 	ExcludedBudget     ExclusionKind = "budget"     // over the caller's remaining budget
+	ExcludedHealth     ExclusionKind = "health"     // ejected by outlier detection (router/health): transient
 )
 
 // Needs lists the capabilities request a needs from a target, in
@@ -157,6 +158,10 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 			why, kind = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost), ExcludedPolicy
 		case s.HasMaxCost && cost > s.MaxCostUSD:
 			why, kind = fmt.Sprintf("expected cost %.6f USD over X-Molly-Max-Cost %.6f", cost, s.MaxCostUSD), ExcludedCost
+		case s.Health != nil:
+			if ok, reason := s.Health.Admit(t.Name); !ok {
+				why, kind = reason, ExcludedHealth
+			}
 		}
 		if why != "" {
 			excluded = append(excluded, Exclusion{Target: t.Name, Reason: why, Kind: kind, Need: need})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/health"
 	"github.com/molly-gateway/molly/router/openai"
 )
 
@@ -65,6 +66,10 @@ type Target struct {
 	// one is declared. vision and audio admit the image and audio
 	// modalities; a target without embeddings does not serve that endpoint.
 	Capabilities []string `json:"capabilities,omitempty"`
+	// OutlierDetection ejects the target from plans while it fails (circuit
+	// breaking, router/health); its zero fields come from the molly app's
+	// outlier_detection, then health's defaults.
+	OutlierDetection *health.Config `json:"outlier_detection,omitempty"`
 
 	models map[string]string // client name → upstream name
 	engine Engine            // kind engine: also every model the engine serves now
@@ -187,6 +192,11 @@ func (t *Target) Validate() error {
 	}
 	if t.PriceIn < 0 || t.PriceOut < 0 || t.LatencyMS < 0 || t.MaxContext < 0 || t.TimeoutMS < 0 {
 		return fmt.Errorf("target %s: price_in, price_out, latency_ms, max_context and timeout_ms must not be negative", t.Name)
+	}
+	if t.OutlierDetection != nil {
+		if err := t.OutlierDetection.Validate(); err != nil {
+			return fmt.Errorf("target %s: %w", t.Name, err)
+		}
 	}
 	return nil
 }

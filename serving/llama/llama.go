@@ -13,17 +13,26 @@
 // Known defect guarded here: that llama.cpp version reuses the previous
 // compute graph when two decodes have the same shape, even if the LoRA
 // adapters on the context changed in between, so the adapter change is
-// silently ignored. Init sets LLAMA_GRAPH_REUSE_DISABLE=1 before any context
-// exists; TestAdapterSwitchBetweenSameShapeDecodes keeps it honest.
+// silently ignored. Graph reuse stays on (a rebuild every step costs time);
+// SetAdapters forces one rebuild when the set changes, and per-token adapters
+// (Batch.AddAdapted) do not change the graph at all.
+// TestAdapterSwitchBetweenSameShapeDecodes keeps both honest.
+//
+// Per-token adapters (lora.cpp): a Context made with TokenAdapters applies
+// each token's own adapter inside one llama_decode: the base matrix products
+// run once for all tokens and a ggml scheduler eval callback adds each span's
+// low-rank delta with the operations llama.cpp's own adapter path uses.
 //
 // Objects are not safe for concurrent use; the engine drives one Context from
 // one goroutine.
 package llama
 
 /*
+#cgo CXXFLAGS: -std=c++17
 #include <stdlib.h>
 #include <stdio.h>
 #include "llama.h"
+#include "molly.h"
 
 static int molly_log_verbose = 0;
 static enum ggml_log_level molly_log_last = GGML_LOG_LEVEL_NONE;
@@ -40,7 +49,6 @@ static void molly_log(enum ggml_log_level level, const char * text, void * ud) {
 
 static void molly_init(int verbose) {
 	molly_log_verbose = verbose;
-	setenv("LLAMA_GRAPH_REUSE_DISABLE", "1", 1);
 	llama_log_set(molly_log, NULL);
 	llama_backend_init();
 }
@@ -71,9 +79,9 @@ import (
 
 var initOnce sync.Once
 
-// Init initialises the backend once per process: it disables compute-graph
-// reuse (see the package comment), routes llama.cpp logs to stderr (errors
-// only, everything when MOLLY_LLAMA_LOG=1) and calls llama_backend_init.
+// Init initialises the backend once per process: it routes llama.cpp logs to
+// stderr (errors only, everything when MOLLY_LLAMA_LOG=1) and calls
+// llama_backend_init.
 // Every constructor calls it; calling it again is a no-op.
 func Init() {
 	initOnce.Do(func() {
@@ -295,7 +303,8 @@ func Quantize(in, out, ftype string) error {
 
 // Adapter is a LoRA adapter loaded against one Model (its tensors resident).
 type Adapter struct {
-	p *C.struct_llama_adapter_lora
+	p     *C.struct_llama_adapter_lora
+	bytes int64
 }
 
 // LoadAdapter loads a LoRA adapter GGUF from path for model m.
@@ -309,10 +318,14 @@ func LoadAdapter(m *Model, path string) (*Adapter, error) {
 	if a == nil {
 		return nil, fmt.Errorf("loading adapter %s: llama.cpp refused it (set MOLLY_LLAMA_LOG=1 for details)", path)
 	}
-	return &Adapter{p: a}, nil
+	return &Adapter{p: a, bytes: int64(C.molly_adapter_bytes(a))}, nil
 }
 
-// Close frees the adapter. It must not be set on any context.
+// Bytes is the size of the adapter's resident tensors, in bytes.
+func (a *Adapter) Bytes() int64 { return a.bytes }
+
+// Close frees the adapter. It must not be set on any context or be in a
+// batch that will be decoded.
 func (a *Adapter) Close() {
 	if a.p != nil {
 		C.llama_adapter_lora_free(a.p)
@@ -322,23 +335,39 @@ func (a *Adapter) Close() {
 
 // ContextParams configure a Context.
 type ContextParams struct {
-	NCtx    int  // total KV cells, tokens (split evenly across sequences unless KVUnified)
+	NCtx    int  // total KV cells, tokens (split evenly across sequences unless Unified)
 	NBatch  int  // most tokens per Decode call
 	NUBatch int  // physical micro-batch, tokens (0: NBatch)
 	NSeqMax int  // number of sequences (parallel streams)
 	Threads int  // CPU threads (0: llama.cpp default)
 	Unified bool // one KV buffer shared by all sequences
+	// TokenAdapters installs the per-token adapter path (Batch.AddAdapted).
+	// It needs every Decode to be one micro-batch in batch order: Unified
+	// (or NSeqMax 1) and NUBatch 0.
+	TokenAdapters bool
+	// ExactTokenAdapters computes every per-token delta with ggml's
+	// operations, bitwise what llama.cpp's context-level path computes for a
+	// run of the same shape; otherwise F32 adapters use Molly's kernel,
+	// which sums in another order and is several times faster for runs of a
+	// few tokens.
+	ExactTokenAdapters bool
 }
 
 // Context holds the KV cache for NSeqMax sequences and the adapters applied to
 // the next Decode.
 type Context struct {
-	p      *C.struct_llama_context
-	mem    C.llama_memory_t
-	nVocab int
+	p       *C.struct_llama_context
+	mem     C.llama_memory_t
+	nVocab  int
+	lora    *C.molly_lora
+	tokenOK bool // per-token adapters can be decoded
+	set     []*Adapter
+	scales  []float32
+	spans   []C.molly_span
 }
 
-// NewContext creates a context on m. Errors: llama.cpp cannot allocate it.
+// NewContext creates a context on m with a persistent thread pool of Threads
+// workers. Errors: llama.cpp cannot allocate it.
 func NewContext(m *Model, p ContextParams) (*Context, error) {
 	Init()
 	cp := C.llama_context_default_params()
@@ -349,24 +378,39 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 		cp.n_ubatch = C.uint32_t(p.NBatch)
 	}
 	cp.n_seq_max = C.uint32_t(max(p.NSeqMax, 1))
-	if p.Threads > 0 {
-		cp.n_threads = C.int32_t(p.Threads)
-		cp.n_threads_batch = C.int32_t(p.Threads)
+	threads := p.Threads
+	if threads <= 0 {
+		threads = int(cp.n_threads)
 	}
+	cp.n_threads = C.int32_t(threads)
+	cp.n_threads_batch = C.int32_t(threads)
 	cp.kv_unified = C.bool(p.Unified)
 	cp.no_perf = C.bool(true)
+	lora := C.molly_lora_new(C.int32_t(threads))
+	if p.TokenAdapters {
+		cp.cb_eval = C.ggml_backend_sched_eval_callback(C.molly_eval_cb)
+		cp.cb_eval_user_data = unsafe.Pointer(lora)
+	}
 	c := C.llama_init_from_model(m.p, cp)
 	if c == nil {
+		C.molly_lora_free(lora)
 		return nil, errors.New("creating llama context failed (set MOLLY_LLAMA_LOG=1 for details)")
 	}
-	return &Context{p: c, mem: C.llama_get_memory(c), nVocab: m.NVocab()}, nil
+	C.molly_lora_attach(lora, c)
+	C.molly_lora_exact(lora, C.bool(p.ExactTokenAdapters))
+	return &Context{
+		p: c, mem: C.llama_get_memory(c), nVocab: m.NVocab(), lora: lora,
+		tokenOK: p.TokenAdapters && (p.Unified || p.NSeqMax <= 1) && (p.NUBatch == 0 || p.NUBatch >= p.NBatch),
+	}, nil
 }
 
-// Close frees the context and its KV cache.
+// Close frees the context, its KV cache and its thread pool.
 func (c *Context) Close() {
 	if c.p != nil {
 		C.llama_free(c.p)
 		c.p = nil
+		C.molly_lora_free(c.lora)
+		c.lora = nil
 	}
 }
 
@@ -378,31 +422,92 @@ func (c *Context) NCtxSeq() int { return int(C.llama_n_ctx_seq(c.p)) }
 func (c *Context) NBatch() int  { return int(C.llama_n_batch(c.p)) }
 func (c *Context) NSeqMax() int { return int(C.llama_n_seq_max(c.p)) }
 
-// SetAdapters replaces the adapters applied by the next Decode with as, each
-// scaled by the matching entry of scales (1 when scales is shorter). An
-// empty set means the base model.
+// SetAdapters replaces the context-level adapters applied to every token of
+// the next Decode with as, each scaled by the matching entry of scales (1
+// when scales is shorter); an empty set means the base model. When the set
+// changes, the next Decode builds its graph afresh (the graph-reuse defect in
+// the package comment).
 func (c *Context) SetAdapters(as []*Adapter, scales []float32) {
+	sc := make([]float32, len(as))
+	for i := range sc {
+		sc[i] = 1
+		if i < len(scales) {
+			sc[i] = scales[i]
+		}
+	}
+	if len(as) == len(c.set) {
+		same := true
+		for i := range as {
+			same = same && as[i] == c.set[i] && sc[i] == c.scales[i]
+		}
+		if same {
+			return
+		}
+	}
 	C.llama_clear_adapter_lora(c.p)
 	for i, a := range as {
-		s := float32(1)
-		if i < len(scales) {
-			s = scales[i]
-		}
-		C.llama_set_adapter_lora(c.p, a.p, C.float(s))
+		C.llama_set_adapter_lora(c.p, a.p, C.float(sc[i]))
 	}
+	C.molly_graph_invalidate(c.p)
+	c.set, c.scales = append(c.set[:0], as...), sc
 }
+
+// Pause puts the context's worker threads to sleep until the next Decode.
+// ggml's workers spin for a while after each decode to start the next one
+// sooner; an idle engine (or a benchmark between runs) should not burn cores.
+func (c *Context) Pause() { C.molly_lora_pause(c.lora) }
+
+// GraphReuses is how many decodes so far reused the previous compute graph.
+func (c *Context) GraphReuses() int { return int(C.molly_graph_reuses(c.p)) }
 
 // ErrNoKVSlot is returned by Decode when the KV cache has no room for the
 // batch.
 var ErrNoKVSlot = errors.New("llama_decode: no KV slot for the batch")
 
-// Decode runs the model on the batch. Errors: ErrNoKVSlot, or another
-// llama.cpp failure code.
+// ErrTokenAdapters is returned by Decode for a batch with per-token adapters
+// on a context that cannot decode them (see ContextParams.TokenAdapters).
+var ErrTokenAdapters = errors.New("per-token adapters need a context made with TokenAdapters, Unified and NUBatch 0")
+
+// Decode runs the model on the batch, applying each token's adapter (see
+// Batch.AddAdapted) on top of the context-level set. Errors: ErrNoKVSlot,
+// ErrTokenAdapters, or another llama.cpp failure code.
 func (c *Context) Decode(b *Batch) error {
-	if b.b.n_tokens == 0 {
+	n := int(b.b.n_tokens)
+	if n == 0 {
 		return nil
 	}
+	c.spans = c.spans[:0]
+	if b.adapted > 0 {
+		if !c.tokenOK {
+			return ErrTokenAdapters
+		}
+		logits := unsafe.Slice(b.b.logits, n)
+		outs := 0
+		for i := 0; i < n; {
+			j := i
+			o := outs
+			for j < n && b.ad[j] == b.ad[i] && b.sc[j] == b.sc[i] {
+				if logits[j] != 0 {
+					outs++
+				}
+				j++
+			}
+			if b.ad[i] != nil {
+				c.spans = append(c.spans, C.molly_span{
+					tok0: C.int32_t(i), ntok: C.int32_t(j - i), out0: C.int32_t(o), nout: C.int32_t(outs - o),
+					adapter: b.ad[i].p, scale: C.float(b.sc[i]),
+				})
+			}
+			i = j
+		}
+		C.molly_lora_set(c.lora, C.int32_t(n), C.int32_t(outs), &c.spans[0], C.int32_t(len(c.spans)))
+	} else {
+		C.molly_lora_set(c.lora, C.int32_t(n), 0, nil, 0)
+	}
 	r := C.llama_decode(c.p, b.b)
+	if e := C.molly_lora_error(c.lora); e != 0 && r == 0 {
+		return fmt.Errorf("llama_decode: per-token adapter path failed (code %d)", int(e))
+	}
 	switch {
 	case r == 0:
 		return nil
@@ -412,6 +517,14 @@ func (c *Context) Decode(b *Batch) error {
 		return fmt.Errorf("llama_decode failed with code %d", int(r))
 	}
 }
+
+// AdaptedProducts is how many matrix products the last Decode adapted per
+// token (0 when no token had an adapter).
+func (c *Context) AdaptedProducts() int { return int(C.molly_lora_targets(c.lora)) }
+
+// KernelSpans is how many (product, run) deltas of the last Decode Molly's
+// F32 kernel computed (the rest went through ggml operations).
+func (c *Context) KernelSpans() int { return int(C.molly_lora_kernel_spans(c.lora)) }
 
 // Logits copies into dst (grown to NVocab) the logits of the token at batch
 // index i, which must have been added with logits=true, and returns it.
@@ -428,16 +541,27 @@ func (c *Context) Logits(i int, dst []float32) []float32 {
 	return dst
 }
 
+// LogitsView is the logits of the token at batch index i without copying;
+// it is valid until the next Decode. nil if i has no logits.
+func (c *Context) LogitsView(i int) []float32 {
+	p := C.llama_get_logits_ith(c.p, C.int32_t(i))
+	if p == nil {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(p)), c.nVocab)
+}
+
 // SeqRm removes the cells of sequence seq at positions [p0, p1) (p1 < 0: to
 // the end). Removing a whole sequence (p0=0, p1=-1) always succeeds.
 func (c *Context) SeqRm(seq, p0, p1 int) bool {
 	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(p0), C.llama_pos(p1)))
 }
 
-// SeqCp makes dst share (unified KV) or copy (per-sequence KV) all cells of
-// src. With per-sequence KV only whole-sequence copies are supported.
-func (c *Context) SeqCp(src, dst int) {
-	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
+// SeqCp makes dst share (unified KV) or copy (per-sequence KV) the cells of
+// src at positions [p0, p1) (p1 < 0: to the end). With per-sequence KV only
+// whole-sequence copies are supported.
+func (c *Context) SeqCp(src, dst, p0, p1 int) {
+	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), C.llama_pos(p0), C.llama_pos(p1))
 }
 
 // SeqPosMax is the largest position stored for seq, or -1 if it is empty.
@@ -445,22 +569,37 @@ func (c *Context) SeqPosMax(seq int) int {
 	return int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
 }
 
+// Clear empties the KV cache of every sequence.
+func (c *Context) Clear() { C.llama_memory_clear(c.mem, C.bool(true)) }
+
 // Batch is a reusable input batch of up to its capacity tokens, each for one
-// sequence.
+// sequence and optionally with its own adapter.
 type Batch struct {
-	b   C.struct_llama_batch
-	cap int
+	b       C.struct_llama_batch
+	cap     int
+	ad      []*Adapter
+	sc      []float32
+	adapted int // tokens with an adapter
 }
 
 // NewBatch allocates a batch of capacity tokens. Free it with Free.
 func NewBatch(capacity int) *Batch {
-	return &Batch{b: C.llama_batch_init(C.int32_t(capacity), 0, 1), cap: capacity}
+	return &Batch{b: C.llama_batch_init(C.int32_t(capacity), 0, 1), cap: capacity,
+		ad: make([]*Adapter, 0, capacity), sc: make([]float32, 0, capacity)}
 }
 
 // Add appends token tok at position pos of sequence seq; logits asks for its
 // output logits. It returns the token's batch index (for Logits), or -1 if the
 // batch is full.
 func (b *Batch) Add(tok int32, pos, seq int, logits bool) int {
+	return b.AddAdapted(tok, pos, seq, logits, nil, 0)
+}
+
+// AddAdapted is Add with the token's own adapter a at scale (nil: the base
+// model, plus any context-level adapters). Tokens that share an adapter
+// should be added consecutively: each run of them costs two small matrix
+// products per adapted weight.
+func (b *Batch) AddAdapted(tok int32, pos, seq int, logits bool, a *Adapter, scale float32) int {
 	if int(b.b.n_tokens) >= b.cap {
 		return -1
 	}
@@ -468,6 +607,11 @@ func (b *Batch) Add(tok int32, pos, seq int, logits bool) int {
 	if logits {
 		l = 1
 	}
+	if a != nil {
+		b.adapted++
+	}
+	b.ad = append(b.ad, a)
+	b.sc = append(b.sc, scale)
 	return int(C.molly_batch_add(&b.b, C.llama_token(tok), C.llama_pos(pos), C.llama_seq_id(seq), l))
 }
 
@@ -476,7 +620,11 @@ func (b *Batch) Len() int { return int(b.b.n_tokens) }
 func (b *Batch) Cap() int { return b.cap }
 
 // Clear empties the batch for reuse.
-func (b *Batch) Clear() { b.b.n_tokens = 0 }
+func (b *Batch) Clear() {
+	b.b.n_tokens = 0
+	clear(b.ad)
+	b.ad, b.sc, b.adapted = b.ad[:0], b.sc[:0], 0
+}
 
 // Free releases the batch's C memory.
 func (b *Batch) Free() {

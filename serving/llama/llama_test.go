@@ -1,6 +1,7 @@
 package llama
 
 import (
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -200,5 +201,156 @@ func TestQuantizedCopyLoadsAndDecodes(t *testing.T) {
 	defer b.Free()
 	if l := lastLogits(t, c, b, []int32{1, 10, 11}); len(l) != gguf.VocabSize {
 		t.Fatalf("got %d logits", len(l))
+	}
+}
+
+// decodeSeqs decodes each prompt on its own sequence in one batch, token
+// adapters as given (nil: base), and returns each prompt's last logits.
+// Every prompt asks for the logits of its last two tokens: ggml multiplies a
+// single column with another kernel than two or more (llamafile's sgemm only
+// runs for n >= 2), which rounds differently, so comparisons between batches
+// keep every product at two columns or more.
+func decodeSeqs(t *testing.T, c *Context, b *Batch, prompts [][]int32, ads []*Adapter) [][]float32 {
+	t.Helper()
+	c.Clear()
+	b.Clear()
+	var last []int
+	for s, p := range prompts {
+		for i, tok := range p {
+			b.AddAdapted(tok, i, s, i >= len(p)-2, ads[s], 1)
+		}
+		last = append(last, b.Len()-1)
+	}
+	if err := c.Decode(b); err != nil {
+		t.Fatal(err)
+	}
+	var out [][]float32
+	for _, i := range last {
+		out = append(out, c.Logits(i, nil))
+	}
+	return out
+}
+
+func argmaxOf(l []float32) int {
+	best := 0
+	for i, x := range l {
+		if x > l[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// TestTokenAdaptersEqualContextAdapters checks the per-token path against
+// llama.cpp's own context-level adapter path, which is the oracle: each
+// sequence of a batch mixing adapters gets the logits llama.cpp computes for
+// it alone with its adapter set on the context. With ExactTokenAdapters
+// (ggml's operations) they are bitwise equal; Molly's kernel sums in another
+// order, so its logits agree to rounding and pick the same greedy token.
+func TestTokenAdaptersEqualContextAdapters(t *testing.T) {
+	m, ap, bp, _ := fixture(t)
+	a, err := LoadAdapter(m, ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b2, err := LoadAdapter(m, bp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	if a.Bytes() <= 0 {
+		t.Errorf("adapter bytes %d", a.Bytes())
+	}
+	params := ContextParams{NCtx: 1024, NBatch: 128, NSeqMax: 4, Threads: 1, Unified: true}
+	ref, err := NewContext(m, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	batch := NewBatch(128)
+	defer batch.Free()
+	prompts := make([][]int32, 3)
+	for i, s := range []string{"first prompt here", "a second, other one", "third of them"} {
+		prompts[i], _ = m.Tokenize(s, true, false)
+	}
+	// The oracle: each prompt alone, its adapter set on the context.
+	var want [][]float32
+	for s, ad := range []*Adapter{a, b2, nil} {
+		if ad != nil {
+			ref.SetAdapters([]*Adapter{ad}, nil)
+		} else {
+			ref.SetAdapters(nil, nil)
+		}
+		want = append(want, decodeSeqs(t, ref, batch, prompts[s:s+1], []*Adapter{nil})[0])
+	}
+	for _, mode := range []struct {
+		name  string
+		exact bool
+		tol   float32
+	}{{"ggml operations", true, 0}, {"Molly's kernel", false, 1e-4}} {
+		params.TokenAdapters, params.ExactTokenAdapters = true, mode.exact
+		c, err := NewContext(m, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cases := []struct {
+			name string
+			ads  []*Adapter
+			seqs []int // which oracle each sequence must equal
+		}{
+			{"three sequences on adapter a, adapter b and the base in one decode", []*Adapter{a, b2, nil}, []int{0, 1, 2}},
+			{"the same adapters in another order", []*Adapter{nil, a, b2}, []int{2, 0, 1}},
+		}
+		for _, tc := range cases {
+			t.Run(mode.name+": "+tc.name, func(t *testing.T) {
+				ps := make([][]int32, len(tc.seqs))
+				for i, s := range tc.seqs {
+					ps[i] = prompts[s]
+				}
+				got := decodeSeqs(t, c, batch, ps, tc.ads)
+				for i, s := range tc.seqs {
+					if d := maxAbsDiff(got[i], want[s]); d > mode.tol || argmaxOf(got[i]) != argmaxOf(want[s]) {
+						t.Errorf("sequence %d: max |Δlogit| = %g (allowed %g), argmax %d vs %d against llama.cpp's context-level adapter",
+							i, d, mode.tol, argmaxOf(got[i]), argmaxOf(want[s]))
+					}
+				}
+				if c.AdaptedProducts() == 0 || (c.KernelSpans() > 0) == mode.exact {
+					t.Errorf("%d products adapted, %d runs by the kernel", c.AdaptedProducts(), c.KernelSpans())
+				}
+			})
+		}
+		// Same-shape decodes with different per-token adapters reuse the
+		// graph and still follow the adapters.
+		reuses := c.GraphReuses()
+		x := decodeSeqs(t, c, batch, prompts[:1], []*Adapter{a})[0]
+		y := decodeSeqs(t, c, batch, prompts[:1], []*Adapter{b2})[0]
+		if c.GraphReuses() <= reuses {
+			t.Errorf("%s: graph reuses %d → %d: same-shape decodes did not reuse the graph", mode.name, reuses, c.GraphReuses())
+		}
+		if maxAbsDiff(x, want[0]) > mode.tol || maxAbsDiff(y, want[0]) < 1e-3 {
+			t.Errorf("%s: after graph reuse, adapter a differs from its oracle by %g, adapter b by %g", mode.name, maxAbsDiff(x, want[0]), maxAbsDiff(y, want[0]))
+		}
+	}
+}
+
+func TestTokenAdaptersNeedAUnifiedContext(t *testing.T) {
+	m, ap, _, _ := fixture(t)
+	a, err := LoadAdapter(m, ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c, err := NewContext(m, ContextParams{NCtx: 512, NBatch: 64, NSeqMax: 2, Threads: 1, TokenAdapters: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := NewBatch(8)
+	defer b.Free()
+	b.AddAdapted(1, 0, 0, true, a, 1)
+	if err := c.Decode(b); !errors.Is(err, ErrTokenAdapters) {
+		t.Errorf("Decode on a per-sequence KV context = %v, want ErrTokenAdapters", err)
 	}
 }

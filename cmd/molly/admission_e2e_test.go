@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/tidwall/gjson"
+)
+
+// worstCase is an OpenAI-compatible model that always spends all it may:
+// every choice is max_tokens long (1000 tokens when the request sets no
+// limit, like a model that talks until its context ends), n and best_of
+// choices, usage reported honestly — prompt tokens one per 4 characters of
+// message content, as Molly's own estimate counts them (a tokenizer that
+// counts more than the estimate is beyond what an estimate can bound). A
+// chat request asking for logprobs gets -5 per token, so a cascade always
+// escalates. It keeps its own ledger of what it answered, by member (the
+// prompt's "<member>:" prefix): the test's oracle, independent of Molly's.
+type worstCase struct {
+	srv      *httptest.Server
+	priceIn  float64 // USD per 1M tokens, as configured for its target
+	priceOut float64
+	failOn   string // a prompt containing it gets 500
+
+	mu      sync.Mutex
+	answers []spent
+}
+
+type spent struct {
+	member             string
+	prompt, completion int
+	at                 time.Time
+}
+
+func startWorstCase(t *testing.T, priceIn, priceOut float64, failOn string) *worstCase {
+	m := &worstCase{priceIn: priceIn, priceOut: priceOut, failOn: failOn}
+	m.srv = httptest.NewServer(http.HandlerFunc(m.serve))
+	t.Cleanup(m.srv.Close)
+	return m
+}
+
+func (m *worstCase) URL() string { return m.srv.URL + "/v1" }
+
+func quarter(s string) int { return (utf8.RuneCountInString(s) + 3) / 4 }
+
+func (m *worstCase) serve(w http.ResponseWriter, r *http.Request) {
+	var body json.RawMessage
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	b := []byte(body)
+	text, prompt := "", 0
+	if r.URL.Path == "/v1/completions" {
+		text = gjson.GetBytes(b, "prompt").String()
+		prompt = quarter(text)
+	} else {
+		for _, msg := range gjson.GetBytes(b, "messages").Array() {
+			prompt += quarter(msg.Get("content").String())
+			if msg.Get("role").Str == "user" {
+				text = msg.Get("content").String()
+			}
+		}
+	}
+	if m.failOn != "" && strings.Contains(text, m.failOn) {
+		http.Error(w, `{"error":{"message":"boom","type":"server_error"}}`, 500)
+		return
+	}
+	member, _, _ := strings.Cut(text, ":")
+	per := int(gjson.GetBytes(b, "max_completion_tokens").Int())
+	if per == 0 {
+		per = int(gjson.GetBytes(b, "max_tokens").Int())
+	}
+	if per == 0 {
+		per = 1000
+	}
+	choices := max(int(gjson.GetBytes(b, "n").Int()), int(gjson.GetBytes(b, "best_of").Int()), 1)
+	completion := per * choices
+	m.mu.Lock()
+	m.answers = append(m.answers, spent{member: member, prompt: prompt, completion: completion, at: time.Now()})
+	m.mu.Unlock()
+	usage := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+	n := max(int(gjson.GetBytes(b, "n").Int()), 1)
+	chat := r.URL.Path == "/v1/chat/completions"
+	if gjson.GetBytes(b, "stream").Bool() {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range n {
+			var ch map[string]any
+			if chat {
+				ch = map[string]any{"index": i, "delta": map[string]any{"role": "assistant", "content": "word"}, "finish_reason": "length"}
+			} else {
+				ch = map[string]any{"index": i, "text": "word", "finish_reason": "length"}
+			}
+			chunk, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": []any{ch}})
+			fmt.Fprintf(w, "data: %s\n\n", chunk)
+		}
+		if gjson.GetBytes(b, "stream_options.include_usage").Bool() {
+			chunk, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": []any{}, "usage": usage})
+			fmt.Fprintf(w, "data: %s\n\n", chunk)
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		return
+	}
+	var out []any
+	for i := range n {
+		if chat {
+			var lp any
+			if gjson.GetBytes(b, "logprobs").Bool() {
+				lp = map[string]any{"content": []any{map[string]any{"token": "word", "logprob": -5.0, "bytes": []int{119, 111, 114, 100}, "top_logprobs": []any{}}}}
+			}
+			out = append(out, map[string]any{"index": i, "finish_reason": "length", "logprobs": lp, "message": map[string]any{"role": "assistant", "content": "word"}})
+		} else {
+			out = append(out, map[string]any{"index": i, "finish_reason": "length", "text": "word", "logprobs": nil})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"id": "x", "object": "chat.completion", "created": 1, "model": "m", "choices": out, "usage": usage})
+}
+
+// spend is what member's answers cost at this model's prices, in USD, and
+// their tokens by answer time.
+func (m *worstCase) spend(member string) (usd float64, tokens []spent) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, a := range m.answers {
+		if a.member == member {
+			usd += (float64(a.prompt)*m.priceIn + float64(a.completion)*m.priceOut) / 1e6
+			tokens = append(tokens, a)
+		}
+	}
+	return usd, tokens
+}
+
+// maxMinute is the most tokens answered in any 60 s window.
+func maxMinute(tokens []spent) int {
+	slices.SortFunc(tokens, func(a, b spent) int { return a.at.Compare(b.at) })
+	best, sum, lo := 0, 0, 0
+	for _, a := range tokens {
+		sum += a.prompt + a.completion
+		for a.at.Sub(tokens[lo].at) >= time.Minute {
+			sum -= tokens[lo].prompt + tokens[lo].completion
+			lo++
+		}
+		best = max(best, sum)
+	}
+	return best
+}
+
+// TestNoRequestShapeOvershootsABudgetOrATPM is the admission property
+// end to end: 50 concurrent clients (openai-go, no retries) send generated
+// request shapes — chat and completions, streamed or not, n up to 8,
+// best_of, max_tokens unset to 600, long and short prompts, some failing
+// on their first target — through the real gateway, whose non-streamed
+// chat requests cascade over two targets. Upstreams that always spend the
+// most they may count what they answered: alice's spend at the targets'
+// prices never exceeds her budget and bob's tokens in any minute never
+// exceed his TPM, while both got answers and 429s. Molly's ledger agrees
+// with the upstreams' to the nano-USD.
+func TestNoRequestShapeOvershootsABudgetOrATPM(t *testing.T) {
+	const (
+		budget  = 1.5  // USD, alice
+		tpm     = 9000 // tokens, bob
+		clients = 50
+		each    = 8
+		seed    = 13
+	)
+	lan := startWorstCase(t, 100, 100, "FAIL500")
+	remote := startWorstCase(t, 150, 150, "")
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		cascade {
+			threshold -1
+			max_attempts 2
+		}
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=m davinci=m
+			price 100 100
+			quality 0.9
+		}
+		target remote {
+			tier T2
+			endpoint `+remote.URL()+`
+			models chat=m davinci=m
+			price 150 150
+			quality 0.5
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	for _, m := range []map[string]any{{"name": "alice", "budget_usd": budget}, {"name": "bob", "tpm": tpm}} {
+		if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", m); code != http.StatusCreated {
+			t.Fatalf("member %v: %d %s", m, code, body)
+		}
+	}
+	keys := map[string]string{}
+	for _, m := range []string{"alice", "bob"} {
+		keys[m], _ = newKey(t, admin, m)
+	}
+
+	var mu sync.Mutex
+	outcomes := map[string]map[string]int{"alice": {}, "bob": {}}
+	var wg sync.WaitGroup
+	for i := range clients {
+		member := []string{"alice", "bob"}[i%2]
+		c := keyClient(g, keys[member])
+		rng := rand.New(rand.NewPCG(seed, uint64(i)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				words := strings.Repeat("lorem ipsum ", 1+rng.IntN(60))
+				if rng.IntN(10) == 0 {
+					words += " FAIL500"
+				}
+				prompt := member + ": " + words
+				n := []int64{1, 1, 1, 2, 3, 8}[rng.IntN(6)]
+				maxTokens := []int64{0, 1, 8, 64, 256, 600}[rng.IntN(6)]
+				stream := rng.IntN(10) < 3
+				err := askShape(c, rng.IntN(5) == 0, prompt, n, maxTokens, stream, rng.IntN(2) == 0)
+				outcome := "200"
+				var apiErr *openai.Error
+				switch {
+				case errors.As(err, &apiErr):
+					outcome = fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Code)
+				case err != nil:
+					outcome = "error: " + err.Error()
+				}
+				mu.Lock()
+				outcomes[member][outcome]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("outcomes: %v", outcomes)
+	for member, got := range outcomes {
+		for o := range got {
+			if o != "200" && o != "429 insufficient_quota" && o != "429 rate_limit_exceeded" {
+				t.Errorf("%s: %d requests got %s", member, got[o], o)
+			}
+		}
+	}
+	if outcomes["alice"]["200"] == 0 || outcomes["alice"]["429 insufficient_quota"] == 0 || outcomes["bob"]["200"] == 0 || outcomes["bob"]["429 rate_limit_exceeded"] == 0 {
+		t.Fatalf("the shapes did not reach both limits: %v", outcomes)
+	}
+	lanUSD, lanTok := lan.spend("alice")
+	remoteUSD, remoteTok := remote.spend("alice")
+	aliceUSD := lanUSD + remoteUSD
+	_, bobLan := lan.spend("bob")
+	_, bobRemote := remote.spend("bob")
+	bobMinute := maxMinute(append(bobLan, bobRemote...))
+	t.Logf("alice spent %.6f of %.2f USD over %d answers; bob's busiest minute %d of %d tokens", aliceUSD, budget, len(lanTok)+len(remoteTok), bobMinute, tpm)
+	if aliceUSD > budget+1e-9 {
+		t.Errorf("alice's answers cost %.9f USD at the targets' prices, over her budget %.2f", aliceUSD, budget)
+	}
+	if bobMinute > tpm {
+		t.Errorf("bob got %d tokens in one minute, over his TPM %d", bobMinute, tpm)
+	}
+	if aliceUSD < budget/2 || bobMinute < tpm/2 {
+		t.Errorf("the load did not press on the limits: %.6f USD, %d tokens", aliceUSD, bobMinute)
+	}
+	// Molly's book of record says the same, once every record is in.
+	var s usageSummary
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		s = usageOf(t, admin, "alice")
+		if math.Abs(s.SpentUSD-aliceUSD) < 1e-9*float64(len(lanTok)+len(remoteTok)+1) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if math.Abs(s.SpentUSD-aliceUSD) >= 1e-9*float64(len(lanTok)+len(remoteTok)+1) {
+		t.Errorf("Molly's ledger has alice at %.9f USD, the upstreams at %.9f", s.SpentUSD, aliceUSD)
+	}
+}
+
+// askShape sends one generated request: chat or completions (with best_of when
+// bestOf), streamed or not; the stream is read to its end.
+func askShape(c *openai.Client, completions bool, prompt string, n, maxTokens int64, stream, bestOf bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if completions {
+		p := openai.CompletionNewParams{Model: "davinci", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)}, N: openai.Int(n)}
+		if maxTokens > 0 {
+			p.MaxTokens = openai.Int(maxTokens)
+		}
+		if bestOf && !stream {
+			p.BestOf = openai.Int(n + 1)
+		}
+		if stream {
+			s := c.Completions.NewStreaming(ctx, p)
+			for s.Next() {
+			}
+			return s.Err()
+		}
+		_, err := c.Completions.New(ctx, p)
+		return err
+	}
+	p := openai.ChatCompletionNewParams{Model: "chat", N: openai.Int(n), Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)}}
+	if maxTokens > 0 {
+		p.MaxTokens = openai.Int(maxTokens)
+	}
+	if stream {
+		s := c.Chat.Completions.NewStreaming(ctx, p)
+		for s.Next() {
+		}
+		return s.Err()
+	}
+	_, err := c.Chat.Completions.New(ctx, p)
+	return err
+}

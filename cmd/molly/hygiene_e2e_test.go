@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/upstreamtest"
+)
+
+// hygieneCaddyfile serves one priced LAN target behind molly_auth (every
+// request without a Molly key counts as member guest), with an access log
+// in logFile and the body limits given.
+func hygieneCaddyfile(lan *upstreamtest.Upstream, admin, logFile, limits string) string {
+	return `{
+	admin ` + admin + `|0600
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint ` + lan.URL() + `
+			models chat=small-lan
+			price 10 10
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	log {
+		output file ` + logFile + `
+		format molly
+	}
+	molly_auth {
+		anonymous guest
+	}
+	molly_classify {
+		` + limits + `
+	}
+	molly_policy
+	molly_route
+}
+`
+}
+
+// rawRequest is a chat request as bytes on the wire.
+func rawRequest(host, prompt string) string {
+	body := `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: application/json\r\nContent-Length: " +
+		fmt.Sprint(len(body)) + "\r\n\r\n" + body
+}
+
+// TestClientsThatLeaveAreNeverBilledForWhatNoUpstreamSaw: a client that
+// sends its request and half-closes its socket, or resets it, gets no 403
+// and no empty 200 (a half-closed one may get its whole answer); the
+// requests no upstream received are not billed, and every one an upstream
+// received is billed once.
+func TestClientsThatLeaveAreNeverBilledForWhatNoUpstreamSaw(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	admin := adminSocket(t)
+	g := startMolly(t, hygieneCaddyfile(lan, admin, filepath.Join(t.TempDir(), "access.log"), ""))
+	host := strings.TrimPrefix(strings.TrimSuffix(g.URL, "/v1"), "http://")
+	const rounds = 20
+	var prompts []string
+	for i := range rounds {
+		for _, how := range []string{"half-close", "reset"} {
+			prompt := fmt.Sprintf("leaving %s #%d#", how, i)
+			prompts = append(prompts, prompt)
+			c, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(c, rawRequest(host, prompt)); err != nil {
+				t.Fatal(err)
+			}
+			if how == "reset" {
+				_ = c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+				continue
+			}
+			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				// A client that half-closed may still read: a whole answer
+				// is fine (and billed); a 403 or an empty 200 is not.
+				if resp.StatusCode == 403 || resp.StatusCode == 200 && !strings.Contains(gjson.GetBytes(b, "choices.0.message.content").Str, prompt) {
+					t.Errorf("a half-closed client got %d %s", resp.StatusCode, b)
+				}
+			}
+			c.Close()
+		}
+	}
+	// One request that stays, so the log and the ledger have caught up to here.
+	if _, err := client(g).Chat.Completions.New(t.Context(), chat("a client that stays")); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, p := range prompts {
+		if lan.Contains(p) {
+			seen++
+		}
+	}
+	waitFor := func(cond func() bool) bool {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if cond() {
+				return true
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+		}
+	}
+	var got usageSummary
+	if !waitFor(func() bool { got = usageOf(t, admin, "guest"); return got.Requests == seen+1 }) {
+		t.Fatalf("%d of %d leaving clients reached the upstream, and %d requests were billed; want %d (each of those once, and the one that stayed)",
+			seen, len(prompts), got.Requests, seen+1)
+	}
+	t.Logf("%d clients left: %d reached an upstream (billed), %d were stopped before (not billed)", len(prompts), seen, len(prompts)-seen)
+	if !g.waitLogs(regexp.MustCompile(`client went away before the policy decided`)) {
+		t.Fatal("no log line says the client went away")
+	}
+}
+
+// TestASlowBodyIsCutOff: a body that trickles in below min_body_rate, or
+// takes longer than body_timeout, gets 408 request_timeout and the
+// connection is closed, while a body that arrives in time is served.
+func TestASlowBodyIsCutOff(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	g := startMolly(t, hygieneCaddyfile(lan, adminSocket(t), filepath.Join(t.TempDir(), "access.log"), "body_timeout 3s\n\t\tmin_body_rate 1KiB 500ms"))
+	host := strings.TrimPrefix(strings.TrimSuffix(g.URL, "/v1"), "http://")
+	for _, tc := range []struct {
+		name  string
+		every time.Duration // one byte each
+	}{
+		{"one byte every 100ms, under the minimum rate after its grace", 100 * time.Millisecond},
+		{"one byte every 400ms", 400 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			req := rawRequest(host, strings.Repeat("slow ", 40))
+			head, body, _ := strings.Cut(req, "\r\n\r\n")
+			if _, err := io.WriteString(c, head+"\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { // the trickle, until the gateway gives up on it
+				defer close(done)
+				for i := 0; i < len(body); i++ {
+					if _, err := c.Write([]byte{body[i]}); err != nil {
+						return
+					}
+					time.Sleep(tc.every)
+				}
+			}()
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer to a trickled body: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestTimeout || gjson.GetBytes(b, "error.code").Str != "request_timeout" || !resp.Close {
+				t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+			}
+			<-done
+		})
+	}
+	if lan.Count() != 0 {
+		t.Fatalf("the upstream got %d trickled requests", lan.Count())
+	}
+	if _, err := client(g).Chat.Completions.New(t.Context(), chat("a body in time")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAccessLogsHoldNoCredentials: keys sent in Authorization, X-Api-Key,
+// Api-Key, any header holding a bearer token and in api_key= or key= of
+// the query are REDACTED in the access log; the requests are logged.
+func TestAccessLogsHoldNoCredentials(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	logFile := filepath.Join(t.TempDir(), "access.log")
+	g := startMolly(t, hygieneCaddyfile(lan, adminSocket(t), logFile, ""))
+	secrets := map[string]string{
+		"Authorization":  "Bearer upstream-style-secret-0001",
+		"X-Api-Key":      "x-api-key-secret-0002",
+		"Api-Key":        "api-key-secret-0003",
+		"X-Forwarded-Id": "Bearer forwarded-secret-0004",
+	}
+	query := url.Values{"api_key": {"query-api-key-secret-0005"}, "key": {"query-key-secret-0006"}, "trace": {"keep-me"}}
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/chat/completions?"+query.Encode(),
+		strings.NewReader(`{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"log me"}]}`))
+	for k, v := range secrets {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var logged string
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logged, "trace=keep-me"); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(logFile)
+		logged = string(b)
+		if time.Now().After(deadline) {
+			t.Fatalf("the request is not in the access log:\n%s", logged)
+		}
+	}
+	for _, s := range append([]string{"query-api-key-secret-0005", "query-key-secret-0006"}, secrets["X-Api-Key"], secrets["Api-Key"], "upstream-style-secret-0001", "forwarded-secret-0004") {
+		if strings.Contains(logged, s) || strings.Contains(g.logs.String(), s) {
+			t.Errorf("a log holds %s", s)
+		}
+	}
+	for _, want := range []string{"api_key=REDACTED", "key=REDACTED", `"X-Api-Key":["REDACTED"]`, `"X-Forwarded-Id":["REDACTED"]`} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("the access log lacks %s:\n%s", want, logged)
+		}
+	}
+}
