@@ -1,0 +1,282 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/serving"
+)
+
+// mathProblem is the one domain of the specialisation test: arithmetic
+// word problems (the capability estimator's "math"), which the teacher
+// answers in one template. solve is the oracle of that template.
+func mathProblem(i int) string {
+	a, b := 2+i%17, 3+(i*7)%13
+	return fmt.Sprintf("Calculate: Sam has %d apples and buys %d more. How many apples now?", a, b)
+}
+
+var problemRe = regexp.MustCompile(`Sam has (\d+) apples and buys (\d+) more`)
+
+func solve(prompt string) string {
+	m := problemRe.FindStringSubmatch(prompt)
+	if m == nil {
+		return "I only do apples."
+	}
+	a, _ := strconv.Atoi(m[1])
+	b, _ := strconv.Atoi(m[2])
+	return fmt.Sprintf("Sam has %d + %d = %d apples.", a, b, a+b)
+}
+
+// molly runs the real binary's subcommand against the admin socket.
+func mollyCmd(t *testing.T, admin string, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command(mollyBin, append(args, "--address", admin)...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("molly %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String(), errb.String()
+}
+
+type cycleReport struct {
+	Domains []struct {
+		Domain     string `json:"domain"`
+		NewTraces  int    `json:"new_traces"`
+		Skipped    string `json:"skipped"`
+		Set        string `json:"set"`
+		Version    string `json:"version"`
+		Promoted   bool   `json:"promoted"`
+		Error      string `json:"error"`
+		Evaluation *struct {
+			Scores struct {
+				IncumbentDomain struct{ NLL float64 } `json:"incumbent_domain"`
+				CandidateDomain struct{ NLL float64 } `json:"candidate_domain"`
+				BaseGeneral     struct{ NLL float64 } `json:"base_general"`
+				CandidateGen    struct{ NLL float64 } `json:"candidate_general"`
+			} `json:"scores"`
+			Quality float64 `json:"quality"`
+		} `json:"evaluation"`
+		TrainTokensPerS float64 `json:"train_tokens_per_s"`
+	} `json:"domains"`
+}
+
+// TestSpecialisationMovesADomainToT0: traffic of one domain goes to the T1
+// teacher because T0 is weak at it; with consent its traces are captured;
+// one cycle curates them, trains an adapter on the T0 demo base, evaluates
+// it (held-out NLL ≥ 10% lower, general probes ≤ 1% worse) and promotes
+// it; the next request of that category is served on T0 by the adapter,
+// the route and the answer's fingerprint naming it, with no configuration
+// edited. Then the member is forgotten and a later cycle sees nothing.
+func TestSpecialisationMovesADomainToT0(t *testing.T) {
+	teacher := upstreamtest.Start("t1")
+	teacher.Answer = solve
+	t.Cleanup(teacher.Close)
+	models, empty, state := t.TempDir(), t.TempDir(), t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(models, serving.DemoModelFile)
+	db := filepath.Join(state, "molly.db")
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		registry `+db+`
+		engine {
+			model `+base+`
+			adapters `+empty+`
+			n_seq_max 8
+			n_ctx 4096
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+			models chat=molly-demo
+			latency 50ms
+			quality 0.05
+		}
+		target lan {
+			tier T1
+			endpoint `+teacher.URL()+`
+			models chat=small-lan
+			price 0 0
+			latency 300ms
+			quality 0.3
+		}
+		specialise {
+			min_traces 30
+			rank 4
+			steps 40
+			batch_size 4
+			learning_rate 0.02
+			threads 2
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	handle /v1/feedback {
+		molly_feedback
+	}
+	handle {
+		molly_classify
+		molly_policy
+		molly_route
+	}
+}
+`)
+	c := client(g)
+	ctx := context.Background()
+	ask := func(i int, trace string) (*openai.ChatCompletion, http.Header) {
+		t.Helper()
+		var resp *http.Response
+		opts := []option.RequestOption{option.WithResponseInto(&resp)}
+		if trace != "" {
+			opts = append(opts, option.WithHeader("X-Molly-Trace", trace))
+		}
+		out, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", MaxTokens: openai.Int(24),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(mathProblem(i))}}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out, resp.Header
+	}
+
+	// 1. The domain's traffic goes to the teacher; consented requests are traced.
+	const n = 60
+	for i := range n {
+		out, h := ask(i, "on")
+		if h.Get("X-Molly-Tier") != "T1" || out.Choices[0].Message.Content != solve(mathProblem(i)) {
+			t.Fatalf("request %d: tier %s, answer %q; want T1's template", i, h.Get("X-Molly-Tier"), out.Choices[0].Message.Content)
+		}
+	}
+	_, _ = ask(n, "off") // refused consent: never traced
+	ask(n+1, "")         // no consent given: default off
+	var traces []struct {
+		Member, Category, Tier string
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) { // polling the condition
+		code, body := adminCall(t, admin, http.MethodGet, "/molly/traces", nil)
+		if code != http.StatusOK {
+			t.Fatalf("GET /molly/traces: %d %s", code, body)
+		}
+		_ = json.Unmarshal([]byte(body), &traces)
+		if len(traces) >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(traces) != n {
+		t.Fatalf("%d traces, want the %d consented", len(traces), n)
+	}
+	for _, tr := range traces {
+		if tr.Category != "math" || tr.Tier != "T1" || tr.Member != "anonymous" {
+			t.Fatalf("trace %+v, want math answered on T1 for anonymous", tr)
+		}
+	}
+
+	// The export is OpenAI fine-tuning JSONL of the teacher's answers.
+	out, _ := mollyCmd(t, admin, "traces", "export", "--domain", "math")
+	lines := 0
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var l struct {
+			Messages []struct{ Role, Content string }
+		}
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || len(l.Messages) != 2 || l.Messages[1].Role != "assistant" ||
+			l.Messages[1].Content != solve(l.Messages[0].Content) {
+			t.Fatalf("export line %q (%v)", sc.Text(), err)
+		}
+		lines++
+	}
+	if lines != n {
+		t.Fatalf("export of %d pairs, want %d", lines, n)
+	}
+
+	// 2. One cycle, asked for as an operator would.
+	out, _ = mollyCmd(t, admin, "specialise", "run", "--once")
+	var rep cycleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Domains) != 1 {
+		t.Fatalf("cycle report %q: %v", out, err)
+	}
+	d := rep.Domains[0]
+	if d.Domain != "math" || !d.Promoted || d.Error != "" || d.Evaluation == nil || d.NewTraces != n {
+		t.Fatalf("domain report %+v", d)
+	}
+	s := d.Evaluation.Scores
+	t.Logf("held-out NLL/token %.3f → %.3f, general %.3f → %.3f, quality prior %.3f, training %.0f tokens/s",
+		s.IncumbentDomain.NLL, s.CandidateDomain.NLL, s.BaseGeneral.NLL, s.CandidateGen.NLL, d.Evaluation.Quality, d.TrainTokensPerS)
+	if !(s.CandidateDomain.NLL <= 0.9*s.IncumbentDomain.NLL) || !(s.CandidateGen.NLL <= 1.01*s.BaseGeneral.NLL) {
+		t.Fatalf("gate figures %+v", s)
+	}
+
+	// 3. The next request of the category is served on T0 by the new adapter.
+	answer, h := ask(1000, "")
+	route := h.Get("X-Molly-Route")
+	if h.Get("X-Molly-Tier") != "T0" || !strings.HasPrefix(route, "device/molly-demo:math ") {
+		t.Fatalf("after promotion: tier %s, route %q; want T0 on device/molly-demo:math", h.Get("X-Molly-Tier"), route)
+	}
+	file, err := os.ReadFile(filepath.Join(state, "specialise", "versions", d.Version+".gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(file)
+	if hex.EncodeToString(sum[:]) != d.Version || answer.SystemFingerprint != "sha256:"+d.Version {
+		t.Fatalf("answered by version %q; the promoted file's hash is %x (reported %s)", answer.SystemFingerprint, sum, d.Version)
+	}
+	// The alias's pinned name serves the same version.
+	pinned, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo:math@" + d.Version[:12], MaxTokens: openai.Int(2),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	if err != nil || pinned.SystemFingerprint != "sha256:"+d.Version {
+		t.Fatalf("pinned name: %v %+v", err, pinned)
+	}
+	hist, _ := mollyCmd(t, admin, "adapters", "history", "math")
+	if !strings.Contains(hist, "promote") || !strings.Contains(hist, d.Version[:12]) {
+		t.Fatalf("history:\n%s", hist)
+	}
+
+	// 4. Training by hand from the cycle's curated set, on this machine:
+	// structured progress lines when not on a terminal.
+	adapterOut := filepath.Join(t.TempDir(), "math.gguf")
+	out, errOut := mollyCmd(t, admin, "adapters", "train", "--set", d.Set, "--base", base, "--rank", "2", "--steps", "4",
+		"--batch-size", "2", "--threads", "1", "--registry", db, "--out", adapterOut)
+	if !strings.Contains(out, "wrote "+adapterOut) || !strings.Contains(errOut, `"event":"end"`) {
+		t.Fatalf("train: stdout %q stderr %q", out, errOut)
+	}
+	if b, err := os.ReadFile(adapterOut); err != nil || string(b[:4]) != "GGUF" {
+		t.Fatalf("trained file: %v", err)
+	}
+
+	// 5. Forgetting the member removes their traces; a later cycle sees none.
+	out, _ = mollyCmd(t, admin, "traces", "delete", "--member", "anonymous")
+	if !strings.Contains(out, fmt.Sprintf("deleted %d traces", n)) {
+		t.Fatalf("delete: %q", out)
+	}
+	if code, body := adminCall(t, admin, http.MethodGet, "/molly/traces", nil); code != http.StatusOK || strings.TrimSpace(body) != "[]" {
+		t.Fatalf("traces after deletion: %d %s", code, body)
+	}
+	out, _ = mollyCmd(t, admin, "specialise", "run", "--once")
+	rep = cycleReport{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Domains) != 0 {
+		t.Fatalf("a cycle after deletion: %s", out)
+	}
+}
