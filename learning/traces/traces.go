@@ -9,6 +9,12 @@
 // default off. Standing consents live in the registry (trace_consent) and
 // are cached in memory, so deciding costs a map lookup.
 //
+// Secrets: a trace holds the request as its answering tier saw it, so a
+// request whose classifier findings (secrets, personal data) were not all
+// redacted for that tier — typically one pinned to T0, where policy
+// redacts nothing — is never stored: Record counts it as withheld. What
+// the loop learns from therefore never holds a value the classifier found.
+//
 // Latency: Record never blocks the request. It offers the Outcome to a
 // bounded queue and counts a drop when the queue is full; one writer
 // goroutine turns queued outcomes into traces and stores up to Batch of
@@ -29,6 +35,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,8 +76,8 @@ type Recorder struct {
 	consent atomic.Pointer[consents]
 	mu      sync.Mutex // serialises consent reloads
 
-	stored, dropped, failed atomic.Int64
-	idle                    chan chan struct{} // Flush waiters
+	stored, dropped, failed, withheld atomic.Int64
+	idle                              chan chan struct{} // Flush waiters
 }
 
 type consents struct {
@@ -154,10 +161,18 @@ func (r *Recorder) Consents(req *http.Request, id *identity.Identity) bool {
 
 // Record implements pipeline.Recorder: an Outcome with trace text and an
 // answer is queued for the writer; when the queue is full it is dropped
-// and counted. It never blocks.
+// and counted. One with findings not redacted for its answering tier is
+// withheld (counted, never stored). It never blocks.
 func (r *Recorder) Record(o pipeline.Outcome) {
 	if o.Text == nil || o.Answered < 0 || o.Answered >= len(o.Attempts) {
 		return
+	}
+	for t, n := range o.Findings {
+		if n > 0 && !slices.Contains(o.RedactedTypes, t) {
+			r.withheld.Add(1)
+			withheldTotal.Inc()
+			return
+		}
 	}
 	select {
 	case r.q <- o:
@@ -170,12 +185,15 @@ func (r *Recorder) Record(o pipeline.Outcome) {
 // Stats are the recorder's counters.
 type Stats struct {
 	Stored, Dropped, Failed int64
-	Queued                  int
+	// Withheld: consented outcomes not stored because their text held
+	// findings not redacted for the answering tier.
+	Withheld int64
+	Queued   int
 }
 
 // Stats returns the counters so far.
 func (r *Recorder) Stats() Stats {
-	return Stats{Stored: r.stored.Load(), Dropped: r.dropped.Load(), Failed: r.failed.Load(), Queued: len(r.q)}
+	return Stats{Stored: r.stored.Load(), Dropped: r.dropped.Load(), Failed: r.failed.Load(), Withheld: r.withheld.Load(), Queued: len(r.q)}
 }
 
 // Flush waits until everything queued before the call is stored (or
@@ -327,11 +345,13 @@ var (
 		Help: "Consented traces dropped because the capture queue was full."})
 	failedTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "molly_traces_failed_total",
 		Help: "Consented traces the registry failed to store."})
+	withheldTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "molly_traces_withheld_total",
+		Help: "Consented traces not stored because they held findings not redacted for the answering tier."})
 )
 
 // Collectors are the capture metrics, for a Prometheus registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{storedTotal, dropsTotal, failedTotal}
+	return []prometheus.Collector{storedTotal, dropsTotal, failedTotal, withheldTotal}
 }
 
 var (
