@@ -114,7 +114,7 @@ func Curate(name, domain string, traces []registry.Trace, o Options) (registry.C
 		} else {
 			rep.HeldOut++
 		}
-		if it.Teacher != "" && it.Teacher != "T0" {
+		if it.Teacher != "" && it.Teacher != "T0" && !c.edited {
 			rep.Teacher++
 		}
 		if c.edited {
