@@ -62,6 +62,10 @@ type cycleReport struct {
 		NewTraces  int    `json:"new_traces"`
 		Skipped    string `json:"skipped"`
 		Set        string `json:"set"`
+		Curation   struct {
+			Kept   int `json:"kept"`
+			Edited int `json:"edited"`
+		} `json:"curation"`
 		Version    string `json:"version"`
 		Promoted   bool   `json:"promoted"`
 		Error      string `json:"error"`
@@ -164,10 +168,28 @@ http://127.0.0.1:{PORT} {
 
 	// 1. The domain's traffic goes to the teacher; consented requests are traced.
 	const n = 60
+	decisions := map[int]string{}
 	for i := range n {
 		out, h := ask(i, "on")
 		if h.Get("X-Molly-Tier") != "T1" || out.Choices[0].Message.Content != solve(mathProblem(i)) {
 			t.Fatalf("request %d: tier %s, answer %q; want T1's template", i, h.Get("X-Molly-Tier"), out.Choices[0].Message.Content)
+		}
+		decisions[i] = h.Get("X-Molly-Decision-Id")
+	}
+	// Feedback: a correction replaces an answer, a bad score drops one.
+	edit := "Sam has " + strings.TrimPrefix(solve(mathProblem(0)), "Sam has ") + " Well done!"
+	for i, fb := range map[int]map[string]any{0: {"score": 0.3, "edit": edit}, 1: {"score": 0.1}} {
+		fb["decision_id"] = decisions[i]
+		b, _ := json.Marshal(fb)
+		resp, err := http.Post(g.URL+"/feedback", "application/json", strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Traced bool }
+		_ = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !got.Traced {
+			t.Fatalf("feedback on %d: %d traced=%v", i, resp.StatusCode, got.Traced)
 		}
 	}
 	_, _ = ask(n, "off") // refused consent: never traced
@@ -202,14 +224,23 @@ http://127.0.0.1:{PORT} {
 		var l struct {
 			Messages []struct{ Role, Content string }
 		}
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || len(l.Messages) != 2 || l.Messages[1].Role != "assistant" ||
-			l.Messages[1].Content != solve(l.Messages[0].Content) {
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || len(l.Messages) != 2 || l.Messages[1].Role != "assistant" {
 			t.Fatalf("export line %q (%v)", sc.Text(), err)
+		}
+		want := solve(l.Messages[0].Content)
+		switch l.Messages[0].Content {
+		case mathProblem(0):
+			want = edit
+		case mathProblem(1):
+			t.Fatalf("the answer scored 0.1 was exported: %s", sc.Text())
+		}
+		if l.Messages[1].Content != want {
+			t.Fatalf("export line %q, want the answer %q", sc.Text(), want)
 		}
 		lines++
 	}
-	if lines != n {
-		t.Fatalf("export of %d pairs, want %d", lines, n)
+	if lines != n-1 {
+		t.Fatalf("export of %d pairs, want %d", lines, n-1)
 	}
 
 	// 2. One cycle, asked for as an operator would.
@@ -219,7 +250,7 @@ http://127.0.0.1:{PORT} {
 		t.Fatalf("cycle report %q: %v", out, err)
 	}
 	d := rep.Domains[0]
-	if d.Domain != "math" || !d.Promoted || d.Error != "" || d.Evaluation == nil || d.NewTraces != n {
+	if d.Domain != "math" || !d.Promoted || d.Error != "" || d.Evaluation == nil || d.NewTraces != n || d.Curation.Kept != n-1 || d.Curation.Edited != 1 {
 		t.Fatalf("domain report %+v", d)
 	}
 	s := d.Evaluation.Scores
