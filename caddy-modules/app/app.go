@@ -112,6 +112,7 @@ type App struct {
 
 	recorder *traces.Recorder // consented trace capture (specialise.go)
 	loop     *specialise.Loop // the specialisation loop (specialise.go)
+	share    *traces.Share    // requests per category and tier over time (specialise.go)
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -196,7 +197,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		FirstEventTimeout: time.Duration(a.FirstEventTimeout), Recorders: a.recorders()}
 	if a.recorder != nil {
 		a.pipeline.Capture = a.recorder
-		a.pipeline.Recorders = append(a.pipeline.Recorders, a.recorder)
+		a.pipeline.Recorders = append(a.pipeline.Recorders, a.recorder, a.share)
 	}
 	if a.pipeline.Health, err = a.provisionHealth(ctx); err != nil {
 		return fmt.Errorf("molly: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +54,7 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		return fmt.Errorf("specialise: traces: %w", err)
 	}
 	a.recorder = rec
+	a.share = traces.NewShare(time.Hour, 168)
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
 		for _, c := range traces.Collectors() {
 			if err := reg.Register(c); err != nil {

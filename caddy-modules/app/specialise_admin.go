@@ -15,6 +15,7 @@ import (
 	"github.com/molly-gateway/molly/learning/adapters"
 	"github.com/molly-gateway/molly/learning/curate"
 	"github.com/molly-gateway/molly/learning/specialise"
+	"github.com/molly-gateway/molly/learning/traces"
 	"github.com/molly-gateway/molly/registry"
 )
 
@@ -24,6 +25,9 @@ import (
 //
 //	POST   /molly/specialise/run               run one cycle now → the cycle's report
 //	                                           (409 while one runs)
+//	GET    /molly/specialise/share             requests answered per task category and tier,
+//	                                           per hour for the last week: [{"start", "category",
+//	                                           "requests", "tiers": {"T0": n, ...}, "share": {"T0": 0.4, ...}}]
 //	GET    /molly/traces?member=&category=&limit=
 //	                                           traces without their text: [{"id", "decision_id",
 //	                                           "member", "category", "tier", "target", "served_model",
@@ -113,6 +117,12 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 			return apiErr(http.StatusInternalServerError, "%v", err)
 		}
 		return writeJSON(w, http.StatusOK, rep)
+	case "GET /molly/specialise/share":
+		rows := a.share.Rows()
+		if rows == nil {
+			rows = []traces.ShareRow{}
+		}
+		return writeJSON(w, http.StatusOK, rows)
 	case "GET /molly/traces":
 		limit := 0
 		if s := q.Get("limit"); s != "" {

@@ -280,6 +280,26 @@ http://127.0.0.1:{PORT} {
 	if err != nil || pinned.SystemFingerprint != "sha256:"+d.Version {
 		t.Fatalf("pinned name: %v %+v", err, pinned)
 	}
+	// The share of the category's requests per tier shows the move.
+	code, body := adminCall(t, admin, http.MethodGet, "/molly/specialise/share", nil)
+	var share []struct {
+		Category string
+		Tiers    map[string]int
+	}
+	if err := json.Unmarshal([]byte(body), &share); code != http.StatusOK || err != nil {
+		t.Fatalf("share: %d %s", code, body)
+	}
+	tiers := map[string]int{}
+	for _, r := range share {
+		if r.Category == "math" {
+			for k, v := range r.Tiers {
+				tiers[k] += v
+			}
+		}
+	}
+	if tiers["T1"] != n+2 || tiers["T0"] != 1 {
+		t.Fatalf("math requests per tier %v, want %d on T1 and 1 on T0", tiers, n+2)
+	}
 	hist, _ := mollyCmd(t, admin, "adapters", "history", "math")
 	if !strings.Contains(hist, "promote") || !strings.Contains(hist, d.Version[:12]) {
 		t.Fatalf("history:\n%s", hist)

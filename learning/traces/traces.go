@@ -351,7 +351,7 @@ var (
 
 // Collectors are the capture metrics, for a Prometheus registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{storedTotal, dropsTotal, failedTotal, withheldTotal}
+	return []prometheus.Collector{storedTotal, dropsTotal, failedTotal, withheldTotal, servedTotal}
 }
 
 var (
