@@ -10,8 +10,9 @@
 // on its own route, e.g. `handle /v1/feedback { molly_feedback }`.
 //
 // Answers: 200 {"object":"feedback","decision_id","target","model",
-// "category","quality","observations","traced"} with the prior after the
-// update (traced: a consented trace took the feedback);
+// "category","quality","observations"} with the prior after the update,
+// and "traced" (a consented trace took the feedback) with the specialise
+// block;
 // OpenAI-style errors otherwise: 405 for a method other than POST, 400 for
 // a malformed body or a score outside [0,1], 404 decision_not_found for an
 // id Molly does not remember (never routed here, older than an hour, or
@@ -124,8 +125,12 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp
 	}
 	f.logger.Info("feedback", zap.String("decision_id", id.Str), zap.Float64("score", score.Num), zap.String("target", res.Key.Target),
 		zap.String("model", res.Key.Model), zap.String("category", res.Key.Category), zap.Float64("quality", res.Quality), zap.Int64("observations", res.N))
-	out, _ := json.Marshal(map[string]any{"object": "feedback", "decision_id": id.Str, "target": res.Key.Target, "model": res.Key.Model,
-		"category": res.Key.Category, "quality": res.Quality, "observations": res.N, "traced": traced})
+	answer := map[string]any{"object": "feedback", "decision_id": id.Str, "target": res.Key.Target, "model": res.Key.Model,
+		"category": res.Key.Category, "quality": res.Quality, "observations": res.N}
+	if f.app.Traces() != nil {
+		answer["traced"] = traced
+	}
+	out, _ := json.Marshal(answer)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
