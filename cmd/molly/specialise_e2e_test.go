@@ -58,11 +58,11 @@ func mollyCmd(t *testing.T, admin string, args ...string) (string, string) {
 
 type cycleReport struct {
 	Domains []struct {
-		Domain     string `json:"domain"`
-		NewTraces  int    `json:"new_traces"`
-		Skipped    string `json:"skipped"`
-		Set        string `json:"set"`
-		Curation   struct {
+		Domain    string `json:"domain"`
+		NewTraces int    `json:"new_traces"`
+		Skipped   string `json:"skipped"`
+		Set       string `json:"set"`
+		Curation  struct {
 			Kept   int `json:"kept"`
 			Edited int `json:"edited"`
 		} `json:"curation"`
@@ -82,33 +82,19 @@ type cycleReport struct {
 	} `json:"domains"`
 }
 
-// TestSpecialisationMovesADomainToT0: traffic of one domain goes to the T1
-// teacher because T0 is weak at it; with consent its traces are captured;
-// one cycle curates them, trains an adapter on the T0 demo base, evaluates
-// it (held-out NLL ≥ 10% lower, general probes ≤ 1% worse) and promotes
-// it; the next request of that category is served on T0 by the adapter,
-// the route and the answer's fingerprint naming it, with no configuration
-// edited. Then the member is forgotten and a later cycle sees nothing.
-func TestSpecialisationMovesADomainToT0(t *testing.T) {
-	teacher := upstreamtest.Start("t1")
-	teacher.Answer = solve
-	t.Cleanup(teacher.Close)
-	models, empty, state := t.TempDir(), t.TempDir(), t.TempDir()
-	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(models, serving.DemoModelFile)
-	db := filepath.Join(state, "molly.db")
-	admin := adminSocket(t)
-	g := startMolly(t, `{
-	admin `+admin+`|0600
+// specialiseCaddyfile is the gateway of the specialisation tests: the
+// engine (base, adapter folder dir) as a weak T0, the teacher as T1, the
+// loop with tiny training settings, and /v1/feedback.
+func specialiseCaddyfile(admin, db, base, dir, teacher string) string {
+	return `{
+	admin ` + admin + `|0600
 	auto_https off
 	persist_config off
 	molly {
-		registry `+db+`
+		registry ` + db + `
 		engine {
-			model `+base+`
-			adapters `+empty+`
+			model ` + base + `
+			adapters ` + dir + `
 			n_seq_max 8
 			n_ctx 4096
 			threads 1
@@ -122,7 +108,7 @@ func TestSpecialisationMovesADomainToT0(t *testing.T) {
 		}
 		target lan {
 			tier T1
-			endpoint `+teacher.URL()+`
+			endpoint ` + teacher + `
 			models chat=small-lan
 			price 0 0
 			latency 300ms
@@ -148,7 +134,28 @@ http://127.0.0.1:{PORT} {
 		molly_route
 	}
 }
-`)
+`
+}
+
+// TestSpecialisationMovesADomainToT0: traffic of one domain goes to the T1
+// teacher because T0 is weak at it; with consent its traces are captured;
+// one cycle curates them, trains an adapter on the T0 demo base, evaluates
+// it (held-out NLL ≥ 10% lower, general probes ≤ 1% worse) and promotes
+// it; the next request of that category is served on T0 by the adapter,
+// the route and the answer's fingerprint naming it, with no configuration
+// edited. Then the member is forgotten and a later cycle sees nothing.
+func TestSpecialisationMovesADomainToT0(t *testing.T) {
+	teacher := upstreamtest.Start("t1")
+	teacher.Answer = solve
+	t.Cleanup(teacher.Close)
+	models, empty, state := t.TempDir(), t.TempDir(), t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(models, serving.DemoModelFile)
+	db := filepath.Join(state, "molly.db")
+	admin := adminSocket(t)
+	g := startMolly(t, specialiseCaddyfile(admin, db, base, empty, teacher.URL()))
 	c := client(g)
 	ctx := context.Background()
 	ask := func(i int, trace string) (*openai.ChatCompletion, http.Header) {
@@ -330,4 +337,81 @@ http://127.0.0.1:{PORT} {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Domains) != 0 {
 		t.Fatalf("a cycle after deletion: %s", out)
 	}
+}
+
+// TestAcknowledgedTracesSurviveKill9: every trace the admin API listed
+// (committed) before a kill -9 in the middle of consented traffic is
+// there after the restart.
+func TestAcknowledgedTracesSurviveKill9(t *testing.T) {
+	teacher := upstreamtest.Start("t1")
+	teacher.Answer = solve
+	t.Cleanup(teacher.Close)
+	models, empty, state := t.TempDir(), t.TempDir(), t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	base, db := filepath.Join(models, serving.DemoModelFile), filepath.Join(state, "molly.db")
+	admin := adminSocket(t)
+	g := startMolly(t, specialiseCaddyfile(admin, db, base, empty, teacher.URL()))
+	c := client(g)
+	stop := make(chan struct{})
+	sent := make(chan error, 4)
+	for w := range 4 {
+		go func() {
+			for i := w; ; i += 4 {
+				select {
+				case <-stop:
+					sent <- nil
+					return
+				default:
+				}
+				if _, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "chat", MaxTokens: openai.Int(8),
+					Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(mathProblem(i))}},
+					option.WithHeader("X-Molly-Trace", "on")); err != nil {
+					sent <- nil // the kill ends requests in flight
+					return
+				}
+			}
+		}()
+	}
+	listed := func(admin string) map[string]bool {
+		code, body := adminCall(t, admin, http.MethodGet, "/molly/traces", nil)
+		var ts []struct {
+			DecisionID string `json:"decision_id"`
+		}
+		if err := json.Unmarshal([]byte(body), &ts); code != http.StatusOK || err != nil {
+			t.Fatalf("GET /molly/traces: %d %s", code, body)
+		}
+		out := map[string]bool{}
+		for _, tr := range ts {
+			out[tr.DecisionID] = true
+		}
+		return out
+	}
+	var acked map[string]bool
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // polling the condition
+		if acked = listed(admin); len(acked) >= 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d traces stored in 30s", len(acked))
+		}
+	}
+	if err := g.cmd.Process.Kill(); err != nil { // SIGKILL while the workers still send
+		t.Fatal(err)
+	}
+	_ = g.cmd.Wait()
+	close(stop)
+	for range 4 {
+		<-sent
+	}
+	admin2 := adminSocket(t)
+	startMolly(t, specialiseCaddyfile(admin2, db, base, empty, teacher.URL()))
+	after := listed(admin2)
+	for id := range acked {
+		if !after[id] {
+			t.Fatalf("acknowledged trace %s lost across kill -9 (%d acknowledged, %d after)", id, len(acked), len(after))
+		}
+	}
+	t.Logf("%d traces acknowledged before the kill, %d stored after the restart", len(acked), len(after))
 }
