@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -295,6 +296,70 @@ func TestAFailedCycleLeavesTheServingAdapterUntouched(t *testing.T) {
 	rep, err = f.loop(t, cfg).RunOnce(ctx)
 	if err != nil || rep.Domains[0].NewTraces != 30 {
 		t.Fatalf("next cycle %+v %v", rep, err)
+	}
+}
+
+// TestTheLoopRunsOnItsSchedule: with every set, cycles run by themselves
+// until Stop, and the first one promotes.
+func TestTheLoopRunsOnItsSchedule(t *testing.T) {
+	f := newFixture(t)
+	f.putTraces(t, "alice", 0, 40)
+	cfg := demoConfig
+	cfg.Every = 20 * time.Millisecond
+	l := f.loop(t, cfg)
+	l.Start()
+	defer l.Stop()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) { // polling the condition
+		if a, _ := f.reg.Aliases(context.Background()); a["math"] != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no scheduled cycle promoted within 60s")
+		}
+	}
+	l.Stop()
+	if _, err := l.RunOnce(context.Background()); err != nil { // the loop is free again after Stop
+		t.Fatal(err)
+	}
+}
+
+// TestAnExternalTrainersAdapterIsEvaluatedLikeOurs: the external
+// trainer's command gets the exported JSONL and writes the adapter, which
+// the cycle stores as source "external", evaluates and gates.
+func TestAnExternalTrainersAdapterIsEvaluatedLikeOurs(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.putTraces(t, "alice", 0, 40)
+	// A first cycle trains an adapter with the built-in trainer; the
+	// "external trainer" then is a script that checks its JSONL and copies
+	// that file, as peft or MLX would write theirs.
+	rep, err := f.loop(t, demoConfig).RunOnce(ctx)
+	if err != nil || !rep.Domains[0].Promoted {
+		t.Fatalf("first cycle %+v %v", rep, err)
+	}
+	v, _ := f.reg.AdapterVersion(ctx, rep.Domains[0].Version)
+	script := filepath.Join(t.TempDir(), "train.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nset -e\ngrep -q '\"role\":\"assistant\"' \"$1\"\ncp \"$2\" \"$3\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.reg.SetMeta(ctx, watermarkKey("math"), "0"); err != nil { // the same traces count as new again
+		t.Fatal(err)
+	}
+	cfg := demoConfig
+	cfg.ExternalTrainer = []string{script, "{train}", v.Path, "{out}"}
+	cfg.Dir = filepath.Join(f.dir, "specialise") // the same store
+	rep, err = f.loop(t, cfg).RunOnce(ctx)
+	if err != nil || len(rep.Domains) != 1 {
+		t.Fatalf("external cycle %+v %v", rep, err)
+	}
+	d := rep.Domains[0]
+	// The same file is the same version; against itself as the incumbent it gains nothing: refused.
+	if d.Error != "" || d.Version != v.Version || d.Promoted || d.Evaluation == nil || d.Evaluation.Verdict.DomainGain != 0 {
+		t.Fatalf("external domain report %+v", d)
+	}
+	events, _ := f.reg.AdapterEvents(ctx, "math")
+	if len(events) != 2 || events[1].Action != "refuse" {
+		t.Fatalf("events %+v", events)
 	}
 }
 
