@@ -312,6 +312,19 @@ func TestSpecialisationMovesADomainToT0(t *testing.T) {
 		t.Fatalf("history:\n%s", hist)
 	}
 
+	// A restart serves the promoted version again, and routes to it.
+	if err := g.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = g.cmd.Wait()
+	admin = adminSocket(t)
+	g = startMolly(t, specialiseCaddyfile(admin, db, base, empty, teacher.URL()))
+	c = client(g)
+	answer, h = ask(1001, "")
+	if h.Get("X-Molly-Tier") != "T0" || !strings.HasPrefix(h.Get("X-Molly-Route"), "device/molly-demo:math ") || answer.SystemFingerprint != "sha256:"+d.Version {
+		t.Fatalf("after a restart: tier %s, route %q, version %q", h.Get("X-Molly-Tier"), h.Get("X-Molly-Route"), answer.SystemFingerprint)
+	}
+
 	// 4. Training by hand from the cycle's curated set, on this machine:
 	// structured progress lines when not on a terminal.
 	adapterOut := filepath.Join(t.TempDir(), "math.gguf")
