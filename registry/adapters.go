@@ -100,27 +100,27 @@ func (r *Registry) CuratedSet(ctx context.Context, name string) (CuratedSet, err
 // AdapterVersion is one adapter file known to the registry, by content
 // hash, pinned to the base it was made for.
 type AdapterVersion struct {
-	Version      string // hex SHA-256 of the GGUF file
-	Name         string // the adapter name it serves under (its domain)
-	BaseChecksum string
-	BaseQuant    string
-	Path         string
-	Set          string // the curated set it was trained on
-	Source       string // trained | external | import
-	Scores       string // the evaluation, JSON ("" before)
-	Verdict      string // promoted | refused | ""
-	Forgotten    int    // training traces since deleted with their member
-	Created      time.Time
+	Version      string    `json:"version"` // hex SHA-256 of the GGUF file
+	Name         string    `json:"name"`    // the adapter name it serves under (its domain)
+	BaseChecksum string    `json:"base_checksum"`
+	BaseQuant    string    `json:"base_quant"`
+	Path         string    `json:"path"`
+	Set          string    `json:"set"`       // the curated set it was trained on
+	Source       string    `json:"source"`    // trained | external | import
+	Scores       string    `json:"scores"`    // the evaluation, JSON ("" before)
+	Verdict      string    `json:"verdict"`   // promoted | refused | ""
+	Forgotten    int       `json:"forgotten"` // training traces since deleted with their member
+	Created      time.Time `json:"created"`
 }
 
 // AdapterEvent is one entry of an adapter name's history.
 type AdapterEvent struct {
-	ID      int64
-	Name    string
-	Version string
-	Action  string // promote | rollback | refuse
-	Reason  string
-	Created time.Time
+	ID      int64     `json:"id"`
+	Name    string    `json:"name"`
+	Version string    `json:"version"`
+	Action  string    `json:"action"` // promote | rollback | refuse
+	Reason  string    `json:"reason"`
+	Created time.Time `json:"created"`
 }
 
 // TrainedOn is one trace an adapter version was trained on.

@@ -60,17 +60,17 @@ func (o *Options) defaults() {
 
 // Report counts what curation kept and why it dropped the rest.
 type Report struct {
-	Seen        int            `json:"seen"`
-	Kept        int            `json:"kept"`
-	Train       int            `json:"train"`
-	HeldOut     int            `json:"held_out"`
-	Teacher     int            `json:"teacher"` // kept pairs whose answer came from a tier above T0
-	Edited      int            `json:"edited"`  // kept pairs whose answer is the client's correction
-	Dropped     map[string]int `json:"dropped"` // by reason
-	Duplicates  int            `json:"duplicates"`
-	NearDupes   int            `json:"near_duplicates"`
-	TraceIDs    []int64        `json:"-"`
-	TrainTraces []registry.TrainedOn
+	Seen        int                  `json:"seen"`
+	Kept        int                  `json:"kept"`
+	Train       int                  `json:"train"`
+	HeldOut     int                  `json:"held_out"`
+	Teacher     int                  `json:"teacher"` // kept pairs whose answer came from a tier above T0
+	Edited      int                  `json:"edited"`  // kept pairs whose answer is the client's correction
+	Dropped     map[string]int       `json:"dropped"` // by reason
+	Duplicates  int                  `json:"duplicates"`
+	NearDupes   int                  `json:"near_duplicates"`
+	TraceIDs    []int64              `json:"-"`
+	TrainTraces []registry.TrainedOn `json:"-"`
 }
 
 // Drop reasons.
