@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +46,10 @@ import (
 //	                                           JSONL body → a curated set (split by prompt hash)
 //	GET    /molly/adapter-versions             every adapter name: serving version, versions
 //	                                           with scores, history
+//	POST   /molly/adapter-versions             {"name", "path"} import an adapter GGUF (an external
+//	                                           trainer's) as a version of name: a file inside the
+//	                                           engine's adapter directory (403 otherwise), pinned to
+//	                                           the base (409 for another base's); not promoted
 //	POST   /molly/adapter-versions/promote     {"name", "version" (a hash prefix), "reason"}
 //	POST   /molly/adapter-versions/rollback    {"name", "reason"}
 //
@@ -197,6 +203,31 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 			list = []adapters.Entry{}
 		}
 		return writeJSON(w, http.StatusOK, list)
+	case "POST /molly/adapter-versions":
+		var body struct {
+			Name string `json:"name"`
+			Path string `json:"path"`
+		}
+		if err := decodeBody(w, r, &body); err != nil {
+			return err
+		}
+		if body.Name == "" || body.Path == "" || strings.ContainsAny(body.Name, ":/@ ") {
+			return apiErr(http.StatusBadRequest, `body must be {"name": "<adapter name without ':', '/', '@' or spaces>", "path": "<file>"}`)
+		}
+		path, err := a.inAdapterDir(body.Path)
+		if err != nil {
+			return err
+		}
+		v, err := a.loop.Store().Add(ctx, body.Name, path, "import", "", nil)
+		switch {
+		case errors.Is(err, adapters.ErrOtherBase):
+			return apiErr(http.StatusConflict, "%v", err)
+		case err != nil && strings.Contains(err.Error(), "adapter"):
+			return apiErr(http.StatusUnprocessableEntity, "%v", err)
+		case err != nil:
+			return apiErr(http.StatusInternalServerError, "%v", err)
+		}
+		return writeJSON(w, http.StatusCreated, v)
 	case "POST /molly/adapter-versions/promote", "POST /molly/adapter-versions/rollback":
 		var body struct {
 			Name    string `json:"name"`
@@ -239,6 +270,49 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 			"model": a.engine.Name() + ":" + body.Name, "pinned": a.engine.Name() + ":" + adapters.Pinned(body.Name, v.Version)})
 	}
 	return apiErr(http.StatusNotFound, "no route %s", route)
+}
+
+// inAdapterDir resolves path — absolute, or relative to the engine's
+// adapter directory — to a regular file inside that directory, symbolic
+// links resolved; any other path is refused with 403 before it is looked
+// at, so the route cannot probe files elsewhere.
+func (a *App) inAdapterDir(path string) (string, error) {
+	outside := apiErr(http.StatusForbidden, "adapter files are read only from the engine's adapter directory (engine { adapters <dir> })")
+	dir := ""
+	if a.EngineConfig != nil {
+		dir = a.EngineConfig.AdapterDir
+	}
+	if dir == "" {
+		return "", outside
+	}
+	root, err := filepath.Abs(dir)
+	if err == nil {
+		root, err = filepath.EvalSymlinks(root)
+	}
+	if err != nil {
+		return "", apiErr(http.StatusInternalServerError, "the adapter directory: %v", err)
+	}
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(root, path)
+	}
+	inside := func(p string) bool {
+		rel, err := filepath.Rel(root, p)
+		return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+	}
+	if !inside(filepath.Clean(path)) {
+		return "", outside
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", apiErr(http.StatusBadRequest, "no adapter file %s in the adapter directory", filepath.Base(path))
+	}
+	if !inside(real) {
+		return "", outside
+	}
+	if st, err := os.Stat(real); err != nil || !st.Mode().IsRegular() {
+		return "", apiErr(http.StatusBadRequest, "%s in the adapter directory is not a regular file", filepath.Base(path))
+	}
+	return real, nil
 }
 
 // exportSet writes a curated set (stored, or curated now from a domain's

@@ -228,7 +228,7 @@ func init() {
 }
 
 // AdapterVersionCommands are the subcommands of `molly adapters` for the
-// specialisation loop's versions: history, promote, rollback (through
+// specialisation loop's versions: history, import, promote, rollback (through
 // admin.api.molly_learning) and train (on this machine, from a curated
 // set in the registry file).
 func AdapterVersionCommands() []*cobra.Command {
@@ -273,6 +273,19 @@ func AdapterVersionCommands() []*cobra.Command {
 		},
 	}
 	promote.Flags().String("reason", "", "why, for the history")
+	imp := &cobra.Command{
+		Use:   "import <name> <file in the engine's adapter directory>",
+		Short: "Records an adapter GGUF (an external trainer's) as a version of <name>, pinned to the base; promote it to serve it",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			var out json.RawMessage
+			if err := admin.Call(c, http.MethodPost, "/molly/adapter-versions", map[string]string{"name": args[0], "path": args[1]}, &out); err != nil {
+				return err
+			}
+			_, err := os.Stdout.Write(append(out, '\n'))
+			return err
+		},
+	}
 	rollback := &cobra.Command{
 		Use:   "rollback <name> [--reason r]",
 		Short: "Serves the version <name> served before the current one",
@@ -306,7 +319,7 @@ structured lines otherwise. Ctrl-C checkpoints; the same command resumes.`,
 	train.Flags().String("out", "", "adapter GGUF to write (default <set>.gguf)")
 	train.Flags().String("name", "", "adapter name recorded in the file (default: the set's domain)")
 	train.Flags().String("registry", "", "registry file (default: Molly's, "+DefaultRegistry()+")")
-	return []*cobra.Command{history, promote, rollback, train}
+	return []*cobra.Command{history, imp, promote, rollback, train}
 }
 
 func runTrain(c *cobra.Command, _ []string) error {

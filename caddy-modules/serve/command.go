@@ -69,7 +69,7 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "adapters",
-		Short: "Manages the engine's LoRA adapters (molly adapters list|add|remove|rescan) and the specialisation loop's versions (history|promote|rollback|train)",
+		Short: "Manages the engine's LoRA adapters (molly adapters list|add|remove|rescan) and the specialisation loop's versions (history|import|promote|rollback|train)",
 		CobraFunc: func(cmd *cobra.Command) {
 			admin.Flags(cmd)
 			printJSON := func(v json.RawMessage) error {
@@ -121,7 +121,7 @@ func init() {
 				},
 			}
 			cmd.AddCommand(list, add, remove, rescan)
-			cmd.AddCommand(app.AdapterVersionCommands()...) // history, promote, rollback, train
+			cmd.AddCommand(app.AdapterVersionCommands()...) // history, import, promote, rollback, train
 		},
 	})
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/serving"
@@ -327,7 +328,10 @@ func TestSpecialisationMovesADomainToT0(t *testing.T) {
 
 	// 4. Training by hand from the cycle's curated set, on this machine:
 	// structured progress lines when not on a terminal.
-	adapterOut := filepath.Join(t.TempDir(), "math.gguf")
+	if err := os.Mkdir(filepath.Join(empty, "staged"), 0o755); err != nil { // a subfolder: the engine's folder watch leaves it alone
+		t.Fatal(err)
+	}
+	adapterOut := filepath.Join(empty, "staged", "math2.gguf")
 	out, errOut := mollyCmd(t, admin, "adapters", "train", "--set", d.Set, "--base", base, "--rank", "2", "--steps", "4",
 		"--batch-size", "2", "--threads", "1", "--registry", db, "--out", adapterOut)
 	if !strings.Contains(out, "wrote "+adapterOut) || !strings.Contains(errOut, `"event":"end"`) {
@@ -337,7 +341,80 @@ func TestSpecialisationMovesADomainToT0(t *testing.T) {
 		t.Fatalf("trained file: %v", err)
 	}
 
-	// 5. Forgetting the member removes their traces; a later cycle sees none.
+	// 5. Promotion under load: 8 greedy streams started on the first
+	// version, a second version (the one just trained, imported) promoted
+	// while they run: each completes on the version it started on.
+	out, _ = mollyCmd(t, admin, "adapters", "import", "math", "staged/math2.gguf")
+	var v2 struct{ Version string }
+	if err := json.Unmarshal([]byte(out), &v2); err != nil || len(v2.Version) != 64 || v2.Version == d.Version {
+		t.Fatalf("import: %q %v", out, err)
+	}
+	for _, path := range []string{"/etc/passwd", "../../etc/passwd", adapterOut + ".missing"} {
+		code, body := adminCall(t, admin, http.MethodPost, "/molly/adapter-versions", map[string]string{"name": "math", "path": path})
+		if want := map[bool]int{true: http.StatusBadRequest, false: http.StatusForbidden}[strings.HasSuffix(path, ".missing")]; code != want {
+			t.Fatalf("importing %s: %d %s, want %d", path, code, body, want)
+		}
+	}
+	streamParams := func(model string) openai.ChatCompletionNewParams {
+		return openai.ChatCompletionNewParams{Model: model, MaxTokens: openai.Int(48), Temperature: openai.Float(0),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(mathProblem(2000))}}
+	}
+	type streamed struct {
+		text, versions string
+		finish         string
+	}
+	read := func(st interface {
+		Next() bool
+		Current() openai.ChatCompletionChunk
+		Err() error
+	}, r *streamed, max int) {
+		for i := 0; (max == 0 || i < max) && st.Next(); i++ {
+			ch := st.Current()
+			if ch.SystemFingerprint != "" && !strings.Contains(r.versions, ch.SystemFingerprint) {
+				r.versions += ch.SystemFingerprint + " "
+			}
+			if len(ch.Choices) > 0 {
+				r.text += ch.Choices[0].Delta.Content
+				if ch.Choices[0].FinishReason != "" {
+					r.finish = ch.Choices[0].FinishReason
+				}
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const streams = 8
+	var open []*ssestream.Stream[openai.ChatCompletionChunk]
+	results := make([]streamed, streams)
+	for i := range streams {
+		st := c.Chat.Completions.NewStreaming(ctx, streamParams("molly-demo:math"))
+		read(st, &results[i], 2) // under way: its first chunks arrived
+		open = append(open, st)
+	}
+	mollyCmd(t, admin, "adapters", "promote", "math", v2.Version[:12], "--reason", "under load")
+	for i, st := range open {
+		read(st, &results[i], 0)
+		st.Close()
+	}
+	whole := func(model string) streamed {
+		var r streamed
+		st := c.Chat.Completions.NewStreaming(ctx, streamParams(model))
+		read(st, &r, 0)
+		st.Close()
+		return r
+	}
+	first, second := whole("molly-demo:math@"+d.Version[:12]), whole("molly-demo:math")
+	if strings.TrimSpace(second.versions) != "sha256:"+v2.Version || first.text == second.text {
+		t.Fatalf("after the promotion math serves %q writing %q; the first version wrote %q", second.versions, second.text, first.text)
+	}
+	for i, r := range results {
+		if strings.TrimSpace(r.versions) != "sha256:"+d.Version || r.text != first.text || r.finish == "" || r.finish != first.finish {
+			t.Fatalf("stream %d: versions %q, finish %q, text %q; want only the first version's %q", i, r.versions, r.finish, r.text, first.text)
+		}
+	}
+
+	// 6. Forgetting the member removes their traces; a later cycle sees none.
 	out, _ = mollyCmd(t, admin, "traces", "delete", "--member", "anonymous")
 	if !strings.Contains(out, fmt.Sprintf("deleted %d traces", n)) {
 		t.Fatalf("delete: %q", out)
