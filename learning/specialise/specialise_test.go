@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -296,6 +297,27 @@ func TestAFailedCycleLeavesTheServingAdapterUntouched(t *testing.T) {
 	rep, err = f.loop(t, cfg).RunOnce(ctx)
 	if err != nil || rep.Domains[0].NewTraces != 30 {
 		t.Fatalf("next cycle %+v %v", rep, err)
+	}
+}
+
+// TestATrainingPastItsBudgetFailsTheDomain: the budget interrupts the
+// training (checkpointed), the domain reports the error, and no alias
+// moves; the traces stay new for the next cycle.
+func TestATrainingPastItsBudgetFailsTheDomain(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.putTraces(t, "alice", 0, 30)
+	cfg := demoConfig
+	cfg.Steps, cfg.Budget = 1_000_000, 50*time.Millisecond
+	rep, err := f.loop(t, cfg).RunOnce(ctx)
+	if err != nil || len(rep.Domains) != 1 || !strings.Contains(rep.Domains[0].Error, "interrupted") || rep.Domains[0].Promoted {
+		t.Fatalf("cycle %+v %v", rep, err)
+	}
+	if a, _ := f.reg.Aliases(ctx); len(a) != 0 {
+		t.Fatalf("aliases %v", a)
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "specialise", "checkpoints", "math.ckpt")); err != nil {
+		t.Fatalf("no checkpoint after the interruption: %v", err)
 	}
 }
 
