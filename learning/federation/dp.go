@@ -80,11 +80,18 @@ func SeededRand(seed uint64) *rand.Rand {
 	return rand.New(rand.NewChaCha8(s))
 }
 
-// Alphas are the Rényi orders the accountant tracks, the grid of
-// TensorFlow Privacy's and Opacus's RDP accountants: 1 + k/10 for
-// k = 1..99, then 12..63, then 128, 256, 512.
+// Alphas are the Rényi orders the accountant tracks: the grid of
+// TensorFlow Privacy's and Opacus's RDP accountants (1 + k/10 for
+// k = 1..99, then 12..63, then 128, 256, 512) preceded by 1 + k·10⁻⁴,
+// 1 + k·10⁻³ and 1 + k·10⁻² for k = 1..9, the orders near 1 that weak
+// noise (a large ε) is best converted at.
 var Alphas = func() []float64 {
 	var a []float64
+	for _, step := range []float64{1e-4, 1e-3, 1e-2} {
+		for k := 1; k < 10; k++ {
+			a = append(a, 1+float64(k)*step)
+		}
+	}
 	for k := 1; k < 100; k++ {
 		a = append(a, 1+float64(k)/10)
 	}
