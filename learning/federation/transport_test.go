@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -194,4 +196,34 @@ func mustPool(t *testing.T, p *pki) *x509.CertPool {
 	pool := x509.NewCertPool()
 	pool.AddCert(p.cert)
 	return pool
+}
+
+// TestStatusShowsSpentEpsilon: the status text carries the accountant's
+// ε and the budget left, read back from the state file.
+func TestStatusShowsSpentEpsilon(t *testing.T) {
+	fed := startFederation(t, AggregatorConfig{Base: testBase, Peers: []string{"alice", "bob"}, Deadline: time.Minute})
+	dp := &DP{Clip: 1, NoiseMultiplier: 1, Delta: 1e-5, EpsilonBudget: 100}
+	alice, _ := fed.participant(t, "alice", nil, dp)
+	if _, err := alice.Send(context.Background(), small(1, 5)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadState(alice.cfg.StatePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := st.WriteStatus(&b); err != nil {
+		t.Fatal(err)
+	}
+	// One release at σ=1: ρ = 2, ε = 2 + 2√(2·ln 10⁵) ≈ 11.6 (closed form).
+	want := 2 + 2*math.Sqrt(2*math.Log(1e5))
+	if math.Abs(st.Epsilon-want) > 0.02*want {
+		t.Fatalf("ε %g, closed form %g", st.Epsilon, want)
+	}
+	out := b.String()
+	for _, s := range []string{fmt.Sprintf("ε spent %.4g at δ=1e-05 over 1 releases", st.Epsilon), fmt.Sprintf("%.4g left", 100-st.Epsilon), "orders"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("status lacks %q:\n%s", s, out)
+		}
+	}
 }
