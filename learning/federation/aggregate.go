@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +14,8 @@ import (
 	"go.uber.org/zap"
 	"gonum.org/v1/gonum/mat"
 
+	"github.com/molly-gateway/molly/learning/adapters"
+	"github.com/molly-gateway/molly/learning/eval"
 	"github.com/molly-gateway/molly/learning/lora"
 )
 
@@ -54,6 +57,14 @@ type AggregatorConfig struct {
 	// <Dir>/<domain>-round-<N>.gguf.
 	Dir    string
 	Logger *zap.Logger
+	// Evaluator and Probes, when both are set, score each aggregate on
+	// the aggregator's own probes of its domain (Result.ProbeNLL).
+	Evaluator *eval.Evaluator
+	Probes    map[string][]lora.Example
+	// Store, when set, receives each aggregate as a new version of its
+	// domain (source "federated"; Result.Version). Promotion stays with
+	// each participant's gate.
+	Store *adapters.Store
 }
 
 // Aggregator runs FedAvg rounds, one open round per domain at a time.
@@ -88,11 +99,16 @@ type Result struct {
 	// EnergyKept is Σ of the kept singular values squared over Σ of all,
 	// over every matrix: the share of the average the rank-r adapter
 	// keeps (1: exact).
-	EnergyKept float64   `json:"energy_kept"`
-	Path       string    `json:"path,omitempty"` // the aggregate adapter GGUF
-	Error      string    `json:"error,omitempty"`
-	ClosedAt   time.Time `json:"closed_at"`
-	err        error
+	EnergyKept float64 `json:"energy_kept"`
+	Path       string  `json:"path,omitempty"` // the aggregate adapter GGUF
+	// ProbeNLL is the aggregate's mean NLL per token on the aggregator's
+	// own probes of the domain (0: none configured).
+	ProbeNLL float64 `json:"probe_nll,omitempty"`
+	// Version is the aggregate's version in the aggregator's store.
+	Version  string    `json:"version,omitempty"`
+	Error    string    `json:"error,omitempty"`
+	ClosedAt time.Time `json:"closed_at"`
+	err      error
 }
 
 // Err is the round's failure (nil: it aggregated).
@@ -287,6 +303,22 @@ func (a *Aggregator) aggregate(domain string, id uint64, reports map[string]*Del
 		return res
 	}
 	res.Samples, res.Rank, res.EnergyKept = samples, ad.Rank, kept
+	if probes := a.cfg.Probes[domain]; a.cfg.Evaluator != nil && len(probes) > 0 {
+		s, err := a.cfg.Evaluator.NLL(res.Path, probes, false)
+		if err != nil {
+			a.cfg.Logger.Warn("federation aggregate not scored", zap.String("domain", domain), zap.Error(err))
+		} else {
+			res.ProbeNLL = s.NLL
+		}
+	}
+	if a.cfg.Store != nil {
+		v, err := a.cfg.Store.Add(context.Background(), domain, res.Path, "federated", "", nil)
+		if err != nil {
+			a.cfg.Logger.Warn("federation aggregate not published", zap.String("domain", domain), zap.Error(err))
+		} else {
+			res.Version = v.Version
+		}
+	}
 	return res
 }
 

@@ -234,6 +234,30 @@ func (p *Participant) Send(ctx context.Context, d *Delta) (RoundState, error) {
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
+// Contribution is what a participant puts into a round of a domain: its
+// locally trained adapter and the examples it was trained on (count only).
+type Contribution struct {
+	Domain  string
+	Adapter *lora.Adapter
+	Samples int64
+	Base    Base
+}
+
+// Contribute asks the aggregator for c.Domain's open round, makes the
+// delta of c's adapter for it (FromAdapter) and sends it (Send). Errors:
+// Round's, FromAdapter's, Send's.
+func (p *Participant) Contribute(ctx context.Context, c Contribution) (RoundState, error) {
+	st, err := p.Round(ctx, c.Domain)
+	if err != nil {
+		return RoundState{}, err
+	}
+	d, err := FromAdapter(c.Adapter, st.Round, c.Domain, c.Base, c.Samples)
+	if err != nil {
+		return RoundState{}, err
+	}
+	return p.Send(ctx, d)
+}
+
 // Aggregate is a pulled aggregate.
 type Aggregate struct {
 	Path         string  // the adapter GGUF written

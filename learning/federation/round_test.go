@@ -11,31 +11,36 @@ import (
 
 	"github.com/molly-gateway/molly/learning/adapters"
 	"github.com/molly-gateway/molly/learning/eval"
+	"github.com/molly-gateway/molly/learning/lora"
 	"github.com/molly-gateway/molly/registry"
 )
 
 var peers = []string{"alice", "bob", "carol"}
 
-// runRound sends every participant's local delta for round 1 and pulls
-// the aggregate; it returns the aggregate, its path and the recorders.
-func runRound(t *testing.T, f *fixture, dp *DP) (Aggregate, []*Participant, []*recorder) {
+// runRound sends every participant's local adapter into round 1 and
+// pulls the aggregate; the aggregator scores it on the union of the
+// held-out probes and publishes it in its own store.
+func runRound(t *testing.T, f *fixture, dp *DP) (Aggregate, Result, []*Participant, []*recorder) {
 	t.Helper()
-	fed := startFederation(t, AggregatorConfig{Base: f.base, Peers: peers, MinParticipants: 2, Deadline: time.Minute})
+	reg, err := registry.Open(filepath.Join(t.TempDir(), "aggregator.db"), registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	store := &adapters.Store{Registry: reg, Dir: t.TempDir(), Base: adapters.Base{Checksum: f.base.Checksum, Quant: f.base.Quant}}
+	fed := startFederation(t, AggregatorConfig{Base: f.base, Peers: peers, MinParticipants: 2, Deadline: time.Minute,
+		Evaluator: f.ev, Probes: map[string][]lora.Example{"orders": f.union}, Store: store})
 	ctx := context.Background()
 	var ps []*Participant
 	var recs []*recorder
 	for i, name := range peers {
 		p, rec := fed.participant(t, name, nil, dp)
-		st, err := p.Round(ctx, "orders")
+		st, err := p.Contribute(ctx, Contribution{Domain: "orders", Adapter: f.local[i], Samples: f.samples[i], Base: f.base})
 		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := FromAdapter(f.local[i], st.Round, "orders", f.base, f.samples[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.Send(ctx, d); err != nil {
 			t.Fatalf("%s: %v", name, err)
+		}
+		if st.Round != 1 || st.Reported != i+1 {
+			t.Fatalf("%s: round %+v", name, st)
 		}
 		ps, recs = append(ps, p), append(recs, rec)
 	}
@@ -46,7 +51,15 @@ func runRound(t *testing.T, f *fixture, dp *DP) (Aggregate, []*Participant, []*r
 	if agg.Participants != 3 || agg.Samples != f.samples[0]+f.samples[1]+f.samples[2] {
 		t.Fatalf("aggregate of %d participants, %d samples", agg.Participants, agg.Samples)
 	}
-	return agg, ps, recs
+	res, ok := fed.agg.Result("orders", 1, nil)
+	if !ok || res.Err() != nil {
+		t.Fatalf("round result %+v", res)
+	}
+	v, err := reg.AdapterVersion(ctx, res.Version)
+	if err != nil || v.Name != "orders" || v.Source != "federated" {
+		t.Fatalf("aggregate version %+v: %v", v, err)
+	}
+	return agg, res, ps, recs
 }
 
 // TestFederatedRoundBeatsLocalAdapters: three participants, each with a
@@ -69,10 +82,14 @@ func TestFederatedRoundBeatsLocalAdapters(t *testing.T) {
 		own = append(own, s.NLL)
 		t.Logf("%s's own adapter: union held-out NLL %.4f (base %.4f)", peers[i], s.NLL, base.NLL)
 	}
-	agg, _, _ := runRound(t, f, nil)
+	agg, res, _, _ := runRound(t, f, nil)
 	fed, err := f.ev.NLL(agg.Path, f.union, false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The file pulled is the one the aggregator scored on its probes.
+	if math.Abs(res.ProbeNLL-fed.NLL) > 1e-6 {
+		t.Errorf("aggregator's probe NLL %.6f, the pulled file's %.6f", res.ProbeNLL, fed.NLL)
 	}
 	t.Logf("FedAvg aggregate (rank %d, energy kept %.3f): union held-out NLL %.4f", agg.Rank, agg.EnergyKept, fed.NLL)
 	for i, o := range own {
@@ -97,7 +114,7 @@ func TestFederatedRoundBeatsLocalAdapters(t *testing.T) {
 		}
 		for _, sigma := range []float64{0.002, 0.01} {
 			dp := &DP{Clip: clip, NoiseMultiplier: sigma, Delta: 1e-5}
-			agg, ps, _ := runRound(t, f, dp)
+			agg, _, ps, _ := runRound(t, f, dp)
 			noisy, err := f.ev.NLL(agg.Path, f.union, false)
 			if err != nil {
 				t.Fatal(err)
@@ -122,7 +139,7 @@ func TestFederatedRoundBeatsLocalAdapters(t *testing.T) {
 // 8-character window of it, appears in it.
 func TestSentBytesHoldNoTraceText(t *testing.T) {
 	f := getFixture(t)
-	_, _, recs := runRound(t, f, nil)
+	_, _, _, recs := runRound(t, f, nil)
 	for i, rec := range recs {
 		sent := rec.sent.Bytes()
 		if len(sent) < 10000 {
@@ -155,7 +172,7 @@ func TestSentBytesHoldNoTraceText(t *testing.T) {
 // own held-out probes.
 func TestAdoptThroughGate(t *testing.T) {
 	f := getFixture(t)
-	agg, _, _ := runRound(t, f, nil)
+	agg, _, _, _ := runRound(t, f, nil)
 	ctx := context.Background()
 	gate := eval.Gate{Margin: 0.05, RegressionBudget: 1}
 	for i, name := range peers[:2] {
