@@ -133,11 +133,22 @@ func (d *Delta) Norm() float64 {
 	return math.Sqrt(s)
 }
 
+// maxF16 is the largest finite binary16 value.
+const maxF16 = 65504
+
 // Encode writes d in the wire format (package doc). Errors: a header that
-// does not describe the payload.
+// does not describe the payload, a value that is not finite or (for f16)
+// beyond ±65504.
 func (d *Delta) Encode() ([]byte, error) {
 	if err := d.check(); err != nil {
 		return nil, err
+	}
+	for t, w := range d.W {
+		for _, v := range w {
+			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) || (d.DType == F16 && math.Abs(f) > maxF16) {
+				return nil, fmt.Errorf("tensor %s holds %g, which %s cannot carry", d.Tensors[t].Name, v, d.DType)
+			}
+		}
 	}
 	hj, err := json.Marshal(d.Header)
 	if err != nil {

@@ -97,6 +97,11 @@ func TestDecodeRefusesMalformed(t *testing.T) {
 			t.Errorf("%s: %v, want ErrMalformed", name, err)
 		}
 	}
+	huge := delta(1, 5, 2, 2, func(i int) float32 { return 7e4 }, "blk.0.attn_q.weight")
+	huge.DType = F16
+	if _, err := huge.Encode(); err == nil {
+		t.Error("a value beyond f16's range was encoded")
+	}
 	if _, err := DecodeDelta(good, len(good)-1); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("oversized: %v", err)
 	}

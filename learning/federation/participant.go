@@ -288,6 +288,9 @@ func (p *Participant) Pull(ctx context.Context, domain string, round uint64, wai
 	if err != nil {
 		return Aggregate{}, err
 	}
+	if len(data) > DefaultMaxDeltaBytes {
+		return Aggregate{}, fmt.Errorf("%w: the aggregate is larger than %d bytes", ErrTooLarge, DefaultMaxDeltaBytes)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return Aggregate{}, err
 	}

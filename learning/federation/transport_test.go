@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func apiCode(t *testing.T, err error) (int, string) {
@@ -32,8 +35,9 @@ func small(round uint64, samples int64) *Delta {
 // malformed, oversized, mismatched, future and replayed deltas are each
 // refused with their error; none joins the round.
 func TestRefusals(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
 	fed := startFederation(t, AggregatorConfig{Base: testBase, Peers: []string{"alice", "bob"}, MinParticipants: 2,
-		Deadline: time.Minute, MaxDeltaBytes: 4096})
+		Deadline: time.Minute, MaxDeltaBytes: 4096, Logger: zap.New(core)})
 	ctx := context.Background()
 	alice, _ := fed.participant(t, "alice", nil, nil)
 	bob, _ := fed.participant(t, "bob", nil, nil)
@@ -123,6 +127,15 @@ func TestRefusals(t *testing.T) {
 	}
 	if st := fed.agg.Current("orders"); st.Round != 2 || st.Reported != 0 {
 		t.Fatalf("round 2 is %+v", st)
+	}
+	// Every refusal that reached the handler was logged: unknown peer,
+	// other base, oversized, future round, malformed, repeat, mismatch,
+	// replay.
+	if n := logs.FilterMessageSnippet("refused").Len(); n != 8 {
+		for _, e := range logs.All() {
+			t.Log(e.Message, e.ContextMap())
+		}
+		t.Fatalf("%d refusals logged, want 8", n)
 	}
 }
 
