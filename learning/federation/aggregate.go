@@ -2,6 +2,7 @@ package federation
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -74,8 +75,13 @@ type Aggregator struct {
 	mu     sync.Mutex
 	rounds map[string]*Round // the open (or last) round by domain
 	closed map[string]map[uint64]*Round
+	last   map[string]uint64 // the last closed round by domain, kept in <Dir>/rounds.json
 	stop   bool
 }
+
+// roundsFile keeps the last closed round of each domain across restarts,
+// so that a delta of a round closed before a restart is still a replay.
+const roundsFile = "rounds.json"
 
 // Round is one domain's round.
 type Round struct {
@@ -138,7 +144,25 @@ func NewAggregator(cfg AggregatorConfig) (*Aggregator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Aggregator{cfg: cfg, rounds: map[string]*Round{}, closed: map[string]map[uint64]*Round{}}, nil
+	a := &Aggregator{cfg: cfg, rounds: map[string]*Round{}, closed: map[string]map[uint64]*Round{}, last: map[string]uint64{}}
+	if b, err := os.ReadFile(filepath.Join(cfg.Dir, roundsFile)); err == nil {
+		if err := json.Unmarshal(b, &a.last); err != nil {
+			return nil, fmt.Errorf("federation aggregator: %s: %w", filepath.Join(cfg.Dir, roundsFile), err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return a, nil
+}
+
+// saveRounds writes a.last atomically. Called with mu held.
+func (a *Aggregator) saveRounds() error {
+	b, _ := json.Marshal(a.last)
+	path := filepath.Join(a.cfg.Dir, roundsFile)
+	if err := os.WriteFile(path+".tmp", b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
 }
 
 // MaxDeltaBytes is the configured bound of one encoded delta.
@@ -152,9 +176,9 @@ func (a *Aggregator) Peers() []string { return a.cfg.Peers }
 func (a *Aggregator) current(domain string) *Round {
 	r := a.rounds[domain]
 	if r == nil || r.Result != nil {
-		id := uint64(1)
+		id := a.last[domain] + 1
 		if r != nil {
-			id = r.ID + 1
+			id = max(id, r.ID+1)
 		}
 		r = &Round{Domain: domain, ID: id, reports: map[string]*Delta{}, done: make(chan struct{})}
 		a.rounds[domain] = r
@@ -255,6 +279,10 @@ func (a *Aggregator) closeRound(r *Round) {
 		a.closed[r.Domain] = map[uint64]*Round{}
 	}
 	a.closed[r.Domain][r.ID] = r
+	a.last[r.Domain] = max(a.last[r.Domain], r.ID)
+	if err := a.saveRounds(); err != nil {
+		a.cfg.Logger.Error("federation round counters not saved; a restart may reopen this round", zap.Error(err))
+	}
 	a.mu.Unlock()
 
 	res := a.aggregate(r.Domain, r.ID, reports)

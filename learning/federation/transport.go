@@ -103,6 +103,10 @@ const (
 func (a *Aggregator) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+PathRound, func(w http.ResponseWriter, r *http.Request) {
+		if d := r.PathValue("domain"); !domainRe.MatchString(d) {
+			writeError(w, http.StatusBadRequest, "bad_domain", fmt.Errorf("domain %q is not an identifier", d))
+			return
+		}
 		writeJSON(w, http.StatusOK, a.Current(r.PathValue("domain")))
 	})
 	mux.HandleFunc("POST "+PathDeltas, func(w http.ResponseWriter, r *http.Request) {

@@ -128,6 +128,18 @@ func TestRefusals(t *testing.T) {
 	if st := fed.agg.Current("orders"); st.Round != 2 || st.Reported != 0 {
 		t.Fatalf("round 2 is %+v", st)
 	}
+	// An aggregator restarted on the same folder still knows round 1 closed.
+	again, err := NewAggregator(AggregatorConfig{Base: testBase, Peers: []string{"alice", "bob"}, Dir: fed.agg.cfg.Dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if _, err := again.Submit("alice", mustEncode(t, small(1, 5))); !errors.Is(err, ErrReplay) {
+		t.Fatalf("after a restart a round-1 delta: %v, want ErrReplay", err)
+	}
+	if st := again.Current("orders"); st.Round != 2 {
+		t.Fatalf("after a restart the open round is %d", st.Round)
+	}
 	// Every refusal that reached the handler was logged: unknown peer,
 	// other base, oversized, future round, malformed, repeat, mismatch,
 	// replay.
@@ -239,4 +251,13 @@ func TestStatusShowsSpentEpsilon(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", s, out)
 		}
 	}
+}
+
+func mustEncode(t *testing.T, d *Delta) []byte {
+	t.Helper()
+	b, err := d.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
