@@ -39,10 +39,10 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		}
 		cfg.Dir = filepath.Join(base, "specialise")
 	}
-	target := ""
+	target, seed := "", func(string, string) float64 { return 0.5 }
 	for _, t := range a.Targets {
 		if t.Kind == route.KindEngine {
-			target = t.Name
+			target, seed = t.Name, t.Seed
 			break
 		}
 	}
@@ -69,7 +69,7 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		priors = p
 	}
 	a.loop, err = specialise.New(cfg, specialise.Deps{Registry: a.registry, BaseModel: a.EngineConfig.ModelPath,
-		Engine: a.engine, Priors: priors, Target: target, Recorder: rec, Logger: a.logger.Named("specialise")})
+		Engine: a.engine, Priors: priors, Target: target, Seed: seed, Recorder: rec, Logger: a.logger.Named("specialise")})
 	if err != nil {
 		return err
 	}
