@@ -2,7 +2,9 @@
 // request's API key into a identity.Identity (member, scopes, remaining
 // budget) and refuses, in OpenAI's error shapes, requests without a valid
 // key (401), over budget (429 insufficient_quota) or over their rate limits
-// (429 rate_limit_exceeded with Retry-After). Members, keys and the usage
+// (429 rate_limit_exceeded with Retry-After); on Anthropic's Messages API
+// (POST …/messages) the same refusals are Anthropic's error bodies,
+// {"type":"error","error":{"type":"authentication_error"|"rate_limit_error"|…,"message"}}. Members, keys and the usage
 // ledger live in the registry (SQLite), the molly app's (its `registry`
 // option); this package is the glue, plus the admin API routes
 // (admin.api.molly_keys) and the `molly keys` command.
@@ -27,6 +29,7 @@ import (
 	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/tracing"
+	"github.com/molly-gateway/molly/router/translate"
 )
 
 // Auth is the molly_auth handler.
@@ -138,7 +141,15 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	var refusal *openai.Error
 	if errors.As(err, &refusal) {
-		refusal.Write(w)
+		if ep, _ := openai.EndpointOf(r.Method, r.URL.Path); ep == openai.EndpointMessages {
+			// Anthropic's clients get Anthropic's error body (same status
+			// and headers), as the Messages handler writes its own errors.
+			tw := translate.NewWriter(w, ctx, translate.APIMessages)
+			refusal.Write(tw)
+			tw.Finish()
+		} else {
+			refusal.Write(w)
+		}
 		refused(span, refusalReason(refusal, hasKey))
 		return nil
 	}

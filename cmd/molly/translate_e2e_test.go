@@ -241,3 +241,48 @@ func TestMessagesAPI(t *testing.T) {
 		}
 	})
 }
+
+// TestMessagesAPIAdmissionErrors checks molly_auth's refusals on the
+// Messages API against Anthropic's documented error shapes
+// (https://docs.anthropic.com/en/api/errors): 401 authentication_error,
+// 429 rate_limit_error, {"type":"error","error":{"type","message"}}.
+func TestMessagesAPIAdmissionErrors(t *testing.T) {
+	tr := startTiers(t)
+	db := filepath.Join(t.TempDir(), "registry", "molly.db")
+	admin := adminSocket(t)
+	g := startMolly(t, authCaddyfile(tr, admin, db, ""))
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "frank", "rpm": 1}); code != http.StatusCreated {
+		t.Fatalf("creating frank: %d %s", code, body)
+	}
+	key, _ := newKey(t, admin, "frank")
+	body := `{"model":"chat","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	check := func(name string, resp *http.Response, b []byte, status int, typ string) {
+		t.Helper()
+		m := gjson.ParseBytes(b)
+		if resp.StatusCode != status || m.Get("type").Str != "error" || m.Get("error.type").Str != typ || m.Get("error.message").Str == "" ||
+			m.Get("error.code").Exists() || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+			t.Fatalf("%s: %d %s", name, resp.StatusCode, b)
+		}
+	}
+	resp, b := do(t, g, "POST", "/v1/messages", body, "anthropic-version", "2023-06-01")
+	check("no key", resp, b, 401, "authentication_error")
+	resp, b = do(t, g, "POST", "/v1/messages", body, "x-api-key", key[:len(key)-4]+"abcd")
+	check("a wrong key", resp, b, 401, "authentication_error")
+	if strings.Contains(string(b), key[:len(key)-4]) {
+		t.Fatalf("the refusal echoes the key: %s", b)
+	}
+	resp, b = do(t, g, "POST", "/v1/messages", body, "x-api-key", key)
+	if resp.StatusCode != 200 || gjson.GetBytes(b, "type").Str != "message" {
+		t.Fatalf("the first request: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, "POST", "/v1/messages", body, "x-api-key", key)
+	check("past the RPM limit", resp, b, 429, "rate_limit_error")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a rate-limited Message has no Retry-After: %v", resp.Header)
+	}
+	// The chat completions path keeps OpenAI's shape.
+	resp, b = do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 401 || gjson.GetBytes(b, "error.code").Str != "invalid_api_key" {
+		t.Fatalf("chat without a key: %d %s", resp.StatusCode, b)
+	}
+}
