@@ -183,13 +183,17 @@ type toolCall struct {
 }
 
 // decodeTools reads the generic tool-call JSON of one choice: the calls, or
-// the content of a response, and the finish reason. A choice cut by
-// max_tokens (finish "length") keeps its raw text as content.
+// the content of a response, and the finish reason. A choice cut before its
+// JSON ended (finish "length" at max_tokens, or a stop sequence) is decoded
+// as far as it goes by decodePartialTools and keeps its finish reason, as
+// OpenAI answers a tool call cut by max_tokens: tool_calls with the partial
+// arguments, finish_reason "length". The engine's JSON is never content.
 func decodeTools(text, finish string) ([]toolCall, *string, string) {
-	v := gjson.Parse(text)
 	if finish != "stop" || !gjson.Valid(text) {
-		return nil, &text, finish
+		calls, content := decodePartialTools(text)
+		return calls, content, finish
 	}
+	v := gjson.Parse(text)
 	var raw []gjson.Result
 	if tc := v.Get("tool_calls"); tc.IsArray() {
 		raw = tc.Array()
@@ -211,15 +215,204 @@ func decodeTools(text, finish string) ([]toolCall, *string, string) {
 	}
 	calls := make([]toolCall, len(raw))
 	for i, c := range raw {
-		calls[i].ID, calls[i].Type = newID("call_"), "function"
-		calls[i].Function.Name = c.Get("name").Str
-		var b bytes.Buffer
-		if json.Compact(&b, []byte(c.Get("arguments").Raw)) != nil {
-			b.WriteString(c.Get("arguments").Raw)
-		}
-		calls[i].Function.Arguments = b.String()
+		calls[i] = newToolCall(c.Get("name").Str, c.Get("arguments").Raw)
 	}
 	return calls, nil, "tool_calls"
+}
+
+// newToolCall is a call of name with the JSON text args, compacted when it
+// is whole.
+func newToolCall(name, args string) toolCall {
+	var c toolCall
+	c.ID, c.Type, c.Function.Name = newID("call_"), "function", name
+	var b bytes.Buffer
+	if json.Compact(&b, []byte(args)) != nil {
+		b.Reset()
+		b.WriteString(args)
+	}
+	c.Function.Arguments = b.String()
+	return c
+}
+
+// decodePartialTools decodes a prefix of the generic tool-call JSON (what
+// the grammar allows, cut anywhere): {"tool_calls":[call…, {"tool_call":call
+// or {"response":value. Each whole call is decoded as decodeTools does; the
+// call being written when the text stopped is a call as soon as its object
+// opened: its name once the name's string is whole ("" before), its
+// arguments as the JSON text written so far. A cut
+// response is its string decoded so far (or the raw JSON written of a
+// non-string response). Text that stops before it is known to be a call
+// (before the first member name is whole, or before the first call's
+// object opens) is neither: no calls and empty content.
+func decodePartialTools(text string) ([]toolCall, *string) {
+	empty := ""
+	i := skipWS(text, 0)
+	if i >= len(text) || text[i] != '{' {
+		return nil, &empty
+	}
+	key, i, ok := partialKey(text, i+1)
+	if !ok {
+		return nil, &empty
+	}
+	switch key {
+	case "response":
+		if i < len(text) && text[i] == '"' {
+			s := partialString(text[i:])
+			return nil, &s
+		}
+		s := strings.TrimSpace(text[i:])
+		if e, whole := valueEnd(text, i); whole {
+			s = text[i:e]
+		}
+		return nil, &s
+	case "tool_call":
+		if c, ok := partialCall(text, i); ok {
+			return []toolCall{c}, nil
+		}
+		return nil, &empty
+	case "tool_calls":
+		if i >= len(text) || text[i] != '[' {
+			return nil, &empty
+		}
+		var calls []toolCall
+		for i = skipWS(text, i+1); i < len(text) && text[i] == '{'; {
+			c, ok := partialCall(text, i)
+			if !ok {
+				break
+			}
+			calls = append(calls, c)
+			e, whole := valueEnd(text, i)
+			if !whole {
+				break
+			}
+			if i = skipWS(text, e); i < len(text) && text[i] == ',' {
+				i = skipWS(text, i+1)
+			}
+		}
+		if len(calls) == 0 {
+			return nil, &empty
+		}
+		return calls, nil
+	}
+	return nil, &empty
+}
+
+// partialCall decodes the call object starting at text[i] ('{'), whole or
+// cut (its name "" until the name's string is whole); ok is false when
+// text[i] is not '{'.
+func partialCall(text string, i int) (toolCall, bool) {
+	if i >= len(text) || text[i] != '{' {
+		return toolCall{}, false
+	}
+	if e, whole := valueEnd(text, i); whole {
+		v := gjson.Parse(text[i:e])
+		return newToolCall(v.Get("name").Str, v.Get("arguments").Raw), true
+	}
+	var name, args string
+	for j := i + 1; ; {
+		key, k, ok := partialKey(text, j)
+		if !ok {
+			break
+		}
+		e, whole := valueEnd(text, k)
+		switch key {
+		case "name":
+			if whole {
+				name = gjson.Parse(text[k:e]).Str
+			}
+		case "arguments":
+			args = strings.TrimRight(text[k:e], " \t\n\r")
+		}
+		if !whole {
+			break
+		}
+		if j = skipWS(text, e); j >= len(text) || text[j] != ',' {
+			break
+		}
+		j++
+	}
+	c := newToolCall(name, "")
+	c.Function.Arguments = args
+	return c, true
+}
+
+// partialKey reads an object member name from text[i:] (after '{' or ','):
+// the name and where its value starts (after the ':'); ok is false when
+// the text ends first.
+func partialKey(text string, i int) (string, int, bool) {
+	i = skipWS(text, i)
+	if i >= len(text) || text[i] != '"' {
+		return "", 0, false
+	}
+	e, whole := valueEnd(text, i)
+	if !whole {
+		return "", 0, false
+	}
+	key := gjson.Parse(text[i:e]).Str
+	i = skipWS(text, e)
+	if i >= len(text) || text[i] != ':' {
+		return "", 0, false
+	}
+	return key, skipWS(text, i+1), true
+}
+
+// valueEnd is where the JSON value starting at text[i] ends; whole is
+// false when the text ends first (then end is len(text)). The text is a
+// prefix of valid JSON (the grammar's), so only strings and nesting are
+// tracked.
+func valueEnd(text string, i int) (end int, whole bool) {
+	depth := 0
+	for j := i; j < len(text); j++ {
+		switch c := text[j]; c {
+		case '"':
+			for j++; j < len(text) && text[j] != '"'; j++ {
+				if text[j] == '\\' {
+					j++
+				}
+			}
+			if j >= len(text) {
+				return len(text), false
+			}
+			if depth == 0 {
+				return j + 1, true
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 { // the end of a number or literal
+				return j, true
+			}
+			if depth--; depth == 0 {
+				return j + 1, true
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 { // the end of a number or literal
+				return j, true
+			}
+		}
+	}
+	return len(text), false
+}
+
+// partialString decodes the JSON string raw (its opening quote first), cut
+// anywhere: an escape cut in the middle is dropped.
+func partialString(raw string) string {
+	if e, whole := valueEnd(raw, 0); whole {
+		return gjson.Parse(raw[:e]).Str
+	}
+	for cut := len(raw); cut > 0 && cut >= len(raw)-6; cut-- {
+		if s := raw[:cut] + `"`; gjson.Valid(s) {
+			return gjson.Parse(s).Str
+		}
+	}
+	return ""
+}
+
+func skipWS(text string, i int) int {
+	for i < len(text) && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // serveTools answers a chat request whose plan has tools, streaming or not.

@@ -293,14 +293,19 @@ func TestToolChoiceAutoAndNone(t *testing.T) {
 				t.Errorf("seed %d: a response needs content and no calls: %s", seed, body)
 			}
 		case "length":
-			// A free-text response (an unbounded string) cut by max_tokens:
-			// the raw text, the start of {"response": ...}.
-			texts++
-			if ch.Message.Content == nil || !strings.HasPrefix(strings.Join(strings.Fields(*ch.Message.Content), ""), `{"response":`) {
-				t.Errorf("seed %d: cut answer: %s", seed, body)
+			// Cut by max_tokens: a free-text response (an unbounded string)
+			// is its text so far, a call its calls so far; never the
+			// engine's JSON as content.
+			if len(ch.Message.ToolCalls) > 0 {
+				calls++
+				if ch.Message.Content != nil {
+					t.Errorf("seed %d: a cut call has content: %s", seed, body)
+				}
+				continue
 			}
-			if first, ok := jsonPrefix(*ch.Message.Content); !ok || first != json.Delim('{') {
-				t.Errorf("seed %d: cut answer is not a JSON prefix: %s", seed, body)
+			texts++
+			if ch.Message.Content == nil || strings.HasPrefix(strings.Join(strings.Fields(*ch.Message.Content), ""), `{"response":`) {
+				t.Errorf("seed %d: cut answer: %s", seed, body)
 			}
 		default:
 			t.Errorf("seed %d: finish %q: %s", seed, ch.FinishReason, body)
@@ -401,4 +406,115 @@ func TestToolCallsStream(t *testing.T) {
 		calls = append(calls, *byIndex[i])
 	}
 	checkCalls(t, calls, "")
+}
+
+// TestPartialToolCallsDecode decodes hand-written prefixes of the generic
+// tool-call JSON, as a choice cut by max_tokens holds them, against the
+// values OpenAI answers for a cut call (tool_calls with the arguments
+// written so far, no content).
+func TestPartialToolCallsDecode(t *testing.T) {
+	type call struct{ name, args string }
+	for _, c := range []struct {
+		text    string
+		calls   []call
+		content string // when no calls
+	}{
+		{``, nil, ""},
+		{`{"tool_`, nil, ""},
+		{`{"tool_calls":[`, nil, ""},
+		{`{"tool_calls":[{"na`, []call{{"", ""}}, ""},
+		{`{"tool_calls":[{"name":"get_wea`, []call{{"", ""}}, ""},
+		{`{"tool_calls":[{"name":"get_weather"`, []call{{"get_weather", ""}}, ""},
+		{`{"tool_calls":[{"name":"get_weather","arguments":{"city":"Par`, []call{{"get_weather", `{"city":"Par`}}, ""},
+		{`{"tool_calls": [{"name": "get_time", "arguments": {"zone": 12`, []call{{"get_time", `{"zone": 12`}}, ""},
+		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}},{"name":"get_weather","arguments":{"ci`,
+			[]call{{"get_time", `{"zone":1}`}, {"get_weather", `{"ci`}}, ""},
+		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}, {"na`, []call{{"get_time", `{"zone":1}`}, {"", ""}}, ""},
+		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}`, []call{{"get_time", `{"zone":1}`}}, ""},
+		{`{"tool_call":{"name":"w","arguments":{"a":"x\"y`, []call{{"w", `{"a":"x\"y`}}, ""},
+		{`{"response":"Hello, wor`, nil, "Hello, wor"},
+		{`{"response":"line\nnext\u00e9 \u00`, nil, "line\nnext\u00e9 "},
+		{`{"response":"tab\`, nil, "tab"},
+		{"{\n  \"response\": {\"a\": [1, 2", nil, `{"a": [1, 2`},
+	} {
+		calls, content, finish := decodeTools(c.text, "length")
+		if finish != "length" {
+			t.Errorf("%q: finish %q", c.text, finish)
+		}
+		if len(calls) != len(c.calls) {
+			t.Errorf("%q: %d calls %+v, want %d", c.text, len(calls), calls, len(c.calls))
+			continue
+		}
+		for i, w := range c.calls {
+			if calls[i].Function.Name != w.name || calls[i].Function.Arguments != w.args || calls[i].Type != "function" || !strings.HasPrefix(calls[i].ID, "call_") {
+				t.Errorf("%q: call %d is %+v, want %+v", c.text, i, calls[i], w)
+			}
+		}
+		switch {
+		case len(c.calls) > 0 && content != nil:
+			t.Errorf("%q: calls and content %q", c.text, *content)
+		case len(c.calls) == 0 && (content == nil || *content != c.content):
+			t.Errorf("%q: content %v, want %q", c.text, content, c.content)
+		}
+	}
+}
+
+// TestToolCallCutByMaxTokens: a forced call cut by max_tokens is answered
+// as OpenAI answers it, tool_calls and finish_reason "length", not as
+// content, whole and streamed (the OpenAPI document is the oracle for the
+// shapes).
+func TestToolCallCutByMaxTokens(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	req := func(stream bool) map[string]any {
+		return map[string]any{"model": "molly-demo", "seed": 2, "max_tokens": 60, "tools": weatherTools, "stream": stream,
+			"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}},
+			"messages":    []map[string]any{{"role": "user", "content": "weather in Paris?"}}}
+	}
+	code, body := chatRaw(t, e, req(false))
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, body)
+	}
+	spec.Validate(t, "CreateChatCompletionResponse", body)
+	var r toolResponse
+	_ = json.Unmarshal(body, &r)
+	ch := r.Choices[0]
+	if ch.FinishReason != "length" || ch.Message.Content != nil || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_weather" ||
+		strings.Contains(string(body), `\"tool_calls\"`) {
+		t.Fatalf("a cut call: %s", body)
+	}
+	if a := ch.Message.ToolCalls[0].Function.Arguments; a != "" && !strings.HasPrefix(a, "{") {
+		t.Fatalf("arguments %q are not the start of an object", a)
+	}
+	w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", req(true))
+	var finish, name, content string
+	for _, line := range strings.Split(w.Body.String(), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		spec.Validate(t, "CreateChatCompletionStreamResponse", []byte(data))
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content   string     `json:"content"`
+					ToolCalls []toolCall `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		_ = json.Unmarshal([]byte(data), &c)
+		for _, ch := range c.Choices {
+			content += ch.Delta.Content
+			for _, tc := range ch.Delta.ToolCalls {
+				name += tc.Function.Name
+			}
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
+	}
+	if finish != "length" || name != "get_weather" || content != "" {
+		t.Fatalf("streamed: finish %q name %q content %q\n%s", finish, name, content, w.Body)
+	}
 }
