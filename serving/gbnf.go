@@ -40,7 +40,10 @@ func (e *UnsupportedSchemaError) Error() string {
 	return fmt.Sprintf("JSON Schema keyword %q (at %q) is not supported by this engine's grammar sampler", e.Keyword, e.Pointer)
 }
 
-const gbnfSpace = `| " " | "\n"{1,2} [ \t]{0,20}`
+// gbnfSpace is the whitespace between tokens, bounded as llama.cpp's
+// grammars/json.gbnf bounds it (ws ::= | " " | "\n" [ \t]{0,20}), so a model
+// cannot spend its tokens on whitespace.
+const gbnfSpace = `| " " | "\n" [ \t]{0,20}`
 
 // gbnfPrimitives are llama.cpp's PRIMITIVE_RULES: rule and dependencies.
 var gbnfPrimitives = map[string]struct {

@@ -2,6 +2,7 @@ package serving
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 
 	"github.com/molly-gateway/molly/serving/llama"
@@ -26,6 +27,9 @@ func (e *Engine) constrain(cr *completionRequest, r *Request, msgs *[]llama.Chat
 	}
 	g.Close()
 	r.Params.Grammar = p.grammar
+	// Every grammar of a plan is a JSON value, an object or a string at its
+	// root: the choice ends where that value does.
+	r.Params.StopAfterValue = true
 	return nil
 }
 
@@ -45,10 +49,63 @@ func (e *Engine) sampleNext(s *sequence, logits []float32) (int32, error) {
 	}
 	s.gr.Mask(logits, s.masked)
 	tok := s.smp.sample(s.masked)
+	if math.IsInf(float64(s.masked[tok]), -1) {
+		// The grammar allows nothing, not even an end-of-generation token
+		// (a vocabulary without one once the grammar is complete): the
+		// output ends here.
+		return -1, nil
+	}
 	if !e.model.IsEOG(tok) {
 		s.gr.Accept(tok)
 	}
 	return tok, nil
+}
+
+// jsonEnd finds where the JSON value an output starts with ends, fed the
+// output piece by piece. The output is one the grammar allows (a prefix
+// of valid JSON), so only strings and nesting are tracked.
+type jsonEnd struct {
+	depth             int
+	started, inString bool
+	escaped, scalar   bool
+}
+
+// feed reads the next piece of output and returns the offset in piece
+// just past the root value's last byte, ok once that value is whole. A
+// root number, boolean or null has no end of its own: ok stays false.
+func (j *jsonEnd) feed(piece []byte) (int, bool) {
+	if j.scalar {
+		return 0, false
+	}
+	for i, c := range piece {
+		switch {
+		case j.inString:
+			switch {
+			case j.escaped:
+				j.escaped = false
+			case c == '\\':
+				j.escaped = true
+			case c == '"':
+				j.inString = false
+				if j.depth == 0 {
+					return i + 1, true
+				}
+			}
+		case c == '"':
+			j.inString, j.started = true, true
+		case c == '{' || c == '[':
+			j.depth++
+			j.started = true
+		case c == '}' || c == ']':
+			if j.depth--; j.depth <= 0 {
+				return i + 1, true
+			}
+		case !j.started && c != ' ' && c != '\t' && c != '\n' && c != '\r':
+			j.scalar = true
+			return 0, false
+		}
+	}
+	return 0, false
 }
 
 func (s *sequence) closeGrammar() {

@@ -19,6 +19,11 @@ type SamplingParams struct {
 	// Grammar is a GBNF grammar (start rule "root") the output must match,
 	// applied by llama.cpp's grammar sampler; "" for none (tools.go).
 	Grammar string
+	// StopAfterValue ends a choice (finish "stop") as soon as its output
+	// holds one whole JSON object, array or string, leading whitespace
+	// aside: the trailing whitespace a JSON grammar allows after its root
+	// value is never generated. For grammars whose root is such a value.
+	StopAfterValue bool
 }
 
 // sampler draws tokens from logits for one choice.

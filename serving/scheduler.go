@@ -85,6 +85,7 @@ type sequence struct {
 	finished  bool
 	gr        *llama.Grammar // Params.Grammar's state (grammar.go)
 	masked    []float32
+	json      jsonEnd // where the output's JSON value ends (Params.StopAfterValue)
 }
 
 // loop is the scheduler: admit, reap, one step, repeat.
@@ -525,7 +526,7 @@ func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 		q.finish(err)
 		return
 	}
-	if e.model.IsEOG(tok) {
+	if tok < 0 || e.model.IsEOG(tok) {
 		e.end(q, s, "stop", len(s.text))
 		return
 	}
@@ -546,6 +547,12 @@ func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 	if cut, ok := findStop(s.text[s.sent:], s.smp.p.Stop); ok {
 		e.end(q, s, "stop", s.sent+cut)
 		return
+	}
+	if s.smp.p.StopAfterValue {
+		if end, ok := s.json.feed(piece); ok {
+			e.end(q, s, "stop", len(s.text)-len(piece)+end)
+			return
+		}
 	}
 	if s.generated >= s.maxTokens {
 		e.end(q, s, "length", len(s.text))

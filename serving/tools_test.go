@@ -518,3 +518,59 @@ func TestToolCallCutByMaxTokens(t *testing.T) {
 		t.Fatalf("streamed: finish %q name %q content %q\n%s", finish, name, content, w.Body)
 	}
 }
+
+// TestJSONOutputEndsWithItsValue: a choice constrained to a JSON object
+// ends with finish "stop" at the object's closing brace, not after the
+// whitespace the grammar allows behind it (the oracle: encoding/json reads
+// the content as one object and nothing follows it).
+func TestJSONOutputEndsWithItsValue(t *testing.T) {
+	e := bigEngine(t)
+	schema := `{"type":"object","properties":{"ok":{"type":"boolean"},"n":{"enum":[1,2]}},"required":["ok","n"],"additionalProperties":false}`
+	for seed := range 12 {
+		code, r := chat(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 200,
+			"messages":        []map[string]any{{"role": "user", "content": "json please"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x", "schema": json.RawMessage(schema)}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %+v", seed, code, r.Error)
+		}
+		c := r.Choices[0].Message.Content
+		var v struct {
+			OK *bool `json:"ok"`
+			N  int   `json:"n"`
+		}
+		if r.Choices[0].FinishReason != "stop" || json.Unmarshal([]byte(c), &v) != nil || v.OK == nil || (v.N != 1 && v.N != 2) ||
+			!strings.HasSuffix(c, "}") || strings.TrimSpace(c) != c {
+			t.Errorf("seed %d: finish %q after %d tokens: %q", seed, r.Choices[0].FinishReason, r.Usage.CompletionTokens, c)
+		}
+	}
+}
+
+func TestJSONEndOffsets(t *testing.T) {
+	for _, c := range []struct {
+		pieces []string
+		piece  int // the piece the value ends in, -1 never
+		end    int
+	}{
+		{[]string{`{"a":`, `"}"`, `}  `}, 2, 1},
+		{[]string{"\n ", `{"a":[1,{}]`, `,"b":"x\"}"`, "}\n\n"}, 3, 1},
+		{[]string{`"str\`, `"`, `" `}, 2, 1},
+		{[]string{`"str\\`, `"`, `" `}, 1, 1},
+		{[]string{`[]`}, 0, 2},
+		{[]string{`12`, ` `}, -1, 0},
+		{[]string{`{"a":"`, `\`, `"`, `"}`}, 3, 2},
+	} {
+		var j jsonEnd
+		got, end := -1, 0
+		for i, p := range c.pieces {
+			if e, ok := j.feed([]byte(p)); ok {
+				got, end = i, e
+				break
+			}
+		}
+		if got != c.piece || end != c.end {
+			t.Errorf("%q: ends in piece %d at %d, want %d at %d", c.pieces, got, end, c.piece, c.end)
+		}
+	}
+}
