@@ -1,8 +1,12 @@
 package classify
 
 import (
+	"compress/gzip"
+	"compress/zlib"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -22,7 +26,78 @@ const (
 // A body too slow fails with os.ErrDeadlineExceeded. The deadline is
 // cleared once the body is read, so the rest of the request (the upstream
 // call) is not cut short by it.
+//
+// A body with Content-Encoding gzip (or x-gzip) or deflate (zlib, RFC 9110
+// §8.4.1) is decoded, and the decoded body is held to the same size limit
+// (a small body that inflates past it fails as one too large would, so a
+// zip bomb costs at most the limit); the header is then removed. Any other
+// encoding (br, zstd, a list of codings) fails with an
+// *UnsupportedEncodingError before the body is read.
 func (c *Classify) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	enc := strings.ToLower(strings.TrimSpace(strings.Join(r.Header.Values("Content-Encoding"), ",")))
+	switch enc {
+	case "", "identity", "gzip", "x-gzip", "deflate":
+	default:
+		return nil, &UnsupportedEncodingError{Encoding: enc}
+	}
+	body, err := c.readRaw(w, r, enc)
+	if err == nil && enc != "" && enc != "identity" {
+		r.Header.Del("Content-Encoding")
+	}
+	return body, err
+}
+
+// UnsupportedEncodingError is a request body's Content-Encoding that
+// readBody does not decode.
+type UnsupportedEncodingError struct{ Encoding string }
+
+func (e *UnsupportedEncodingError) Error() string {
+	return fmt.Sprintf("content encoding %q is not supported", e.Encoding)
+}
+
+// decoded is r (compressed bytes) decoded as enc, its output limited to
+// limit bytes: past it a read fails with *http.MaxBytesError.
+func decoded(r io.Reader, enc string, limit int64) (io.Reader, error) {
+	var d io.Reader
+	var err error
+	switch enc {
+	case "gzip", "x-gzip":
+		d, err = gzip.NewReader(r)
+	case "deflate":
+		d, err = zlib.NewReader(r)
+	default:
+		return r, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", enc, err)
+	}
+	return &limitedReader{r: d, left: limit, limit: limit}, nil
+}
+
+// limitedReader fails with *http.MaxBytesError once more than limit bytes
+// were read through it.
+type limitedReader struct {
+	r           io.Reader
+	left, limit int64
+}
+
+func (l *limitedReader) Read(b []byte) (int, error) {
+	if l.left < 0 {
+		return 0, &http.MaxBytesError{Limit: l.limit}
+	}
+	if int64(len(b)) > l.left+1 {
+		b = b[:l.left+1]
+	}
+	n, err := l.r.Read(b)
+	l.left -= int64(n)
+	if l.left < 0 {
+		return n, &http.MaxBytesError{Limit: l.limit}
+	}
+	return n, err
+}
+
+// readRaw reads the body as sent, decoding enc, under the limits.
+func (c *Classify) readRaw(w http.ResponseWriter, r *http.Request, enc string) ([]byte, error) {
 	rd := http.MaxBytesReader(w, r.Body, c.MaxBodyBytes)
 	rc := http.NewResponseController(w)
 	start := time.Now()
@@ -42,11 +117,19 @@ func (c *Classify) readBody(w http.ResponseWriter, r *http.Request) ([]byte, err
 	}
 	if err := rc.SetReadDeadline(deadline(0)); err != nil {
 		// No deadlines on this connection (HTTP/3): the server's own timeouts apply.
-		return readBody(rd, r.ContentLength, c.MaxBodyBytes)
+		d, err := decoded(rd, enc, c.MaxBodyBytes)
+		if err != nil {
+			return nil, err
+		}
+		return readBody(d, r.ContentLength, c.MaxBodyBytes)
 	}
 	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	p := &paced{r: rd, set: func(n int64) { _ = rc.SetReadDeadline(deadline(n)) }}
-	return readBody(p, r.ContentLength, c.MaxBodyBytes)
+	d, err := decoded(p, enc, c.MaxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	return readBody(d, r.ContentLength, c.MaxBodyBytes)
 }
 
 // paced moves the read deadline on after every read.

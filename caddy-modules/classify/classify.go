@@ -189,7 +189,11 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		body, err = c.readBody(w, r)
 		if err != nil {
 			var tooBig *http.MaxBytesError
+			var enc *UnsupportedEncodingError
 			switch {
+			case errors.As(err, &enc):
+				(&openai.Error{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_media_type",
+					Message: fmt.Sprintf("The request body's Content-Encoding %q is not supported; send the body uncompressed, or gzip or deflate encoded.", enc.Encoding)}).Write(w)
 			case errors.As(err, &tooBig):
 				(&openai.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 					Message: fmt.Sprintf("The request body is larger than the limit of %d bytes.", c.MaxBodyBytes)}).Write(w)

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/openapitest"
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 )
 
@@ -325,4 +328,100 @@ func sendCase(hc *http.Client, base, host string, c badCase) (int, string, error
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), nil
+}
+
+// TestEncodedBodies: a gzip or deflate body is decoded under the body limit
+// (a small body inflating past it is a 413, not read whole); another
+// Content-Encoding is a 415 naming it, in OpenAI's error shape (the
+// OpenAPI document's ErrorResponse is the oracle).
+func TestEncodedBodies(t *testing.T) {
+	spec := openapitest.Load(t)
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth {
+		anonymous guest
+	}
+	molly_classify {
+		max_body_size 64KiB
+	}
+	molly_policy
+	molly_route
+}
+`)
+	gz := func(s string) string {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		_, _ = io.WriteString(w, s)
+		_ = w.Close()
+		return b.String()
+	}
+	zl := func(s string) string {
+		var b bytes.Buffer
+		w := zlib.NewWriter(&b)
+		_, _ = io.WriteString(w, s)
+		_ = w.Close()
+		return b.String()
+	}
+	// 1 MiB of spaces inside a valid chat body: about 1 KiB gzipped.
+	bomb := gz(`{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"hello` + strings.Repeat(" ", 1<<20) + `"}]}`)
+	if len(bomb) > 64<<10 {
+		t.Fatalf("the bomb is %d bytes compressed", len(bomb))
+	}
+	for _, c := range []struct {
+		name, encoding, body string
+		status               int
+		code                 string
+	}{
+		{"plain", "", okChat, 200, ""},
+		{"gzip", "gzip", gz(okChat), 200, ""},
+		{"x-gzip", "x-gzip", gz(okChat), 200, ""},
+		{"deflate", "deflate", zl(okChat), 200, ""},
+		{"identity", "identity", okChat, 200, ""},
+		{"brotli", "br", okChat, 415, "unsupported_media_type"},
+		{"two codings", "gzip, gzip", gz(gz(okChat)), 415, "unsupported_media_type"},
+		{"not gzip", "gzip", okChat, 400, "invalid_body"},
+		{"a gzip bomb", "gzip", bomb, 413, "request_too_large"},
+	} {
+		var hdr []string
+		if c.encoding != "" {
+			hdr = []string{"Content-Encoding", c.encoding}
+		}
+		resp, b := do(t, g, "POST", "/v1/chat/completions", c.body, hdr...)
+		if resp.StatusCode != c.status {
+			t.Fatalf("%s: %d %s", c.name, resp.StatusCode, b)
+		}
+		if c.status == 200 {
+			spec.Validate(t, "CreateChatCompletionResponse", b)
+			if got := lan.Drain(); len(got) != 1 || gjson.GetBytes(got[0], "messages.0.content").Str != "hello" {
+				t.Fatalf("%s: the upstream received %q", c.name, got)
+			}
+			if h := lan.Headers(); h[len(h)-1].Get("Content-Encoding") != "" {
+				t.Fatalf("%s: the upstream was told Content-Encoding %q", c.name, h[len(h)-1].Get("Content-Encoding"))
+			}
+			continue
+		}
+		spec.Validate(t, "ErrorResponse", b)
+		if sent := lan.Drain(); gjson.GetBytes(b, "error.code").Str != c.code || len(sent) != 0 {
+			t.Fatalf("%s: %d %s (upstream saw %d)", c.name, resp.StatusCode, b, len(sent))
+		}
+		if c.status == 415 && !strings.Contains(gjson.GetBytes(b, "error.message").Str, `"`+c.encoding+`"`) {
+			t.Fatalf("%s: the message does not name the encoding: %s", c.name, b)
+		}
+	}
+	if !g.alive() {
+		t.Fatal("the gateway died")
+	}
 }
