@@ -182,8 +182,15 @@ func TestMessagesAPI(t *testing.T) {
 		}
 		var types []string
 		var text strings.Builder
+		inputs := map[string]gjson.Result{}
 		for _, ev := range sseEvents(t, b) {
 			types = append(types, ev.Type)
+			switch ev.Type {
+			case "message_start":
+				inputs[ev.Type] = gjson.GetBytes(ev.Data, "message.usage.input_tokens")
+			case "message_delta":
+				inputs[ev.Type] = gjson.GetBytes(ev.Data, "usage.input_tokens")
+			}
 			if gjson.GetBytes(ev.Data, "type").Str != ev.Type {
 				t.Fatalf("event %q with data %s", ev.Type, ev.Data)
 			}
@@ -191,6 +198,9 @@ func TestMessagesAPI(t *testing.T) {
 		}
 		if text.String() != "t3 says: mail bob@example.net now" || types[0] != "message_start" || types[len(types)-2] != "message_delta" || types[len(types)-1] != "message_stop" {
 			t.Fatalf("text %q events %v", text.String(), types)
+		}
+		if st, d := inputs["message_start"], inputs["message_delta"]; st.Type != gjson.Number || st.Int() <= 0 || d.Raw != st.Raw {
+			t.Fatalf("input_tokens: message_start %s, message_delta %s", st.Raw, d.Raw)
 		}
 	})
 	t.Run("errors are Anthropic's", func(t *testing.T) {

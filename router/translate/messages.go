@@ -287,8 +287,9 @@ func messageError(status int, body []byte) []byte {
 // messagesStream turns a chat completion stream into Anthropic's:
 // message_start, then per content block content_block_start,
 // content_block_delta (text_delta, input_json_delta)… and
-// content_block_stop, then message_delta (stop_reason and the usage) and
-// message_stop.
+// content_block_stop, then message_delta (stop_reason and the usage:
+// output_tokens from the upstream, input_tokens as message_start gave them)
+// and message_stop.
 type messagesStream struct {
 	t       *Translation
 	started bool
@@ -391,10 +392,9 @@ func (s *messagesStream) end(out []byte) []byte {
 		out = s.start(out)
 	}
 	out = s.stopBlock(out)
-	usage := map[string]any{"output_tokens": s.usage.Get("completion_tokens").Int()}
-	if s.usage.IsObject() {
-		usage["input_tokens"] = s.usage.Get("prompt_tokens").Int()
-	}
+	// input_tokens repeats what message_start said (the prompt as counted
+	// before the upstream answered): the two events of one stream agree.
+	usage := map[string]any{"input_tokens": s.t.PromptEstimate, "output_tokens": s.usage.Get("completion_tokens").Int()}
 	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": stopReason(s.finish), "stop_sequence": nil}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
 }

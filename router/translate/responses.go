@@ -429,6 +429,10 @@ func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[
 	if output == nil {
 		output = []any{}
 	}
+	if status == "incomplete" && len(output) > 0 {
+		// The item the answer stopped in (the last) is incomplete too.
+		output[len(output)-1].(map[string]any)["status"] = "incomplete"
+	}
 	r["output"] = output
 	if status == "completed" {
 		r["completed_at"] = time.Now().Unix()

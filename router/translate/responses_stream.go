@@ -110,7 +110,7 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		idx := tc.Get("index").Int()
 		it := s.calls[idx]
 		if it == nil {
-			out = s.closeMessage(out)
+			out = s.closeMessage(out, "completed")
 			it = &outItem{index: s.next, id: relay.NewID("fc_"), callID: tc.Get("id").Str, name: tc.Get("function.name").Str, isCall: true}
 			s.next++
 			s.calls[idx] = it
@@ -200,14 +200,15 @@ func (s *responsesStream) closePart(out []byte) []byte {
 	return out
 }
 
-// closeMessage finishes the message item, if one is open.
-func (s *responsesStream) closeMessage(out []byte) []byte {
+// closeMessage finishes the message item, if one is open, with its status
+// ("completed", or "incomplete" when the answer stopped in it).
+func (s *responsesStream) closeMessage(out []byte, status string) []byte {
 	if s.msg == nil || s.msg.done {
 		return out
 	}
 	out = s.closePart(out)
 	s.msg.done = true
-	s.msg.item = map[string]any{"type": "message", "id": s.msg.id, "status": "completed", "role": "assistant", "content": s.parts()}
+	s.msg.item = map[string]any{"type": "message", "id": s.msg.id, "status": status, "role": "assistant", "content": s.parts()}
 	return s.emit(out, "response.output_item.done", map[string]any{"output_index": s.msg.index, "item": s.msg.item})
 }
 
@@ -220,7 +221,16 @@ func (s *responsesStream) end(out []byte) []byte {
 	if !s.started {
 		out = s.start(out, time.Now().Unix())
 	}
-	out = s.closeMessage(out)
+	status, incomplete := statusOf(s.finish)
+	// The item the answer stopped in (the last) is incomplete when the
+	// Response is: the ones before it were finished.
+	itemStatus := func(it *outItem) string {
+		if status == "incomplete" && len(s.order) > 0 && it == s.order[len(s.order)-1] {
+			return "incomplete"
+		}
+		return "completed"
+	}
+	out = s.closeMessage(out, itemStatus(s.msg))
 	calls := make([]*outItem, 0, len(s.calls))
 	for _, c := range s.calls {
 		calls = append(calls, c)
@@ -229,12 +239,11 @@ func (s *responsesStream) end(out []byte) []byte {
 	var toolCalls []any
 	for _, c := range calls {
 		args := c.args.String()
-		c.item = map[string]any{"type": "function_call", "id": c.id, "call_id": c.callID, "name": c.name, "arguments": args, "status": "completed"}
+		c.item = map[string]any{"type": "function_call", "id": c.id, "call_id": c.callID, "name": c.name, "arguments": args, "status": itemStatus(c)}
 		out = s.emit(out, "response.function_call_arguments.done", map[string]any{"item_id": c.id, "output_index": c.index, "name": c.name, "arguments": args})
 		out = s.emit(out, "response.output_item.done", map[string]any{"output_index": c.index, "item": c.item})
 		toolCalls = append(toolCalls, map[string]any{"id": c.callID, "type": "function", "function": map[string]any{"name": c.name, "arguments": args}})
 	}
-	status, incomplete := statusOf(s.finish)
 	r := s.t.baseResponse(s.created, status)
 	r["incomplete_details"] = incomplete
 	output := []any{}

@@ -265,6 +265,44 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("an answer cut by max_output_tokens is incomplete, and so is its item", func(t *testing.T) {
+		cut := `{"id":"chatcmpl-2","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"length","logprobs":null,
+	"message":{"role":"assistant","content":"Once upon a","refusal":null}}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"a story","max_output_tokens":3}`), nil, "ana")
+		rec := serve(t, APIResponses, tr, writeJSON(200, cut))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		r := gjson.ParseBytes(rec.Body.Bytes())
+		if r.Get("status").Str != "incomplete" || r.Get("incomplete_details.reason").Str != "max_output_tokens" ||
+			r.Get("output.0.status").Str != "incomplete" || r.Get("output.0.content.0.text").Str != "Once upon a" || r.Get("completed_at").Exists() {
+			t.Fatalf("response %s", rec.Body)
+		}
+		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"a story","max_output_tokens":3}`), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeSSE(
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Once upon a"},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`,
+			`[DONE]`))
+		evs := events(t, rec.Body.Bytes())
+		var itemDone gjson.Result
+		for _, ev := range evs {
+			spec.Validate(t, "ResponseStreamEvent", ev.Data)
+			if ev.Type == "response.output_item.done" {
+				itemDone = gjson.GetBytes(ev.Data, "item")
+			}
+		}
+		last := evs[len(evs)-1]
+		done := gjson.GetBytes(last.Data, "response")
+		if last.Type != "response.incomplete" || done.Get("status").Str != "incomplete" || done.Get("incomplete_details.reason").Str != "max_output_tokens" ||
+			done.Get("output.0.status").Str != "incomplete" || itemDone.Get("status").Str != "incomplete" {
+			t.Fatalf("last event %s %s; item %s", last.Type, last.Data, itemDone.Raw)
+		}
+		// A call cut after a whole message: only the call is incomplete.
+		_, tr, _ = FromResponses(ctx, []byte(body), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeJSON(200, strings.Replace(chatAnswer, `"finish_reason":"tool_calls"`, `"finish_reason":"length"`, 1)))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		if r := gjson.ParseBytes(rec.Body.Bytes()); r.Get("output.0.status").Str != "completed" || r.Get("output.1.status").Str != "incomplete" || r.Get("status").Str != "incomplete" {
+			t.Fatalf("response %s", rec.Body)
+		}
+	})
 	t.Run("a stream cut short ends with an error event", func(t *testing.T) {
 		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"x"}`), nil, "ana")
 		rec := serve(t, APIResponses, tr, writeSSE(chatStream[0], `{"error":{"message":"cut","type":"upstream_error","param":null,"code":"stream_truncated"}}`))
@@ -373,7 +411,7 @@ func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
 	t.Run("streams", func(t *testing.T) {
 		stream := *tr
 		stream.Stream = true
-		stream.PromptEstimate = 12
+		stream.PromptEstimate = 10
 		rec := serve(t, APIMessages, &stream, writeSSE(chatStream...))
 		got := events(t, rec.Body.Bytes())
 		// The recorded tool use stream has a text block then a tool_use
@@ -406,9 +444,8 @@ func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
 		for i := range g {
 			gs, ws := shape(gjson.ParseBytes(g[i].Data)), shape(gjson.ParseBytes(w[i].Data))
 			if g[i].Type == "message_delta" {
-				// Molly also reports the upstream's input_tokens there (the
-				// estimate went out in message_start), as the API's newer
-				// versions do; the recorded example has output_tokens only.
+				// Molly also reports input_tokens there, as the API's newer
+				// versions do: the recorded example has output_tokens only.
 				delete(gs.(map[string]any)["usage"].(map[string]any), "input_tokens")
 			}
 			if !reflect.DeepEqual(gs, ws) {
@@ -418,6 +455,12 @@ func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
 		var args strings.Builder
 		for _, ev := range got {
 			args.WriteString(gjson.GetBytes(ev.Data, "delta.partial_json").Str)
+		}
+		// message_start and message_delta agree on input_tokens: the 10
+		// known when the stream started (the upstream later counts 12).
+		if in := gjson.GetBytes(got[0].Data, "message.usage.input_tokens"); got[0].Type != "message_start" || in.Int() != 10 ||
+			gjson.GetBytes(got[len(got)-2].Data, "usage.input_tokens").Int() != 10 {
+			t.Fatalf("message_start %s, message_delta %s", got[0].Data, got[len(got)-2].Data)
 		}
 		if args.String() != `{"city":"Oslo"}` || gjson.GetBytes(got[len(got)-2].Data, "usage.output_tokens").Int() != 7 {
 			t.Fatalf("arguments %q, message_delta %s", args.String(), got[len(got)-2].Data)
