@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,6 +173,10 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	openai.RequestID(w, r)
 	_, span := tracing.Start(r.Context(), "molly.classify", trace.SpanKindInternal)
 	defer span.End() // a no-op once ended below
+	if id := openai.ResponsePathID(r.URL.Path); id != "" && r.Method == http.MethodGet {
+		c.retrieveResponse(w, r, id)
+		return nil
+	}
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		aerr.Write(w)
@@ -246,6 +251,27 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
 	endClassify(span, ann)
 	return next.ServeHTTP(w, r)
+}
+
+// retrieveResponse answers GET /v1/responses/{id} with the caller's stored
+// Response (router/translate.Retrieve): nothing is classified or sent.
+func (c *Classify) retrieveResponse(w http.ResponseWriter, r *http.Request, id string) {
+	var store translate.Store
+	if c.app != nil {
+		store = c.app.Responses()
+	}
+	member := app.AnonymousMember
+	if who := identity.From(r.Context()); who != nil {
+		member = who.Name()
+	}
+	body, err := translate.Retrieve(r.Context(), store, id, member)
+	if err != nil {
+		err.Write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	_, _ = w.Write(body)
 }
 
 // translate makes the chat request of a Responses or Messages request.

@@ -59,6 +59,26 @@ func TestResponsesAPIWithTheOpenAIClient(t *testing.T) {
 			t.Fatalf("T3 received %s", sent.Raw)
 		}
 	})
+	t.Run("GET /v1/responses/{id} returns the stored response as it was sent", func(t *testing.T) {
+		got, err := c.Responses.Get(ctx, first.ID, responses.ResponseGetParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.Validate(t, "Response", []byte(got.RawJSON()))
+		if got.RawJSON() != first.RawJSON() {
+			t.Fatalf("retrieved\n%s\nsent\n%s", got.RawJSON(), first.RawJSON())
+		}
+		_, err = c.Responses.Get(ctx, "resp_unknown", responses.ResponseGetParams{})
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Type != "invalid_request_error" {
+			t.Fatalf("an unknown id: %v", err)
+		}
+		resp, b := do(t, g, "GET", "/v1/responses/resp_unknown", "")
+		spec.Validate(t, "ErrorResponse", b)
+		if resp.StatusCode != 404 {
+			t.Fatalf("an unknown id: %d %s", resp.StatusCode, b)
+		}
+	})
 	t.Run("previous_response_id continues the stored conversation, on T0-T2 only", func(t *testing.T) {
 		var hr *http.Response
 		next, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", PreviousResponseID: openai.String(first.ID),

@@ -105,3 +105,17 @@ func ModelPathID(path string) string {
 	}
 	return id
 }
+
+// ResponsePathID returns {response_id} of a path ending in
+// /responses/{response_id} (GET retrieves a stored Response), or "".
+func ResponsePathID(path string) string {
+	i := strings.LastIndex(path, "/responses/")
+	if i < 0 {
+		return ""
+	}
+	id := path[i+len("/responses/"):]
+	if id == "" || strings.Contains(id, "/") {
+		return ""
+	}
+	return id
+}

@@ -454,3 +454,23 @@ func (t *Translation) save(ctx context.Context, resp []byte, assistant map[strin
 	return t.store.PutResponse(context.WithoutCancel(ctx), StoredResponse{ID: t.id, Member: t.member, Model: t.Model, DecisionID: decisionID,
 		Messages: marshal(msgs), Response: resp})
 }
+
+// Retrieve is GET /v1/responses/{id}: the Response object stored for
+// member, as it was sent. Errors (OpenAI's): 404 when store is nil, or the
+// response is unknown, expired or another member's (not told apart); 500
+// when the store fails.
+func Retrieve(ctx context.Context, store Store, id, member string) ([]byte, *openai.Error) {
+	notFound := &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "response_id",
+		Message: "Response with id '" + id + "' not found."}
+	if store == nil {
+		return nil, notFound
+	}
+	s, err := store.Response(ctx, id, member)
+	if errors.Is(err, ErrNotFound) || (err == nil && len(s.Response) == 0) {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "Reading the response failed; try again."}
+	}
+	return s.Response, nil
+}

@@ -483,3 +483,22 @@ func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
 		}
 	})
 }
+
+func TestRetrieveIsTheMembersOwn(t *testing.T) {
+	ctx := context.Background()
+	store := &memStore{}
+	_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"x"}`), store, "ana")
+	rec := serve(t, APIResponses, tr, writeJSON(200, chatAnswer))
+	got, err := Retrieve(ctx, store, tr.ResponseID(), "ana")
+	if err != nil || string(got) != rec.Body.String() {
+		t.Fatalf("ana's own: %v\n%s\nsent\n%s", err, got, rec.Body)
+	}
+	for _, c := range []struct {
+		store      Store
+		id, member string
+	}{{store, tr.ResponseID(), "bo"}, {store, "resp_nope", "ana"}, {nil, tr.ResponseID(), "ana"}} {
+		if _, err := Retrieve(ctx, c.store, c.id, c.member); err == nil || err.Status != 404 {
+			t.Fatalf("%s of %s: %v", c.id, c.member, err)
+		}
+	}
+}
