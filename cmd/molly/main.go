@@ -30,6 +30,21 @@ import (
 	_ "github.com/molly-gateway/molly/caddy-modules/serve"
 )
 
+// longDescription is what `molly help` prints above the commands.
+const longDescription = `Molly is a sovereign inference gateway: an OpenAI-compatible proxy that
+classifies each request, asks its policy which tiers (the on-device
+engine, the LAN, self-hosted and external APIs) may serve it, redacts
+what must not leave and restores it in the answer. It is a Caddy build
+with Molly's modules.
+
+To run Molly, use:
+
+	- 'molly run --config Caddyfile' to run it in the foreground.
+	- 'molly reload --config Caddyfile' to apply a changed config.
+	- 'molly keys', 'molly adapters' and 'molly targets' to manage a
+	  running Molly through its admin socket.
+`
+
 // version is Molly's version, set at build time by the Makefile
 // (-ldflags "-X main.version=<git describe>"); empty: the module's version
 // from the build information, else "devel".
@@ -50,5 +65,8 @@ func main() {
 	// Caddy prints CustomVersion before its own version in `version` (and
 	// its logs): "Molly v1.2.3; Caddy v2.11.9 h1:…".
 	caddy.CustomVersion = "Molly " + Version() + "; Caddy"
+	// Help and usage lines name the binary ("Usage: molly keys …").
+	caddy.CustomBinaryName = "molly"
+	caddy.CustomLongDescription = longDescription
 	caddycmd.Main()
 }

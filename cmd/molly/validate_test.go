@@ -56,3 +56,20 @@ func TestValidateNamesDirectiveAndLine(t *testing.T) {
 		})
 	}
 }
+
+// TestHelpNamesMolly: help and usage lines name the binary the user ran.
+func TestHelpNamesMolly(t *testing.T) {
+	for _, args := range [][]string{{"keys", "--help"}, {"keys", "create", "--help"}, {"help"}} {
+		out, err := exec.Command(mollyBin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("molly %v: %v\n%s", args, err, out)
+		}
+		want := "molly " + args[0]
+		if args[0] == "help" {
+			want = "molly [command]"
+		}
+		if !strings.Contains(string(out), want) || strings.Contains(string(out), "caddy "+args[0]) {
+			t.Fatalf("molly %v: want %q, no %q:\n%s", args, want, "caddy "+args[0], out)
+		}
+	}
+}
