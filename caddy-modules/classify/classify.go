@@ -179,6 +179,13 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
+		if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages") {
+			// A wrong method on the Messages API: Anthropic's error body.
+			tw := translate.NewWriter(w, r.Context(), translate.APIMessages)
+			aerr.Write(tw)
+			tw.Finish()
+			return nil
+		}
 		aerr.Write(w)
 		return nil
 	}

@@ -231,8 +231,13 @@ func TestMessagesAPI(t *testing.T) {
 			{`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, "invalid_request_error", 400},
 			{`{"model":"nope","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, "not_found_error", 404},
 			{`{"model":"chat","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}` + "x", "invalid_request_error", 400},
+			{"GET", "invalid_request_error", 405},
 		} {
-			resp, b := do(t, g, "POST", "/v1/messages", c.body)
+			method, body := "POST", c.body
+			if c.body == "GET" {
+				method, body = "GET", ""
+			}
+			resp, b := do(t, g, method, "/v1/messages", body)
 			if resp.StatusCode != c.status || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != c.typ || gjson.GetBytes(b, "error.message").Str == "" {
 				t.Fatalf("%s: %d %s", c.body, resp.StatusCode, b)
 			}
