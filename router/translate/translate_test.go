@@ -502,3 +502,42 @@ func TestRetrieveIsTheMembersOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesToolUseCutByMaxTokens: a chat answer whose call was cut by
+// max_tokens (tool_calls with partial arguments, finish "length", as the
+// engine and OpenAI answer it) is a tool_use block with stop_reason
+// max_tokens, whole and streamed; never a text block.
+func TestMessagesToolUseCutByMaxTokens(t *testing.T) {
+	_, tr, _ := FromMessages([]byte(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"weather?"}]}`))
+	cut := `{"id":"c","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"length","logprobs":null,
+	"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Os"}}]}}],
+	"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}}`
+	rec := serve(t, APIMessages, tr, writeJSON(200, cut))
+	m := gjson.ParseBytes(rec.Body.Bytes())
+	if m.Get("stop_reason").Str != "max_tokens" || m.Get("content.#").Int() != 1 || m.Get("content.0.type").Str != "tool_use" ||
+		m.Get("content.0.name").Str != "weather" || !m.Get("content.0.input").IsObject() {
+		t.Fatalf("message %s", rec.Body)
+	}
+	stream := *tr
+	stream.Stream = true
+	rec = serve(t, APIMessages, &stream, writeSSE(
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Os"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`,
+		`[DONE]`))
+	var blocks []string
+	var stop, partial string
+	for _, ev := range events(t, rec.Body.Bytes()) {
+		switch ev.Type {
+		case "content_block_start":
+			blocks = append(blocks, gjson.GetBytes(ev.Data, "content_block.type").Str)
+		case "content_block_delta":
+			partial += gjson.GetBytes(ev.Data, "delta.partial_json").Str
+		case "message_delta":
+			stop = gjson.GetBytes(ev.Data, "delta.stop_reason").Str
+		}
+	}
+	if !reflect.DeepEqual(blocks, []string{"tool_use"}) || stop != "max_tokens" || partial != `{"city":"Os` {
+		t.Fatalf("blocks %v stop %q partial %q\n%s", blocks, stop, partial, rec.Body)
+	}
+}
