@@ -22,7 +22,7 @@ import (
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
-// AdapterState is where an adapter version lives (DESIGN §5).
+// AdapterState is where an adapter version lives (docs/architecture.md).
 type AdapterState string
 
 const (

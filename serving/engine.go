@@ -1,6 +1,6 @@
 // Package serving is Molly's T0 engine: one llama.cpp base model shared by
 // every request, many LoRA adapters, an iteration-level scheduler and an
-// OpenAI-compatible http.Handler (DESIGN §5).
+// OpenAI-compatible http.Handler (docs/architecture.md).
 //
 // Scheduling follows Orca (Yu et al., OSDI'22): work is scheduled per model
 // iteration, not per request, so new prompts join running work between steps

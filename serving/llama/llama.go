@@ -1,5 +1,5 @@
 // Package llama is Molly's small cgo binding to llama.cpp, as vendored by the
-// Go module github.com/ollama/ollama v0.17.4 (DESIGN §9). It is the only
+// Go module github.com/ollama/ollama v0.17.4 (docs/architecture.md). It is the only
 // package with cgo: its exported API has no C types, and every C allocation is
 // paired with a Close/Free.
 //
