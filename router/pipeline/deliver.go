@@ -75,10 +75,6 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 	rq.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rq.w.WriteHeader(o.status)
 	_, _ = rq.w.Write(body)
-	// The answer is complete (its usage committed before it was written):
-	// send it now, so that the log line, the priors, the metrics and the
-	// handlers' unwinding run after the client has it, not before.
-	_ = http.NewResponseController(rq.w).Flush()
 	rq.log.Info("routed", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.String("tier", o.cand.Target.Tier),
 		zap.Int("status", o.status), zap.Int("redacted", o.disp.Redacted()), zap.String("strategy", string(rq.plan.Strategy)),
 		zap.Duration("duration", time.Since(o.start)))
