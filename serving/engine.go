@@ -97,6 +97,9 @@ type Config struct {
 	// NCtx cells by llama.cpp; the budget decides how much of it and of the
 	// adapters may be in use at once.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Reasoning configures reasoning mode: delimiters and budgets
+	// (reasoning.go).
+	Reasoning ReasoningConfig `json:"reasoning,omitempty"`
 }
 
 func (c *Config) defaults() {
@@ -142,6 +145,7 @@ type Engine struct {
 	nCells    int   // cells in the KV cache
 	cellBytes int64 // bytes of one KV cell (all layers, K and V)
 	budget    int64 // Config.MemoryBytes
+	reasoning *reasoningSpec
 
 	mu      sync.Mutex
 	pending []*request
@@ -214,6 +218,10 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if e.tmpl == "" {
 		e.tmpl = "chatml"
+	}
+	if e.reasoning, err = e.newReasoningSpec(cfg.Reasoning); err != nil {
+		e.closeLlama()
+		return nil, err
 	}
 	e.adapters.dir = cfg.AdapterDir
 	for name, path := range cfg.Adapters {
@@ -362,6 +370,9 @@ type Usage struct {
 	// PromptTokensDetails.CachedTokens counts prompt tokens whose KV came
 	// from the prefix cache; nil when the cache is off.
 	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+	// CompletionTokensDetails.ReasoningTokens counts the tokens of the
+	// reasoning blocks of all choices; nil without reasoning.
+	CompletionTokensDetails *CompletionTokensDetails `json:"completion_tokens_details,omitempty"`
 }
 
 // PromptTokensDetails is OpenAI's breakdown of prompt tokens.
@@ -388,13 +399,16 @@ type TopLogprob struct {
 // held back until complete, stop strings removed), the logprobs of tokens
 // consumed since the last event, and on the last event a finish reason
 // ("stop" or "length"). The first event of a request carries Version, the
-// adapter version it runs on ("" for the base model).
+// adapter version it runs on ("" for the base model). Reasoning is text of
+// the choice's reasoning block (reasoning.go); every Reasoning of a choice
+// comes before its first Text.
 type Event struct {
-	Index    int
-	Text     string
-	Logprobs []TokenLogprob
-	Finish   string
-	Version  string
+	Index     int
+	Text      string
+	Reasoning string
+	Logprobs  []TokenLogprob
+	Finish    string
+	Version   string
 }
 
 // Request is a generation request for Generate.
@@ -403,6 +417,9 @@ type Request struct {
 	Prompt  []int32 // tokens, already templated
 	N       int     // choices, default 1
 	Params  SamplingParams
+	// Reasoning, when set, opens a reasoning block: Prompt must end with
+	// the start delimiter (the HTTP handler appends it).
+	Reasoning *ReasoningParams
 }
 
 // Tokenize templates nothing; it converts text to tokens with BOS as the

@@ -22,7 +22,10 @@ import (
 //	POST /v1/completions
 //	GET  /v1/models            (the base and "<base>:<adapter>" names)
 //
-// The request's `model` is "<base>" or "<base>:<adapter>". It depends only on
+// The request's `model` is "<base>" or "<base>:<adapter>". Chat requests may
+// ask for a reasoning block (reasoning_effort, max_reasoning_tokens,
+// min_reasoning_tokens; reasoning.go): the answer then carries
+// reasoning_content and usage.completion_tokens_details. It depends only on
 // r.URL.Path, r.Body and r.Context() (and refuses an explicit GET on the
 // completion endpoints), so the gateway can call it
 // in-process with a (possibly redacted) body. Errors are OpenAI error JSON
@@ -276,8 +279,13 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 			}
 			msgs[i] = llama.ChatMessage{Role: role, Content: c}
 		}
+		rp, closed, err := e.parseReasoning(body)
+		if err != nil {
+			return nil, r, err
+		}
+		r.Reasoning = rp
 		toks, err := e.tokenizeChat(msgs)
-		return e.withPrompt(&cr, r, toks, err)
+		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), err)
 	} else {
 		if cr.Echo {
 			return nil, r, badRequest("echo", "echo is not supported")
@@ -398,6 +406,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	texts := make([]strings.Builder, req.N)
+	reasoning := make([]strings.Builder, req.N)
 	finish := make([]string, req.N)
 	clp := make([][]wireContentLogprob, req.N)
 	llp := make([]wireLegacyLogprobs, req.N)
@@ -408,6 +417,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			fingerprint = ev.Version
 		}
 		texts[ev.Index].WriteString(ev.Text)
+		reasoning[ev.Index].WriteString(ev.Reasoning)
 		if ev.Finish != "" {
 			finish[ev.Index] = ev.Finish
 		}
@@ -432,7 +442,11 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	for i := range choices {
 		c := map[string]any{"index": i, "finish_reason": finish[i], "logprobs": nil}
 		if chat {
-			c["message"] = map[string]any{"role": "assistant", "content": texts[i].String()}
+			msg := map[string]any{"role": "assistant", "content": texts[i].String()}
+			if req.Reasoning != nil {
+				msg["reasoning_content"] = reasoning[i].String()
+			}
+			c["message"] = msg
 			if req.Params.Logprobs {
 				c["logprobs"] = wireChatLogprobs{Content: clp[i]}
 			}
@@ -501,7 +515,10 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		c := map[string]any{"index": ev.Index, "logprobs": nil, "finish_reason": fin}
 		if chat {
 			d := map[string]any{}
-			if ev.Text != "" || ev.Finish == "" {
+			if ev.Reasoning != "" {
+				d["reasoning_content"] = ev.Reasoning
+			}
+			if ev.Text != "" || (ev.Finish == "" && ev.Reasoning == "") {
 				d["content"] = ev.Text
 			}
 			c["delta"] = d

@@ -83,6 +83,7 @@ type sequence struct {
 	sent      int
 	logprobs  []TokenLogprob
 	finished  bool
+	think     *thinking // reasoning block state (reasoning.go), nil without
 }
 
 // loop is the scheduler: admit, reap, one step, repeat.
@@ -272,7 +273,7 @@ func (e *Engine) admit() {
 		for i := range q.r.N {
 			id := e.takeSeq(q, i == 0, reuse)
 			e.busy.Add(1)
-			q.seqs = append(q.seqs, &sequence{id: id, index: i, maxTokens: maxTok, smp: newSampler(q.r.Params, i)})
+			q.seqs = append(q.seqs, &sequence{id: id, index: i, maxTokens: maxTok, smp: newSampler(q.r.Params, i), think: newThinking(q.r.Reasoning)})
 		}
 		e.active = append(e.active, q)
 	}
@@ -514,6 +515,10 @@ func (e *Engine) step() {
 // and the token limit, and emits what can be shown.
 func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 	if s.finished {
+		return
+	}
+	if s.think != nil && !s.think.done {
+		e.acceptThinking(q, s, logits)
 		return
 	}
 	tok := s.smp.sample(logits)
