@@ -136,6 +136,8 @@ type completionRequest struct {
 	Logprobs            json.RawMessage `json:"logprobs"` // chat: bool; completions: int
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Echo                bool            `json:"echo"`
+
+	switched *switchDecision // the reasoning switcher's decision (switcher.go)
 }
 
 type chatMessage struct {
@@ -283,6 +285,7 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		if err != nil {
 			return nil, r, err
 		}
+		r.Adapter, rp, cr.switched = e.switchReasoning(msgs, r.Adapter, rp, rp != nil || closed)
 		r.Reasoning = rp
 		toks, err := e.tokenizeChat(msgs)
 		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), err)
@@ -396,6 +399,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, ae.status, ae.typ, ae.param, ae.code, ae.msg)
 		return
 	}
+	setReasoningHeader(w, cr.switched)
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	object := "chat.completion"
 	if !chat {

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/capability"
 )
 
 // Reasoning mode (issue 18).
@@ -49,6 +51,14 @@ type ReasoningConfig struct {
 	// MinTokens is the default minimum of reasoning tokens before the end
 	// delimiter may be sampled (0: none).
 	MinTokens int `json:"min_tokens,omitempty"`
+	// Adapter is the reasoning adapter the switcher (switcher.go)
+	// activates, with a reasoning block of the medium budget, for a chat
+	// request on the base model whose prompt it scores hard; "" disables
+	// the switcher.
+	Adapter string `json:"adapter,omitempty"`
+	// Threshold is the switcher's score at or above which reasoning is
+	// on; default 0.5.
+	Threshold float64 `json:"threshold,omitempty"`
 }
 
 // KnownReasoningDelimiters are the reasoning delimiter pairs recognised in
@@ -93,6 +103,9 @@ type reasoningSpec struct {
 	minTokens    int
 	eog          []int32 // end-of-generation tokens (masked below the minimum)
 	maskedFirsts []int32 // end delimiter's first token, then eog
+	adapter      string  // the switcher's reasoning adapter ("": off)
+	threshold    float64
+	difficulty   *capability.Estimator
 }
 
 // newReasoningSpec resolves delimiters from the configuration or the chat
@@ -100,7 +113,11 @@ type reasoningSpec struct {
 // empty start (reasoning refused).
 func (e *Engine) newReasoningSpec(c ReasoningConfig) (*reasoningSpec, error) {
 	sp := &reasoningSpec{start: c.Start, end: c.End, minTokens: c.MinTokens,
-		budgets: map[string]int{"low": c.Low, "medium": c.Medium, "high": c.High}}
+		budgets: map[string]int{"low": c.Low, "medium": c.Medium, "high": c.High},
+		adapter: c.Adapter, threshold: c.Threshold, difficulty: capability.NewEstimator(nil)}
+	if sp.threshold == 0 {
+		sp.threshold = 0.5
+	}
 	for k, d := range map[string]int{"low": 256, "medium": 1024, "high": 4096} {
 		if sp.budgets[k] <= 0 {
 			sp.budgets[k] = d

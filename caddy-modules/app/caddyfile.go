@@ -68,6 +68,10 @@ func init() {
 //			warm_bytes <size>
 //			memory_bytes <size>
 //			prefix_cache
+//			reasoning_adapter <adapter name>   # the reasoning switcher's adapter
+//			reasoning_threshold <0..1>         # difficulty at or above which it reasons
+//			reasoning_budget <low> <medium> <high>   # tokens per reasoning_effort
+//			reasoning_delimiters <start> <end> # default: from the chat template
 //		}
 //		orchestrator off | {
 //			controller <model>
@@ -558,6 +562,37 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				return nil, d.ArgErr()
 			}
 			c.PrefixCache = true
+		case "reasoning_adapter":
+			if !d.AllArgs(&c.Reasoning.Adapter) {
+				return nil, d.ArgErr()
+			}
+		case "reasoning_delimiters":
+			if !d.AllArgs(&c.Reasoning.Start, &c.Reasoning.End) {
+				return nil, d.Err("molly: engine: reasoning_delimiters takes <start> <end>")
+			}
+		case "reasoning_threshold":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if v <= 0 || v > 1 {
+				return nil, d.Errf("molly: engine: reasoning_threshold must be in (0, 1]")
+			}
+			c.Reasoning.Threshold = v
+		case "reasoning_budget":
+			var s [3]string
+			if !d.AllArgs(&s[0], &s[1], &s[2]) {
+				return nil, d.Err("molly: engine: reasoning_budget takes <low> <medium> <high> token counts")
+			}
+			var n [3]int
+			for i, x := range s {
+				v, err := strconv.Atoi(x)
+				if err != nil || v < 1 {
+					return nil, d.Errf("molly: engine: reasoning_budget %q is not a positive token count", x)
+				}
+				n[i] = v
+			}
+			c.Reasoning.Low, c.Reasoning.Medium, c.Reasoning.High = n[0], n[1], n[2]
 		case "adapter":
 			var name, path string
 			if !d.AllArgs(&name, &path) {
