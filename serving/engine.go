@@ -272,6 +272,7 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) closeLlama() {
+	e.closeVerifiers()
 	e.adapters.close()
 	e.batch.Free()
 	e.lctx.Close()

@@ -138,6 +138,7 @@ type completionRequest struct {
 	Echo                bool            `json:"echo"`
 
 	switched *switchDecision // the reasoning switcher's decision (switcher.go)
+	chains   int             // parallel chains voted on (chains.go)
 }
 
 type chatMessage struct {
@@ -287,6 +288,9 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		}
 		r.Adapter, rp, cr.switched = e.switchReasoning(msgs, r.Adapter, rp, rp != nil || closed)
 		r.Reasoning = rp
+		if cr.chains, err = e.parseChains(body, r.Adapter, r.N, cr.Stream); err != nil {
+			return nil, r, err
+		}
 		toks, err := e.tokenizeChat(msgs)
 		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), err)
 	} else {
@@ -404,6 +408,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	object := "chat.completion"
 	if !chat {
 		id, object = newID("cmpl-"), "text_completion"
+	}
+	if cr.chains > 1 {
+		e.serveChains(w, r, cr, req, id, created)
+		return
 	}
 	if cr.Stream {
 		e.stream(w, r.Context(), cr, req, chat, id, object+map[bool]string{true: ".chunk", false: ""}[chat], created)

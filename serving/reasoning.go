@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -59,6 +60,15 @@ type ReasoningConfig struct {
 	// Threshold is the switcher's score at or above which reasoning is
 	// on; default 0.5.
 	Threshold float64 `json:"threshold,omitempty"`
+	// Chains is the default n_chains per adapter name ("" for the base
+	// model): parallel chains whose answers are voted on (chains.go).
+	Chains map[string]int `json:"chains,omitempty"`
+	// AnswerRegex extracts a chain's final answer from its content: the
+	// last match, its first group if it has one (RE2 syntax). AnswerField
+	// is the alternative for JSON content: a gjson path. Neither: the whole
+	// trimmed content is the answer.
+	AnswerRegex string `json:"answer_regex,omitempty"`
+	AnswerField string `json:"answer_field,omitempty"`
 }
 
 // KnownReasoningDelimiters are the reasoning delimiter pairs recognised in
@@ -106,6 +116,9 @@ type reasoningSpec struct {
 	adapter      string  // the switcher's reasoning adapter ("": off)
 	threshold    float64
 	difficulty   *capability.Estimator
+	answers      answerExtractor
+	verifiers    verifiers
+	chains       map[string]int
 }
 
 // newReasoningSpec resolves delimiters from the configuration or the chat
@@ -117,6 +130,19 @@ func (e *Engine) newReasoningSpec(c ReasoningConfig) (*reasoningSpec, error) {
 		adapter: c.Adapter, threshold: c.Threshold, difficulty: capability.NewEstimator(nil)}
 	if sp.threshold == 0 {
 		sp.threshold = 0.5
+	}
+	sp.answers.field, sp.chains = c.AnswerField, c.Chains
+	if c.AnswerRegex != "" {
+		re, err := regexp.Compile(c.AnswerRegex)
+		if err != nil {
+			return nil, fmt.Errorf("serving: reasoning answer_regex: %w", err)
+		}
+		sp.answers.re = re
+	}
+	for name, n := range c.Chains {
+		if n < 1 || n > e.cfg.NSeqMax {
+			return nil, fmt.Errorf("serving: reasoning chains for %q: %d, want 1..%d (the engine's sequences)", name, n, e.cfg.NSeqMax)
+		}
 	}
 	for k, d := range map[string]int{"low": 256, "medium": 1024, "high": 4096} {
 		if sp.budgets[k] <= 0 {

@@ -72,6 +72,9 @@ func init() {
 //			reasoning_threshold <0..1>         # difficulty at or above which it reasons
 //			reasoning_budget <low> <medium> <high>   # tokens per reasoning_effort
 //			reasoning_delimiters <start> <end> # default: from the chat template
+//			n_chains <n> [<adapter>]           # default parallel chains voted on (base: no adapter)
+//			answer_regex <RE2>                 # a chain's answer: last match (first group)
+//			answer_field <gjson path>          # or a field of JSON content
 //		}
 //		orchestrator off | {
 //			controller <model>
@@ -569,6 +572,31 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 		case "reasoning_delimiters":
 			if !d.AllArgs(&c.Reasoning.Start, &c.Reasoning.End) {
 				return nil, d.Err("molly: engine: reasoning_delimiters takes <start> <end>")
+			}
+		case "n_chains":
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return nil, d.Err("molly: engine: n_chains takes <n> [<adapter>]")
+			}
+			n, err := strconv.Atoi(args[0])
+			if err != nil || n < 1 {
+				return nil, d.Errf("molly: engine: n_chains %q is not a positive integer", args[0])
+			}
+			name := ""
+			if len(args) == 2 {
+				name = args[1]
+			}
+			if c.Reasoning.Chains == nil {
+				c.Reasoning.Chains = map[string]int{}
+			}
+			c.Reasoning.Chains[name] = n
+		case "answer_regex":
+			if !d.AllArgs(&c.Reasoning.AnswerRegex) {
+				return nil, d.ArgErr()
+			}
+		case "answer_field":
+			if !d.AllArgs(&c.Reasoning.AnswerField) {
+				return nil, d.ArgErr()
 			}
 		case "reasoning_threshold":
 			v, err := floatArg(d)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -19,6 +20,9 @@ func TestCaddyfileEngineReasoning(t *testing.T) {
 			reasoning_threshold 0.7
 			reasoning_budget 64 512 2048
 			reasoning_delimiters [plan] [/plan]
+			n_chains 4 reasoner
+			n_chains 2
+			answer_regex "answer: (\d+)"
 		}
 	}`)
 	v, err := parseGlobal(d, nil)
@@ -29,13 +33,14 @@ func TestCaddyfileEngineReasoning(t *testing.T) {
 	if err := json.Unmarshal(v.(httpcaddyfile.App).Value, &a); err != nil {
 		t.Fatal(err)
 	}
-	want := serving.ReasoningConfig{Adapter: "reasoner", Threshold: 0.7, Low: 64, Medium: 512, High: 2048, Start: "[plan]", End: "[/plan]"}
-	if a.EngineConfig == nil || a.EngineConfig.Reasoning != want {
+	want := serving.ReasoningConfig{Adapter: "reasoner", Threshold: 0.7, Low: 64, Medium: 512, High: 2048, Start: "[plan]", End: "[/plan]",
+		Chains: map[string]int{"reasoner": 4, "": 2}, AnswerRegex: `answer: (\d+)`}
+	if a.EngineConfig == nil || !reflect.DeepEqual(a.EngineConfig.Reasoning, want) {
 		t.Fatalf("engine %+v, want reasoning %+v", a.EngineConfig, want)
 	}
-	for _, bad := range []string{"reasoning_threshold 1.5", "reasoning_budget 1 2", "reasoning_budget 1 two 3", "reasoning_delimiters <think>", "reasoning_adapter"} {
+	for _, bad := range []string{"reasoning_threshold 1.5", "reasoning_budget 1 2", "reasoning_budget 1 two 3", "reasoning_delimiters <think>", "reasoning_adapter", "n_chains 0", "n_chains"} {
 		_, err := parseGlobal(caddyfile.NewTestDispenser("molly {\nengine {\nmodel m.gguf\n"+bad+"\n}\n}"), nil)
-		if err == nil || !strings.Contains(err.Error(), "reasoning") && !strings.Contains(err.Error(), "argument") {
+		if err == nil || !strings.Contains(err.Error(), strings.Fields(bad)[0]) && !strings.Contains(err.Error(), "argument") {
 			t.Errorf("%q: error %v", bad, err)
 		}
 	}
