@@ -97,6 +97,10 @@ type Config struct {
 	// NCtx cells by llama.cpp; the budget decides how much of it and of the
 	// adapters may be in use at once.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// KVCacheType is the type of the K and V cache: "f16" (default),
+	// "q8_0" or "q4_0" (a quantized V cache runs with flash attention).
+	// It sets the bytes of a KV cell in the memory budget.
+	KVCacheType string `json:"kv_cache_type,omitempty"`
 	// Reasoning configures reasoning mode: delimiters and budgets
 	// (reasoning.go).
 	Reasoning ReasoningConfig `json:"reasoning,omitempty"`
@@ -199,7 +203,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	lctx, err := llama.NewContext(m, llama.ContextParams{
 		NCtx: cfg.NCtx, NBatch: cfg.NBatch, NSeqMax: cfg.NSeqMax, Threads: cfg.Threads,
-		Unified: true, TokenAdapters: true,
+		Unified: true, TokenAdapters: true, TypeK: cfg.KVCacheType, TypeV: cfg.KVCacheType,
 	})
 	if err != nil {
 		m.Close()
@@ -209,7 +213,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, model: m, lctx: lctx, batch: llama.NewBatch(cfg.NBatch),
 		adapters: newAdapterManager(m, g, cfg.HotBytes, cfg.WarmBytes),
 		tmpl:     m.ChatTemplate(), nCtxSeq: cfg.NCtx / cfg.NSeqMax, nCells: lctx.NCtx(),
-		cellBytes: kvCellBytes(g.KV()), cached: map[int]*cachedPrefix{},
+		cellBytes: kvCellBytes(g.KV(), cfg.KVCacheType), cached: map[int]*cachedPrefix{},
 		wake: make(chan struct{}, 1), calls: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	e.budget = cfg.MemoryBytes
@@ -239,9 +243,9 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// kvCellBytes is the size of one KV cell: K and V rows of every layer in F16
-// (llama.cpp's default cache type).
-func kvCellBytes(kv ggml.KV) int64 {
+// kvCellBytes is the size of one KV cell: K and V rows of every layer in the
+// cache type typ (F16 by default; ggml's block sizes for quantized types).
+func kvCellBytes(kv ggml.KV, typ string) int64 {
 	layers := int64(kv.BlockCount())
 	heads := max(int64(kv.HeadCountMax()), 1)
 	headsKV := int64(kv.HeadCountKVMax())
@@ -249,7 +253,8 @@ func kvCellBytes(kv ggml.KV) int64 {
 		headsKV = heads
 	}
 	embd := int64(kv.EmbeddingLength())
-	return layers * 2 * (embd / heads * headsKV) * 2
+	num, denom, _ := llama.KVTypeBytes(typ) // an unknown type failed NewContext already
+	return layers * 2 * (embd / heads * headsKV) * num / denom
 }
 
 // Close stops the watch and the scheduler, fails queued and running requests

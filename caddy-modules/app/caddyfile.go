@@ -17,6 +17,7 @@ import (
 	"github.com/molly-gateway/molly/router/orchestrate"
 	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
+	"github.com/molly-gateway/molly/serving/llama"
 )
 
 func init() {
@@ -68,6 +69,7 @@ func init() {
 //			warm_bytes <size>
 //			memory_bytes <size>
 //			prefix_cache
+//			kv_cache_type f16|q8_0|q4_0        # K and V cache type (quantized: flash attention)
 //			reasoning_adapter <adapter name>   # the reasoning switcher's adapter
 //			reasoning_threshold <0..1>         # difficulty at or above which it reasons
 //			reasoning_budget <low> <medium> <high>   # tokens per reasoning_effort
@@ -565,6 +567,13 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				return nil, d.ArgErr()
 			}
 			c.PrefixCache = true
+		case "kv_cache_type":
+			if !d.AllArgs(&c.KVCacheType) {
+				return nil, d.ArgErr()
+			}
+			if _, _, err := llama.KVTypeBytes(c.KVCacheType); err != nil {
+				return nil, d.Errf("molly: engine: kv_cache_type: %v", err)
+			}
 		case "reasoning_adapter":
 			if !d.AllArgs(&c.Reasoning.Adapter) {
 				return nil, d.ArgErr()

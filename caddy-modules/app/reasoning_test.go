@@ -16,6 +16,7 @@ func TestCaddyfileEngineReasoning(t *testing.T) {
 	d := caddyfile.NewTestDispenser(`molly {
 		engine {
 			model /models/base.gguf
+			kv_cache_type q8_0
 			reasoning_adapter reasoner
 			reasoning_threshold 0.7
 			reasoning_budget 64 512 2048
@@ -35,10 +36,10 @@ func TestCaddyfileEngineReasoning(t *testing.T) {
 	}
 	want := serving.ReasoningConfig{Adapter: "reasoner", Threshold: 0.7, Low: 64, Medium: 512, High: 2048, Start: "[plan]", End: "[/plan]",
 		Chains: map[string]int{"reasoner": 4, "": 2}, AnswerRegex: `answer: (\d+)`}
-	if a.EngineConfig == nil || !reflect.DeepEqual(a.EngineConfig.Reasoning, want) {
+	if a.EngineConfig == nil || !reflect.DeepEqual(a.EngineConfig.Reasoning, want) || a.EngineConfig.KVCacheType != "q8_0" {
 		t.Fatalf("engine %+v, want reasoning %+v", a.EngineConfig, want)
 	}
-	for _, bad := range []string{"reasoning_threshold 1.5", "reasoning_budget 1 2", "reasoning_budget 1 two 3", "reasoning_delimiters <think>", "reasoning_adapter", "n_chains 0", "n_chains"} {
+	for _, bad := range []string{"reasoning_threshold 1.5", "reasoning_budget 1 2", "reasoning_budget 1 two 3", "reasoning_delimiters <think>", "reasoning_adapter", "n_chains 0", "n_chains", "kv_cache_type q3"} {
 		_, err := parseGlobal(caddyfile.NewTestDispenser("molly {\nengine {\nmodel m.gguf\n"+bad+"\n}\n}"), nil)
 		if err == nil || !strings.Contains(err.Error(), strings.Fields(bad)[0]) && !strings.Contains(err.Error(), "argument") {
 			t.Errorf("%q: error %v", bad, err)
