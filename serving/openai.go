@@ -286,13 +286,18 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		if err != nil {
 			return nil, r, err
 		}
-		r.Adapter, rp, cr.switched = e.switchReasoning(msgs, r.Adapter, rp, rp != nil || closed)
+		toks, err := e.tokenizeChat(msgs)
+		if err != nil {
+			return nil, r, err
+		}
+		if r.Adapter, rp, cr.switched, err = e.switchReasoning(msgs, toks, r.Adapter, rp, rp != nil || closed); err != nil {
+			return nil, r, err
+		}
 		r.Reasoning = rp
 		if cr.chains, err = e.parseChains(body, r.Adapter, r.N, cr.Stream); err != nil {
 			return nil, r, err
 		}
-		toks, err := e.tokenizeChat(msgs)
-		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), err)
+		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), nil)
 	} else {
 		if cr.Echo {
 			return nil, r, badRequest("echo", "echo is not supported")

@@ -69,6 +69,12 @@ type ReasoningConfig struct {
 	// trimmed content is the answer.
 	AnswerRegex string `json:"answer_regex,omitempty"`
 	AnswerField string `json:"answer_field,omitempty"`
+	// Probe is the path of the switcher's linear probe (JSON, as written
+	// by `molly switcher train`): when set, the switcher's score is
+	// σ(w·[mean hidden state of the prompt, difficulty] + b) instead of the
+	// difficulty alone. It costs one extra prefill of the prompt on the
+	// hidden-state context.
+	Probe string `json:"probe,omitempty"`
 }
 
 // KnownReasoningDelimiters are the reasoning delimiter pairs recognised in
@@ -119,6 +125,7 @@ type reasoningSpec struct {
 	answers      answerExtractor
 	verifiers    verifiers
 	chains       map[string]int
+	probe        *Verifier
 }
 
 // newReasoningSpec resolves delimiters from the configuration or the chat
@@ -138,6 +145,16 @@ func (e *Engine) newReasoningSpec(c ReasoningConfig) (*reasoningSpec, error) {
 			return nil, fmt.Errorf("serving: reasoning answer_regex: %w", err)
 		}
 		sp.answers.re = re
+	}
+	if c.Probe != "" {
+		v, err := LoadVerifier(c.Probe)
+		if err != nil {
+			return nil, fmt.Errorf("serving: reasoning probe: %w", err)
+		}
+		if v.Features != "mean_hidden_difficulty" || len(v.Weights) != e.model.NEmbd()+1 {
+			return nil, fmt.Errorf("serving: reasoning probe %s: want features mean_hidden_difficulty and %d weights", c.Probe, e.model.NEmbd()+1)
+		}
+		sp.probe = v
 	}
 	for name, n := range c.Chains {
 		if n < 1 || n > e.cfg.NSeqMax {

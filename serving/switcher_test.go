@@ -6,7 +6,13 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/molly-gateway/molly/router/capability"
+	"github.com/molly-gateway/molly/serving/llama"
 )
 
 func TestSwitcherActivatesTheReasoningAdapterForHardPrompts(t *testing.T) {
@@ -79,5 +85,54 @@ func TestSwitcherActivatesTheReasoningAdapterForHardPrompts(t *testing.T) {
 	w := call(t, plain, context.Background(), http.MethodPost, "/v1/chat/completions", reasoningBody(hard, 5, nil))
 	if h := w.Header().Get(HeaderReasoning); h != "" {
 		t.Errorf("no switcher: header %q", h)
+	}
+}
+
+func TestSwitcherProbeDecidesFromThePromptsHiddenState(t *testing.T) {
+	trainer := newEngine(t, nil)
+	hard := []string{"zebra", "a zebra", "zebra zebra"}
+	easy := []string{"hello", "hello there", "hi"}
+	var ex []ProbeExample
+	for i := range hard {
+		ex = append(ex, ProbeExample{Messages: []llama.ChatMessage{{Role: "user", Content: hard[i]}}, Hard: true},
+			ProbeExample{Messages: []llama.ChatMessage{{Role: "user", Content: easy[i]}}})
+	}
+	probe, err := trainer.TrainProbe(ex, 1e-6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if probe.TrainAccuracy != 1 {
+		t.Fatalf("probe train accuracy %v", probe.TrainAccuracy)
+	}
+	path := filepath.Join(t.TempDir(), "probe.json")
+	js, _ := json.Marshal(probe)
+	if err := os.WriteFile(path, js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, func(c *Config) { c.Reasoning.Adapter, c.Reasoning.Probe, c.Reasoning.Medium = "support", path, 4 })
+	// Oracle: the features read by a separate hidden-state context from the
+	// rendered prompt, and router/capability's difficulty.
+	h, err := llama.NewHiddenContext(e.model, 256, 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	est := capability.NewEstimator(nil)
+	for _, p := range []string{"zebra", "hello", "zebra zebra"} {
+		toks, _ := e.model.Tokenize("<|im_start|>user\n"+p+"<|im_end|>\n<|im_start|>assistant\n", true, true)
+		mean, err := h.MeanState(toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		score := probe.Score(append(mean, float32(est.Estimate(p, false).Difficulty)))
+		state := map[bool]string{true: "on adapter=support ", false: "off "}[score >= 0.5]
+		want := fmt.Sprintf("%sscore=%.4f threshold=0.5000 by=probe", state, score)
+		w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", reasoningBody(p, 8, nil))
+		if got := w.Header().Get(HeaderReasoning); got != want || w.Code != http.StatusOK {
+			t.Errorf("%q: status %d header %q, want %q", p, w.Code, got, want)
+		}
+		if (score >= 0.5) != strings.HasPrefix(p, "zebra") {
+			t.Errorf("%q: probe score %.4f", p, score)
+		}
 	}
 }

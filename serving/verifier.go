@@ -28,7 +28,9 @@ type Verifier struct {
 	// Type is "logistic".
 	Type string `json:"type"`
 	// Features is "last_hidden": the base model's final-norm hidden state
-	// at the last token of the answer (NEmbd floats).
+	// at the last token of the answer (NEmbd floats); for the switcher's
+	// probe (switcher.go) "mean_hidden_difficulty": the mean hidden state
+	// of the prompt and the capability difficulty (NEmbd+1).
 	Features string `json:"features"`
 	// BaseChecksum is the base model's general.base_checksum the weights
 	// were fitted on ("" if the base has none); a verifier for another base
@@ -67,8 +69,8 @@ func LoadVerifier(path string) (*Verifier, error) {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return nil, fmt.Errorf("verifier %s: %w", path, err)
 	}
-	if v.Type != "logistic" || v.Features != "last_hidden" || len(v.Weights) == 0 {
-		return nil, fmt.Errorf("verifier %s: want type logistic, features last_hidden and weights", path)
+	if v.Type != "logistic" || v.Features != "last_hidden" && v.Features != "mean_hidden_difficulty" || len(v.Weights) == 0 {
+		return nil, fmt.Errorf("verifier %s: want type logistic, features last_hidden or mean_hidden_difficulty, and weights", path)
 	}
 	return &v, nil
 }
@@ -202,8 +204,9 @@ func (x answerExtractor) extract(content string) (answer string, end int, ok boo
 // verifiers holds the engine's loaded verifiers by file path (nil: none
 // there), read once.
 type verifiers struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // byPath
 	byPath map[string]*Verifier
+	hmu    sync.Mutex // hidden
 	hidden *llama.HiddenContext
 }
 
@@ -231,8 +234,8 @@ func (e *Engine) verifierFor(adapter string) (*Verifier, error) {
 		if v, err = LoadVerifier(path); err != nil {
 			return nil, err
 		}
-		if len(v.Weights) != e.model.NEmbd() {
-			return nil, fmt.Errorf("verifier %s has %d weights, the model's hidden state %d", path, len(v.Weights), e.model.NEmbd())
+		if v.Features != "last_hidden" || len(v.Weights) != e.model.NEmbd() {
+			return nil, fmt.Errorf("verifier %s: features %s and %d weights; want last_hidden and the model's %d", path, v.Features, len(v.Weights), e.model.NEmbd())
 		}
 		if v.BaseChecksum != "" && v.BaseChecksum != e.adapters.checksum {
 			return nil, fmt.Errorf("verifier %s was fitted on base %s, this base is %s", path, v.BaseChecksum, e.adapters.checksum)
@@ -263,17 +266,28 @@ func (e *Engine) chainTokens(reasoning *string, content string, answerEnd int) (
 // model's hidden-state context (created on first use; calls are
 // serialised) and returns the state at each continuation's last token.
 func (e *Engine) lastHiddenStates(prompt []int32, conts [][]int32) ([][]float32, error) {
+	h, unlock, err := e.hiddenContext()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return h.LastStates(prompt, conts)
+}
+
+// hiddenContext returns the hidden-state context, created on first use,
+// locked until unlock is called.
+func (e *Engine) hiddenContext() (*llama.HiddenContext, func(), error) {
 	vs := &e.reasoning.verifiers
-	vs.mu.Lock()
-	defer vs.mu.Unlock()
+	vs.hmu.Lock()
 	if vs.hidden == nil {
 		h, err := llama.NewHiddenContext(e.model, e.nCtxSeq, e.cfg.NBatch, e.cfg.Threads)
 		if err != nil {
-			return nil, err
+			vs.hmu.Unlock()
+			return nil, nil, err
 		}
 		vs.hidden = h
 	}
-	return vs.hidden.LastStates(prompt, conts)
+	return vs.hidden, vs.hmu.Unlock, nil
 }
 
 // closeVerifiers frees the hidden-state context.
@@ -282,8 +296,8 @@ func (e *Engine) closeVerifiers() {
 		return
 	}
 	vs := &e.reasoning.verifiers
-	vs.mu.Lock()
-	defer vs.mu.Unlock()
+	vs.hmu.Lock()
+	defer vs.hmu.Unlock()
 	if vs.hidden != nil {
 		vs.hidden.Close()
 		vs.hidden = nil

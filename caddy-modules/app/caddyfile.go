@@ -72,6 +72,7 @@ func init() {
 //			kv_cache_type f16|q8_0|q4_0        # K and V cache type (quantized: flash attention)
 //			reasoning_adapter <adapter name>   # the reasoning switcher's adapter
 //			reasoning_threshold <0..1>         # difficulty at or above which it reasons
+//			reasoning_probe <json>             # linear probe on the prompt's hidden state (molly switcher train)
 //			reasoning_budget <low> <medium> <high>   # tokens per reasoning_effort
 //			reasoning_delimiters <start> <end> # default: from the chat template
 //			n_chains <n> [<adapter>]           # default parallel chains voted on (base: no adapter)
@@ -599,6 +600,10 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				c.Reasoning.Chains = map[string]int{}
 			}
 			c.Reasoning.Chains[name] = n
+		case "reasoning_probe":
+			if !d.AllArgs(&c.Reasoning.Probe) {
+				return nil, d.ArgErr()
+			}
 		case "answer_regex":
 			if !d.AllArgs(&c.Reasoning.AnswerRegex) {
 				return nil, d.ArgErr()

@@ -44,3 +44,25 @@ func TestTrainVerifierReadsLabelledChains(t *testing.T) {
 		t.Errorf("a bad line: %v, want an error naming line 2", err)
 	}
 }
+
+func TestTrainProbeReadsLabelledPrompts(t *testing.T) {
+	dir := t.TempDir()
+	if err := serving.WriteDemo(dir, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "prompts.jsonl")
+	lines := `{"messages":[{"role":"user","content":"prove it"}],"hard":true}
+{"messages":[{"role":"user","content":"hi"}],"hard":false}
+`
+	if err := os.WriteFile(data, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v, err := TrainProbe(serving.Config{ModelPath: filepath.Join(dir, serving.DemoModelFile), NSeqMax: 1}, data, 1e-4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := gguf.SizeConfig("tiny", 1)
+	if v.Features != "mean_hidden_difficulty" || len(v.Weights) != base.Embd+1 || v.Examples != 2 || v.TrainAccuracy != 1 {
+		t.Errorf("probe %s, %d weights, %d examples, accuracy %v", v.Features, len(v.Weights), v.Examples, v.TrainAccuracy)
+	}
+}
