@@ -64,6 +64,9 @@ const (
 const (
 	KeyBaseChecksum        = "general.base_checksum"
 	KeyAdapterBaseChecksum = "adapter.base_checksum"
+	// KeyALoRAInvocation is llama.cpp's key of an activated LoRA's
+	// invocation tokens (array of uint32).
+	KeyALoRAInvocation = "adapter.alora.invocation_tokens"
 )
 
 // Config is the shape of a generated llama model.
@@ -318,6 +321,10 @@ type AdapterConfig struct {
 	// make mismatched adapters.
 	Architecture string
 	BaseChecksum string
+	// Invocation, when set, makes an activated LoRA (aLoRA, Greenewald et
+	// al. 2025): adapter.alora.invocation_tokens, the token sequence after
+	// which the adapter applies (llama.cpp's key).
+	Invocation []uint32
 }
 
 // DefaultTargets are the tensors adapted by default.
@@ -355,6 +362,9 @@ func WriteAdapter(path string, base Config, a AdapterConfig) error {
 		"adapter.type":         "lora",
 		"adapter.lora.alpha":   a.Alpha,
 		KeyAdapterBaseChecksum: a.BaseChecksum,
+	}
+	if len(a.Invocation) > 0 {
+		kv[KeyALoRAInvocation] = a.Invocation
 	}
 	shapes := base.TensorShapes()
 	var ts []*ggml.Tensor
