@@ -66,16 +66,20 @@ func BenchmarkALoRAPrefixReuse(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	head, err := e.Tokenize("<|im_start|>user\n" + strings.Repeat("the sources say the answer is grounded ", 200))
-	if err != nil {
-		b.Fatal(err)
-	}
 	tail, err := e.model.Tokenize("<|im_end|>\n<|im_start|>assistant\n", false, true)
 	if err != nil {
 		b.Fatal(err)
 	}
-	prompt := append(head[:1000-len(tail)], tail...)
-	first := func(adapter string) time.Duration {
+	// Every measurement gets a prompt of its own (its first words differ),
+	// so the only KV to reuse is the base request's just before it.
+	promptFor := func(round int, kind string) []int32 {
+		head, err := e.Tokenize(fmt.Sprintf("<|im_start|>user\nround %d, %s: ", round, kind) + strings.Repeat("the sources say the answer is grounded ", 200))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return append(head[:1000-len(tail)], tail...)
+	}
+	first := func(adapter string, prompt []int32) time.Duration {
 		start := time.Now()
 		if _, err := e.Generate(context.Background(), Request{Adapter: adapter, Prompt: prompt, Params: SamplingParams{MaxTokens: 1}}, func(Event) error { return nil }); err != nil {
 			b.Fatal(err)
@@ -84,16 +88,18 @@ func BenchmarkALoRAPrefixReuse(b *testing.B) {
 	}
 	var alora, plain []float64
 	for range b.N {
-		for range rounds {
-			first("") // the base prompt KV into the prefix cache
-			alora = append(alora, first("alora").Seconds())
-			first("")
-			plain = append(plain, first("plain").Seconds())
+		for r := range rounds {
+			p := promptFor(r, "alora")
+			first("", p) // the base prompt KV into the prefix cache
+			alora = append(alora, first("alora", p).Seconds())
+			p = promptFor(r, "plain")
+			first("", p)
+			plain = append(plain, first("plain", p).Seconds())
 		}
 	}
 	a, p := median(alora), median(plain)
 	fmt.Printf("aLoRA after a base request on a %d-token prompt: first token %.1f ms; plain LoRA %.1f ms; prefill saved %.1f ms (%.0f%%); model %s, %d threads, %d rounds\n",
-		len(prompt), a*1e3, p*1e3, (p-a)*1e3, 100*(p-a)/p, size, cfg.Threads, rounds)
+		1000, a*1e3, p*1e3, (p-a)*1e3, 100*(p-a)/p, size, cfg.Threads, rounds)
 	b.ReportMetric(a*1e3, "ms_first_token_alora")
 	b.ReportMetric(p*1e3, "ms_first_token_plain")
 }
