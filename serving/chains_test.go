@@ -237,3 +237,62 @@ func TestBadChainRequestsAre400(t *testing.T) {
 		}
 	}
 }
+
+func TestReasoningChainsVoteOnTheAnswerAfterTheBlock(t *testing.T) {
+	dir := t.TempDir()
+	if err := WriteDemo(dir, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, func(c *Config) {
+		*c = DemoConfig(dir)
+		c.NSeqMax, c.NCtx, c.Threads, c.NBatch = 8, 8*256, 1, 256
+		c.Reasoning.AnswerRegex = `^.(.)`
+	})
+	extra := map[string]any{"reasoning_effort": "low", "max_reasoning_tokens": 5, "max_tokens": 12}
+	ref := postVote(t, e, chainBody(0, map[string]any{"n": 6, "reasoning_effort": "low", "max_reasoning_tokens": 5, "max_tokens": 12}))
+	answers := firstChars(ref)
+	msgs := []llama.ChatMessage{{Role: "user", Content: "pick a letter"}}
+	var examples []VerifierExample
+	for i, c := range ref.Choices {
+		examples = append(examples, VerifierExample{Messages: msgs, Reasoning: c.Message.ReasoningContent, Content: c.Message.Content, Correct: i%2 == 1})
+	}
+	v, err := e.TrainVerifier(examples, 1e-6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.Marshal(v)
+	if err := os.WriteFile(VerifierPath(filepath.Join(dir, DemoModelFile)), js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := postVote(t, e, chainBody(6, extra))
+	wantReasoning := 0 // every chain's reasoning tokens and its </think>
+	for _, c := range ref.Choices {
+		wantReasoning += countTokens(t, e, *c.Message.ReasoningContent) + 1
+	}
+	if r.Vote == nil || r.Vote.Method != "verifier" || r.Usage.CompletionTokensDetails == nil || r.Usage.CompletionTokensDetails.ReasoningTokens != wantReasoning {
+		t.Fatalf("vote %+v usage %+v, want a verifier vote and %d reasoning tokens", r.Vote, r.Usage, wantReasoning)
+	}
+	// Oracle: the state after <think>, the reasoning, </think> and the
+	// content up to the answer, read by a separate hidden-state context.
+	h, err := llama.NewHiddenContext(e.model, 512, 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	prompt, _ := e.model.Tokenize("<|im_start|>user\npick a letter<|im_end|>\n<|im_start|>assistant\n<think>", true, true)
+	for i, c := range r.Vote.Chains {
+		rc := ref.Choices[i].Message
+		cont, _ := e.model.Tokenize(*rc.ReasoningContent+"</think>"+rc.Content[:2], false, true)
+		hs, err := h.LastStates(prompt, [][]int32{cont})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := v.Score(hs[0]); c.Score == nil || math.Abs(*c.Score-want) > 1e-4 || *c.Answer != answers[i] {
+			t.Errorf("chain %d: answer %v score %v, want %q %v", i, c.Answer, c.Score, answers[i], want)
+		}
+	}
+	chosen := ref.Choices[r.Vote.ChosenChain].Message
+	if got := r.Choices[0].Message; got.Content != chosen.Content || *got.ReasoningContent != *chosen.ReasoningContent {
+		t.Errorf("answer %+v, want chain %d's %+v", got, r.Vote.ChosenChain, chosen)
+	}
+}
