@@ -338,12 +338,10 @@ func (e *Engine) acceptThinking(q *request, s *sequence, logits []float32) {
 		rest := t.text[i+len(sp.end):]
 		t.text, t.done, t.forced = t.text[:i], true, nil
 		s.text = append(s.text, rest...)
-		e.send(q, Event{Index: s.index, Reasoning: string(t.text[t.sent:])})
-		t.sent = len(t.text)
+		e.flushThinking(q, s)
 	}
 	if s.generated >= s.maxTokens {
-		e.send(q, Event{Index: s.index, Reasoning: string(t.text[t.sent:])})
-		t.sent = len(t.text)
+		e.flushThinking(q, s)
 		e.end(q, s, "length", len(s.text))
 		return
 	}
@@ -353,6 +351,14 @@ func (e *Engine) acceptThinking(q *request, s *sequence, logits []float32) {
 	if upto := len(t.text) - holdBack(t.text[t.sent:], []string{sp.end}); upto > t.sent {
 		e.send(q, Event{Index: s.index, Reasoning: string(t.text[t.sent:upto])})
 		t.sent = upto
+	}
+}
+
+// flushThinking emits the reasoning text not sent yet, if any.
+func (e *Engine) flushThinking(q *request, s *sequence) {
+	if t := s.think; t.sent < len(t.text) {
+		e.send(q, Event{Index: s.index, Reasoning: string(t.text[t.sent:])})
+		t.sent = len(t.text)
 	}
 }
 
