@@ -103,7 +103,7 @@ type Config struct {
 	KVCacheType string `json:"kv_cache_type,omitempty"`
 	// Reasoning configures reasoning mode: delimiters and budgets
 	// (reasoning.go).
-	Reasoning ReasoningConfig `json:"reasoning,omitempty"`
+	Reasoning ReasoningConfig `json:"reasoning,omitzero"`
 }
 
 func (c *Config) defaults() {
