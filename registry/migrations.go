@@ -19,6 +19,7 @@ func migrations() []sqlite.Migration {
 		{Version: 1, Name: "members, keys, usage", SQL: schemaV1},
 		{Version: 2, Name: "record ids, spend counters, reservations, rate windows, outbox, priors", SQL: schemaV2, Up: backfillSpend},
 		{Version: 3, Name: "stored responses (Responses API)", SQL: schemaV3},
+		{Version: 4, Name: "traces, curated sets, adapter versions, promotions (specialisation loop)", SQL: schemaV4},
 	}
 }
 

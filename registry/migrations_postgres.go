@@ -15,6 +15,7 @@ func pgMigrations() []postgres.Migration {
 		{Version: 1, Name: m[0].Name, SQL: pgSchemaV1, Up: m[0].Up},
 		{Version: 2, Name: m[1].Name, SQL: pgSchemaV2, Up: m[1].Up},
 		{Version: 3, Name: m[2].Name, SQL: schemaV3}, // portable as written (TEXT, BIGINT)
+		{Version: 4, Name: m[3].Name, SQL: pgSchemaV4},
 	}
 }
 

@@ -159,6 +159,7 @@ type Engine struct {
 	quit    chan struct{}
 	done    chan struct{}
 	watch   *watcher
+	emb     embedState // /v1/embeddings (embeddings.go)
 
 	busy  atomic.Int64 // sequences in use
 	steps atomic.Int64 // scheduler steps run
@@ -278,6 +279,7 @@ func (e *Engine) Close() error {
 
 func (e *Engine) closeLlama() {
 	e.closeVerifiers()
+	e.emb.close()
 	e.adapters.close()
 	e.batch.Free()
 	e.lctx.Close()

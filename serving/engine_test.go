@@ -617,7 +617,8 @@ func TestErrorsUseOpenAIShapeAndStatus(t *testing.T) {
 		{"n beyond the sequences is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "n": 99}, 400, "", "n"},
 		{"temperature above 2 is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "temperature": 3}, 400, "", "temperature"},
 		{"GET on completions is 405", "GET", "/v1/chat/completions", nil, 405, "method_not_allowed", ""},
-		{"an unknown path is 404", "POST", "/v1/embeddings", nil, 404, "not_found", ""},
+		{"an unknown path is 404", "POST", "/v1/audio/speech", nil, 404, "not_found", ""},
+		{"embeddings without a body is 400", "POST", "/v1/embeddings", nil, 400, "", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

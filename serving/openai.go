@@ -20,6 +20,7 @@ import (
 //
 //	POST /v1/chat/completions  (stream or not; stream_options.include_usage)
 //	POST /v1/completions
+//	POST /v1/embeddings        (embeddings.go)
 //	GET  /v1/models            (the base and "<base>:<adapter>" names)
 //
 // The request's `model` is "<base>" or "<base>:<adapter>". Chat requests may
@@ -42,6 +43,8 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case strings.HasSuffix(path, "/v1/models"):
 		e.serveModels(w)
+	case strings.HasSuffix(path, "/v1/embeddings"):
+		e.serveEmbeddings(w, r)
 	case strings.HasSuffix(path, "/v1/chat/completions"), strings.HasSuffix(path, "/v1/completions"):
 		if r.Method == http.MethodGet {
 			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
@@ -137,6 +140,7 @@ type completionRequest struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Echo                bool            `json:"echo"`
 
+	plan     *plan           // chat: how the output is constrained and decoded (tools.go)
 	switched *switchDecision // the reasoning switcher's decision (switcher.go)
 	chains   int             // parallel chains voted on (chains.go)
 }
@@ -282,6 +286,9 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 			}
 			msgs[i] = llama.ChatMessage{Role: role, Content: c}
 		}
+		if err := e.constrain(&cr, &r, &msgs, body); err != nil {
+			return nil, r, err
+		}
 		rp, closed, err := e.parseReasoning(body)
 		if err != nil {
 			return nil, r, err
@@ -418,6 +425,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		e.serveChains(w, r, cr, req, id, created)
 		return
 	}
+	if chat && cr.plan != nil && cr.plan.tools {
+		e.serveTools(w, r.Context(), cr, req, id, created)
+		return
+	}
 	if cr.Stream {
 		e.stream(w, r.Context(), cr, req, chat, id, object+map[bool]string{true: ".chunk", false: ""}[chat], created)
 		return
@@ -459,7 +470,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	for i := range choices {
 		c := map[string]any{"index": i, "finish_reason": finish[i], "logprobs": nil}
 		if chat {
-			msg := map[string]any{"role": "assistant", "content": texts[i].String()}
+			msg := map[string]any{"role": "assistant", "content": texts[i].String(), "refusal": nil}
 			if req.Reasoning != nil {
 				msg["reasoning_content"] = reasoning[i].String()
 			}
@@ -475,11 +486,15 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		}
 		choices[i] = c
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
+	resp := map[string]any{
 		"id": id, "object": object, "created": created, "model": cr.Model,
 		"choices": choices, "usage": usage, "system_fingerprint": fingerprint,
-	})
+	}
+	if fingerprint == nil {
+		delete(resp, "system_fingerprint") // a string or no field (the spec)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
 }
 
 // stream writes server-sent events: for chat, a first chunk per choice with
@@ -508,6 +523,9 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 	var fingerprint any // the adapter version, known from the first event
 	chunk := func(choice map[string]any) map[string]any {
 		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{choice}, "system_fingerprint": fingerprint}
+		if fingerprint == nil {
+			delete(m, "system_fingerprint")
+		}
 		if includeUsage {
 			m["usage"] = nil
 		}
@@ -560,7 +578,11 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		return
 	}
 	if includeUsage {
-		_ = send(map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": fingerprint})
+		m := map[string]any{"id": id, "object": object, "created": created, "model": cr.Model, "choices": []any{}, "usage": usage, "system_fingerprint": fingerprint}
+		if fingerprint == nil {
+			delete(m, "system_fingerprint")
+		}
+		_ = send(m)
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	_ = rc.Flush()

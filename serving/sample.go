@@ -16,6 +16,9 @@ type SamplingParams struct {
 	MaxTokens   int // 0: up to the sequence's context
 	TopLogprobs int // alternatives returned per token when Logprobs
 	Logprobs    bool
+	// Grammar is a GBNF grammar (start rule "root") the output must match,
+	// applied by llama.cpp's grammar sampler; "" for none (tools.go).
+	Grammar string
 }
 
 // sampler draws tokens from logits for one choice.

@@ -85,6 +85,8 @@ type sequence struct {
 	sent      int
 	logprobs  []TokenLogprob
 	finished  bool
+	gr        *llama.Grammar // Params.Grammar's state (grammar.go)
+	masked    []float32
 	think     *thinking // reasoning block state (reasoning.go), nil without
 }
 
@@ -321,6 +323,7 @@ func (e *Engine) unreserve(q *request) {
 // prompt's cells (dropping the generated ones) for reuse under key.
 func (e *Engine) freeSeq(s *sequence, key *adapterEntry, prompt []int32, split int) {
 	s.finished = true
+	s.closeGrammar()
 	e.busy.Add(-1)
 	if e.cfg.PrefixCache && prompt != nil && e.lctx.SeqRm(s.id, len(prompt), -1) {
 		e.cached[s.id] = &cachedPrefix{key: key, tokens: prompt, split: split, lastUsed: time.Now()}
@@ -519,10 +522,17 @@ func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 		return
 	}
 	if s.think != nil && !s.think.done {
+		// The reasoning block is free text: a grammar constrains the
+		// answer after it.
 		e.acceptThinking(q, s, logits)
 		return
 	}
-	tok := s.smp.sample(logits)
+	tok, err := e.sampleNext(s, logits)
+	if err != nil {
+		e.release(q)
+		q.finish(err)
+		return
+	}
 	if e.model.IsEOG(tok) {
 		e.end(q, s, "stop", len(s.text))
 		return

@@ -14,6 +14,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/admin"
+	"github.com/molly-gateway/molly/learning/specialise"
+	"github.com/molly-gateway/molly/learning/traces"
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
@@ -82,6 +84,11 @@ type App struct {
 	// where a target's own outlier_detection leaves a field unset; nil:
 	// health's defaults. Health restarts from closed circuits on a reload.
 	OutlierDetection *health.Config `json:"outlier_detection,omitempty"`
+	// Specialise runs the specialisation loop (learning/specialise):
+	// consented traces are captured, and cycles curate, train, evaluate and
+	// promote LoRA adapters for the engine's base; nil: no capture, no loop.
+	// Durations (every, budget) are in nanoseconds in JSON.
+	Specialise *specialise.Config `json:"specialise,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -102,6 +109,10 @@ type App struct {
 	// orchestrator serves composite requests; nil when turned off.
 	orchestrator *orchestrate.Orchestrator
 	sampling     chan struct{} // stops the engine sampler (observe.go)
+
+	recorder *traces.Recorder // consented trace capture (specialise.go)
+	loop     *specialise.Loop // the specialisation loop (specialise.go)
+	share    *traces.Share    // requests per category and tier over time (specialise.go)
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -177,10 +188,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 			}
 		}
 	}
+	if err := a.provisionSpecialise(ctx); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
 	a.pipeline = &pipeline.Pipeline{Catalogue: cat, Egress: a.egress, Policy: eng, Weights: w, Logger: a.logger.Named("route"),
 		Priors: a.Priors(), Metrics: meter.DefaultMetrics,
 		Strategies:        route.Config{Cascade: a.Cascade, Mixture: a.Mixture, ToolSteps: a.ToolSteps},
 		FirstEventTimeout: time.Duration(a.FirstEventTimeout), Recorders: a.recorders()}
+	if a.recorder != nil {
+		a.pipeline.Capture = a.recorder
+		a.pipeline.Recorders = append(a.pipeline.Recorders, a.recorder, a.share)
+	}
 	if a.pipeline.Health, err = a.provisionHealth(ctx); err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
@@ -242,6 +260,11 @@ func (a *App) Validate() error {
 			return fmt.Errorf("molly: %w", err)
 		}
 	}
+	if a.Specialise != nil {
+		if err := a.Specialise.Validate(); err != nil {
+			return fmt.Errorf("molly: %w", err)
+		}
+	}
 	if a.UsageTool != "" && !slices.ContainsFunc(a.Tools, func(t plugins.Config) bool { return t.Name == a.UsageTool }) {
 		return fmt.Errorf("molly: usage_tool %q is not a configured tool", a.UsageTool)
 	}
@@ -256,6 +279,9 @@ func (a *App) Start() error {
 	if err := a.startUsage(); err != nil {
 		return fmt.Errorf("molly: usage_tool: %w", err)
 	}
+	if a.loop != nil {
+		a.loop.Start()
+	}
 	return a.startPriors()
 }
 
@@ -266,6 +292,9 @@ func (a *App) Stop() error {
 	current.CompareAndSwap(a, nil)
 	a.stopObserve()
 	a.stopUsage()
+	if a.loop != nil {
+		a.loop.Stop() // a running cycle is interrupted; its training checkpointed
+	}
 	return nil
 }
 
@@ -274,6 +303,9 @@ func (a *App) Cleanup() error {
 	a.stopUsage() // sends in flight, each bounded by its timeout (Stop did it unless Start never ran)
 	if a.tools != nil {
 		_ = a.tools.Close()
+	}
+	if a.recorder != nil {
+		_ = a.recorder.Close() // stores what is queued
 	}
 	if err := a.cleanupPriors(); err != nil {
 		a.logger.Error("closing the priors", zap.Error(err))

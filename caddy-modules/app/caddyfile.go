@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/dustin/go-humanize"
 
+	"github.com/molly-gateway/molly/learning/specialise"
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/orchestrate"
@@ -78,6 +79,23 @@ func init() {
 //			n_chains <n> [<adapter>]           # default parallel chains voted on (base: no adapter)
 //			answer_regex <RE2>                 # a chain's answer: last match (first group)
 //			answer_field <gjson path>          # or a field of JSON content
+//		}
+//		specialise {                      # trace capture and the learning loop (learning/specialise)
+//			every <duration> | at <HH:MM>  # schedule; neither: only `molly specialise run --once`
+//			min_traces <n>                 # new traces a domain needs since its last cycle (50)
+//			budget <duration>              # wall-clock bound of one domain's training (10m)
+//			domains <category>...          # default: every category with traces
+//			rank <r>                       # LoRA rank (8)
+//			steps <n>                      # optimiser steps (100)
+//			batch_size <n>                 # examples per step (8)
+//			learning_rate <lr>             # Adam's (1e-2)
+//			threads <n>                    # trainer threads (all)
+//			margin <0..1>                  # least held-out NLL gain to promote (0.1)
+//			regression_budget <0..1>       # most general-probe NLL regression (0.01)
+//			held_out <0..1>                # share of prompts held out (0.2)
+//			retention_days <n>             # default trace retention (90; -1 forever)
+//			external_trainer <argv>...     # {train} {heldout} {base} {out} {rank} {steps}
+//			dir <path>                     # versions and checkpoints (beside the registry)
 //		}
 //		orchestrator off | {
 //			controller <model>
@@ -217,6 +235,12 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			a.OutlierDetection = c
+		case "specialise":
+			c, err := parseSpecialise(d)
+			if err != nil {
+				return nil, err
+			}
+			a.Specialise = c
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}
@@ -700,4 +724,88 @@ func NoArgs(d *caddyfile.Dispenser, directive, hint string) error {
 		return d.Errf("%s: takes no arguments; %s", directive, hint)
 	}
 	return nil
+}
+
+func parseSpecialise(d *caddyfile.Dispenser) (*specialise.Config, error) {
+	c := &specialise.Config{}
+	if d.NextArg() {
+		return nil, d.Errf("molly: specialise takes a block, not %q", d.Val())
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		switch sub {
+		case "every", "budget":
+			v, err := durationArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if sub == "every" {
+				c.Every = v
+			} else {
+				c.Budget = v
+			}
+		case "at":
+			if !d.AllArgs(&c.At) {
+				return nil, d.ArgErr()
+			}
+		case "dir":
+			if !d.AllArgs(&c.Dir) {
+				return nil, d.ArgErr()
+			}
+		case "domains":
+			c.Domains = d.RemainingArgs()
+			if len(c.Domains) == 0 {
+				return nil, d.ArgErr()
+			}
+		case "external_trainer":
+			c.ExternalTrainer = d.RemainingArgs()
+			if len(c.ExternalTrainer) == 0 {
+				return nil, d.ArgErr()
+			}
+		case "min_traces", "rank", "steps", "batch_size", "threads", "retention_days":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if v != float64(int(v)) || (v < 1 && sub != "retention_days") {
+				return nil, d.Errf("molly: specialise: %s must be a positive integer", sub)
+			}
+			n := int(v)
+			switch sub {
+			case "min_traces":
+				c.MinTraces = n
+			case "rank":
+				c.Rank = n
+			case "steps":
+				c.Steps = n
+			case "batch_size":
+				c.BatchSize = n
+			case "threads":
+				c.Threads = n
+			default:
+				c.RetentionDays = n
+			}
+		case "learning_rate", "margin", "regression_budget", "held_out":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			switch sub {
+			case "learning_rate":
+				c.LR = v
+			case "margin":
+				c.Gate.Margin = v
+			case "regression_budget":
+				c.Gate.RegressionBudget = v
+			default:
+				c.HeldOut = v
+			}
+		default:
+			return nil, d.Errf("molly: specialise: unrecognized subdirective %q", sub)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return c, nil
 }

@@ -2,11 +2,17 @@
 // takes explicit feedback on a routed answer, POST /v1/feedback with
 // {"decision_id": "<X-Molly-Decision-Id of the answer>", "score": 0..1},
 // and folds the score into the quality prior of the (target, model, task
-// category) that answered (route.Priors.Feedback). It is terminal: put it
+// category) that answered (route.Priors.Feedback). With the molly app's
+// specialise block, the score — and "edit", the client's corrected answer
+// (a string), when sent — is also kept on the decision's consented trace,
+// where curation takes a correction as the training answer and drops
+// answers scored below 0.5. It is terminal: put it
 // on its own route, e.g. `handle /v1/feedback { molly_feedback }`.
 //
 // Answers: 200 {"object":"feedback","decision_id","target","model",
-// "category","quality","observations"} with the prior after the update;
+// "category","quality","observations"} with the prior after the update,
+// and "traced" (a consented trace took the feedback) with the specialise
+// block;
 // OpenAI-style errors otherwise: 405 for a method other than POST, 400 for
 // a malformed body or a score outside [0,1], 404 decision_not_found for an
 // id Molly does not remember (never routed here, older than an hour, or
@@ -86,6 +92,11 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp
 		openai.InvalidRequest("score", "Invalid 'score': expected a number from 0 (bad) to 1 (good), got %s.", orNothing(score.Raw)).Write(w)
 		return nil
 	}
+	edit := gjson.GetBytes(body, "edit")
+	if edit.Exists() && edit.Type != gjson.String {
+		openai.InvalidRequest("edit", "Invalid 'edit': expected the corrected answer, a string.").Write(w)
+		return nil
+	}
 	res, err := f.app.Priors().Feedback(id.Str, score.Num)
 	switch {
 	case errors.Is(err, route.ErrUnknownDecision):
@@ -102,10 +113,24 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp
 		(&openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "The feedback could not be saved."}).Write(w)
 		return nil
 	}
+	traced := false
+	if rec := f.app.Traces(); rec != nil {
+		// The answer's trace may still be queued: store it first.
+		if err := rec.Flush(r.Context()); err == nil {
+			traced, err = f.app.Registry().TraceFeedback(r.Context(), id.Str, score.Num, edit.Str)
+		}
+		if err != nil {
+			f.logger.Error("saving feedback on the trace failed", zap.String("decision_id", id.Str), zap.Error(err))
+		}
+	}
 	f.logger.Info("feedback", zap.String("decision_id", id.Str), zap.Float64("score", score.Num), zap.String("target", res.Key.Target),
 		zap.String("model", res.Key.Model), zap.String("category", res.Key.Category), zap.Float64("quality", res.Quality), zap.Int64("observations", res.N))
-	out, _ := json.Marshal(map[string]any{"object": "feedback", "decision_id": id.Str, "target": res.Key.Target, "model": res.Key.Model,
-		"category": res.Key.Category, "quality": res.Quality, "observations": res.N})
+	answer := map[string]any{"object": "feedback", "decision_id": id.Str, "target": res.Key.Target, "model": res.Key.Model,
+		"category": res.Key.Category, "quality": res.Quality, "observations": res.N}
+	if f.app.Traces() != nil {
+		answer["traced"] = traced
+	}
+	out, _ := json.Marshal(answer)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)

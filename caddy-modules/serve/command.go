@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/molly-gateway/molly/caddy-modules/admin"
+	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/serving"
 )
 
@@ -68,7 +69,7 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "adapters",
-		Short: "Lists, adds, removes and rescans the engine's LoRA adapters of a running Molly (molly adapters list|add|remove|rescan)",
+		Short: "Manages the engine's LoRA adapters (molly adapters list|add|remove|rescan) and the specialisation loop's versions (history|import|promote|rollback|train)",
 		CobraFunc: func(cmd *cobra.Command) {
 			admin.Flags(cmd)
 			printJSON := func(v json.RawMessage) error {
@@ -120,6 +121,7 @@ func init() {
 				},
 			}
 			cmd.AddCommand(list, add, remove, rescan)
+			cmd.AddCommand(app.AdapterVersionCommands()...) // history, import, promote, rollback, train
 		},
 	})
 }

@@ -40,9 +40,9 @@ func chromium(t *testing.T) string {
 // billing adapter strong on billing questions), LAN, self-hosted and an
 // external API (best for the rest). EMAIL is public here, so a request
 // with an address reaches T3 with the address redacted.
-func consoleCaddyfile(tr *tiers, adminPort int, db, models string) string {
+func consoleCaddyfile(tr *tiers, admin string, db, models string) string {
 	return `{
-	admin 127.0.0.1:` + fmt.Sprint(adminPort) + `
+	admin ` + admin + `|0600
 	auto_https off
 	persist_config off
 	molly {
@@ -120,9 +120,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
 		t.Fatal(err)
 	}
-	adminPort := freePort(t)
-	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
-	g := startMolly(t, consoleCaddyfile(tr, adminPort, filepath.Join(t.TempDir(), "molly.db"), models))
+	admin := adminSocket(t)
+	g := startMolly(t, consoleCaddyfile(tr, admin, filepath.Join(t.TempDir(), "molly.db"), models))
 	for _, m := range []map[string]any{{"name": "ops"}, {"name": "alice"}, {"name": "bob", "models": []string{"other-model"}}} {
 		if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", m); code != http.StatusCreated {
 			t.Fatalf("member %v: %d %s", m["name"], code, body)

@@ -588,13 +588,20 @@ func TestGatewayWithTheEngineAsT0(t *testing.T) {
 		}
 	}
 
+	// The engine serves embeddings (its Capabilities), through the official client.
+	emb, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "molly-demo",
+		Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"hello", "hello"}}})
+	if err != nil || len(emb.Data) != 2 || len(emb.Data[0].Embedding) == 0 || !slices.Equal(emb.Data[0].Embedding, emb.Data[1].Embedding) {
+		t.Fatalf("embeddings on the engine: %v %+v", err, emb)
+	}
 	// What the engine cannot serve is excluded with the reason, before any work.
-	_, err = c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "molly-demo",
-		Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hello")}})
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage([]openai.ChatCompletionContentPartUnionParam{
+			openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: "data:image/png;base64,AAAA"})})}})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "unsupported_endpoint" ||
-		!strings.Contains(apiErr.Message, "device: does not serve embeddings") {
-		t.Fatalf("embeddings on the engine: want 400 naming the target and the endpoint, got %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "unsupported_modality" ||
+		!strings.Contains(apiErr.Message, "device") {
+		t.Fatalf("an image to the text-only engine: want 400 naming the target, got %v", err)
 	}
 	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("long ", 12000))}})

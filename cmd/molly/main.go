@@ -22,6 +22,7 @@ import (
 	_ "github.com/molly-gateway/molly/caddy-modules/classify"
 	_ "github.com/molly-gateway/molly/caddy-modules/console"
 	_ "github.com/molly-gateway/molly/caddy-modules/envoy"
+	_ "github.com/molly-gateway/molly/caddy-modules/federation"
 	_ "github.com/molly-gateway/molly/caddy-modules/feedback"
 	_ "github.com/molly-gateway/molly/caddy-modules/health"
 	_ "github.com/molly-gateway/molly/caddy-modules/policy"

@@ -98,10 +98,9 @@ func TestMetricsCountWhatClientsSaw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminPort := freePort(t)
-	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	admin := adminSocket(t)
 	g := startMolly(t, `{
-	admin 127.0.0.1:`+fmt.Sprint(adminPort)+`
+	admin `+admin+`|0600
 	auto_https off
 	persist_config off
 	molly {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -25,9 +24,9 @@ func TestOrchestrationOnTheDemoModel(t *testing.T) {
 	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
 		t.Fatal(err)
 	}
-	adminPort := freePort(t)
+	admin := adminSocket(t)
 	g := startMolly(t, `{
-	admin 127.0.0.1:`+fmt.Sprint(adminPort)+`
+	admin `+admin+`|0600
 	auto_https off
 	persist_config off
 	molly {
@@ -66,15 +65,10 @@ http://127.0.0.1:{PORT} {
 	if id == "" || resp.Header.Get("X-Molly-Strategy") != "orchestrate" || len(out.Choices) != 1 || !strings.Contains(out.Choices[0].Message.Content, "### ") {
 		t.Fatalf("plan id %q, strategy %q, answer %+v", id, resp.Header.Get("X-Molly-Strategy"), out.Choices)
 	}
-	r, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/molly/plans/%s", adminPort, id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(r.Body)
-	r.Body.Close()
-	rec := gjson.ParseBytes(b)
-	if r.StatusCode != http.StatusOK || rec.Get("planner").String() != "deterministic" || rec.Get("subtasks.#").Int() != 2 {
-		t.Fatalf("GET /molly/plans/%s: %d %s", id, r.StatusCode, b)
+	code, b := adminCall(t, admin, http.MethodGet, "/molly/plans/"+id, nil)
+	rec := gjson.Parse(b)
+	if code != http.StatusOK || rec.Get("planner").String() != "deterministic" || rec.Get("subtasks.#").Int() != 2 {
+		t.Fatalf("GET /molly/plans/%s: %d %s", id, code, b)
 	}
 	for i, want := range []string{"molly-demo:billing", "molly-demo:legal"} {
 		s := rec.Get(fmt.Sprintf("subtasks.%d", i))
@@ -82,7 +76,7 @@ http://127.0.0.1:{PORT} {
 			t.Errorf("subtask %d: %s, want %s on device (T0)", i, s.Raw, want)
 		}
 	}
-	if r, _ := http.Get(fmt.Sprintf("http://127.0.0.1:%d/molly/plans/nope", adminPort)); r == nil || r.StatusCode != http.StatusNotFound {
+	if code, _ := adminCall(t, admin, http.MethodGet, "/molly/plans/nope", nil); code != http.StatusNotFound {
 		t.Errorf("an unknown plan is not a 404")
 	}
 

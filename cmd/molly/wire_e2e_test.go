@@ -326,6 +326,17 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 		}
 		_, b = do(t, g, "POST", "/v1/completions", `{"model":"local","max_tokens":3,"prompt":"once upon"}`)
 		spec.Validate(t, "CreateCompletionResponse", b)
+		// Tools and embeddings on the engine (its Capabilities).
+		toolsReq := `{"model":"local","max_tokens":200,"tool_choice":"required",` + tools + `,"messages":[{"role":"user","content":"weather?"}]`
+		_, b = do(t, g, "POST", "/v1/chat/completions", toolsReq+`}`)
+		spec.Validate(t, "CreateChatCompletionResponse", b)
+		if f := gjson.GetBytes(b, "choices.0.finish_reason").Str; f != "tool_calls" && f != "length" {
+			t.Fatalf("tool_choice required on the engine: %s", b)
+		}
+		_, b = do(t, g, "POST", "/v1/chat/completions", toolsReq+`,"stream":true}`)
+		validateChatStream(t, spec, b)
+		_, b = do(t, g, "POST", "/v1/embeddings", `{"model":"local","input":["x","y"]}`)
+		spec.Validate(t, "CreateEmbeddingResponse", b)
 		_, b = do(t, g, "POST", "/v1/completions", `{"model":"local","max_tokens":3,"stream":true,"prompt":"once upon"}`)
 		for _, ev := range sseEvents(t, b) {
 			if !ev.IsDone() {
@@ -337,8 +348,8 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 		for _, c := range []struct{ method, path, body string }{
 			{"POST", "/v1/chat/completions", `{"model":`},
 			{"POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`},
-			{"POST", "/v1/chat/completions", `{"model":"local","messages":[{"role":"user","content":"hi"}],` + tools + `}`},
-			{"POST", "/v1/embeddings", `{"model":"local","input":"x"}`},
+			{"POST", "/v1/chat/completions", `{"model":"local","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`},
+			{"POST", "/v1/chat/completions", `{"model":"local","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"^a"}}}}`},
 			{"GET", "/v1/models/nope", ``},
 			{"POST", "/v1/nothing", `{}`},
 		} {

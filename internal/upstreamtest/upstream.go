@@ -40,13 +40,17 @@ type Upstream struct {
 	// (finish_reason "tool_calls", content null) instead of the echo. Set
 	// it before requests.
 	ToolCalls func(body []byte) []ToolCall
+	// Answer, when set, writes the answer to a prompt (the last user
+	// message) instead of the echo "<name> says: <prompt>". Set it before
+	// requests.
+	Answer func(prompt string) string
 
-	srv    *httptest.Server
-	mu     sync.Mutex
-	bodies [][]byte
+	srv     *httptest.Server
+	mu      sync.Mutex
+	bodies  [][]byte
 	drained int // bodies before this index were returned by Drain
-	paths  []string
-	heads  []http.Header
+	paths   []string
+	heads   []http.Header
 }
 
 // ToolCall is one function call in an answer's tool_calls.
@@ -143,6 +147,9 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	answer := u.Name + " says: " + prompt
+	if u.Answer != nil {
+		answer = u.Answer(prompt)
+	}
 	if r.URL.Path == "/v1/completions" {
 		writeJSON(w, 200, map[string]any{"id": "cmpl-1", "object": "text_completion", "created": time.Now().Unix(), "model": model,
 			"choices": []any{map[string]any{"index": 0, "text": answer, "finish_reason": "stop", "logprobs": nil}},

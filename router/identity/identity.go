@@ -16,6 +16,9 @@ import (
 type Identity struct {
 	// Member is the caller's name in the registry.
 	Member string
+	// KeyPrefix is the prefix of the API key the caller presented (the
+	// registry's display form, never the key); "" without one.
+	KeyPrefix string
 	// Models, Tiers and Tools are the member's scopes: the client model
 	// names it may ask for (a trailing "*" matches a prefix), the tiers its
 	// requests may reach ("T0".."T3"), and the function names its requests

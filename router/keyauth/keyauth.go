@@ -49,6 +49,7 @@ type Authenticator struct {
 // registry's. The key is never logged nor put in an error.
 func (a *Authenticator) Authenticate(ctx context.Context, key string, hasKey bool) (*identity.Identity, http.Header, error) {
 	var m registry.Member
+	var k registry.Key
 	var err error
 	switch {
 	case a.Anonymous != "" && (!hasKey || !strings.HasPrefix(key, registry.KeyPrefix)):
@@ -56,7 +57,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string, hasKey boo
 	case !hasKey:
 		return nil, unauthorizedHeader(), Unauthorized("You didn't provide an API key. Send it as Authorization: Bearer <key>; an administrator creates keys with `molly keys create`.")
 	default:
-		m, _, err = a.Registry.Lookup(ctx, key)
+		m, k, err = a.Registry.Lookup(ctx, key)
 		if errors.Is(err, registry.ErrUnknownKey) || errors.Is(err, registry.ErrRevokedKey) {
 			return nil, unauthorizedHeader(), Unauthorized("Incorrect API key provided. An administrator creates keys with `molly keys create`.")
 		}
@@ -81,7 +82,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string, hasKey boo
 		h.Set("X-Ratelimit-Remaining-"+titleKind(lim.Kind), "0")
 		return nil, h, RateLimited(m, lim)
 	}
-	return &identity.Identity{Member: m.Name, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools, TPM: m.TPM,
+	return &identity.Identity{Member: m.Name, KeyPrefix: k.Prefix, Models: m.Models, Tiers: m.Tiers, Tools: m.Tools, TPM: m.TPM,
 		Budgeted: budgeted, RemainingUSD: remaining, Ledger: &Ledger{Registry: a.Registry, Member: m}}, nil, nil
 }
 

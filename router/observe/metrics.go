@@ -34,9 +34,7 @@ import (
 //	molly_engine_queue_depth                       requests waiting for a sequence
 //	molly_engine_running_sequences                 sequences decoded each step (the batch width)
 //	molly_engine_kv_slots_used_ratio               share of KV sequence slots in use
-//	molly_engine_steps_total                       scheduler iterations
 //	molly_engine_adapters{state}                   adapters hot, warm, cold
-//	molly_engine_adapter_bytes{state}              adapter file bytes by state
 //	molly_engine_adapter_uses_total{adapter}       requests served by each adapter
 //	molly_engine_adapter_transitions_total{from, to}  adapter state changes seen between samples
 //
@@ -245,14 +243,12 @@ var (
 	descQueue    = prometheus.NewDesc("molly_engine_queue_depth", "Requests waiting for a T0 engine sequence.", nil, nil)
 	descRunning  = prometheus.NewDesc("molly_engine_running_sequences", "Sequences holding KV cells, decoded each scheduler step (the batch width in sequences).", nil, nil)
 	descKV       = prometheus.NewDesc("molly_engine_kv_slots_used_ratio", "Share of the engine's KV sequence slots in use.", nil, nil)
-	descSteps    = prometheus.NewDesc("molly_engine_steps_total", "Scheduler iterations of the T0 engine.", nil, nil)
 	descAdapters = prometheus.NewDesc("molly_engine_adapters", "Registered LoRA adapters by state.", []string{"state"}, nil)
-	descBytes    = prometheus.NewDesc("molly_engine_adapter_bytes", "Adapter file bytes by state.", []string{"state"}, nil)
 	descUses     = prometheus.NewDesc("molly_engine_adapter_uses_total", "Requests served by each adapter.", []string{"adapter"}, nil)
 )
 
 func (engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueue, descRunning, descKV, descSteps, descAdapters, descBytes, descUses} {
+	for _, d := range []*prometheus.Desc{descQueue, descRunning, descKV, descAdapters, descUses} {
 		ch <- d
 	}
 }
@@ -265,15 +261,12 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(s.Queued))
 	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.Busy))
 	ch <- prometheus.MustNewConstMetric(descKV, prometheus.GaugeValue, s.KVShare())
-	ch <- prometheus.MustNewConstMetric(descSteps, prometheus.CounterValue, float64(s.Steps))
-	count, bytes := map[string]float64{"hot": 0, "warm": 0, "cold": 0}, map[string]float64{"hot": 0, "warm": 0, "cold": 0}
+	count := map[string]float64{"hot": 0, "warm": 0, "cold": 0}
 	for _, a := range s.Adapters {
 		count[a.State]++
-		bytes[a.State] += float64(a.Bytes)
 		ch <- prometheus.MustNewConstMetric(descUses, prometheus.CounterValue, float64(a.Uses), a.Name)
 	}
 	for st, n := range count {
 		ch <- prometheus.MustNewConstMetric(descAdapters, prometheus.GaugeValue, n, st)
-		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, bytes[st], st)
 	}
 }

@@ -59,6 +59,9 @@ func (p *Pipeline) setHeaders(rq *request, o *outcome) {
 // label names the answer in the metrics ("" for routed/fallback).
 func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 	body := o.body
+	if t := rq.captured(o); t != nil && o.status/100 == 2 {
+		t.setAnswer(body)
+	}
 	if o.status/100 == 2 {
 		body = relay.NormaliseBody(answerOf(rq), body)
 	} else if o.status >= 400 {
@@ -122,6 +125,7 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	}
 	norm := relay.NewStream(answerOf(rq))
 	stripLP := o.disp.Added("logprobs")
+	text := rq.captured(o)
 	var buf []byte
 	sawDone, sawFinish := false, h.ended
 	// tail is what goes before [DONE]: the usage recorded, the text still
@@ -153,6 +157,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 			tail()
 		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data):
 			data := ev.Data
+			if text != nil {
+				text.appendChunk(data)
+			}
 			var drop bool
 			if counted {
 				data, drop = o.meter.Strip(data)

@@ -183,7 +183,7 @@ func TestABadAnswerFromTheLastCandidateIsA502(t *testing.T) {
 		status  int
 		code    string
 	}{
-		{"the only target", []*route.Target{{Name: "portal", Tier: "T1", Endpoint: html.URL + "/v1", Models: []string{"m"}}}, 502, "bad_upstream_response"},
+		{"the only target", []*route.Target{{Name: "portal", Tier: "T1", Endpoint: html.URL + "/v1", Models: []string{"m"}}}, 502, "bad_upstream_answer"},
 		{"with a fallback", []*route.Target{
 			{Name: "portal", Tier: "T1", Endpoint: html.URL + "/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.9}},
 			{Name: "lan", Tier: "T1", Endpoint: lan.URL(), Models: []string{"m"}}}, 200, ""},

@@ -42,6 +42,10 @@ type Outcome struct {
 	Code     string
 	Start    time.Time
 	Duration time.Duration
+	// Text is the answered attempt's request and answer text, set only
+	// for a request consented to trace capture (Pipeline.Capture); nil
+	// otherwise. It prints as a placeholder (TraceText).
+	Text *TraceText
 }
 
 // Attempt is one try of an Outcome.

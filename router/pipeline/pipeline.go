@@ -77,6 +77,9 @@ type Pipeline struct {
 	Logger            *zap.Logger
 	// Recorders get every request's Outcome (outcome.go).
 	Recorders []Recorder
+	// Capture decides which client requests' text goes into their Outcome
+	// for trace capture (capture.go); nil: none.
+	Capture Capture
 
 	// Orchestrator serves the requests it triages as composite
 	// (router/orchestrate); nil: every request takes the single-route path.
@@ -134,6 +137,8 @@ type request struct {
 	outcome Outcome
 	// answered, when set, sees every answer delivered (RunDerived).
 	answered func(o *outcome)
+	// capture: the request consented to trace capture (capture.go).
+	capture bool
 }
 
 // failed is one attempt that did not answer.
@@ -159,6 +164,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	openai.RequestID(w, r)
 	rq := &request{w: w, r: r, ctx: r.Context(), a: a, d: d, dec: dec, id: identity.From(r.Context()), log: p.log(), begin: time.Now()}
 	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
+	rq.capture = p.consents(rq)
 	defer traceRoute(rq)()
 	if a.Endpoint() == openai.EndpointModels {
 		err := p.models(rq)

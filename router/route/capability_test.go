@@ -50,6 +50,12 @@ type reporting struct {
 
 func (r reporting) Capabilities() []string { return r.caps }
 
+// silent is the real engine hiding its Capabilities (an engine that does
+// not say).
+type silent struct{ e *serving.Engine }
+
+func (s silent) Models() []string { return s.e.Models() }
+
 func TestTargetCapabilities(t *testing.T) {
 	eng := demoEngine(t)
 	tests := []struct {
@@ -66,7 +72,9 @@ func TestTargetCapabilities(t *testing.T) {
 			Target{Name: "a", Tier: "T3", Endpoint: "http://x/v1", Models: []string{"m"}, Capabilities: []string{"tools", "vision"}},
 			nil, []string{"tools", "vision"}, []string{"chat.completions", "completions"}, []string{"text", "image"}},
 		{"the engine that does not say has the default: logprobs only", Target{Name: "e", Tier: "T0", Kind: KindEngine},
-			eng, []string{"logprobs"}, []string{"chat.completions", "completions"}, []string{"text"}},
+			silent{eng}, []string{"logprobs"}, []string{"chat.completions", "completions"}, []string{"text"}},
+		{"the serving engine reports tools, structured output, embeddings and logprobs", Target{Name: "e", Tier: "T0", Kind: KindEngine},
+			eng, []string{"embeddings", "json_schema", "logprobs", "tools"}, []string{"chat.completions", "completions", "embeddings"}, []string{"text"}},
 		{"the engine that says has what it says, embeddings serving the endpoint", Target{Name: "e", Tier: "T0", Kind: KindEngine},
 			reporting{eng, []string{"tools", "json_schema", "embeddings", "logprobs"}}, []string{"embeddings", "json_schema", "logprobs", "tools"},
 			[]string{"chat.completions", "completions", "embeddings"}, []string{"text"}},

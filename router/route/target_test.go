@@ -118,8 +118,8 @@ func TestNewCatalogue(t *testing.T) {
 		if !reflect.DeepEqual(ts[0].Modalities, []string{"text"}) || !reflect.DeepEqual(ts[2].Modalities, []string{"text", "image"}) {
 			t.Errorf("modalities = %v, %v", ts[0].Modalities, ts[2].Modalities)
 		}
-		if !reflect.DeepEqual(ts[2].Endpoints, []string{"chat.completions", "completions"}) || ts[0].Endpoints != nil {
-			t.Errorf("endpoints = %v, %v; an engine serves chat and completions, others everything", ts[2].Endpoints, ts[0].Endpoints)
+		if !reflect.DeepEqual(ts[2].Endpoints, []string{"chat.completions", "completions", "embeddings"}) || ts[0].Endpoints != nil {
+			t.Errorf("endpoints = %v, %v; the engine serves chat, completions and embeddings, others everything", ts[2].Endpoints, ts[0].Endpoints)
 		}
 		if ts[0].Timeout() != 30*time.Second || ts[1].Timeout() != 1500*time.Millisecond {
 			t.Errorf("timeouts = %v, %v; want the 30 s default and 1.5 s", ts[0].Timeout(), ts[1].Timeout())

@@ -1,0 +1,337 @@
+package serving
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/serving/llama"
+)
+
+// Structured output and tool calls on the engine, by grammar-constrained
+// sampling (llama.cpp's grammar sampler, serving/llama.Grammar):
+//
+//   - response_format json_object: the output is any JSON object
+//     (JSONObjectGBNF); json_schema: it matches the schema (SchemaToGBNF).
+//   - tools with tool_choice auto (the default), required or a named
+//     function: the output is constrained to the JSON of llama.cpp's
+//     "generic" tool-call format (common/chat.cpp,
+//     common_chat_params_init_generic): {"tool_calls": [{"name", "arguments"}]}
+//     (or {"tool_call": {...}} when parallel_tool_calls is false), and for
+//     auto also {"response": "..."}; the tools and the format are described
+//     to the model in a system message, as llama.cpp does. The engine decodes
+//     that JSON into OpenAI tool_calls (finish_reason "tool_calls") or into
+//     content. tool_choice none: the tools are not shown, the output is free.
+//
+// Earlier assistant tool_calls in the conversation are rendered back in the
+// same JSON, tool results as role "tool" messages with their content.
+
+// plan is how a chat request's output is constrained and decoded.
+type plan struct {
+	grammar  string          // GBNF ("": free text)
+	tools    bool            // output is the generic tool-call JSON
+	parallel bool            // {"tool_calls": [...]} rather than {"tool_call": {...}}
+	response json.RawMessage // auto: the response value's schema
+}
+
+// planFor reads response_format, tools, tool_choice and parallel_tool_calls
+// from a chat body (already validated by openai.ParseRequest) and returns the
+// plan and the system message to add ("" none). Errors: 400 naming the
+// parameter (unsupported schema keywords, an unknown forced function).
+func planFor(body []byte) (*plan, string, error) {
+	rf := gjson.GetBytes(body, "response_format")
+	var respSchema string // the schema of the content, "" free text
+	switch rf.Get("type").Str {
+	case "", "text":
+	case "json_object":
+		respSchema = `{"type":"object"}`
+	case "json_schema":
+		s := rf.Get("json_schema.schema")
+		if !s.Exists() {
+			s = gjson.Parse(`{}`)
+		}
+		respSchema = s.Raw
+	default:
+		return nil, "", badRequest("response_format.type", "response_format type %q is not supported by this engine", rf.Get("type").Str)
+	}
+	tools := gjson.GetBytes(body, "tools").Array()
+	choice := gjson.GetBytes(body, "tool_choice")
+	mode := "auto"
+	forced := ""
+	switch {
+	case !choice.Exists() || choice.Type == gjson.Null:
+	case choice.Type == gjson.String:
+		mode = choice.Str
+	case choice.Get("type").Str == "function":
+		mode, forced = "function", choice.Get("function.name").Str
+	default:
+		return nil, "", badRequest("tool_choice", "tool_choice type %q is not supported by this engine", choice.Get("type").Str)
+	}
+	if len(tools) == 0 || mode == "none" {
+		if mode == "required" || mode == "function" {
+			return nil, "", badRequest("tool_choice", "tool_choice %q needs tools", mode)
+		}
+		if respSchema == "" {
+			return &plan{}, "", nil
+		}
+		g, err := grammarFor(respSchema, "response_format.json_schema.schema")
+		return &plan{grammar: g}, "", err
+	}
+	p := &plan{tools: true, parallel: !gjson.GetBytes(body, "parallel_tool_calls").Exists() || gjson.GetBytes(body, "parallel_tool_calls").Bool()}
+	var calls []string
+	var desc strings.Builder
+	found := false
+	for i, t := range tools {
+		if t.Get("type").Str != "function" {
+			return nil, "", badRequest(fmt.Sprintf("tools[%d].type", i), "tool type %q is not supported by this engine", t.Get("type").Str)
+		}
+		name := t.Get("function.name").Str
+		params := t.Get("function.parameters")
+		if !params.Exists() {
+			params = gjson.Parse(`{"type":"object","properties":{}}`)
+		}
+		fmt.Fprintf(&desc, "- %s: %s parameters %s\n", name, t.Get("function.description").Str, params.Raw)
+		if mode == "function" && name != forced {
+			continue
+		}
+		found = found || name == forced
+		nameJSON, _ := json.Marshal(name)
+		calls = append(calls, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},"arguments":%s},"required":["name","arguments"]}`, nameJSON, params.Raw))
+	}
+	if mode == "function" && !found {
+		return nil, "", badRequest("tool_choice", "tool_choice names the function %q, which is not in tools", forced)
+	}
+	call := `{"anyOf":[` + strings.Join(calls, ",") + `]}`
+	var schema string
+	if p.parallel {
+		schema = `{"type":"object","properties":{"tool_calls":{"type":"array","items":` + call + `,"minItems":1}},"required":["tool_calls"]}`
+	} else {
+		schema = `{"type":"object","properties":{"tool_call":` + call + `},"required":["tool_call"]}`
+	}
+	format := "tool_calls"
+	if !p.parallel {
+		format = "tool_call"
+	}
+	sys := "You can call these tools:\n" + desc.String() + "Respond in JSON format with `" + format + "` (a request to call tools)"
+	if mode == "auto" {
+		if respSchema == "" {
+			respSchema = `{"type":"string"}`
+		}
+		p.response = json.RawMessage(respSchema)
+		schema = `{"anyOf":[` + schema + `,{"type":"object","properties":{"response":` + respSchema + `},"required":["response"]}]}`
+		sys += " or with `response` (your reply to the user)"
+	}
+	sys += ". The JSON must match this schema: " + schema
+	g, err := grammarFor(schema, "tools")
+	p.grammar = g
+	return p, sys, err
+}
+
+func grammarFor(schema, param string) (string, error) {
+	g, err := SchemaToGBNF([]byte(schema))
+	if err != nil {
+		return "", badRequest(param, "%v", err)
+	}
+	return g, nil
+}
+
+// withPlan adds the plan's system message to msgs and renders assistant
+// tool_calls of the conversation in the generic JSON; msgs and raw are the
+// body's messages, index for index.
+func withPlan(msgs []llama.ChatMessage, raw []chatMessage, body []byte, sys string) []llama.ChatMessage {
+	gjson.GetBytes(body, "messages").ForEach(func(k, m gjson.Result) bool {
+		i := int(k.Int())
+		if tc := m.Get("tool_calls"); m.Get("role").Str == "assistant" && tc.IsArray() && i < len(msgs) {
+			var calls []string
+			for _, c := range tc.Array() {
+				args := c.Get("function.arguments").Str
+				if !gjson.Valid(args) {
+					b, _ := json.Marshal(args)
+					args = string(b)
+				}
+				name, _ := json.Marshal(c.Get("function.name").Str)
+				calls = append(calls, `{"name":`+string(name)+`,"arguments":`+args+`}`)
+			}
+			msgs[i].Content += `{"tool_calls":[` + strings.Join(calls, ",") + `]}`
+		}
+		return true
+	})
+	if sys == "" {
+		return msgs
+	}
+	if len(msgs) > 0 && msgs[0].Role == "system" {
+		msgs[0].Content += "\n\n" + sys
+		return msgs
+	}
+	return append([]llama.ChatMessage{{Role: "system", Content: sys}}, msgs...)
+}
+
+// toolCall is one OpenAI tool call (ChatCompletionMessageToolCall).
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// decodeTools reads the generic tool-call JSON of one choice: the calls, or
+// the content of a response, and the finish reason. A choice cut by
+// max_tokens (finish "length") keeps its raw text as content.
+func decodeTools(text, finish string) ([]toolCall, *string, string) {
+	v := gjson.Parse(text)
+	if finish != "stop" || !gjson.Valid(text) {
+		return nil, &text, finish
+	}
+	var raw []gjson.Result
+	if tc := v.Get("tool_calls"); tc.IsArray() {
+		raw = tc.Array()
+	} else if tc := v.Get("tool_call"); tc.IsObject() {
+		raw = []gjson.Result{tc}
+	}
+	if len(raw) == 0 {
+		r := v.Get("response")
+		s := r.Raw
+		if r.Type == gjson.String {
+			s = r.Str
+		} else {
+			var b bytes.Buffer
+			if json.Compact(&b, []byte(r.Raw)) == nil {
+				s = b.String()
+			}
+		}
+		return nil, &s, "stop"
+	}
+	calls := make([]toolCall, len(raw))
+	for i, c := range raw {
+		calls[i].ID, calls[i].Type = newID("call_"), "function"
+		calls[i].Function.Name = c.Get("name").Str
+		var b bytes.Buffer
+		if json.Compact(&b, []byte(c.Get("arguments").Raw)) != nil {
+			b.WriteString(c.Get("arguments").Raw)
+		}
+		calls[i].Function.Arguments = b.String()
+	}
+	return calls, nil, "tool_calls"
+}
+
+// serveTools answers a chat request whose plan has tools, streaming or not.
+// The tool-call JSON is decoded once a choice has finished, so a stream
+// sends the role first and each choice's calls (or content) when it ends.
+func (e *Engine) serveTools(w http.ResponseWriter, ctx context.Context, cr *completionRequest, req Request, id string, created int64) {
+	texts := make([]strings.Builder, req.N)
+	var fingerprint string
+	includeUsage := cr.StreamOptions != nil && cr.StreamOptions.IncludeUsage
+	var send func(v any) error
+	chunk := func(choice map[string]any) map[string]any {
+		m := map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": cr.Model, "choices": []any{choice}}
+		if fingerprint != "" {
+			m["system_fingerprint"] = fingerprint
+		}
+		if includeUsage {
+			m["usage"] = nil
+		}
+		return m
+	}
+	if cr.Stream {
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		send = func(v any) error {
+			b, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+				return err
+			}
+			_ = rc.Flush()
+			return nil
+		}
+		for i := range req.N {
+			if err := send(chunk(map[string]any{"index": i, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil})); err != nil {
+				return
+			}
+		}
+	}
+	type result struct {
+		calls   []toolCall
+		content *string
+		finish  string
+	}
+	results := make([]result, req.N)
+	usage, err := e.Generate(ctx, req, func(ev Event) error {
+		if ev.Version != "" {
+			fingerprint = ev.Version
+		}
+		texts[ev.Index].WriteString(ev.Text)
+		if ev.Finish == "" {
+			return nil
+		}
+		calls, content, finish := decodeTools(texts[ev.Index].String(), ev.Finish)
+		results[ev.Index] = result{calls, content, finish}
+		if send == nil {
+			return nil
+		}
+		if len(calls) > 0 {
+			deltas := make([]map[string]any, len(calls))
+			for i, c := range calls {
+				deltas[i] = map[string]any{"index": i, "id": c.ID, "type": c.Type, "function": c.Function}
+			}
+			if err := send(chunk(map[string]any{"index": ev.Index, "delta": map[string]any{"tool_calls": deltas}, "logprobs": nil, "finish_reason": nil})); err != nil {
+				return err
+			}
+		} else if content != nil && *content != "" {
+			if err := send(chunk(map[string]any{"index": ev.Index, "delta": map[string]any{"content": *content}, "logprobs": nil, "finish_reason": nil})); err != nil {
+				return err
+			}
+		}
+		return send(chunk(map[string]any{"index": ev.Index, "delta": map[string]any{}, "logprobs": nil, "finish_reason": finish}))
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		ae := classify(err)
+		if send != nil {
+			_ = send(errorBody(ae.typ, ae.param, ae.code, ae.msg))
+		} else {
+			writeError(w, ae.status, ae.typ, ae.param, ae.code, ae.msg)
+		}
+		return
+	}
+	if send != nil {
+		if includeUsage {
+			m := map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": cr.Model, "choices": []any{}, "usage": usage}
+			if fingerprint != "" {
+				m["system_fingerprint"] = fingerprint
+			}
+			_ = send(m)
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		return
+	}
+	choices := make([]map[string]any, req.N)
+	for i, r := range results {
+		msg := map[string]any{"role": "assistant", "content": r.content, "refusal": nil}
+		if len(r.calls) > 0 {
+			msg["tool_calls"] = r.calls
+		}
+		choices[i] = map[string]any{"index": i, "finish_reason": r.finish, "logprobs": nil, "message": msg}
+	}
+	resp := map[string]any{"id": id, "object": "chat.completion", "created": created, "model": cr.Model, "choices": choices, "usage": usage}
+	if fingerprint != "" {
+		resp["system_fingerprint"] = fingerprint
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+}

@@ -1,0 +1,405 @@
+package serving
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/serving/llama"
+)
+
+// compileSchema compiles a JSON Schema with an independent validator
+// (santhosh-tekuri/jsonschema, draft 2020-12): the oracle for the outputs.
+func compileSchema(t testing.TB, schema string) *jsonschema.Schema {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	if err := c.AddResource("mem:///s.json", v); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Compile("mem:///s.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func validateJSON(t testing.TB, s *jsonschema.Schema, text string) {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		t.Errorf("output is not JSON: %v\n%q", err, text)
+		return
+	}
+	if err := s.Validate(v); err != nil {
+		t.Errorf("output does not match the schema: %v\n%q", err, text)
+	}
+}
+
+// Bounded schemas (string lengths, array sizes) so that a random model
+// ends within max_tokens; the grammar makes every output valid whatever
+// the weights.
+const personSchema = `{
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "age": {"type": "integer"},
+    "role": {"enum": ["admin", "user", null, 3]},
+    "active": {"type": "boolean"},
+    "scores": {"type": "array", "items": {"type": "number"}, "maxItems": 3},
+    "kind": {"const": "person"},
+    "nick": {"type": ["string", "null"], "maxLength": 4},
+    "address": {"type": "object", "properties": {"zip": {"type": "string", "minLength": 2, "maxLength": 5}, "flag": {"type": "null"}}, "required": ["zip"], "additionalProperties": false},
+    "tag": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}]}
+  },
+  "required": ["name", "age", "role", "kind"],
+  "additionalProperties": false
+}`
+
+func TestSchemaGrammarsParseInLlamaCpp(t *testing.T) {
+	m, err := llama.LoadModel(demoDir + "/" + DemoModelFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, s := range []string{personSchema, `{}`, `true`, `{"type":"array"}`, `{"type":"object"}`,
+		`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}}}`,
+		`{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":4}`, `{"type":"string","minLength":3}`,
+		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`} {
+		g, err := SchemaToGBNF([]byte(s))
+		if err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		gr, err := llama.NewGrammar(m, g)
+		if err != nil {
+			t.Fatalf("%s: llama.cpp refused\n%s", s, g)
+		}
+		gr.Close()
+	}
+	if _, err := llama.NewGrammar(m, `root ::= "a" undefined-rule`); !errors.Is(err, llama.ErrGrammar) {
+		t.Fatalf("a bad grammar: %v, want ErrGrammar", err)
+	}
+	g, _ := llama.NewGrammar(m, JSONObjectGBNF())
+	g.Close()
+}
+
+func TestUnsupportedSchemaKeywordIs400(t *testing.T) {
+	e := newEngine(t, nil)
+	for kw, schema := range map[string]string{
+		"pattern":              `{"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}}`,
+		"$ref":                 `{"$ref":"#/$defs/a","$defs":{"a":{"type":"string"}}}`,
+		"minimum":              `{"type":"integer","minimum":3}`,
+		"format":               `{"type":"string","format":"email"}`,
+		"additionalProperties": `{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":true}`,
+	} {
+		body := map[string]any{"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "hi"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x", "schema": json.RawMessage(schema)}}}
+		code, r := chat(t, e, body)
+		if code != http.StatusBadRequest || r.Error == nil || !strings.Contains(r.Error.Message, fmt.Sprintf("%q", kw)) {
+			t.Errorf("%s: status %d, error %+v; want 400 naming the keyword", kw, code, r.Error)
+		}
+	}
+}
+
+func chatRaw(t testing.TB, e *Engine, body map[string]any) (int, []byte) {
+	t.Helper()
+	w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", body)
+	return w.Code, w.Body.Bytes()
+}
+
+func bigEngine(t testing.TB) *Engine {
+	return newEngine(t, func(c *Config) { c.NSeqMax = 4; c.NCtx = 4 * 2048 })
+}
+
+func TestJSONSchemaOutputMatchesSchemaFor20Seeds(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	oracle := compileSchema(t, personSchema)
+	for seed := range 20 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500,
+			"messages":        []map[string]any{{"role": "user", "content": "describe someone"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "person", "strict": true, "schema": json.RawMessage(personSchema)}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %s", seed, code, body)
+		}
+		spec.Validate(t, "CreateChatCompletionResponse", body)
+		var r chatResponse
+		_ = json.Unmarshal(body, &r)
+		if r.Choices[0].FinishReason != "stop" {
+			t.Fatalf("seed %d: finish %q after %d tokens", seed, r.Choices[0].FinishReason, r.Usage.CompletionTokens)
+		}
+		validateJSON(t, oracle, r.Choices[0].Message.Content)
+	}
+}
+
+// jsonPrefix reports whether text is JSON or a prefix of JSON (what a
+// choice cut by max_tokens holds), by encoding/json's tokenizer: it ends with
+// an unexpected EOF, never a syntax error; first is its first token.
+func jsonPrefix(text string) (first json.Token, ok bool) {
+	d := json.NewDecoder(strings.NewReader(text))
+	d.UseNumber() // syntax only: 4e37379 is valid JSON, if not a float64
+	for i := 0; ; i++ {
+		tok, err := d.Token()
+		if err != nil {
+			var se *json.SyntaxError
+			return first, !errors.As(err, &se) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF))
+		}
+		if i == 0 {
+			first = tok
+		}
+	}
+}
+
+func TestJSONObjectOutputIsAnObject(t *testing.T) {
+	e := bigEngine(t)
+	for seed := range 20 {
+		code, r := chat(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 100,
+			"messages":        []map[string]any{{"role": "user", "content": "json please"}},
+			"response_format": map[string]any{"type": "json_object"},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %+v", seed, code, r.Error)
+		}
+		c := r.Choices[0].Message.Content
+		if r.Choices[0].FinishReason == "stop" {
+			var v map[string]any
+			if err := json.Unmarshal([]byte(c), &v); err != nil {
+				t.Errorf("seed %d: %v in %q", seed, err, c)
+			}
+			continue
+		}
+		// Unbounded strings rarely end on random weights: a cut output
+		// must still be the start of an object.
+		if first, ok := jsonPrefix(c); !ok || first != json.Delim('{') {
+			t.Errorf("seed %d: %q is not the start of a JSON object", seed, c)
+		}
+	}
+	if first, ok := jsonPrefix(`{"a": [1, tru`); !ok || first != json.Delim('{') {
+		t.Fatal("jsonPrefix refuses a prefix")
+	}
+	if _, ok := jsonPrefix(`{"a" 1`); ok {
+		t.Fatal("jsonPrefix accepts a syntax error")
+	}
+}
+
+var weatherTools = []map[string]any{
+	{"type": "function", "function": map[string]any{"name": "get_weather", "description": "weather for a city",
+		"parameters": json.RawMessage(`{"type":"object","properties":{"city":{"type":"string","maxLength":8},"unit":{"enum":["c","f"]}},"required":["city"],"additionalProperties":false}`)}},
+	{"type": "function", "function": map[string]any{"name": "get_time", "description": "time in a zone",
+		"parameters": json.RawMessage(`{"type":"object","properties":{"zone":{"type":"integer"}},"required":["zone"]}`)}},
+}
+
+type toolResponse struct {
+	Choices []struct {
+		FinishReason string `json:"finish_reason"`
+		Message      struct {
+			Content   *string    `json:"content"`
+			ToolCalls []toolCall `json:"tool_calls"`
+		} `json:"message"`
+	} `json:"choices"`
+}
+
+func checkCalls(t *testing.T, calls []toolCall, want string) {
+	t.Helper()
+	oracles := map[string]*jsonschema.Schema{}
+	for _, tl := range weatherTools {
+		f := tl["function"].(map[string]any)
+		oracles[f["name"].(string)] = compileSchema(t, string(f["parameters"].(json.RawMessage)))
+	}
+	ids := map[string]bool{}
+	for _, c := range calls {
+		if c.Type != "function" || !strings.HasPrefix(c.ID, "call_") || ids[c.ID] {
+			t.Errorf("call %+v: want type function and a fresh call_ id", c)
+		}
+		ids[c.ID] = true
+		o, ok := oracles[c.Function.Name]
+		if !ok || (want != "" && c.Function.Name != want) {
+			t.Errorf("call of %q, want %q", c.Function.Name, want)
+			continue
+		}
+		validateJSON(t, o, c.Function.Arguments)
+	}
+}
+
+func TestToolChoiceRequiredAndForcedForSeeds(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	for _, tc := range []struct {
+		choice   any
+		want     string
+		parallel bool
+	}{{"required", "", true}, {"required", "", false}, {map[string]any{"type": "function", "function": map[string]any{"name": "get_time"}}, "get_time", true}} {
+		for seed := range 6 {
+			code, body := chatRaw(t, e, map[string]any{
+				"model": "molly-demo", "seed": seed, "max_tokens": 1500, "tools": weatherTools, "tool_choice": tc.choice,
+				"parallel_tool_calls": tc.parallel,
+				"messages":            []map[string]any{{"role": "user", "content": "weather in Paris?"}},
+			})
+			if code != http.StatusOK {
+				t.Fatalf("%v seed %d: %d %s", tc.choice, seed, code, body)
+			}
+			spec.Validate(t, "CreateChatCompletionResponse", body)
+			var r toolResponse
+			_ = json.Unmarshal(body, &r)
+			ch := r.Choices[0]
+			if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) == 0 || ch.Message.Content != nil {
+				t.Fatalf("%v seed %d: %s", tc.choice, seed, body)
+			}
+			if !tc.parallel && len(ch.Message.ToolCalls) != 1 {
+				t.Errorf("parallel_tool_calls false: %d calls", len(ch.Message.ToolCalls))
+			}
+			checkCalls(t, ch.Message.ToolCalls, tc.want)
+		}
+	}
+}
+
+func TestToolChoiceAutoAndNone(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	calls, texts := 0, 0
+	for seed := range 12 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 300, "tools": weatherTools,
+			"messages": []map[string]any{{"role": "user", "content": "weather in Paris?"}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %s", seed, code, body)
+		}
+		spec.Validate(t, "CreateChatCompletionResponse", body)
+		var r toolResponse
+		_ = json.Unmarshal(body, &r)
+		switch ch := r.Choices[0]; ch.FinishReason {
+		case "tool_calls":
+			calls++
+			checkCalls(t, ch.Message.ToolCalls, "")
+		case "stop":
+			texts++
+			if ch.Message.Content == nil || len(ch.Message.ToolCalls) > 0 {
+				t.Errorf("seed %d: a response needs content and no calls: %s", seed, body)
+			}
+		case "length":
+			// A free-text response (an unbounded string) cut by max_tokens:
+			// the raw text, the start of {"response": ...}.
+			texts++
+			if ch.Message.Content == nil || !strings.HasPrefix(strings.Join(strings.Fields(*ch.Message.Content), ""), `{"response":`) {
+				t.Errorf("seed %d: cut answer: %s", seed, body)
+			}
+			if first, ok := jsonPrefix(*ch.Message.Content); !ok || first != json.Delim('{') {
+				t.Errorf("seed %d: cut answer is not a JSON prefix: %s", seed, body)
+			}
+		default:
+			t.Errorf("seed %d: finish %q: %s", seed, ch.FinishReason, body)
+		}
+	}
+	t.Logf("auto: %d tool calls, %d responses", calls, texts)
+	if calls == 0 || texts == 0 {
+		t.Errorf("auto chose only one branch over 12 seeds: %d calls, %d responses", calls, texts)
+	}
+	// none: free text, no calls, whatever the tools.
+	code, body := chatRaw(t, e, map[string]any{"model": "molly-demo", "seed": 1, "max_tokens": 8, "tools": weatherTools, "tool_choice": "none",
+		"messages": []map[string]any{{"role": "user", "content": "hi"}}})
+	var r toolResponse
+	_ = json.Unmarshal(body, &r)
+	if code != http.StatusOK || len(r.Choices[0].Message.ToolCalls) > 0 || r.Choices[0].FinishReason == "tool_calls" {
+		t.Fatalf("none: %d %s", code, body)
+	}
+	// A forced function that is not declared.
+	code, body = chatRaw(t, e, map[string]any{"model": "molly-demo", "tools": weatherTools,
+		"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}},
+		"messages":    []map[string]any{{"role": "user", "content": "hi"}}})
+	if code != http.StatusBadRequest || !strings.Contains(string(body), "nope") {
+		t.Fatalf("unknown forced function: %d %s", code, body)
+	}
+}
+
+func TestToolCallsStream(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", map[string]any{
+		"model": "molly-demo", "seed": 3, "max_tokens": 1500, "tools": weatherTools, "tool_choice": "required", "stream": true,
+		"stream_options": map[string]any{"include_usage": true},
+		"messages":       []map[string]any{{"role": "user", "content": "weather in Paris and the time?"}},
+	})
+	if w.Code != http.StatusOK {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	sc := bufio.NewScanner(w.Body)
+	sc.Buffer(nil, 1<<20)
+	byIndex := map[int]*toolCall{}
+	var finish string
+	done, usage := false, false
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			done = true
+			continue
+		}
+		spec.Validate(t, "CreateChatCompletionStreamResponse", []byte(line))
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					ToolCalls []struct {
+						Index    int    `json:"index"`
+						ID       string `json:"id"`
+						Type     string `json:"type"`
+						Function struct{ Name, Arguments string }
+					} `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *Usage `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(line), &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Usage != nil {
+			usage = c.Usage.CompletionTokens > 0
+		}
+		for _, ch := range c.Choices {
+			for _, d := range ch.Delta.ToolCalls {
+				tc := byIndex[d.Index]
+				if tc == nil {
+					tc = &toolCall{}
+					byIndex[d.Index] = tc
+				}
+				tc.ID += d.ID
+				tc.Type += d.Type
+				tc.Function.Name += d.Function.Name
+				tc.Function.Arguments += d.Function.Arguments
+			}
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
+	}
+	if !done || !usage || finish != "tool_calls" || len(byIndex) == 0 {
+		t.Fatalf("done %v usage %v finish %q calls %d", done, usage, finish, len(byIndex))
+	}
+	var calls []toolCall
+	for i := range len(byIndex) {
+		if byIndex[i] == nil {
+			t.Fatalf("tool call indexes are not 0..%d", len(byIndex)-1)
+		}
+		calls = append(calls, *byIndex[i])
+	}
+	checkCalls(t, calls, "")
+}
