@@ -229,7 +229,7 @@ func TestBadChainRequestsAre400(t *testing.T) {
 	e := newEngine(t, nil)
 	for _, extra := range []map[string]any{
 		{"n_chains": 0}, {"n_chains": 99}, {"n_chains": 1.5},
-		{"n_chains": 2, "n": 2}, {"n_chains": 2, "stream": true},
+		{"n_chains": 2, "n": 2}, {"n_chains": 2, "stream": true}, {"n_chains": 2, "tools": weatherTools},
 	} {
 		code, r := reasoningChat(t, e, reasoningBody("x", 3, extra))
 		if code != http.StatusBadRequest || r.Error == nil || r.Error.Param == nil || *r.Error.Param != "n_chains" {

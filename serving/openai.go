@@ -304,6 +304,9 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		if cr.chains, err = e.parseChains(body, r.Adapter, r.N, cr.Stream); err != nil {
 			return nil, r, err
 		}
+		if cr.chains > 1 && cr.plan != nil && cr.plan.tools {
+			return nil, r, badRequest("n_chains", "n_chains > 1 cannot be combined with tools: the chains vote on a text answer")
+		}
 		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), nil)
 	} else {
 		if cr.Echo {

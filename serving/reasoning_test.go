@@ -251,3 +251,28 @@ func TestConfiguredMultiTokenDelimitersAreForcedWhole(t *testing.T) {
 		t.Errorf("answer %q has %d tokens, want %d", r.Choices[0].Message.Content, n, 30-16)
 	}
 }
+
+func TestAGrammarConstrainsTheAnswerNotTheReasoning(t *testing.T) {
+	e := newEngine(t, nil)
+	free := 0
+	for seed := range 6 {
+		code, r := reasoningChat(t, e, reasoningBody("json please", 60, map[string]any{
+			"seed": seed, "temperature": 1, "max_reasoning_tokens": 8,
+			"response_format": map[string]any{"type": "json_object"},
+		}))
+		if code != http.StatusOK || r.Choices[0].Message.ReasoningContent == nil {
+			t.Fatalf("seed %d: status %d %+v", seed, code, r)
+		}
+		c := r.Choices[0].Message
+		if first, ok := jsonPrefix(c.Content); !ok || first != json.Delim('{') {
+			t.Errorf("seed %d: answer %q is not the start of a JSON object", seed, c.Content)
+		}
+		if _, ok := jsonPrefix(*c.ReasoningContent); !ok {
+			free++
+		}
+	}
+	// The random model's reasoning is not JSON: the grammar left it alone.
+	if free == 0 {
+		t.Error("every reasoning block was a JSON prefix: was the grammar applied to it?")
+	}
+}
