@@ -119,9 +119,10 @@ soak: deps
 	MOLLY_SOAK=$(SOAK) $(GO) test -run '^TestSoak$$' -v -timeout 60m ./cmd/molly/
 
 # The T0 engine against llama.cpp on the same GGUF (prints the table), the
-# 64-adapter hot-budget run and adapter promotion; part of `make bench` too.
+# 64-adapter hot-budget run, adapter promotion, weight/KV quantization and
+# aLoRA prefix reuse; part of `make bench` too.
 bench-engine: deps
-	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion' -benchtime 1x -timeout 30m ./serving/
+	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion|Quantization|ALoRAPrefixReuse' -benchtime 1x -timeout 30m ./serving/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
