@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -54,7 +55,7 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		return fmt.Errorf("specialise: traces: %w", err)
 	}
 	a.recorder = rec
-	a.share = traces.NewShare(time.Hour, 168)
+	a.share = processShare()
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
 		for _, c := range traces.Collectors() {
 			if err := reg.Register(c); err != nil {
@@ -85,3 +86,7 @@ func (a *App) Specialiser() *specialise.Loop { return a.loop }
 
 // Traces returns the trace recorder, or nil without a specialise block.
 func (a *App) Traces() *traces.Recorder { return a.recorder }
+
+// processShare is the one per-tier share of the process (hourly buckets, a
+// week), kept across config reloads as the metrics are.
+var processShare = sync.OnceValue(func() *traces.Share { return traces.NewShare(time.Hour, 168) })

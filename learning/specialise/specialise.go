@@ -1,4 +1,4 @@
-// Package specialise runs Molly's learning loop (DESIGN §7b): for each
+// Package specialise runs Molly's learning loop (docs/architecture.md): for each
 // domain with enough new consented traces, curate a set, train a LoRA
 // adapter for the T0 base (learning/lora, or an external trainer),
 // evaluate it on the held-out split and the general probes with the
