@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/serving"
+)
+
+// fedPKI is the federation's test CA: it signs one certificate per peer,
+// named by a DNS SAN and the common name, for 127.0.0.1.
+type fedPKI struct {
+	dir  string
+	key  *ecdsa.PrivateKey
+	cert *x509.Certificate
+	ca   string
+	n    int64
+}
+
+func newFedPKI(t *testing.T) *fedPKI {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "federation test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	p := &fedPKI{dir: t.TempDir(), key: key, cert: cert, n: 1}
+	p.ca = filepath.Join(p.dir, "ca.pem")
+	writeFedPEM(t, p.ca, "CERTIFICATE", der)
+	return p
+}
+
+func writeFedPEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// issue writes name's certificate and key; it returns the lines of a
+// federation block naming them and the CA.
+func (p *fedPKI) issue(t *testing.T, name string) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.n++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(p.n), Subject: pkix.Name{CommonName: name},
+		DNSNames: []string{name}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, keyFile := filepath.Join(p.dir, name+".pem"), filepath.Join(p.dir, name+".key")
+	writeFedPEM(t, cert, "CERTIFICATE", der)
+	writeFedPEM(t, keyFile, "EC PRIVATE KEY", kd)
+	return fmt.Sprintf("\t\t\tcert %s\n\t\t\tkey %s\n\t\t\tca %s\n", cert, keyFile, p.ca)
+}
+
+// withFederation puts a federation block (and fewer training steps and
+// traces) into specialiseCaddyfile's molly app.
+func withFederation(caddyfile, block string) string {
+	caddyfile = strings.Replace(caddyfile, "\t\tspecialise {", "\t\tfederation {\n"+block+"\t\t}\n\t\tspecialise {", 1)
+	caddyfile = strings.Replace(caddyfile, "min_traces 30", "min_traces 20", 1)
+	return strings.Replace(caddyfile, "steps 40", "steps 20", 1)
+}
+
+// mollyRun is mollyCmd for goroutines: it returns the error.
+func mollyRun(admin string, args ...string) (string, error) {
+	cmd := exec.Command(mollyBin, append(args, "--address", admin)...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("molly %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String(), nil
+}
+
+type federatedDomain struct {
+	Domain       string `json:"domain"`
+	Contributed  string `json:"contributed"`
+	Round        uint64 `json:"round"`
+	Samples      int64  `json:"samples"`
+	Participants int    `json:"participants"`
+	TotalSamples int64  `json:"total_samples"`
+	Version      string `json:"version"`
+	Promoted     bool   `json:"promoted"`
+	Reason       string `json:"reason"`
+	Skipped      string `json:"skipped"`
+	Error        string `json:"error"`
+}
+
+// TestFederationRoundAcrossThreeMollys: one aggregator Molly and two
+// participant Mollys on loopback, each a real binary, mutual TLS with
+// certificates of a test CA. Each participant traces its own slice of one
+// domain (math), runs a specialisation cycle, which contributes its
+// adapter's delta; the round closes with both; `molly federation run
+// --once` reports the aggregate each adopted through its gate, and each
+// registry holds a version of source "federated" with a verdict. The
+// aggregator logs the round closing with the two participants.
+func TestFederationRoundAcrossThreeMollys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: three Mollys train and federate")
+	}
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(models, serving.DemoModelFile)
+	pki := newFedPKI(t)
+	fedAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+
+	// The aggregator: the same base (deltas are pinned to it), no loop.
+	aggState := t.TempDir()
+	aggAdmin := adminSocket(t)
+	aggBlock := "\t\t\trole aggregator\n\t\t\tlisten " + fedAddr + "\n\t\t\tpeers p1 p2\n" + pki.issue(t, "aggregator") +
+		"\t\t\tmin_participants 2\n\t\t\trounds 2m\n\t\t\trank 4\n\t\t\tdir " + filepath.Join(aggState, "federation") + "\n"
+	aggCfg := `{
+	admin ` + aggAdmin + `|0600
+	auto_https off
+	persist_config off
+	molly {
+		registry ` + filepath.Join(aggState, "molly.db") + `
+		engine {
+			model ` + base + `
+			adapters ` + t.TempDir() + `
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+			models chat=molly-demo
+			latency 50ms
+			quality 0.05
+		}
+		federation {
+` + aggBlock + `		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	handle {
+		molly_classify
+		molly_policy
+		molly_route
+	}
+}
+`
+	agg := startMolly(t, aggCfg)
+	if !agg.waitLogs(regexp.MustCompile(`federation aggregator serving`)) {
+		t.Fatalf("the aggregator did not log its listener")
+	}
+
+	type participant struct {
+		name, admin string
+		g           *gateway
+	}
+	teacher := upstreamtest.Start("t1")
+	teacher.Answer = solve
+	t.Cleanup(teacher.Close)
+	var ps []participant
+	for _, name := range []string{"p1", "p2"} {
+		state := t.TempDir()
+		admin := adminSocket(t)
+		block := "\t\t\trole participant\n\t\t\taggregator https://" + fedAddr + "\n" + pki.issue(t, name) + "\t\t\trounds 2m\n"
+		cfg := withFederation(specialiseCaddyfile(admin, filepath.Join(state, "molly.db"), base, t.TempDir(), teacher.URL()), block)
+		ps = append(ps, participant{name: name, admin: admin, g: startMolly(t, cfg)})
+	}
+
+	// Each participant's consented traffic is its own slice of the domain.
+	const slice = 30
+	ctx := context.Background()
+	for k, p := range ps {
+		c := client(p.g)
+		for i := k * slice; i < (k+1)*slice; i++ {
+			_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", MaxTokens: openai.Int(24),
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(mathProblem(i))}},
+				option.WithHeader("X-Molly-Trace", "on"))
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) { // polling the condition
+			_, body := adminCall(t, p.admin, http.MethodGet, "/molly/traces", nil)
+			var trs []struct{ Category string }
+			_ = json.Unmarshal([]byte(body), &trs)
+			if len(trs) >= slice {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d traces, want %d", p.name, len(trs), slice)
+			}
+		}
+	}
+
+	// A cycle on each trains an adapter of math; the cycle hands the
+	// domain to the federation, which contributes in the background.
+	for _, p := range ps {
+		out, _ := mollyCmd(t, p.admin, "specialise", "run", "--once")
+		var rep cycleReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Domains) != 1 || rep.Domains[0].Version == "" {
+			t.Fatalf("%s: cycle report %s (%v)", p.name, out, err)
+		}
+	}
+
+	// `molly federation run --once` on both at once: each returns when the
+	// round its delta joined closed and the aggregate went through its gate.
+	outs := make([]string, len(ps))
+	errs := make([]error, len(ps))
+	var wg sync.WaitGroup
+	for k, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[k], errs[k] = mollyRun(p.admin, "federation", "run", "--once")
+		}()
+	}
+	wg.Wait()
+	for k, p := range ps {
+		if errs[k] != nil {
+			t.Fatal(errs[k])
+		}
+		var got []federatedDomain
+		if err := json.Unmarshal([]byte(outs[k]), &got); err != nil || len(got) != 1 {
+			t.Fatalf("%s: federation run %s (%v)", p.name, outs[k], err)
+		}
+		d := got[0]
+		t.Logf("%s: round %d, %d participants, %d of %d samples, aggregate %.12s promoted=%v: %s",
+			p.name, d.Round, d.Participants, d.Samples, d.TotalSamples, d.Version, d.Promoted, d.Reason)
+		if d.Domain != "math" || d.Error != "" || d.Skipped != "" || d.Round != 1 || d.Participants != 2 || d.Version == "" || d.Reason == "" {
+			t.Fatalf("%s: federated %+v", p.name, d)
+		}
+		if d.Samples <= 0 || d.TotalSamples <= d.Samples {
+			t.Fatalf("%s: %d samples of %d in the aggregate; want a share of both participants'", p.name, d.Samples, d.TotalSamples)
+		}
+
+		// The registry (not the run's answer) holds the federated version
+		// with the gate's verdict, and the history names it.
+		code, body := adminCall(t, p.admin, http.MethodGet, "/molly/adapter-versions", nil)
+		var entries []struct {
+			Name     string
+			Serving  string
+			Versions []struct{ Version, Source, Verdict string }
+			History  []struct{ Version, Action, Reason string }
+		}
+		if err := json.Unmarshal([]byte(body), &entries); code != http.StatusOK || err != nil {
+			t.Fatalf("%s: adapter versions %d %s", p.name, code, body)
+		}
+		found := false
+		for _, e := range entries {
+			for _, v := range e.Versions {
+				if e.Name == "math" && v.Source == "federated" && v.Version == d.Version {
+					want := map[bool]string{true: "promoted", false: "refused"}[d.Promoted]
+					if v.Verdict != want {
+						t.Fatalf("%s: federated version verdict %q, the run said %q", p.name, v.Verdict, want)
+					}
+					if d.Promoted != (e.Serving == d.Version) {
+						t.Fatalf("%s: math serves %.12s; promoted=%v for the aggregate %.12s", p.name, e.Serving, d.Promoted, d.Version)
+					}
+					found = true
+				}
+			}
+			for _, h := range e.History {
+				if h.Version == d.Version && !strings.HasPrefix(h.Reason, "federated: ") {
+					t.Fatalf("%s: history %+v", p.name, h)
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("%s: no federated version %.12s of math in %s", p.name, d.Version, body)
+		}
+
+		// The status names the delta sent, read through the admin socket.
+		st, _ := mollyCmd(t, p.admin, "federation", "status")
+		if !strings.Contains(st, "role: participant") || !strings.Contains(st, "deltas sent: 1") || !strings.Contains(st, "no noised release") {
+			t.Fatalf("%s: status\n%s", p.name, st)
+		}
+	}
+	if !agg.waitLogs(regexp.MustCompile(`federation round aggregated.*"domain": ?"math".*"round": ?1.*"participants": ?\["p1","p2"\]`)) {
+		t.Fatalf("the aggregator did not log round 1 of math closing with p1 and p2")
+	}
+	st, _ := mollyCmd(t, aggAdmin, "federation", "status")
+	if !strings.Contains(st, "role: aggregator") || !strings.Contains(st, fedAddr) {
+		t.Fatalf("aggregator status\n%s", st)
+	}
+}
