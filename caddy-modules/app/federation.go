@@ -256,7 +256,9 @@ var ErrNoParticipant = errors.New("this Molly is not a federation participant (f
 // the specialisation gate on this participant's own held-out pairs
 // (federation.Adopt): the aggregate becomes a version of source
 // "federated", promoted or refused. A version already contributed is not
-// sent again: its domain's earlier result is returned. One run at a time;
+// sent again: its domain's earlier result is returned, unless that run
+// failed (a round closed with too few reports, the aggregator
+// unreachable), when it joins the open round again. One run at a time;
 // a domain's failure is in its entry, not an error. Errors:
 // ErrNoParticipant, the registry's.
 func (a *App) FederationRun(ctx context.Context, domains []string) ([]FederatedDomain, error) {

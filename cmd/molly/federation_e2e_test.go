@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"math"
 	"math/big"
 	"net"
 	"net/http"
@@ -99,6 +100,7 @@ func (p *fedPKI) issue(t *testing.T, name string) string {
 func withFederation(caddyfile, block string) string {
 	caddyfile = strings.Replace(caddyfile, "\t\tspecialise {", "\t\tfederation {\n"+block+"\t\t}\n\t\tspecialise {", 1)
 	caddyfile = strings.Replace(caddyfile, "min_traces 30", "min_traces 20", 1)
+	caddyfile = strings.Replace(caddyfile, "learning_rate 0.02", "learning_rate 0.02\n\t\t\tmargin 0.01", 1)
 	return strings.Replace(caddyfile, "steps 40", "steps 20", 1)
 }
 
@@ -112,6 +114,13 @@ func mollyRun(admin string, args ...string) (string, error) {
 	}
 	return out.String(), nil
 }
+
+// The differential privacy of participant p2.
+const (
+	dpClip  = 0.05
+	dpSigma = 4.0
+	dpDelta = 1e-5
+)
 
 type federatedDomain struct {
 	Domain       string `json:"domain"`
@@ -151,7 +160,7 @@ func TestFederationRoundAcrossThreeMollys(t *testing.T) {
 	aggState := t.TempDir()
 	aggAdmin := adminSocket(t)
 	aggBlock := "\t\t\trole aggregator\n\t\t\tlisten " + fedAddr + "\n\t\t\tpeers p1 p2\n" + pki.issue(t, "aggregator") +
-		"\t\t\tmin_participants 2\n\t\t\trounds 2m\n\t\t\trank 4\n\t\t\tdir " + filepath.Join(aggState, "federation") + "\n"
+		"\t\t\tmin_participants 2\n\t\t\trounds 20s\n\t\t\trank 4\n\t\t\tdir " + filepath.Join(aggState, "federation") + "\n"
 	aggCfg := `{
 	admin ` + aggAdmin + `|0600
 	auto_https off
@@ -182,6 +191,19 @@ http://127.0.0.1:{PORT} {
 	}
 }
 `
+	// A participant without the specialise loop has nothing to contribute.
+	bad := filepath.Join(t.TempDir(), "Caddyfile")
+	noLoop := strings.Replace(strings.Replace(aggCfg, "role aggregator", "role participant\n\t\t\taggregator https://"+fedAddr, 1),
+		"registry "+filepath.Join(aggState, "molly.db"), "registry "+filepath.Join(t.TempDir(), "molly.db"), 1)
+	if err := os.WriteFile(bad, []byte(strings.ReplaceAll(noLoop, "{PORT}", "9")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(mollyBin, "validate", "--config", bad, "--adapter", "caddyfile")
+	cmd.Env = mollyEnv(t)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "add a specialise block") {
+		t.Fatalf("validate of a participant without the loop: %v\n%s", err, out)
+	}
+
 	agg := startMolly(t, aggCfg)
 	if !agg.waitLogs(regexp.MustCompile(`federation aggregator serving`)) {
 		t.Fatalf("the aggregator did not log its listener")
@@ -190,6 +212,7 @@ http://127.0.0.1:{PORT} {
 	type participant struct {
 		name, admin string
 		g           *gateway
+		config      func(admin, dp string) string
 	}
 	teacher := upstreamtest.Start("t1")
 	teacher.Answer = solve
@@ -198,9 +221,12 @@ http://127.0.0.1:{PORT} {
 	for _, name := range []string{"p1", "p2"} {
 		state := t.TempDir()
 		admin := adminSocket(t)
-		block := "\t\t\trole participant\n\t\t\taggregator https://" + fedAddr + "\n" + pki.issue(t, name) + "\t\t\trounds 2m\n"
-		cfg := withFederation(specialiseCaddyfile(admin, filepath.Join(state, "molly.db"), base, t.TempDir(), teacher.URL()), block)
-		ps = append(ps, participant{name: name, admin: admin, g: startMolly(t, cfg)})
+		block := "\t\t\trole participant\n\t\t\taggregator https://" + fedAddr + "\n" + pki.issue(t, name)
+		dir := t.TempDir()
+		config := func(admin, dp string) string {
+			return withFederation(specialiseCaddyfile(admin, filepath.Join(state, "molly.db"), base, dir, teacher.URL()), block+dp)
+		}
+		ps = append(ps, participant{name: name, admin: admin, g: startMolly(t, config(admin, "")), config: config})
 	}
 
 	// Each participant's consented traffic is its own slice of the domain.
@@ -306,6 +332,16 @@ http://127.0.0.1:{PORT} {
 			t.Fatalf("%s: no federated version %.12s of math in %s", p.name, d.Version, body)
 		}
 
+		// A promoted aggregate is what the engine serves under the domain's
+		// alias: the answer's fingerprint is the aggregate's file hash.
+		if d.Promoted {
+			answer, err := client(p.g).Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "molly-demo:math", MaxTokens: openai.Int(2),
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(mathProblem(1000))}})
+			if err != nil || answer.SystemFingerprint != "sha256:"+d.Version {
+				t.Fatalf("%s: after adopting %.12s, molly-demo:math answered: %v, version %+v", p.name, d.Version, err, answer)
+			}
+		}
+
 		// The status names the delta sent, read through the admin socket.
 		st, _ := mollyCmd(t, p.admin, "federation", "status")
 		if !strings.Contains(st, "role: participant") || !strings.Contains(st, "deltas sent: 1") || !strings.Contains(st, "no noised release") {
@@ -315,7 +351,85 @@ http://127.0.0.1:{PORT} {
 	if !agg.waitLogs(regexp.MustCompile(`federation round aggregated.*"domain": ?"math".*"round": ?1.*"participants": ?\["p1","p2"\]`)) {
 		t.Fatalf("the aggregator did not log round 1 of math closing with p1 and p2")
 	}
-	st, _ := mollyCmd(t, aggAdmin, "federation", "status")
+
+	// p2 restarts with differential privacy and 20 new traces: its next
+	// cycle's delta is clipped and noised before it leaves, and round 2,
+	// which p1 does not join, closes at its deadline with too few reports.
+	p2 := &ps[1]
+	if err := p2.g.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p2.g.cmd.Wait()
+	p2.admin = adminSocket(t)
+	p2.g = startMolly(t, p2.config(p2.admin, fmt.Sprintf("\t\t\tdp {\n\t\t\t\tclip %g\n\t\t\t\tnoise_multiplier %g\n\t\t\t\tdelta %g\n\t\t\t}\n", dpClip, dpSigma, dpDelta)))
+	for i := 2 * slice; i < 2*slice+20; i++ {
+		if _, err := client(p2.g).Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", MaxTokens: openai.Int(24),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(mathProblem(i))}}, option.WithHeader("X-Molly-Trace", "on")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) { // polling the condition
+		_, body := adminCall(t, p2.admin, http.MethodGet, "/molly/traces", nil)
+		var trs []struct{ Category string }
+		_ = json.Unmarshal([]byte(body), &trs)
+		if len(trs) >= slice+20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("p2: %d traces, want %d", len(trs), slice+20)
+		}
+	}
+	out, _ := mollyCmd(t, p2.admin, "specialise", "run", "--once")
+	var rep cycleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Domains) != 1 || rep.Domains[0].Version == "" {
+		t.Fatalf("p2: second cycle report %s (%v)", out, err)
+	}
+	// The cycle contributed in the background; its run shows in the status
+	// once round 2 closed at the aggregator's deadline.
+	var second federatedDomain
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) { // polling the condition
+		code, body := adminCall(t, p2.admin, http.MethodGet, "/molly/federation/status", nil)
+		var st struct{ Runs []federatedDomain }
+		if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil {
+			t.Fatalf("p2: federation status %d %s", code, body)
+		}
+		if len(st.Runs) == 1 && st.Runs[0].Round == 2 {
+			second = st.Runs[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("p2: no run of round 2 in the status: %s", body)
+		}
+	}
+	if d := second; d.Contributed != rep.Domains[0].Version || !strings.Contains(d.Error, "too few participants") || d.Version != "" {
+		t.Fatalf("p2: round 2 %+v; want it closed with too few participants and nothing adopted", d)
+	}
+	if !agg.waitLogs(regexp.MustCompile(`federation round failed.*"round": ?2.*too few participants: 1 reported, 2 needed`)) {
+		t.Fatalf("the aggregator did not log round 2 failing with one report")
+	}
+
+	// p2's ε, read through the admin socket, is the Gaussian mechanism's
+	// RDP bound converted at its best order: sensitivity 2C, noise σC, so
+	// RDP(α) = 2α/σ² and ε = min over α of 2α/σ² + ln(1/δ)/(α−1)
+	// = 2/σ² + 2·sqrt(2·ln(1/δ))/σ (Mironov 2017, Propositions 3 and 7),
+	// which the accountant's grid of orders approaches within 1%.
+	st, _ := mollyCmd(t, p2.admin, "federation", "status", "--json")
+	var dpStatus struct {
+		State struct {
+			Epsilon float64 `json:"epsilon"`
+			Delta   float64 `json:"delta"`
+			Sent    []struct{ Round uint64 }
+		} `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(st), &dpStatus); err != nil {
+		t.Fatalf("p2 status %s: %v", st, err)
+	}
+	wantEps := 2/(dpSigma*dpSigma) + 2*math.Sqrt(2*math.Log(1/dpDelta))/dpSigma
+	t.Logf("p2: ε %.4f at δ %g after one noised release (closed form %.4f)", dpStatus.State.Epsilon, dpStatus.State.Delta, wantEps)
+	if math.Abs(dpStatus.State.Epsilon-wantEps) > 0.01*wantEps || dpStatus.State.Delta != dpDelta || len(dpStatus.State.Sent) != 2 {
+		t.Fatalf("p2 status %s; want ε %.4f at δ %g and two deltas sent", st, wantEps, dpDelta)
+	}
+	st, _ = mollyCmd(t, aggAdmin, "federation", "status")
 	if !strings.Contains(st, "role: aggregator") || !strings.Contains(st, fedAddr) {
 		t.Fatalf("aggregator status\n%s", st)
 	}
