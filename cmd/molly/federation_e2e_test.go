@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -148,6 +149,7 @@ func TestFederationRoundAcrossThreeMollys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: three Mollys train and federate")
 	}
+	testStart := time.Now()
 	models := t.TempDir()
 	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
 		t.Fatal(err)
@@ -352,6 +354,7 @@ http://127.0.0.1:{PORT} {
 		t.Fatalf("the aggregator did not log round 1 of math closing with p1 and p2")
 	}
 
+	t.Logf("round 1 done at %v", time.Since(testStart).Round(time.Millisecond))
 	// p2 restarts with differential privacy and 20 new traces: its next
 	// cycle's delta is clipped and noised before it leaves, and round 2,
 	// which p1 does not join, closes at its deadline with too few reports.
@@ -432,5 +435,37 @@ http://127.0.0.1:{PORT} {
 	st, _ = mollyCmd(t, aggAdmin, "federation", "status")
 	if !strings.Contains(st, "role: aggregator") || !strings.Contains(st, fedAddr) {
 		t.Fatalf("aggregator status\n%s", st)
+	}
+
+	// A reload of the aggregator keeps serving on the same address, and
+	// its round counter: math's open round is now 3. A certificate of the
+	// same CA whose name is not a peer is refused.
+	reloaded := filepath.Join(t.TempDir(), "Caddyfile")
+	port := strings.TrimSuffix(strings.TrimPrefix(agg.URL, "http://127.0.0.1:"), "/v1")
+	if err := os.WriteFile(reloaded, []byte(strings.ReplaceAll(aggCfg, "{PORT}", port)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	mollyCmd(t, aggAdmin, "reload", "--config", reloaded, "--adapter", "caddyfile", "--force")
+	t.Logf("the aggregator reloaded in %v", time.Since(began).Round(time.Millisecond))
+	pki.issue(t, "mallory")
+	for name, want := range map[string]int{"p1": http.StatusOK, "mallory": http.StatusForbidden} {
+		cert, err := tls.LoadX509KeyPair(filepath.Join(pki.dir, name+".pem"), filepath.Join(pki.dir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AddCert(pki.cert)
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots}}}
+		resp, err := hc.Get("https://" + fedAddr + "/federation/v1/rounds/math")
+		if err != nil {
+			t.Fatalf("%s after the reload: %v", name, err)
+		}
+		var round struct{ Round uint64 }
+		_ = json.NewDecoder(resp.Body).Decode(&round)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == http.StatusOK && round.Round != 3) {
+			t.Fatalf("%s after the reload: %d, round %d; want %d (round 3)", name, resp.StatusCode, round.Round, want)
+		}
 	}
 }
