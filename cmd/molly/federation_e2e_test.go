@@ -215,6 +215,7 @@ http://127.0.0.1:{PORT} {
 		name, admin string
 		g           *gateway
 		config      func(admin, dp string) string
+		state       string // the registry's folder
 	}
 	teacher := upstreamtest.Start("t1")
 	teacher.Answer = solve
@@ -228,7 +229,7 @@ http://127.0.0.1:{PORT} {
 		config := func(admin, dp string) string {
 			return withFederation(specialiseCaddyfile(admin, filepath.Join(state, "molly.db"), base, dir, teacher.URL()), block+dp)
 		}
-		ps = append(ps, participant{name: name, admin: admin, g: startMolly(t, config(admin, "")), config: config})
+		ps = append(ps, participant{name: name, admin: admin, g: startMolly(t, config(admin, "")), config: config, state: state})
 	}
 
 	// Each participant's consented traffic is its own slice of the domain.
@@ -431,6 +432,12 @@ http://127.0.0.1:{PORT} {
 	t.Logf("p2: ε %.4f at δ %g after one noised release (closed form %.4f)", dpStatus.State.Epsilon, dpStatus.State.Delta, wantEps)
 	if math.Abs(dpStatus.State.Epsilon-wantEps) > 0.01*wantEps || dpStatus.State.Delta != dpDelta || len(dpStatus.State.Sent) != 2 {
 		t.Fatalf("p2 status %s; want ε %.4f at δ %g and two deltas sent", st, wantEps, dpDelta)
+	}
+	// Offline, the state file says the same.
+	cmd = exec.Command(mollyBin, "federation", "status", "--state", filepath.Join(p2.state, "specialise", "federation-state.json"))
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), fmt.Sprintf("ε spent %.4g at δ=1e-05 over 1 releases", dpStatus.State.Epsilon)) ||
+		!strings.Contains(string(out), "deltas sent: 2") {
+		t.Fatalf("federation status --state: %v\n%s", err, out)
 	}
 	st, _ = mollyCmd(t, aggAdmin, "federation", "status")
 	if !strings.Contains(st, "role: aggregator") || !strings.Contains(st, fedAddr) {
