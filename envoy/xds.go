@@ -1,4 +1,4 @@
-// Package envoy is Molly's scale-out (DESIGN.md §7): an xDS control plane
+// Package envoy is Molly's scale-out (docs/architecture.md): an xDS control plane
 // and an ext_proc policy point for a fleet of Envoy proxies, both calling
 // the same pipeline as the in-Caddy path.
 //

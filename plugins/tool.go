@@ -1,6 +1,6 @@
 // Package plugins holds Molly's governed-tool contract, the host-side manager
 // that runs tools as separate processes, and (one folder each) the tool
-// binaries themselves (DESIGN.md §1, issue 6).
+// binaries themselves (docs/architecture.md).
 //
 // A tool is a hashicorp/go-plugin plugin speaking gRPC: the host starts the
 // binary, the two sides shake hands (magic cookie, protocol version), agree on

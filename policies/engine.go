@@ -33,7 +33,7 @@ import (
 //go:embed *.rego
 var Default embed.FS
 
-// DefaultQuery is the route decision rule (DESIGN.md §4, residency.rego).
+// DefaultQuery is the route decision rule (docs/architecture.md, residency.rego).
 const DefaultQuery = "data.molly.policy.decision"
 
 // ToolQuery is the rule evaluated before a governed tool runs (tools.rego).

@@ -1,4 +1,4 @@
-# Orchestration (issue 17): may a delegation plan — a typed graph of
+# Orchestration: may a delegation plan — a typed graph of
 # subtasks, each with a specialist, a tier ceiling and a budget — run for
 # this caller?
 #

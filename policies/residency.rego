@@ -2,7 +2,7 @@
 # and the request-level scope rules (model scope, client tool scope, tool
 # results that raise the sensitivity).
 #
-# The decision contract (DESIGN.md §4, policies/README.md):
+# The decision contract (docs/architecture.md, policies/README.md):
 #   {"allow": bool, "tiers": ["T0",...], "redact": {"T3": ["EMAIL",...]},
 #    "output": {"T3": {"mask": ["*"], "block": []}},
 #    "sensitivity": class (optional), "code": "..." (optional, denials),

@@ -1,4 +1,4 @@
-# Governed tools (issue 6): may a gateway tool be offered to a model, and
+# Governed tools: may a gateway tool be offered to a model, and
 # may this call of it run?
 #
 # tool_offer: input tool {name, side_effect}, identity {member, scopes,

@@ -129,21 +129,38 @@ func floatValue(f float64) (ast.Value, error) {
 type astObject struct{ ast.Object }
 
 func (o astObject) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	return marshalObject(enc, o.Object)
+}
+
+// termObject and termArray are astObject for a term holding an object, and
+// the array writer: one pointer each, so that handing them to the encoder
+// (an interface) does not allocate, nor does walking an array by index.
+// A decision log line walks dozens of them.
+type (
+	termObject struct{ t *ast.Term }
+	termArray  struct{ a *ast.Array }
+)
+
+func (o termObject) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	return marshalObject(enc, o.t.Value.(ast.Object))
+}
+
+func marshalObject(enc zapcore.ObjectEncoder, o ast.Object) error {
 	var err error
 	o.Foreach(func(k, v *ast.Term) {
 		key, ok := k.Value.(ast.String)
 		if !ok {
 			key = ast.String(k.Value.String())
 		}
-		if e := addValue(enc, string(key), v.Value); e != nil && err == nil {
+		if e := addValue(enc, string(key), v); e != nil && err == nil {
 			err = e
 		}
 	})
 	return err
 }
 
-func addValue(enc zapcore.ObjectEncoder, key string, v ast.Value) error {
-	switch v := v.(type) {
+func addValue(enc zapcore.ObjectEncoder, key string, t *ast.Term) error {
+	switch v := t.Value.(type) {
 	case ast.String:
 		enc.AddString(key, string(v))
 	case ast.Boolean:
@@ -159,9 +176,9 @@ func addValue(enc zapcore.ObjectEncoder, key string, v ast.Value) error {
 	case ast.Null:
 		return enc.AddReflected(key, nil)
 	case ast.Object:
-		return enc.AddObject(key, astObject{v})
+		return enc.AddObject(key, termObject{t})
 	case *ast.Array:
-		return enc.AddArray(key, astArray{v.Iter})
+		return enc.AddArray(key, termArray{v})
 	case ast.Set:
 		return enc.AddArray(key, astArray{v.Iter})
 	default:
@@ -170,39 +187,50 @@ func addValue(enc zapcore.ObjectEncoder, key string, v ast.Value) error {
 	return nil
 }
 
-// astArray writes an array or set (through its Iter) to a zap encoder.
+func (a termArray) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for i := range a.a.Len() {
+		if err := appendValue(enc, a.a.Elem(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// astArray writes a set (through its Iter) to a zap encoder.
 type astArray struct {
 	iter func(func(*ast.Term) error) error
 }
 
 func (a astArray) MarshalLogArray(enc zapcore.ArrayEncoder) error {
-	return a.iter(func(t *ast.Term) error {
-		switch v := t.Value.(type) {
-		case ast.String:
+	return a.iter(func(t *ast.Term) error { return appendValue(enc, t) })
+}
+
+func appendValue(enc zapcore.ArrayEncoder, t *ast.Term) error {
+	switch v := t.Value.(type) {
+	case ast.String:
+		enc.AppendString(string(v))
+	case ast.Boolean:
+		enc.AppendBool(bool(v))
+	case ast.Number:
+		if i, ok := v.Int64(); ok {
+			enc.AppendInt64(i)
+		} else if f, ok := v.Float64(); ok {
+			enc.AppendFloat64(f)
+		} else {
 			enc.AppendString(string(v))
-		case ast.Boolean:
-			enc.AppendBool(bool(v))
-		case ast.Number:
-			if i, ok := v.Int64(); ok {
-				enc.AppendInt64(i)
-			} else if f, ok := v.Float64(); ok {
-				enc.AppendFloat64(f)
-			} else {
-				enc.AppendString(string(v))
-			}
-		case ast.Null:
-			return enc.AppendReflected(nil)
-		case ast.Object:
-			return enc.AppendObject(astObject{v})
-		case *ast.Array:
-			return enc.AppendArray(astArray{v.Iter})
-		case ast.Set:
-			return enc.AppendArray(astArray{v.Iter})
-		default:
-			enc.AppendString(v.String())
 		}
-		return nil
-	})
+	case ast.Null:
+		return enc.AppendReflected(nil)
+	case ast.Object:
+		return enc.AppendObject(termObject{t})
+	case *ast.Array:
+		return enc.AppendArray(termArray{v})
+	case ast.Set:
+		return enc.AppendArray(astArray{v.Iter})
+	default:
+		enc.AppendString(v.String())
+	}
+	return nil
 }
 
 // jsonObject writes a decoded JSON object (the rego result: map[string]any,

@@ -41,7 +41,7 @@ type secretRule struct {
 	// privateKey: gitleaks' private-key rule, matched by hand
 	// (matchPrivateKeyGitleaks).
 	privateKey bool
-	orig   string // the pattern before the speed-ups (for tests)
+	orig       string // the pattern before the speed-ups (for tests)
 }
 
 // semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts

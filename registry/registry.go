@@ -55,6 +55,15 @@ var (
 // that died (kill -9) lets them expire and free the budget they held.
 const DefaultLease = 2 * time.Minute
 
+// AutoCheckpointPages is the registry file's WAL checkpoint threshold
+// (sqlite.Options.AutoCheckpoint): 4096 pages, a WAL of 16 MiB at most.
+// Every record dirties about five pages, so with SQLite's default (1000)
+// one Record in about 180 also checkpointed, syncing the WAL and the file
+// inside its commit (milliseconds on a virtual disk: the 99th percentile
+// of Record); with 4096 one in about 750 does. Records are as durable
+// either way (in the WAL before COMMIT returns).
+const AutoCheckpointPages = 4096
+
 // Options tune Open.
 type Options struct {
 	// Synchronous is SQLite's synchronous pragma: "NORMAL" (default; durable
@@ -119,7 +128,7 @@ func Open(path string, opts Options) (*Registry, error) {
 		db, err = postgres.Open(path, postgres.Options{}, pgMigrations()...)
 		path = postgres.Redact(path)
 	} else {
-		db, err = sqlite.Open(path, sqlite.Options{Synchronous: opts.Synchronous}, migrations()...)
+		db, err = sqlite.Open(path, sqlite.Options{Synchronous: opts.Synchronous, AutoCheckpoint: AutoCheckpointPages}, migrations()...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("registry: %w", err)

@@ -22,7 +22,7 @@ import (
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
-// AdapterState is where an adapter version lives (DESIGN §5).
+// AdapterState is where an adapter version lives (docs/architecture.md).
 type AdapterState string
 
 const (
@@ -79,6 +79,7 @@ type adapterEntry struct {
 	version      string // "sha256:<hex>"
 	baseChecksum string
 	quant        string
+	invocation   []int32 // aLoRA invocation tokens (alora.go); nil: plain LoRA
 	loaded       time.Time
 	size         int64
 	data         []byte         // warm bytes (validated), nil when cold
@@ -186,6 +187,7 @@ func newAdapterManager(m *llama.Model, g *ggml.GGML, hot, warm int64) *adapterMa
 // header is what validation learns about an adapter file.
 type header struct {
 	baseChecksum, quant string
+	invocation          []int32 // aLoRA invocation tokens (alora.go), nil for a plain LoRA
 }
 
 // validate checks an adapter file's header against the base model: GGUF with
@@ -197,7 +199,7 @@ func (am *adapterManager) validate(name string, data []byte) (header, error) {
 	refuse := func(format string, args ...any) (header, error) {
 		return header{}, fmt.Errorf("%w: %s: %s", ErrAdapterRefused, name, fmt.Sprintf(format, args...))
 	}
-	g, err := ggml.Decode(bytes.NewReader(data), 0)
+	g, err := ggml.Decode(bytes.NewReader(data), maxInvocationTokens)
 	if err != nil {
 		return refuse("not a GGUF file: %v", err)
 	}
@@ -259,7 +261,11 @@ func (am *adapterManager) validate(name string, data []byte) (header, error) {
 			return refuse("tensor %s: lora_a %v and lora_b %v do not fit base shape %v", base, a, b, w)
 		}
 	}
-	return header{baseChecksum: sum, quant: quant}, nil
+	inv, err := invocationTokens(kv)
+	if err != nil {
+		return refuse("%v", err)
+	}
+	return header{baseChecksum: sum, quant: quant, invocation: inv}, nil
 }
 
 func contentVersion(data []byte) string {
@@ -334,7 +340,7 @@ func (am *adapterManager) load(name, path string, force bool) (bool, error) {
 	delete(am.refusedStamp, name)
 	am.nextID++
 	e := &adapterEntry{
-		id: am.nextID, name: name, path: path, version: version, baseChecksum: h.baseChecksum, quant: h.quant,
+		id: am.nextID, name: name, path: path, version: version, baseChecksum: h.baseChecksum, quant: h.quant, invocation: h.invocation,
 		loaded: am.now(), size: int64(len(data)), lastUsed: am.now(),
 	}
 	am.retire(name)

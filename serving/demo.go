@@ -59,7 +59,9 @@ func DemoConfig(dir string) Config {
 }
 
 // QuantizeModel rewrites the GGUF model at path with its weights converted to
-// ftype ("q8_0", "q4_0" or "f16") by llama_model_quantize; metadata, including
+// ftype ("q8_0", "q4_0", "q4_k_m", "q4_k_s" or "f16", any case) by
+// llama_model_quantize; K-quants need rows of 256 values (llama.cpp falls
+// back to another type for smaller tensors); metadata, including
 // the base checksum adapters are checked against, is kept. Errors: unknown
 // ftype, llama.cpp failure, file replacement failure.
 func QuantizeModel(path, ftype string) error {

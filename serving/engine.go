@@ -1,6 +1,6 @@
 // Package serving is Molly's T0 engine: one llama.cpp base model shared by
 // every request, many LoRA adapters, an iteration-level scheduler and an
-// OpenAI-compatible http.Handler (DESIGN §5).
+// OpenAI-compatible http.Handler (docs/architecture.md).
 //
 // Scheduling follows Orca (Yu et al., OSDI'22): work is scheduled per model
 // iteration, not per request, so new prompts join running work between steps
@@ -97,6 +97,13 @@ type Config struct {
 	// NCtx cells by llama.cpp; the budget decides how much of it and of the
 	// adapters may be in use at once.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// KVCacheType is the type of the K and V cache: "f16" (default),
+	// "q8_0" or "q4_0" (a quantized V cache runs with flash attention).
+	// It sets the bytes of a KV cell in the memory budget.
+	KVCacheType string `json:"kv_cache_type,omitempty"`
+	// Reasoning configures reasoning mode: delimiters and budgets
+	// (reasoning.go).
+	Reasoning ReasoningConfig `json:"reasoning,omitzero"`
 }
 
 func (c *Config) defaults() {
@@ -142,6 +149,7 @@ type Engine struct {
 	nCells    int   // cells in the KV cache
 	cellBytes int64 // bytes of one KV cell (all layers, K and V)
 	budget    int64 // Config.MemoryBytes
+	reasoning *reasoningSpec
 
 	mu      sync.Mutex
 	pending []*request
@@ -196,7 +204,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	lctx, err := llama.NewContext(m, llama.ContextParams{
 		NCtx: cfg.NCtx, NBatch: cfg.NBatch, NSeqMax: cfg.NSeqMax, Threads: cfg.Threads,
-		Unified: true, TokenAdapters: true,
+		Unified: true, TokenAdapters: true, TypeK: cfg.KVCacheType, TypeV: cfg.KVCacheType,
 	})
 	if err != nil {
 		m.Close()
@@ -206,7 +214,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, model: m, lctx: lctx, batch: llama.NewBatch(cfg.NBatch),
 		adapters: newAdapterManager(m, g, cfg.HotBytes, cfg.WarmBytes),
 		tmpl:     m.ChatTemplate(), nCtxSeq: cfg.NCtx / cfg.NSeqMax, nCells: lctx.NCtx(),
-		cellBytes: kvCellBytes(g.KV()), cached: map[int]*cachedPrefix{},
+		cellBytes: kvCellBytes(g.KV(), cfg.KVCacheType), cached: map[int]*cachedPrefix{},
 		wake: make(chan struct{}, 1), calls: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	e.budget = cfg.MemoryBytes
@@ -215,6 +223,10 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if e.tmpl == "" {
 		e.tmpl = "chatml"
+	}
+	if e.reasoning, err = e.newReasoningSpec(cfg.Reasoning); err != nil {
+		e.closeLlama()
+		return nil, err
 	}
 	e.adapters.dir = cfg.AdapterDir
 	for name, path := range cfg.Adapters {
@@ -232,9 +244,9 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// kvCellBytes is the size of one KV cell: K and V rows of every layer in F16
-// (llama.cpp's default cache type).
-func kvCellBytes(kv ggml.KV) int64 {
+// kvCellBytes is the size of one KV cell: K and V rows of every layer in the
+// cache type typ (F16 by default; ggml's block sizes for quantized types).
+func kvCellBytes(kv ggml.KV, typ string) int64 {
 	layers := int64(kv.BlockCount())
 	heads := max(int64(kv.HeadCountMax()), 1)
 	headsKV := int64(kv.HeadCountKVMax())
@@ -242,7 +254,8 @@ func kvCellBytes(kv ggml.KV) int64 {
 		headsKV = heads
 	}
 	embd := int64(kv.EmbeddingLength())
-	return layers * 2 * (embd / heads * headsKV) * 2
+	num, denom, _ := llama.KVTypeBytes(typ) // an unknown type failed NewContext already
+	return layers * 2 * (embd / heads * headsKV) * num / denom
 }
 
 // Close stops the watch and the scheduler, fails queued and running requests
@@ -265,6 +278,7 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) closeLlama() {
+	e.closeVerifiers()
 	e.emb.close()
 	e.adapters.close()
 	e.batch.Free()
@@ -364,6 +378,9 @@ type Usage struct {
 	// PromptTokensDetails.CachedTokens counts prompt tokens whose KV came
 	// from the prefix cache; nil when the cache is off.
 	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+	// CompletionTokensDetails.ReasoningTokens counts the tokens of the
+	// reasoning blocks of all choices; nil without reasoning.
+	CompletionTokensDetails *CompletionTokensDetails `json:"completion_tokens_details,omitempty"`
 }
 
 // PromptTokensDetails is OpenAI's breakdown of prompt tokens.
@@ -390,13 +407,16 @@ type TopLogprob struct {
 // held back until complete, stop strings removed), the logprobs of tokens
 // consumed since the last event, and on the last event a finish reason
 // ("stop" or "length"). The first event of a request carries Version, the
-// adapter version it runs on ("" for the base model).
+// adapter version it runs on ("" for the base model). Reasoning is text of
+// the choice's reasoning block (reasoning.go); every Reasoning of a choice
+// comes before its first Text.
 type Event struct {
-	Index    int
-	Text     string
-	Logprobs []TokenLogprob
-	Finish   string
-	Version  string
+	Index     int
+	Text      string
+	Reasoning string
+	Logprobs  []TokenLogprob
+	Finish    string
+	Version   string
 }
 
 // Request is a generation request for Generate.
@@ -405,6 +425,9 @@ type Request struct {
 	Prompt  []int32 // tokens, already templated
 	N       int     // choices, default 1
 	Params  SamplingParams
+	// Reasoning, when set, opens a reasoning block: Prompt must end with
+	// the start delimiter (the HTTP handler appends it).
+	Reasoning *ReasoningParams
 }
 
 // Tokenize templates nothing; it converts text to tokens with BOS as the

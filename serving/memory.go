@@ -8,6 +8,7 @@ import (
 type cachedPrefix struct {
 	key      *adapterEntry // adapter version (nil: base)
 	tokens   []int32
+	split    int // the first split tokens were computed by the base model (alora.go)
 	lastUsed time.Time
 }
 

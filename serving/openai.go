@@ -23,7 +23,10 @@ import (
 //	POST /v1/embeddings        (embeddings.go)
 //	GET  /v1/models            (the base and "<base>:<adapter>" names)
 //
-// The request's `model` is "<base>" or "<base>:<adapter>". It depends only on
+// The request's `model` is "<base>" or "<base>:<adapter>". Chat requests may
+// ask for a reasoning block (reasoning_effort, max_reasoning_tokens,
+// min_reasoning_tokens; reasoning.go): the answer then carries
+// reasoning_content and usage.completion_tokens_details. It depends only on
 // r.URL.Path, r.Body and r.Context() (and refuses an explicit GET on the
 // completion endpoints), so the gateway can call it
 // in-process with a (possibly redacted) body. Errors are OpenAI error JSON
@@ -137,7 +140,9 @@ type completionRequest struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Echo                bool            `json:"echo"`
 
-	plan *plan // chat: how the output is constrained and decoded (tools.go)
+	plan     *plan           // chat: how the output is constrained and decoded (tools.go)
+	switched *switchDecision // the reasoning switcher's decision (switcher.go)
+	chains   int             // parallel chains voted on (chains.go)
 }
 
 type chatMessage struct {
@@ -284,8 +289,25 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		if err := e.constrain(&cr, &r, &msgs, body); err != nil {
 			return nil, r, err
 		}
+		rp, closed, err := e.parseReasoning(body)
+		if err != nil {
+			return nil, r, err
+		}
 		toks, err := e.tokenizeChat(msgs)
-		return e.withPrompt(&cr, r, toks, err)
+		if err != nil {
+			return nil, r, err
+		}
+		if r.Adapter, rp, cr.switched, err = e.switchReasoning(msgs, toks, r.Adapter, rp, rp != nil || closed); err != nil {
+			return nil, r, err
+		}
+		r.Reasoning = rp
+		if cr.chains, err = e.parseChains(body, r.Adapter, r.N, cr.Stream); err != nil {
+			return nil, r, err
+		}
+		if cr.chains > 1 && cr.plan != nil && cr.plan.tools {
+			return nil, r, badRequest("n_chains", "n_chains > 1 cannot be combined with tools: the chains vote on a text answer")
+		}
+		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), nil)
 	} else {
 		if cr.Echo {
 			return nil, r, badRequest("echo", "echo is not supported")
@@ -396,10 +418,15 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, ae.status, ae.typ, ae.param, ae.code, ae.msg)
 		return
 	}
+	setReasoningHeader(w, cr.switched)
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	object := "chat.completion"
 	if !chat {
 		id, object = newID("cmpl-"), "text_completion"
+	}
+	if cr.chains > 1 {
+		e.serveChains(w, r, cr, req, id, created)
+		return
 	}
 	if chat && cr.plan != nil && cr.plan.tools {
 		e.serveTools(w, r.Context(), cr, req, id, created)
@@ -410,6 +437,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	texts := make([]strings.Builder, req.N)
+	reasoning := make([]strings.Builder, req.N)
 	finish := make([]string, req.N)
 	clp := make([][]wireContentLogprob, req.N)
 	llp := make([]wireLegacyLogprobs, req.N)
@@ -420,6 +448,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			fingerprint = ev.Version
 		}
 		texts[ev.Index].WriteString(ev.Text)
+		reasoning[ev.Index].WriteString(ev.Reasoning)
 		if ev.Finish != "" {
 			finish[ev.Index] = ev.Finish
 		}
@@ -444,7 +473,11 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	for i := range choices {
 		c := map[string]any{"index": i, "finish_reason": finish[i], "logprobs": nil}
 		if chat {
-			c["message"] = map[string]any{"role": "assistant", "content": texts[i].String(), "refusal": nil}
+			msg := map[string]any{"role": "assistant", "content": texts[i].String(), "refusal": nil}
+			if req.Reasoning != nil {
+				msg["reasoning_content"] = reasoning[i].String()
+			}
+			c["message"] = msg
 			if req.Params.Logprobs {
 				c["logprobs"] = wireChatLogprobs{Content: clp[i]}
 			}
@@ -520,7 +553,10 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		c := map[string]any{"index": ev.Index, "logprobs": nil, "finish_reason": fin}
 		if chat {
 			d := map[string]any{}
-			if ev.Text != "" || ev.Finish == "" {
+			if ev.Reasoning != "" {
+				d["reasoning_content"] = ev.Reasoning
+			}
+			if ev.Text != "" || (ev.Finish == "" && ev.Reasoning == "") {
 				d["content"] = ev.Text
 			}
 			c["delta"] = d

@@ -16,16 +16,18 @@ import (
 )
 
 type request struct {
-	ctx     context.Context
-	r       Request
-	entry   *adapterEntry // pinned adapter version, nil once released
-	key     *adapterEntry // adapter version for the prefix cache (nil: base)
-	seqs    []*sequence
-	prefill int   // prompt tokens decoded so far
-	chunk   int   // prompt tokens this step
-	cells   int   // KV cells reserved (memory.go)
-	u       Usage // scheduler-owned count, published by finish
-	started bool  // first event sent
+	ctx      context.Context
+	r        Request
+	entry    *adapterEntry // pinned adapter version, nil once released
+	key      *adapterEntry // adapter version for the prefix cache (nil: base)
+	seqs     []*sequence
+	prefill  int   // prompt tokens decoded so far
+	chunk    int   // prompt tokens this step
+	cells    int   // KV cells reserved (memory.go)
+	split    int   // prompt tokens decoded by the base model (alora.go)
+	aloraOff bool  // an aLoRA whose invocation is not in the prompt: base only
+	u        Usage // scheduler-owned count, published by finish
+	started  bool  // first event sent
 
 	mu     sync.Mutex
 	events []Event
@@ -85,6 +87,7 @@ type sequence struct {
 	finished  bool
 	gr        *llama.Grammar // Params.Grammar's state (grammar.go)
 	masked    []float32
+	think     *thinking // reasoning block state (reasoning.go), nil without
 }
 
 // loop is the scheduler: admit, reap, one step, repeat.
@@ -234,7 +237,8 @@ func (e *Engine) admit() {
 		if q.r.Params.MaxTokens > 0 {
 			maxTok = min(maxTok, q.r.Params.MaxTokens)
 		}
-		reuse := e.reuseCandidate(q.r.Prompt, entry)
+		q.split, q.aloraOff = baseSplit(entry, q.r.Prompt)
+		reuse := e.reuseCandidate(q.r.Prompt, entry, q.split)
 		cells := len(q.r.Prompt) + q.r.N*maxTok
 		err := errBusy
 		if e.makeRoom(cells-e.cachedLen(reuse), 0, entry, reuse) {
@@ -274,7 +278,7 @@ func (e *Engine) admit() {
 		for i := range q.r.N {
 			id := e.takeSeq(q, i == 0, reuse)
 			e.busy.Add(1)
-			q.seqs = append(q.seqs, &sequence{id: id, index: i, maxTokens: maxTok, smp: newSampler(q.r.Params, i)})
+			q.seqs = append(q.seqs, &sequence{id: id, index: i, maxTokens: maxTok, smp: newSampler(q.r.Params, i), think: newThinking(q.r.Reasoning)})
 		}
 		e.active = append(e.active, q)
 	}
@@ -300,7 +304,7 @@ func (e *Engine) reap() {
 func (e *Engine) release(q *request) {
 	for _, s := range q.seqs {
 		if !s.finished {
-			e.freeSeq(s, nil, nil)
+			e.freeSeq(s, nil, nil, 0)
 		}
 	}
 	e.unreserve(q)
@@ -317,12 +321,12 @@ func (e *Engine) unreserve(q *request) {
 
 // freeSeq frees s; with the prefix cache on and prompt non-nil it keeps the
 // prompt's cells (dropping the generated ones) for reuse under key.
-func (e *Engine) freeSeq(s *sequence, key *adapterEntry, prompt []int32) {
+func (e *Engine) freeSeq(s *sequence, key *adapterEntry, prompt []int32, split int) {
 	s.finished = true
 	s.closeGrammar()
 	e.busy.Add(-1)
 	if e.cfg.PrefixCache && prompt != nil && e.lctx.SeqRm(s.id, len(prompt), -1) {
-		e.cached[s.id] = &cachedPrefix{key: key, tokens: prompt, lastUsed: time.Now()}
+		e.cached[s.id] = &cachedPrefix{key: key, tokens: prompt, split: split, lastUsed: time.Now()}
 		e.kvCached.Add(int64(len(prompt)))
 	} else {
 		e.lctx.SeqRm(s.id, 0, -1)
@@ -331,9 +335,10 @@ func (e *Engine) freeSeq(s *sequence, key *adapterEntry, prompt []int32) {
 }
 
 // reuseCandidate is the free sequence whose cached prompt covers the most
-// whole prefill chunks of prompt under the same adapter version (-1: none),
+// whole prefill chunks of prompt computed as this request computes them
+// (same adapter version, or the base model's part: reusableLen) (-1: none),
 // leaving at least the last prompt token to decode (for logits).
-func (e *Engine) reuseCandidate(prompt []int32, key *adapterEntry) int {
+func (e *Engine) reuseCandidate(prompt []int32, key *adapterEntry, split int) int {
 	if !e.cfg.PrefixCache {
 		return -1
 	}
@@ -341,13 +346,10 @@ func (e *Engine) reuseCandidate(prompt []int32, key *adapterEntry) int {
 	c := e.cfg.PrefillChunk
 	for _, id := range e.free {
 		cp := e.cached[id]
-		if cp == nil || cp.key != key {
+		if cp == nil {
 			continue
 		}
-		l := 0
-		for l < len(cp.tokens) && l < len(prompt) && cp.tokens[l] == prompt[l] {
-			l++
-		}
+		l := reusableLen(cp, prompt, key, split)
 		if r := min(l, len(prompt)-1) / c * c; r > bestR {
 			best, bestR = id, r
 		}
@@ -366,11 +368,7 @@ func (e *Engine) takeSeq(q *request, first bool, reuse int) int {
 	}
 	reused := 0
 	if pick >= 0 {
-		cp := e.cached[reuse]
-		l := 0
-		for l < len(cp.tokens) && cp.tokens[l] == q.r.Prompt[l] {
-			l++
-		}
+		l := reusableLen(e.cached[reuse], q.r.Prompt, q.key, q.split)
 		reused = min(l, len(q.r.Prompt)-1) / e.cfg.PrefillChunk * e.cfg.PrefillChunk
 	} else {
 		pick = len(e.free) - 1
@@ -435,7 +433,7 @@ func (e *Engine) step() {
 	slots := e.slots[:0]
 	for _, q := range e.order {
 		var a *llama.Adapter
-		if q.entry != nil {
+		if q.entry != nil && !q.aloraOff {
 			a = q.entry.hot
 		}
 		if q.prefill >= len(q.r.Prompt) {
@@ -449,7 +447,11 @@ func (e *Engine) step() {
 		s0 := q.seqs[0]
 		for i := q.prefill; i < q.prefill+q.chunk; i++ {
 			last := i == len(q.r.Prompt)-1
-			bi := b.AddAdapted(q.r.Prompt[i], i, s0.id, last, a, 1)
+			ai := a
+			if i < q.split { // aLoRA: the base model before the invocation
+				ai = nil
+			}
+			bi := b.AddAdapted(q.r.Prompt[i], i, s0.id, last, ai, 1)
 			if last {
 				slots = append(slots, slot{q: q, bi: bi, prompt: true})
 			}
@@ -519,6 +521,12 @@ func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 	if s.finished {
 		return
 	}
+	if s.think != nil && !s.think.done {
+		// The reasoning block is free text: a grammar constrains the
+		// answer after it.
+		e.acceptThinking(q, s, logits)
+		return
+	}
 	tok, err := e.sampleNext(s, logits)
 	if err != nil {
 		e.release(q)
@@ -577,9 +585,9 @@ func (e *Engine) end(q *request, s *sequence, reason string, upto int) {
 	s.sent = upto
 	s.logprobs = nil
 	if s == q.seqs[0] {
-		e.freeSeq(s, q.key, q.r.Prompt)
+		e.freeSeq(s, q.key, q.r.Prompt, q.split)
 	} else {
-		e.freeSeq(s, nil, nil)
+		e.freeSeq(s, nil, nil, 0)
 	}
 	for _, o := range q.seqs {
 		if !o.finished {

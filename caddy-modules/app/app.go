@@ -61,7 +61,7 @@ type App struct {
 	// Mixture asks several candidates when the task category is uncertain
 	// and returns the best answer (route.Mixture); nil: no mixtures.
 	Mixture *route.Mixture `json:"mixture,omitempty"`
-	// Tools are the governed tool plugins offered to models (issue 6),
+	// Tools are the governed tool plugins offered to models,
 	// each pinned by its binary's SHA-256; ToolSteps bounds the rounds of
 	// tool calls in one request (0: route.DefaultToolSteps).
 	Tools     []plugins.Config `json:"tools,omitempty"`

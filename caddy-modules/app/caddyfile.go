@@ -19,6 +19,7 @@ import (
 	"github.com/molly-gateway/molly/router/orchestrate"
 	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/serving"
+	"github.com/molly-gateway/molly/serving/llama"
 )
 
 func init() {
@@ -70,6 +71,15 @@ func init() {
 //			warm_bytes <size>
 //			memory_bytes <size>
 //			prefix_cache
+//			kv_cache_type f16|q8_0|q4_0        # K and V cache type (quantized: flash attention)
+//			reasoning_adapter <adapter name>   # the reasoning switcher's adapter
+//			reasoning_threshold <0..1>         # difficulty at or above which it reasons
+//			reasoning_probe <json>             # linear probe on the prompt's hidden state (molly switcher train)
+//			reasoning_budget <low> <medium> <high>   # tokens per reasoning_effort
+//			reasoning_delimiters <start> <end> # default: from the chat template
+//			n_chains <n> [<adapter>]           # default parallel chains voted on (base: no adapter)
+//			answer_regex <RE2>                 # a chain's answer: last match (first group)
+//			answer_field <gjson path>          # or a field of JSON content
 //		}
 //		specialise {                      # trace capture and the learning loop (learning/specialise)
 //			every <duration> | at <HH:MM>  # schedule; neither: only `molly specialise run --once`
@@ -600,6 +610,73 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				return nil, d.ArgErr()
 			}
 			c.PrefixCache = true
+		case "kv_cache_type":
+			if !d.AllArgs(&c.KVCacheType) {
+				return nil, d.ArgErr()
+			}
+			if _, _, err := llama.KVTypeBytes(c.KVCacheType); err != nil {
+				return nil, d.Errf("molly: engine: kv_cache_type: %v", err)
+			}
+		case "reasoning_adapter":
+			if !d.AllArgs(&c.Reasoning.Adapter) {
+				return nil, d.ArgErr()
+			}
+		case "reasoning_delimiters":
+			if !d.AllArgs(&c.Reasoning.Start, &c.Reasoning.End) {
+				return nil, d.Err("molly: engine: reasoning_delimiters takes <start> <end>")
+			}
+		case "n_chains":
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return nil, d.Err("molly: engine: n_chains takes <n> [<adapter>]")
+			}
+			n, err := strconv.Atoi(args[0])
+			if err != nil || n < 1 {
+				return nil, d.Errf("molly: engine: n_chains %q is not a positive integer", args[0])
+			}
+			name := ""
+			if len(args) == 2 {
+				name = args[1]
+			}
+			if c.Reasoning.Chains == nil {
+				c.Reasoning.Chains = map[string]int{}
+			}
+			c.Reasoning.Chains[name] = n
+		case "reasoning_probe":
+			if !d.AllArgs(&c.Reasoning.Probe) {
+				return nil, d.ArgErr()
+			}
+		case "answer_regex":
+			if !d.AllArgs(&c.Reasoning.AnswerRegex) {
+				return nil, d.ArgErr()
+			}
+		case "answer_field":
+			if !d.AllArgs(&c.Reasoning.AnswerField) {
+				return nil, d.ArgErr()
+			}
+		case "reasoning_threshold":
+			v, err := floatArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if v <= 0 || v > 1 {
+				return nil, d.Errf("molly: engine: reasoning_threshold must be in (0, 1]")
+			}
+			c.Reasoning.Threshold = v
+		case "reasoning_budget":
+			var s [3]string
+			if !d.AllArgs(&s[0], &s[1], &s[2]) {
+				return nil, d.Err("molly: engine: reasoning_budget takes <low> <medium> <high> token counts")
+			}
+			var n [3]int
+			for i, x := range s {
+				v, err := strconv.Atoi(x)
+				if err != nil || v < 1 {
+					return nil, d.Errf("molly: engine: reasoning_budget %q is not a positive token count", x)
+				}
+				n[i] = v
+			}
+			c.Reasoning.Low, c.Reasoning.Medium, c.Reasoning.High = n[0], n[1], n[2]
 		case "adapter":
 			var name, path string
 			if !d.AllArgs(&name, &path) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -40,10 +41,10 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		cfg.Dir = filepath.Join(base, "specialise")
 	}
 	a.specDir = cfg.Dir
-	target := ""
+	target, seed := "", func(string, string) float64 { return 0.5 }
 	for _, t := range a.Targets {
 		if t.Kind == route.KindEngine {
-			target = t.Name
+			target, seed = t.Name, t.Seed
 			break
 		}
 	}
@@ -55,7 +56,7 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		return fmt.Errorf("specialise: traces: %w", err)
 	}
 	a.recorder = rec
-	a.share = traces.NewShare(time.Hour, 168)
+	a.share = processShare()
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
 		for _, c := range traces.Collectors() {
 			if err := reg.Register(c); err != nil {
@@ -70,7 +71,7 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		priors = p
 	}
 	a.loop, err = specialise.New(cfg, specialise.Deps{Registry: a.registry, BaseModel: a.EngineConfig.ModelPath,
-		Engine: a.engine, Priors: priors, Target: target, Recorder: rec, Logger: a.logger.Named("specialise"),
+		Engine: a.engine, Priors: priors, Target: target, Seed: seed, Recorder: rec, Logger: a.logger.Named("specialise"),
 		OnCycle: a.afterCycle})
 	if err != nil {
 		return err
@@ -87,3 +88,7 @@ func (a *App) Specialiser() *specialise.Loop { return a.loop }
 
 // Traces returns the trace recorder, or nil without a specialise block.
 func (a *App) Traces() *traces.Recorder { return a.recorder }
+
+// processShare is the one per-tier share of the process (hourly buckets, a
+// week), kept across config reloads as the metrics are.
+var processShare = sync.OnceValue(func() *traces.Share { return traces.NewShare(time.Hour, 168) })

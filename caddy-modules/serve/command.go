@@ -44,7 +44,7 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 			demo.Flags().String("size", "small", "model size: tiny, small or bench")
 			cmd.AddCommand(demo)
 			quantize := &cobra.Command{
-				Use:   "quantize --model <gguf> --type q8_0|q4_0|f16",
+				Use:   "quantize --model <gguf> --type q8_0|q4_0|q4_k_m|q4_k_s|f16",
 				Short: "Converts a GGUF model's weights in place (llama.cpp's llama_model_quantize)",
 				Args:  cobra.NoArgs,
 				RunE: func(c *cobra.Command, _ []string) error {
@@ -57,7 +57,7 @@ No model can be downloaded here, so the demo, the tests and the benchmarks use t
 				},
 			}
 			quantize.Flags().String("model", "", "the GGUF model to rewrite")
-			quantize.Flags().String("type", "q8_0", "weight type: q8_0, q4_0 or f16")
+			quantize.Flags().String("type", "q8_0", "weight type: q8_0, q4_0, q4_k_m (Q4_K_M), q4_k_s or f16")
 			cmd.AddCommand(quantize)
 		},
 	})

@@ -1,4 +1,4 @@
-// Package canarytest generates the residency canary corpus (issue 9) and
+// Package canarytest generates the residency canary corpus and
 // holds its oracle, for every test that checks the residency invariant:
 // canary values — a user-defined pattern type (Pattern) and a known test
 // card number (Card) — planted at random positions and in random shapes of

@@ -30,7 +30,7 @@ func Default(tb testing.TB) *policies.Engine {
 const LiteralQuery = "data.molly.test.decision"
 
 // Literal is an engine whose route decision is always decision (a JSON
-// object in the shape of DESIGN.md §4, written into a Rego module as a
+// object in the shape of docs/architecture.md, written into a Rego module as a
 // literal), with a fresh decision id per evaluation. The other rules
 // (tools, tool offers, escalation) are the embedded defaults.
 func Literal(tb testing.TB, decision map[string]any) *policies.Engine {

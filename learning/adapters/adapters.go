@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,6 +50,9 @@ type Engine interface {
 // (*route.Priors).
 type Priors interface {
 	SetQuality(key route.PriorKey, q float64, n int64) error
+	// Quality is the prior in effect for key (seed when nothing was
+	// learned) and its observation count.
+	Quality(key route.PriorKey, seed float64) (float64, int64)
 }
 
 // Base identifies a base model: its recorded checksum and weight type.
@@ -184,7 +188,7 @@ func Pinned(name, version string) string { return name + "@" + Short(version) }
 type Evaluation struct {
 	Scores   eval.Scores  `json:"scores"`
 	Verdict  eval.Verdict `json:"verdict"`
-	Quality  float64      `json:"quality"` // the prior set on promotion: e^(−held-out domain NLL)
+	Quality  float64      `json:"quality"` // e^(−held-out domain NLL): the geometric-mean token probability (reported; the prior is PromotedQuality)
 	HeldOut  int          `json:"held_out"`
 	Category string       `json:"category"`
 }
@@ -195,13 +199,34 @@ type Promotion struct {
 	Engine Engine
 	Priors Priors
 	Target string // the T0 target's name in the catalogue
+	// Seed is the target's configured quality prior for (model, category)
+	// (route.Target.Seed); nil means 0.5.
+	Seed func(model, category string) float64
+}
+
+// PromotedQuality is the quality prior a promoted version gets, on the
+// router's own scale: the prior in effect q (learned, or the configured
+// seed) with the share of the remaining gap the version closed, measured
+// as its relative held-out loss reduction over the incumbent:
+//
+//	q' = 1 − (1 − q) · min(1, NLL_candidate / NLL_incumbent)
+//
+// So a version that passed the gate (lower NLL than what it replaces)
+// never lowers the prior, an equal one keeps it, and a perfect one (NLL 0)
+// reaches 1. Scores without an incumbent NLL leave q as it is.
+func PromotedQuality(q float64, s eval.Scores) float64 {
+	if !(s.IncumbentDomain.NLL > 0) || s.CandidateDomain.NLL < 0 {
+		return q
+	}
+	ratio := math.Min(1, s.CandidateDomain.NLL/s.IncumbentDomain.NLL)
+	return math.Max(0, math.Min(1, 1-(1-q)*ratio))
 }
 
 // Promote makes version the one name serves: it checks the version is
 // for the base served (ErrOtherBase otherwise), registers the alias and
 // the pinned name in the engine (requests in flight finish on what they
 // started with), sets the quality prior of (target, "<base>:<name>",
-// category) from the version's evaluation, then moves the alias in the
+// category) to PromotedQuality of its evaluation, then moves the alias in the
 // registry with the event. The engine is changed before the registry, so a
 // failure to register leaves the alias where it was; an engine that
 // refuses the file leaves everything as it was.
@@ -229,7 +254,18 @@ func (s *Store) Promote(ctx context.Context, p Promotion, name, version, action,
 		var ev Evaluation
 		if err := json.Unmarshal([]byte(v.Scores), &ev); err == nil && ev.Category != "" {
 			key := route.PriorKey{Target: p.Target, Model: p.Engine.Name() + ":" + name, Category: ev.Category}
-			if err := p.Priors.SetQuality(key, ev.Quality, int64(max(ev.HeldOut, 1))); err != nil {
+			seed := 0.5
+			if p.Seed != nil {
+				seed = p.Seed(key.Model, key.Category)
+			}
+			// A promotion builds on the prior in effect; a rollback
+			// restores the version's own gain over the configured seed
+			// (the prior it had is not kept).
+			from := seed
+			if action != "rollback" {
+				from, _ = p.Priors.Quality(key, seed)
+			}
+			if err := p.Priors.SetQuality(key, PromotedQuality(from, ev.Scores), int64(max(ev.HeldOut, 1))); err != nil {
 				return registry.AdapterVersion{}, err
 			}
 		}

@@ -1,4 +1,4 @@
-// Package specialise runs Molly's learning loop (DESIGN §7b): for each
+// Package specialise runs Molly's learning loop (docs/architecture.md): for each
 // domain with enough new consented traces, curate a set, train a LoRA
 // adapter for the T0 base (learning/lora, or an external trainer),
 // evaluate it on the held-out split and the general probes with the
@@ -128,12 +128,15 @@ func (c *Config) defaults() {
 // Deps are what a loop works with.
 type Deps struct {
 	Registry  *registry.Registry
-	BaseModel string           // the T0 base GGUF the engine serves
-	Engine    adapters.Engine  // nil: versions are evaluated and recorded, nothing is served
-	Priors    adapters.Priors  // nil: no prior is set
-	Target    string           // the T0 target's name (the prior's key)
-	Recorder  *traces.Recorder // flushed and pruned before each cycle; may be nil
-	Logger    *zap.Logger
+	BaseModel string          // the T0 base GGUF the engine serves
+	Engine    adapters.Engine // nil: versions are evaluated and recorded, nothing is served
+	Priors    adapters.Priors // nil: no prior is set
+	Target    string          // the T0 target's name (the prior's key)
+	// Seed is the target's configured quality prior for (model, category)
+	// (route.Target.Seed), what a promotion's gain starts from; nil: 0.5.
+	Seed     func(model, category string) float64
+	Recorder *traces.Recorder // flushed and pruned before each cycle; may be nil
+	Logger   *zap.Logger
 	// Progress, when set, gets every training step of domain.
 	Progress func(domain string, p lora.Progress)
 	// OnCycle, when set, is called with the report of every cycle that
@@ -180,7 +183,7 @@ func (l *Loop) Store() *adapters.Store { return l.store }
 
 // Promotion is where the loop's promotions apply.
 func (l *Loop) Promotion() adapters.Promotion {
-	return adapters.Promotion{Engine: l.d.Engine, Priors: l.d.Priors, Target: l.d.Target}
+	return adapters.Promotion{Engine: l.d.Engine, Priors: l.d.Priors, Target: l.d.Target, Seed: l.d.Seed}
 }
 
 // Report is one cycle.

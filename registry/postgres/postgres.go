@@ -1,6 +1,6 @@
 // Package postgres is the one way Molly opens a PostgreSQL registry
 // (pgx through database/sql), the registry's backend for a fleet of
-// gateways sharing one store (DESIGN.md §6, §7). It mirrors registry/sqlite:
+// gateways sharing one store (docs/architecture.md). It mirrors registry/sqlite:
 // the same *sql.DB seam, the same versioned migrations recorded in
 // schema_migrations, the same statements.
 //

@@ -66,6 +66,24 @@ func TestOpenSetsThePragmasAndAPrivateFile(t *testing.T) {
 	}
 }
 
+// AutoCheckpoint sets wal_autocheckpoint on the handle's connections
+// (SQLite's own default, 1000, when unset).
+func TestAutoCheckpointSetsThePragma(t *testing.T) {
+	for _, tc := range []struct {
+		pages int
+		want  string
+	}{{0, "1000"}, {4096, "4096"}} {
+		db, err := Open(filepath.Join(t.TempDir(), "x.db"), Options{AutoCheckpoint: tc.pages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pragma(t, db, "wal_autocheckpoint"); got != tc.want {
+			t.Errorf("AutoCheckpoint %d: wal_autocheckpoint %q, want %s", tc.pages, got, tc.want)
+		}
+		db.Close()
+	}
+}
+
 func TestAnExistingWorldReadableFileIsMadePrivate(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "old.db")
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
@@ -92,6 +110,7 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 	}{
 		{"an empty path", "", Options{}, nil, "empty path"},
 		{"synchronous OFF", filepath.Join(dir, "a.db"), Options{Synchronous: "OFF"}, nil, `synchronous "OFF" must be NORMAL or FULL`},
+		{"a negative auto-checkpoint", filepath.Join(dir, "c.db"), Options{AutoCheckpoint: -1}, nil, "auto-checkpoint -1 pages must not be negative"},
 		{"a gap in the versions", filepath.Join(dir, "b.db"), Options{}, []Migration{{Version: 1, Name: "one"}, {Version: 3, Name: "three"}},
 			"migration 3 (three) must have version 2"},
 	} {

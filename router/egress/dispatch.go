@@ -2,7 +2,7 @@
 // the in-process T0 engine. Its one constructor, NewDispatch, takes a
 // policies.Decided value bound to the digest of the annotation whose bytes
 // are being sent, refuses a target the decision does not allow, and applies
-// the tier's redaction before anything leaves (DESIGN.md §2, residency
+// the tier's redaction before anything leaves (docs/architecture.md, residency
 // invariant). A Dispatch has no exported fields; derivations (WithParam)
 // are explicit and keep the binding.
 package egress

@@ -29,6 +29,9 @@ var (
 	// sentenceEnd is the end of a sentence: terminal punctuation, then
 	// white space and an upper-case letter or a digit.
 	sentenceEnd = regexp.MustCompile(`[.?!;]+\s+`)
+	// inlineMarker is a piece that is only a list marker written inline
+	// ("… invoice? 2. Is clause 7 …"): it opens the next sentence.
+	inlineMarker = regexp.MustCompile(`^\(?(?:\d{1,2}|[a-h])[.):]$`)
 )
 
 // SplitParts cuts text, the last user message, into parts, deterministically:
@@ -93,7 +96,8 @@ func SplitParts(text string, est *capability.Estimator) Parts {
 	return p
 }
 
-// sentences cuts text at sentence ends (see SplitParts), trimming each.
+// sentences cuts text at sentence ends (see SplitParts), trimming each;
+// an inline list marker ("2.") is dropped, not made a sentence of its own.
 func sentences(text string) []string {
 	var out []string
 	start := 0
@@ -102,7 +106,7 @@ func sentences(text string) []string {
 		if !unicode.IsUpper(next) && !unicode.IsDigit(next) {
 			continue
 		}
-		if s := strings.TrimSpace(text[start:m[1]]); s != "" {
+		if s := strings.TrimSpace(text[start:m[1]]); s != "" && !inlineMarker.MatchString(s) {
 			out = append(out, s)
 		}
 		start = m[1]

@@ -110,6 +110,8 @@ func TestSplitParts(t *testing.T) {
 		{"sentences of two categories split", "Translate hello into French. Write a Python function that reverses a list.",
 			[]string{"Translate hello into French.", "Write a Python function that reverses a list."}, ""},
 		{"a chat sentence joins its neighbour", "Hi there. Translate hello into French.", []string{"Hi there. Translate hello into French."}, ""},
+		{"inline list markers open their part", "1. Why was I charged twice on my last invoice? 2. Is the termination clause of my contract enforceable?",
+			[]string{"Why was I charged twice on my last invoice?", "Is the termination clause of my contract enforceable?"}, ""},
 	} {
 		p := SplitParts(c.text, est)
 		if strings.Join(p.Items, "|") != strings.Join(c.items, "|") || p.Preamble != c.preamble {

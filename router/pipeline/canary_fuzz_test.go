@@ -1,6 +1,6 @@
 package pipeline
 
-// The residency canary fuzz (issue 9): canary values — a user-defined
+// The residency canary fuzz: canary values — a user-defined
 // pattern type and a known test card number — are planted at random
 // positions and in random shapes of valid OpenAI bodies
 // (internal/canarytest), the bodies go through the real classifier, the

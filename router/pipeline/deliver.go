@@ -17,6 +17,11 @@ import (
 	"github.com/molly-gateway/molly/router/route"
 )
 
+// HeaderReasoning is the T0 engine's reasoning-switcher decision
+// (serving.HeaderReasoning), appended to X-Molly-Route as
+// "; reasoning <decision>".
+const HeaderReasoning = "X-Molly-Reasoning"
+
 // streamTruncated is the SSE event sent when an upstream stream ends before
 // its terminal chunk or [DONE]: an explicit error, never a made-up ending.
 // OpenAI clients surface a data object with an "error" key as a stream error.
@@ -41,7 +46,12 @@ func (p *Pipeline) setHeaders(rq *request, o *outcome) {
 	}
 	h.Set(HeaderTier, o.cand.Target.Tier)
 	h.Set(HeaderTarget, o.cand.Target.Name)
-	h.Set(HeaderRoute, route.RouteHeader(o.cand, rq.plan.Candidates, rq.plan.Excluded))
+	explained := route.RouteHeader(o.cand, rq.plan.Candidates, rq.plan.Excluded)
+	if v := o.header.Get(HeaderReasoning); v != "" {
+		// The T0 engine's reasoning switcher: its decision and score.
+		explained += "; reasoning " + v
+	}
+	h.Set(HeaderRoute, explained)
 }
 
 // deliver writes a whole answer: logprobs the client did not ask for

@@ -109,7 +109,15 @@ func argsCut(args string) bool {
 // error object, is returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
 	root := gjson.ParseBytes(body)
-	if !root.IsObject() || root.Get("error").Exists() {
+	if !root.IsObject() {
+		return body
+	}
+	// One pass over each object for the members looked at, instead of a
+	// scan from the object's start per look-up: most answers need one edit
+	// at most (the model name), so the look-ups are the cost.
+	var top [len(topNames)]gjson.Result
+	pick(root, topNames[:], top[:])
+	if top[topError].Exists() {
 		return body
 	}
 	e := &edit{b: body}
@@ -126,44 +134,52 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 	if chat {
 		prefix, object = "chatcmpl-", "chat.completion"
 	}
-	header(ans, root, e, prefix, object)
-	root.Get("choices").ForEach(func(k, ch gjson.Result) bool {
+	header(ans, &top, e, prefix, object)
+	top[topChoices].ForEach(func(k, ch gjson.Result) bool {
 		base := "choices." + k.String()
-		if !ch.Get("index").Exists() {
+		var c [len(choiceNames)]gjson.Result
+		if ch.IsObject() {
+			pick(ch, choiceNames[:], c[:])
+		}
+		if !c[choiceIndex].Exists() {
 			e.set(base+".index", k.Int())
 		}
-		lp := ch.Get("logprobs")
+		lp := c[choiceLogprobs]
 		switch {
 		case !lp.Exists():
 			e.raw(base+".logprobs", "null")
 		case chat && lp.IsObject():
 			logprobFields(base+".logprobs", lp, e)
 		}
-		fr := ch.Get("finish_reason").Str
+		fr := c[choiceFinish].Str
 		if !chat {
-			if !ch.Get("text").Exists() {
+			if !c[choiceText].Exists() {
 				e.set(base+".text", "")
 			}
-			if want := finishReason(ans.Endpoint, fr); want != fr || ch.Get("finish_reason").Type != gjson.String {
+			if want := finishReason(ans.Endpoint, fr); want != fr || c[choiceFinish].Type != gjson.String {
 				e.set(base+".finish_reason", want)
 			}
 			return true
 		}
-		msg := ch.Get("message")
+		msg := c[choiceMessage]
+		var m [len(messageNames)]gjson.Result
 		if !msg.IsObject() {
 			e.raw(base+".message", `{"role":"assistant","content":null,"refusal":null}`)
 		} else {
-			if msg.Get("role").Type != gjson.String {
+			pick(msg, messageNames[:], m[:])
+			if m[messageRole].Type != gjson.String {
 				e.set(base+".message.role", "assistant")
 			}
-			for _, f := range []string{"content", "refusal"} {
-				if !msg.Get(f).Exists() {
-					e.raw(base+".message."+f, "null")
-				}
+			if !m[messageContent].Exists() {
+				e.raw(base+".message.content", "null")
+			}
+			if !m[messageRefusal].Exists() {
+				e.raw(base+".message.refusal", "null")
 			}
 		}
+		tcs := m[messageToolCalls]
 		cut := false
-		msg.Get("tool_calls").ForEach(func(j, tc gjson.Result) bool {
+		tcs.ForEach(func(j, tc gjson.Result) bool {
 			p := base + ".message.tool_calls." + j.String()
 			if !tc.Get("type").Exists() {
 				e.set(p+".type", "function")
@@ -178,41 +194,94 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			}
 			return true
 		})
-		if tcs := msg.Get("tool_calls"); tcs.Type == gjson.Null {
+		if tcs.Type == gjson.Null && tcs.Exists() {
 			e.del(base + ".message.tool_calls")
 		}
 		want := finishReason(ans.Endpoint, fr)
-		if ch.Get("finish_reason").Type != gjson.String && msg.Get("tool_calls.#").Int() > 0 {
+		if c[choiceFinish].Type != gjson.String && tcs.Get("#").Int() > 0 {
 			want = "tool_calls"
 		}
 		if cut {
 			want = "length"
 		}
-		if want != fr || ch.Get("finish_reason").Type != gjson.String {
+		if want != fr || c[choiceFinish].Type != gjson.String {
 			e.set(base+".finish_reason", want)
 		}
 		return true
 	})
-	normaliseUsage(root.Get("usage"), "usage", e)
+	normaliseUsage(top[topUsage], "usage", e)
 	return e.b
 }
 
+// The members NormaliseBody looks at, by object, and their indexes.
+var (
+	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage"}
+	choiceNames  = [...]string{"index", "logprobs", "finish_reason", "text", "message"}
+	messageNames = [...]string{"role", "content", "refusal", "tool_calls"}
+	usageNames   = [...]string{"prompt_tokens", "completion_tokens", "total_tokens"}
+)
+
+const (
+	topError = iota
+	topID
+	topObject
+	topCreated
+	topModel
+	topFingerprint
+	topChoices
+	topUsage
+)
+
+const (
+	choiceIndex = iota
+	choiceLogprobs
+	choiceFinish
+	choiceText
+	choiceMessage
+)
+
+const (
+	messageRole = iota
+	messageContent
+	messageRefusal
+	messageToolCalls
+)
+
+// pick sets out[i] to the value of obj's first member named names[i] (as
+// obj.Get(names[i]) finds it; absent: the zero Result), in one pass over
+// obj, a JSON object.
+func pick(obj gjson.Result, names []string, out []gjson.Result) {
+	left := len(names)
+	obj.ForEach(func(k, v gjson.Result) bool {
+		for i, n := range names {
+			if k.Str == n {
+				if !out[i].Exists() {
+					out[i] = v
+					left--
+				}
+				break
+			}
+		}
+		return left > 0
+	})
+}
+
 // header sets id, object, created and model and drops a non-string
-// system_fingerprint.
-func header(ans Answer, root gjson.Result, e *edit, prefix, object string) {
-	if id := root.Get("id"); id.Type != gjson.String || id.Str == "" {
+// system_fingerprint; top holds the answer's members (topNames).
+func header(ans Answer, top *[len(topNames)]gjson.Result, e *edit, prefix, object string) {
+	if id := top[topID]; id.Type != gjson.String || id.Str == "" {
 		e.set("id", NewID(prefix))
 	}
-	if root.Get("object").Str != object {
+	if top[topObject].Str != object {
 		e.set("object", object)
 	}
-	if c := root.Get("created"); c.Type != gjson.Number || c.Raw != strconv.FormatInt(c.Int(), 10) {
+	if c := top[topCreated]; c.Type != gjson.Number || c.Raw != strconv.FormatInt(c.Int(), 10) {
 		e.set("created", ans.Created)
 	}
-	if ans.Model != "" && root.Get("model").Str != ans.Model {
+	if ans.Model != "" && top[topModel].Str != ans.Model {
 		e.set("model", ans.Model)
 	}
-	if fp := root.Get("system_fingerprint"); fp.Exists() && fp.Type != gjson.String {
+	if fp := top[topFingerprint]; fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
 }
@@ -234,14 +303,16 @@ func normaliseUsage(u gjson.Result, path string, e *edit) {
 	case !u.IsObject():
 		e.del(path)
 	default:
-		p, c := u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
-		if !u.Get("prompt_tokens").Exists() {
+		var f [len(usageNames)]gjson.Result
+		pick(u, usageNames[:], f[:])
+		p, c := f[0].Int(), f[1].Int()
+		if !f[0].Exists() {
 			e.set(path+".prompt_tokens", 0)
 		}
-		if !u.Get("completion_tokens").Exists() {
+		if !f[1].Exists() {
 			e.set(path+".completion_tokens", 0)
 		}
-		if !u.Get("total_tokens").Exists() {
+		if !f[2].Exists() {
 			e.set(path+".total_tokens", p+c)
 		}
 	}

@@ -35,3 +35,30 @@ func BenchmarkStreamChunk(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNormaliseBody measures normalising one whole chat completion
+// already in the spec's shape but naming the upstream's model (the case of
+// every answer of an OpenAI-compatible upstream), against validating its
+// JSON in the same run.
+func BenchmarkNormaliseBody(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1767225600,"model":"up-model",` +
+		`"choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant",` +
+		`"content":"Thank you for the details. We will check the routing rules and the latency targets and reply by Friday.","refusal":null}}],` +
+		`"usage":{"prompt_tokens":512,"completion_tokens":24,"total_tokens":536}}`)
+	ans := chatAnswer(false)
+	b.Run("baseline", func(b *testing.B) {
+		for b.Loop() {
+			if !validJSON(body) {
+				b.Fatal("not JSON")
+			}
+		}
+	})
+	b.Run("normalised", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if out := NormaliseBody(ans, body); len(out) == 0 {
+				b.Fatal("empty")
+			}
+		}
+	})
+}

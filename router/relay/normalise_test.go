@@ -210,3 +210,31 @@ func TestStreamCompletionChunks(t *testing.T) {
 		t.Fatalf("chunks %s", out)
 	}
 }
+
+// NormaliseBody looks members up in one pass per object: the first of a
+// duplicated member is the one read (as gjson's Get reads it), a null
+// tool_calls is dropped, and an answer already in shape comes back byte
+// for byte but for the model name.
+func TestNormaliseBodyOnePassLookups(t *testing.T) {
+	tests := []struct{ name, body, want string }{
+		{"an answer in shape: only the model changes",
+			`{"id":"c","object":"chat.completion","created":5,"model":"up","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`,
+			`{"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`},
+		{"a null tool_calls is dropped",
+			`{"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null,"tool_calls":null}}]}`,
+			`{"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}]}`},
+		{"the first of a duplicated member is read: its finish reason is mapped",
+			`{"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[{"index":0,"finish_reason":"eos","finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}]}`,
+			`{"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[{"index":0,"finish_reason":"stop","finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}]}`},
+		{"usage members after the choices: total_tokens added",
+			`{"usage":{"completion_tokens":2,"prompt_tokens":1},"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[]}`,
+			`{"usage":{"completion_tokens":2,"prompt_tokens":1,"total_tokens":3},"id":"c","object":"chat.completion","created":5,"model":"alias","choices":[]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := string(NormaliseBody(chatAnswer(false), []byte(tt.body))); got != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}

@@ -126,6 +126,8 @@ func (s *StreamRestore) Event(data []byte) []byte {
 			}
 		}
 		set(base+".delta.content", fmt.Sprintf("%d/content", idx), ch.Get("delta.content"))
+		// reasoning_content: the T0 engine's (and other servers') reasoning text.
+		set(base+".delta.reasoning_content", fmt.Sprintf("%d/reasoning", idx), ch.Get("delta.reasoning_content"))
 		set(base+".text", fmt.Sprintf("%d/text", idx), ch.Get("text"))
 		ch.Get("delta.tool_calls").ForEach(func(k, tc gjson.Result) bool {
 			set(base+".delta.tool_calls."+k.String()+".function.arguments",
@@ -159,6 +161,8 @@ func (s *StreamRestore) flushChoice(out []byte, base string, idx int64) []byte {
 		switch kind := key[len(prefix):]; {
 		case kind == "content":
 			path = base + ".delta.content"
+		case kind == "reasoning":
+			path = base + ".delta.reasoning_content"
 		case kind == "text":
 			path = base + ".text"
 		default: // tool/<k>: an extra tool_calls delta carrying the rest
@@ -199,6 +203,8 @@ func (s *StreamRestore) Final() []byte {
 		switch {
 		case kind == "content":
 			chunk, _ = sjson.SetBytes(chunk, base+".delta.content", rest)
+		case kind == "reasoning":
+			chunk, _ = sjson.SetBytes(chunk, base+".delta.reasoning_content", rest)
 		case kind == "text":
 			chunk, _ = sjson.SetBytes(chunk, base+".text", rest)
 		default:

@@ -79,6 +79,30 @@ func TestStreamRestoreAcrossChunks(t *testing.T) {
 			t.Fatalf("cut at %d: a final chunk after the finish_reason released everything", cut)
 		}
 	}
+	t.Run("reasoning_content deltas are restored across chunks too", func(t *testing.T) {
+		reasoning := func(text string, finish bool) []byte {
+			fr := "null"
+			if finish {
+				fr = `"stop"`
+			}
+			return []byte(`{"id":"c","choices":[{"index":0,"delta":{"reasoning_content":"` + text + `"},"finish_reason":` + fr + `}]}`)
+		}
+		for cut := 1; cut < len(answer); cut++ {
+			s := NewStreamRestore(v, nil)
+			var got strings.Builder
+			for _, c := range [][]byte{reasoning(answer[:cut], false), reasoning(answer[cut:], false), reasoning("", true)} {
+				got.WriteString(gjson.GetBytes(s.Event(c), "choices.0.delta.reasoning_content").String())
+			}
+			if got.String() != "mail alice@example.com now" {
+				t.Fatalf("cut at %d: streamed reasoning %q", cut, got.String())
+			}
+		}
+		s := NewStreamRestore(v, nil)
+		s.Event(reasoning("think [EMAIL", false))
+		if final := s.Final(); gjson.GetBytes(final, "choices.0.delta.reasoning_content").String() != "[EMAIL" {
+			t.Fatalf("final %s", final)
+		}
+	})
 	t.Run("a stream ending without a finish_reason gets the rest in a final chunk", func(t *testing.T) {
 		s := NewStreamRestore(v, nil)
 		first := gjson.GetBytes(s.Event(chunk("to [EMAIL", false)), "choices.0.delta.content").String()

@@ -141,6 +141,10 @@ func (t *Target) seed(model, task string) float64 {
 	return t.quality(task)
 }
 
+// Seed is the configured quality prior of model on t for task, before
+// anything was learned (see seed): what a promotion's gain starts from.
+func (t *Target) Seed(model, task string) float64 { return t.seed(model, task) }
+
 // Adapter returns the adapter part of a T0 model name "<base>:<adapter>"
 // on an engine target, or "".
 func (c Candidate) Adapter() string {

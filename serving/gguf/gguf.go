@@ -8,15 +8,21 @@
 //
 // The vocabulary is byte level: <unk>, <s>, </s>, the 256 byte tokens
 // <0x00>..<0xFF>, the SentencePiece space "▁" and the ChatML control tokens
-// <|im_start|> and <|im_end|>; tokenizer.ggml.model is "llama" (SPM with byte
-// fallback), so any text tokenizes. The chat template is ChatML, which
-// llama_chat_apply_template recognises.
+// <|im_start|> and <|im_end|>, then the reasoning delimiters <think> and
+// </think> as user-defined tokens (as Qwen3 and DeepSeek-R1 define them: they
+// render as their text and tokenize whole); tokenizer.ggml.model is "llama"
+// (SPM with byte fallback), so any text tokenizes. The chat template is
+// ChatML, which llama_chat_apply_template recognises, with Qwen3's
+// enable_thinking switch (an empty <think></think> block when off), which
+// names the template's reasoning delimiters.
 //
 // Random weights would make every byte equally likely, including control
 // tokens; to make demo output readable and finish_reason "length" the common
 // case, every token embedding carries a constant on dimension 0 and the
 // output projection reads that dimension with +Bias for printable ASCII and
-// the space token and -Bias for every other token (Bias = 1.5).
+// the space token and -Bias for every other token (Bias = 1.5). The output row
+// of </think> is that of the byte ':', so that sampling ends a reasoning block
+// by itself now and then, and greedy decoding never does.
 package gguf
 
 import (
@@ -42,9 +48,12 @@ const (
 	TokenSpace    = TokenByte0 + 256
 	TokenImStart  = TokenSpace + 1
 	TokenImEnd    = TokenSpace + 2
-	VocabSize     = TokenImEnd + 1
-	chatMLJinja   = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+	TokenThink    = TokenSpace + 3 // <think>
+	TokenThinkEnd = TokenSpace + 4 // </think>
+	VocabSize     = TokenThinkEnd + 1
+	chatMLJinja   = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}"
 	printableBias = 1.5
+	thinkEndBias  = 2.5
 )
 
 // KeyBaseChecksum is the metadata key under which a generated base model
@@ -55,6 +64,9 @@ const (
 const (
 	KeyBaseChecksum        = "general.base_checksum"
 	KeyAdapterBaseChecksum = "adapter.base_checksum"
+	// KeyALoRAInvocation is llama.cpp's key of an activated LoRA's
+	// invocation tokens (array of uint32).
+	KeyALoRAInvocation = "adapter.alora.invocation_tokens"
 )
 
 // Config is the shape of a generated llama model.
@@ -124,7 +136,7 @@ func (c Config) TensorShapes() map[string][]uint64 {
 }
 
 // Vocab returns the token texts, scores and types (1 normal, 2 unknown,
-// 3 control, 6 byte) of the generated vocabulary.
+// 3 control, 4 user-defined, 6 byte) of the generated vocabulary.
 func Vocab() (tokens []string, scores []float32, types []int32) {
 	tokens = []string{"<unk>", "<s>", "</s>"}
 	types = []int32{2, 3, 3}
@@ -132,8 +144,8 @@ func Vocab() (tokens []string, scores []float32, types []int32) {
 		tokens = append(tokens, fmt.Sprintf("<0x%02X>", b))
 		types = append(types, 6)
 	}
-	tokens = append(tokens, "▁", "<|im_start|>", "<|im_end|>")
-	types = append(types, 1, 3, 3)
+	tokens = append(tokens, "▁", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+	types = append(types, 1, 3, 3, 4, 4)
 	scores = make([]float32, len(tokens))
 	scores[TokenSpace] = -1
 	return tokens, scores, types
@@ -270,6 +282,11 @@ func WriteModel(path string, c Config) error {
 					v[t*c.Embd] = -printableBias
 				}
 			}
+			// </think> scores as the byte ':' does: sampling ends a
+			// reasoning block as often as it writes a colon; greedy
+			// never does (ties go to the lower id).
+			sp := (TokenByte0 + ':') * c.Embd
+			copy(v[TokenThinkEnd*c.Embd:(TokenThinkEnd+1)*c.Embd], v[sp:sp+c.Embd])
 		default:
 			// Fan-in scaled so activations keep their size through layers.
 			v = normal(r, n, 1/math.Sqrt(float64(shape[0])))
@@ -304,6 +321,10 @@ type AdapterConfig struct {
 	// make mismatched adapters.
 	Architecture string
 	BaseChecksum string
+	// Invocation, when set, makes an activated LoRA (aLoRA, Greenewald et
+	// al. 2025): adapter.alora.invocation_tokens, the token sequence after
+	// which the adapter applies (llama.cpp's key).
+	Invocation []uint32
 }
 
 // DefaultTargets are the tensors adapted by default.
@@ -341,6 +362,9 @@ func WriteAdapter(path string, base Config, a AdapterConfig) error {
 		"adapter.type":         "lora",
 		"adapter.lora.alpha":   a.Alpha,
 		KeyAdapterBaseChecksum: a.BaseChecksum,
+	}
+	if len(a.Invocation) > 0 {
+		kv[KeyALoRAInvocation] = a.Invocation
 	}
 	shapes := base.TensorShapes()
 	var ts []*ggml.Tensor

@@ -1,5 +1,5 @@
 // Package llama is Molly's small cgo binding to llama.cpp, as vendored by the
-// Go module github.com/ollama/ollama v0.17.4 (DESIGN §9). It is the only
+// Go module github.com/ollama/ollama v0.17.4 (docs/architecture.md). It is the only
 // package with cgo: its exported API has no C types, and every C allocation is
 // paired with a Close/Free.
 //
@@ -70,6 +70,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -282,15 +283,19 @@ func ApplyChatTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (stri
 func Quantize(in, out, ftype string) error {
 	Init()
 	params := C.llama_model_quantize_default_params()
-	switch ftype {
+	switch ftype = strings.ToLower(ftype); ftype {
 	case "q8_0":
 		params.ftype = C.LLAMA_FTYPE_MOSTLY_Q8_0
 	case "q4_0":
 		params.ftype = C.LLAMA_FTYPE_MOSTLY_Q4_0
+	case "q4_k_m", "q4_k":
+		params.ftype = C.LLAMA_FTYPE_MOSTLY_Q4_K_M
+	case "q4_k_s":
+		params.ftype = C.LLAMA_FTYPE_MOSTLY_Q4_K_S
 	case "f16":
 		params.ftype = C.LLAMA_FTYPE_MOSTLY_F16
 	default:
-		return fmt.Errorf("quantize: unknown type %q (want q8_0, q4_0 or f16)", ftype)
+		return fmt.Errorf("quantize: unknown type %q (want q8_0, q4_0, q4_k_m, q4_k_s or f16)", ftype)
 	}
 	cin, cout := C.CString(in), C.CString(out)
 	defer C.free(unsafe.Pointer(cin))
@@ -351,6 +356,10 @@ type ContextParams struct {
 	// which sums in another order and is several times faster for runs of a
 	// few tokens.
 	ExactTokenAdapters bool
+	// TypeK and TypeV are the KV cache types: "" or "f16" (default),
+	// "q8_0", "q4_0" (quant_reason.go; a quantized V turns flash attention
+	// on).
+	TypeK, TypeV string
 }
 
 // Context holds the KV cache for NSeqMax sequences and the adapters applied to
@@ -386,6 +395,9 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 	cp.n_threads_batch = C.int32_t(threads)
 	cp.kv_unified = C.bool(p.Unified)
 	cp.no_perf = C.bool(true)
+	if err := applyKVTypes(&cp, m, p); err != nil {
+		return nil, err
+	}
 	lora := C.molly_lora_new(C.int32_t(threads))
 	if p.TokenAdapters {
 		cp.cb_eval = C.ggml_backend_sched_eval_callback(C.molly_eval_cb)

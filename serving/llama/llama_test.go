@@ -108,7 +108,7 @@ func maxAbsDiff(a, b []float32) float32 {
 }
 
 // TestAdapterSwitchBetweenSameShapeDecodes is the regression test for the
-// graph-reuse defect (DESIGN §9): changing adapters between two decodes of the
+// graph-reuse defect (docs/architecture.md): changing adapters between two decodes of the
 // same shape must change the logits.
 func TestAdapterSwitchBetweenSameShapeDecodes(t *testing.T) {
 	m, ap, bp, _ := fixture(t)
