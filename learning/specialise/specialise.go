@@ -143,6 +143,10 @@ type Deps struct {
 	Logger   *zap.Logger
 	// Progress, when set, gets every training step of domain.
 	Progress func(domain string, p lora.Progress)
+	// OnCycle, when set, is called with the report of every cycle that
+	// completed (scheduled or RunOnce), after its promotions; it must not
+	// block (the federation hands its work to a goroutine).
+	OnCycle func(Report)
 }
 
 // Loop runs cycles, one at a time.
@@ -269,6 +273,9 @@ func (l *Loop) RunOnce(ctx context.Context) (Report, error) {
 		rep.Domains = append(rep.Domains, dr)
 	}
 	rep.Finished = time.Now()
+	if l.d.OnCycle != nil {
+		l.d.OnCycle(rep)
+	}
 	return rep, nil
 }
 
