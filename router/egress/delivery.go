@@ -50,8 +50,9 @@ type delivery struct {
 // in full: every byte of it was handed to the connection's socket without
 // error, so the upstream may be processing the prompt (and bills it even if
 // the caller goes away). Call the function once Send returned an error (an
-// answer in hand says more than it can); it is safe from any goroutine. The in-process engine has no wire: once Send is
-// called, it has the request.
+// answer in hand says more than it can); it is safe from any goroutine.
+// The in-process engine has no wire: once Send is called, it has the
+// request.
 //
 // net/http's WroteRequest alone does not say this for HTTP/1: it fires
 // once the request is written into the transport's write buffer (4 KiB),
