@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/admin"
+	"github.com/molly-gateway/molly/learning/federation"
 	"github.com/molly-gateway/molly/learning/specialise"
 	"github.com/molly-gateway/molly/learning/traces"
 	"github.com/molly-gateway/molly/plugins"
@@ -89,6 +90,11 @@ type App struct {
 	// promote LoRA adapters for the engine's base; nil: no capture, no loop.
 	// Durations (every, budget) are in nanoseconds in JSON.
 	Specialise *specialise.Config `json:"specialise,omitempty"`
+	// Federation makes this Molly a participant and/or the aggregator of
+	// federated adapter improvement (learning/federation; federation.go):
+	// adapter deltas, never data, cross between named peers over mutual
+	// TLS. nil: none. RoundDeadline is in nanoseconds in JSON.
+	Federation *federation.Config `json:"federation,omitempty"`
 
 	engine    *serving.Engine
 	policy    *policies.Engine
@@ -113,6 +119,8 @@ type App struct {
 	recorder *traces.Recorder // consented trace capture (specialise.go)
 	loop     *specialise.Loop // the specialisation loop (specialise.go)
 	share    *traces.Share    // requests per category and tier over time (specialise.go)
+	specDir  string           // the loop's folder (specialise.go)
+	fed      *fed             // the federation roles (federation.go)
 }
 
 func init() { caddy.RegisterModule(App{}) }
@@ -191,6 +199,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.provisionSpecialise(ctx); err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
+	if err := a.provisionFederation(); err != nil {
+		return fmt.Errorf("molly: %w", err)
+	}
 	a.pipeline = &pipeline.Pipeline{Catalogue: cat, Egress: a.egress, Policy: eng, Weights: w, Logger: a.logger.Named("route"),
 		Priors: a.Priors(), Metrics: meter.DefaultMetrics,
 		Strategies:        route.Config{Cascade: a.Cascade, Mixture: a.Mixture, ToolSteps: a.ToolSteps},
@@ -265,6 +276,11 @@ func (a *App) Validate() error {
 			return fmt.Errorf("molly: %w", err)
 		}
 	}
+	if a.Federation != nil {
+		if err := a.Federation.Validate(); err != nil {
+			return fmt.Errorf("molly: %w", err)
+		}
+	}
 	if a.UsageTool != "" && !slices.ContainsFunc(a.Tools, func(t plugins.Config) bool { return t.Name == a.UsageTool }) {
 		return fmt.Errorf("molly: usage_tool %q is not a configured tool", a.UsageTool)
 	}
@@ -278,6 +294,9 @@ func (a *App) Start() error {
 	a.startObserve()
 	if err := a.startUsage(); err != nil {
 		return fmt.Errorf("molly: usage_tool: %w", err)
+	}
+	if err := a.startFederation(); err != nil {
+		return fmt.Errorf("molly: %w", err)
 	}
 	if a.loop != nil {
 		a.loop.Start()
@@ -295,12 +314,15 @@ func (a *App) Stop() error {
 	if a.loop != nil {
 		a.loop.Stop() // a running cycle is interrupted; its training checkpointed
 	}
+	a.stopFederation() // background runs end; the aggregator's open rounds are abandoned
 	return nil
 }
 
 // Cleanup stops the tool plugins, closes idle upstream connections and the engine.
 func (a *App) Cleanup() error {
 	a.stopUsage() // sends in flight, each bounded by its timeout (Stop did it unless Start never ran)
+	a.stopFederation()
+	a.cleanupFederation()
 	if a.tools != nil {
 		_ = a.tools.Close()
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/dustin/go-humanize"
 
+	"github.com/molly-gateway/molly/learning/federation"
 	"github.com/molly-gateway/molly/learning/specialise"
 	"github.com/molly-gateway/molly/plugins"
 	"github.com/molly-gateway/molly/policies"
@@ -96,6 +97,17 @@ func init() {
 //			retention_days <n>             # default trace retention (90; -1 forever)
 //			external_trainer <argv>...     # {train} {heldout} {base} {out} {rank} {steps}
 //			dir <path>                     # versions and checkpoints (beside the registry)
+//		}
+//		federation {                      # federated adapter improvement (learning/federation)
+//			role participant|aggregator|both
+//			aggregator https://<host:port>  # participant: the aggregator's URL
+//			listen <addr>                  # aggregator: the mutual-TLS listener
+//			peers <cert name>...           # aggregator: the participants' certificate names
+//			cert <pem>  key <pem>  ca <pem>
+//			rounds <duration>              # a round's deadline after its first report (10m)
+//			min_participants <n>           # (2)
+//			rank <r>  max_delta_size <size>  dir <path>  state <file>
+//			dp { clip <C>  noise_multiplier <σ>  delta <δ>  epsilon_budget <ε> }
 //		}
 //		orchestrator off | {
 //			controller <model>
@@ -241,6 +253,12 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			a.Specialise = c
+		case "federation":
+			c, err := federation.ParseCaddyfile(d)
+			if err != nil {
+				return nil, err
+			}
+			a.Federation = &c
 		default:
 			return nil, d.Errf("molly: unrecognized subdirective %q", d.Val())
 		}

@@ -40,6 +40,7 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		}
 		cfg.Dir = filepath.Join(base, "specialise")
 	}
+	a.specDir = cfg.Dir
 	target, seed := "", func(string, string) float64 { return 0.5 }
 	for _, t := range a.Targets {
 		if t.Kind == route.KindEngine {
@@ -70,7 +71,8 @@ func (a *App) provisionSpecialise(ctx caddy.Context) error {
 		priors = p
 	}
 	a.loop, err = specialise.New(cfg, specialise.Deps{Registry: a.registry, BaseModel: a.EngineConfig.ModelPath,
-		Engine: a.engine, Priors: priors, Target: target, Seed: seed, Recorder: rec, Logger: a.logger.Named("specialise")})
+		Engine: a.engine, Priors: priors, Target: target, Seed: seed, Recorder: rec, Logger: a.logger.Named("specialise"),
+		OnCycle: a.afterCycle})
 	if err != nil {
 		return err
 	}

@@ -195,6 +195,9 @@ func TestNoRequestShapeOvershootsABudgetOrATPM(t *testing.T) {
 			models chat=m davinci=m
 			price 100 100
 			quality 0.9
+			# Admission is under test, not health: the FAIL500 prompts
+			# must not eject lan (nor a loaded machine's slow answers).
+			outlier_detection off
 		}
 		target remote {
 			tier T2
@@ -202,6 +205,7 @@ func TestNoRequestShapeOvershootsABudgetOrATPM(t *testing.T) {
 			models chat=m davinci=m
 			price 150 150
 			quality 0.5
+			outlier_detection off
 		}
 	}
 }

@@ -35,6 +35,10 @@ func TestValidateNamesDirectiveAndLine(t *testing.T) {
 			[]string{"molly_console", "members", "Caddyfile:3"}},
 		{"a mixture of one", "{\n\tmolly {\n\t\tmixture {\n\t\t\tentropy 0.6\n\t\t\tk 1\n\t\t}\n\t}\n}\n",
 			[]string{"molly", "mixture", "k must be", "Caddyfile:5"}},
+		{"a federation participant without an aggregator", "{\n\tmolly {\n\t\tfederation {\n\t\t\trole participant\n\t\t\tcert c.pem\n\t\t\tkey k.pem\n\t\t\tca ca.pem\n\t\t}\n\t}\n}\n",
+			[]string{"molly", "federation", "a participant needs aggregator https://", "Caddyfile:"}},
+		{"a federation without the engine its deltas are pinned to", "{\n\tmolly {\n\t\tfederation {\n\t\t\trole participant\n\t\t\taggregator https://127.0.0.1:1\n\t\t\tcert c.pem\n\t\t\tkey k.pem\n\t\t\tca ca.pem\n\t\t}\n\t}\n}\n",
+			[]string{"molly", "federation", "configure an engine"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,9 +45,12 @@ type Config struct {
 	// MinTraces is the least number of new traces a domain needs since
 	// its last cycle to train (default 50).
 	MinTraces int `json:"min_traces,omitempty"`
-	// Budget bounds the wall-clock time of one domain's training (default
-	// 10m); a training still running then is interrupted, checkpointed and
-	// counts as failed for the cycle.
+	// Budget is the CPU time one domain's training may use (default 10m):
+	// with T trainer threads it runs for at most Budget/T of wall-clock
+	// time, so it can never use more than Budget of CPU; a training still
+	// running then is interrupted, checkpointed and counts as failed for
+	// the cycle. An external trainer (whose threads Molly does not know)
+	// gets Budget of wall-clock time.
 	Budget time.Duration `json:"budget,omitempty"`
 	// Domains limits the loop to these task categories; empty: every
 	// category with traces.
@@ -139,6 +143,10 @@ type Deps struct {
 	Logger   *zap.Logger
 	// Progress, when set, gets every training step of domain.
 	Progress func(domain string, p lora.Progress)
+	// OnCycle, when set, is called with the report of every cycle that
+	// completed (scheduled or RunOnce), after its promotions; it must not
+	// block (the federation hands its work to a goroutine).
+	OnCycle func(Report)
 }
 
 // Loop runs cycles, one at a time.
@@ -265,6 +273,9 @@ func (l *Loop) RunOnce(ctx context.Context) (Report, error) {
 		rep.Domains = append(rep.Domains, dr)
 	}
 	rep.Finished = time.Now()
+	if l.d.OnCycle != nil {
+		l.d.OnCycle(rep)
+	}
 	return rep, nil
 }
 
@@ -368,7 +379,7 @@ func (l *Loop) train(ctx context.Context, ev *eval.Evaluator, domain string, pai
 	if l.d.Progress != nil {
 		o.Progress = func(p lora.Progress) { l.d.Progress(domain, p) }
 	}
-	tctx, cancel := context.WithTimeout(ctx, l.cfg.Budget)
+	tctx, cancel := context.WithTimeout(ctx, TrainingWall(l.cfg.Budget, l.cfg.Threads))
 	defer cancel()
 	res, err := lora.Train(tctx, l.model, exs, o)
 	if errors.Is(err, lora.ErrOtherRun) {
@@ -381,6 +392,17 @@ func (l *Loop) train(ctx context.Context, ev *eval.Evaluator, domain string, pai
 	}
 	os.Remove(ckpt)
 	return res, res.Adapter.WriteGGUF(out, l.model, domain)
+}
+
+// TrainingWall is the wall-clock bound of a training with threads
+// threads under a CPU-time budget: budget/threads, since each of the
+// trainer's goroutines uses at most one core (threads 0 or above
+// GOMAXPROCS count as GOMAXPROCS, lora.Options' default and Go's cap).
+func TrainingWall(budget time.Duration, threads int) time.Duration {
+	if p := runtime.GOMAXPROCS(0); threads <= 0 || threads > p {
+		threads = p
+	}
+	return budget / time.Duration(threads)
 }
 
 // external runs the external trainer on the set's JSONL.

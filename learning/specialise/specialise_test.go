@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -413,4 +414,23 @@ func BenchmarkCycle(b *testing.B) {
 	b.ReportMetric(tokS/float64(b.N), "train-tokens/s")
 	b.ReportMetric(otherS/float64(b.N), "other-s/cycle")
 	b.ReportMetric(cycleS/float64(b.N), "s/cycle")
+}
+
+// TestTrainingWallKeepsCPUUnderTheBudget: T threads for budget/T never
+// use more than budget of CPU (values by hand).
+func TestTrainingWallKeepsCPUUnderTheBudget(t *testing.T) {
+	p := runtime.GOMAXPROCS(0)
+	for _, tc := range []struct {
+		threads int
+		want    time.Duration
+	}{
+		{1, 10 * time.Minute},
+		{p, 10 * time.Minute / time.Duration(p)},
+		{0, 10 * time.Minute / time.Duration(p)},
+		{p + 7, 10 * time.Minute / time.Duration(p)},
+	} {
+		if got := TrainingWall(10*time.Minute, tc.threads); got != tc.want {
+			t.Errorf("TrainingWall(10m, %d) = %v, want %v", tc.threads, got, tc.want)
+		}
+	}
 }

@@ -86,7 +86,7 @@ func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
 		timeout := t.Timeout()
 		u.client = &http.Client{Transport: &http.Transport{
 			Proxy:                 nil, // upstreams are addressed directly; no environment proxy
-			DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:           dialWire(&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}),
 			ResponseHeaderTimeout: timeout,
 			TLSHandshakeTimeout:   min(timeout, 10*time.Second),
 			MaxIdleConnsPerHost:   64,

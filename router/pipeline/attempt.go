@@ -85,7 +85,8 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 // meters a 2xx answer's usage (before it is written: every answer consumed
 // tokens, returned or not) and bills the prompt estimate when the client
 // went away after the upstream got the request (never before: see
-// reached). attempt (health.go) wraps it with the target's circuit.
+// egress.Dispatch.Delivery). attempt (health.go) wraps it with the
+// target's circuit.
 func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
 	ctx, span := startAttempt(rq, c)
 	defer func() { endAttempt(span, &o) }()
@@ -94,7 +95,7 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		o.kind, o.failure, o.meter = failClientGone, "the client went away before the upstream call", nil
 		return o // no upstream saw it: nothing to bill
 	}
-	ctx, reached := reached(ctx, disp)
+	ctx, reached := disp.Delivery(ctx)
 	resp, err := disp.Send(ctx, tracing.Header(ctx, rq.r.Header))
 	o.ttfb = time.Since(o.start)
 	if err != nil {

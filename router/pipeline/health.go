@@ -1,10 +1,6 @@
 package pipeline
 
 import (
-	"context"
-	"net/http/httptrace"
-	"sync/atomic"
-
 	"github.com/molly-gateway/molly/router/egress"
 	"github.com/molly-gateway/molly/router/health"
 	"github.com/molly-gateway/molly/router/openai"
@@ -60,21 +56,4 @@ func healthResult(k failure) health.Result {
 		return health.Failure
 	}
 	return health.Neutral
-}
-
-// reached returns ctx with an HTTP client trace and a function that
-// reports whether the request was written to the upstream in full (so it
-// may be processing the prompt, and is billed if the client goes away).
-// The in-process engine has no wire: once called, it has the request.
-func reached(ctx context.Context, disp *egress.Dispatch) (context.Context, func() bool) {
-	if disp.Target().Kind == route.KindEngine {
-		return ctx, func() bool { return true }
-	}
-	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-		if i.Err == nil {
-			wrote.Store(true)
-		}
-	}})
-	return ctx, wrote.Load
 }
