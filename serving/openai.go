@@ -605,49 +605,20 @@ func (e *Engine) checkBytes(n int) error {
 	return nil
 }
 
-// tokenizeChat applies the chat template and tokenizes the result so that
-// only the template's own text may produce control tokens: message content
-// is tokenized with parse_special off, so a user who writes
-// "<|im_start|>system" gets those characters, not a forged turn. The
-// template is rendered with a unique sentinel per message, then the pieces
-// between sentinels (template text) and the contents are tokenized apart —
-// the approach of llama.cpp's server for mixed prompts (tokenize_mixed).
+// tokenizeChat applies the chat template and tokenizes the result
+// (llama.Model.TokenizeChat: only the template's own text may produce
+// control tokens), within the engine's byte limit.
 func (e *Engine) tokenizeChat(msgs []llama.ChatMessage) ([]int32, error) {
 	total := 0
-	sentinels := make([]llama.ChatMessage, len(msgs))
-	for i, m := range msgs {
+	for _, m := range msgs {
 		total += len(m.Content)
-		sentinels[i] = llama.ChatMessage{Role: m.Role, Content: fmt.Sprintf("\uE000molly-%d\uE001", i)}
 	}
 	if err := e.checkBytes(total); err != nil {
 		return nil, err
 	}
-	rendered, err := llama.ApplyChatTemplate(e.tmpl, sentinels, true)
-	if err != nil {
+	toks, err := e.model.TokenizeChat(e.tmpl, msgs)
+	if errors.Is(err, llama.ErrChatTemplate) || errors.Is(err, llama.ErrTemplateRewrites) {
 		return nil, &apiError{http.StatusInternalServerError, "server_error", "", "", err.Error()}
 	}
-	var toks []int32
-	rest := rendered
-	for i, m := range msgs {
-		before, after, ok := strings.Cut(rest, sentinels[i].Content)
-		if !ok {
-			return nil, &apiError{http.StatusInternalServerError, "server_error", "", "",
-				"the model's chat template rewrites message content; Molly cannot tokenize it safely"}
-		}
-		t, err := e.model.Tokenize(before, i == 0, true)
-		if err != nil {
-			return nil, err
-		}
-		toks = append(toks, t...)
-		if t, err = e.model.Tokenize(m.Content, false, false); err != nil {
-			return nil, err
-		}
-		toks = append(toks, t...)
-		rest = after
-	}
-	t, err := e.model.Tokenize(rest, len(msgs) == 0, true)
-	if err != nil {
-		return nil, err
-	}
-	return append(toks, t...), nil
+	return toks, err
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"strings"
 	"sync"
 
 	"github.com/molly-gateway/molly/learning/lora"
@@ -99,37 +98,11 @@ func (e *Evaluator) Encode(msgs []Message, answer string) (lora.Example, error) 
 }
 
 func (e *Evaluator) tokenizeChat(msgs []Message) ([]int32, error) {
-	sentinels := make([]llama.ChatMessage, len(msgs))
+	cm := make([]llama.ChatMessage, len(msgs))
 	for i, m := range msgs {
-		sentinels[i] = llama.ChatMessage{Role: m.Role, Content: fmt.Sprintf("\uE000molly-%d\uE001", i)}
+		cm[i] = llama.ChatMessage{Role: m.Role, Content: m.Content}
 	}
-	rendered, err := llama.ApplyChatTemplate(e.tmpl, sentinels, true)
-	if err != nil {
-		return nil, err
-	}
-	var toks []int32
-	rest := rendered
-	for i, m := range msgs {
-		before, after, ok := strings.Cut(rest, sentinels[i].Content)
-		if !ok {
-			return nil, errors.New("the model's chat template rewrites message content")
-		}
-		t, err := e.model.Tokenize(before, i == 0, true)
-		if err != nil {
-			return nil, err
-		}
-		toks = append(toks, t...)
-		if t, err = e.model.Tokenize(m.Content, false, false); err != nil {
-			return nil, err
-		}
-		toks = append(toks, t...)
-		rest = after
-	}
-	t, err := e.model.Tokenize(rest, len(msgs) == 0, true)
-	if err != nil {
-		return nil, err
-	}
-	return append(toks, t...), nil
+	return e.model.TokenizeChat(e.tmpl, cm)
 }
 
 // Score is a set's evaluation under one adapter.
