@@ -48,15 +48,7 @@ votes, fits a logistic regression and writes the verifier JSON beside the adapte
 							out = serving.VerifierPath(adapter)
 						}
 					}
-					b, err := json.Marshal(v)
-					if err != nil {
-						return err
-					}
-					if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
-						return err
-					}
-					fmt.Fprintf(os.Stdout, "wrote %s: %d examples, train accuracy %.4f\n", out, v.Examples, v.TrainAccuracy)
-					return nil
+					return writeHead(out, v)
 				},
 			}
 			train.Flags().String("model", "", "the base model GGUF (its hidden states are the features)")
@@ -94,15 +86,7 @@ and writes the probe for the engine's reasoning_probe.`,
 					if err != nil {
 						return err
 					}
-					b, err := json.Marshal(v)
-					if err != nil {
-						return err
-					}
-					if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
-						return err
-					}
-					fmt.Fprintf(os.Stdout, "wrote %s: %d examples, train accuracy %.4f\n", out, v.Examples, v.TrainAccuracy)
-					return nil
+					return writeHead(out, v)
 				},
 			}
 			train.Flags().String("model", "", "the base model GGUF")
@@ -112,6 +96,20 @@ and writes the probe for the engine's reasoning_probe.`,
 			cmd.AddCommand(train)
 		},
 	})
+}
+
+// writeHead writes a fitted linear head (verifier or probe) as JSON to out
+// and says so on stdout.
+func writeHead(out string, v *serving.Verifier) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stdout, "wrote %s: %d examples, train accuracy %.4f\n", out, v.Examples, v.TrainAccuracy)
+	return nil
 }
 
 // TrainProbe opens an engine on cfg, reads the labelled prompts at data
