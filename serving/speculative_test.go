@@ -1,0 +1,163 @@
+package serving
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/molly-gateway/molly/serving/gguf"
+)
+
+// writeModel writes the generated model of size with seed to dir/name,
+// keeping only the first layers layers when layers > 0 (a truncated-layer
+// draft: the generator seeds each tensor by name, so the kept layers, the
+// embeddings and the output head are the full model's).
+func writeModel(t testing.TB, dir, name, size string, seed int64, layers int) string {
+	t.Helper()
+	cfg, err := gguf.SizeConfig(size, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if layers > 0 {
+		cfg.Layers = layers
+	}
+	p := filepath.Join(dir, name)
+	if err := gguf.WriteModel(p, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// quantizedCopy writes src quantized to ftype at dst (a smaller draft that
+// agrees with its target far more often than a truncated random model).
+func quantizedCopy(t testing.TB, src, dst, ftype string) string {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := QuantizeModel(dst, ftype); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+type genResult struct {
+	text   string
+	finish string
+	usage  Usage
+}
+
+func generateText(t testing.TB, e *Engine, prompt []int32, maxTokens int) genResult {
+	t.Helper()
+	var r genResult
+	u, err := e.Generate(context.Background(), Request{Prompt: prompt, Params: SamplingParams{MaxTokens: maxTokens}}, func(ev Event) error {
+		r.text += ev.Text
+		if ev.Finish != "" {
+			r.finish = ev.Finish
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.usage = u
+	return r
+}
+
+func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
+	dir := t.TempDir()
+	target := writeModel(t, dir, "target.gguf", "small", 7, 0)
+	drafts := []struct {
+		name     string
+		path     string
+		allAccept bool
+	}{
+		{"identical", target, true},
+		{"truncated-2-of-4-layers", writeModel(t, dir, "trunc.gguf", "small", 7, 2), false},
+		{"q4_0-copy", quantizedCopy(t, target, filepath.Join(dir, "q4.gguf"), "q4_0"), false},
+		{"other-seed-tiny", writeModel(t, dir, "other.gguf", "tiny", 99, 0), false},
+	}
+	mk := func(draft string, k int) *Engine {
+		return newEngine(t, func(c *Config) {
+			c.ModelPath, c.AdapterDir = target, ""
+			c.NSeqMax, c.NCtx = 2, 2*512
+			c.DraftModel, c.DraftTokens = draft, k
+		})
+	}
+	plain := mk("", 0)
+	var prompts [][]int32
+	for _, s := range []string{"The quick brown fox", "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n", strings.Repeat("abc ", 40)} {
+		p, err := plain.Tokenize(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompts = append(prompts, p)
+	}
+	const maxTokens = 64
+	want := make([]genResult, len(prompts))
+	for i, p := range prompts {
+		want[i] = generateText(t, plain, p, maxTokens)
+		if want[i].usage.CompletionTokens == 0 {
+			t.Fatalf("prompt %d: the plain engine generated nothing", i)
+		}
+	}
+	for _, d := range drafts {
+		for _, k := range []int{1, 4, 7} {
+			e := mk(d.path, k)
+			for i, p := range prompts {
+				got := generateText(t, e, p, maxTokens)
+				if got != want[i] {
+					t.Errorf("draft %s k=%d prompt %d:\n got %+v\nwant %+v", d.name, k, i, got, want[i])
+				}
+			}
+			st := e.SpeculativeStats()
+			if st.Proposed == 0 {
+				t.Fatalf("draft %s k=%d: nothing went through the speculative path", d.name, k)
+			}
+			if d.allAccept && st.Accepted != st.Proposed {
+				t.Errorf("draft %s k=%d: identical draft accepted %d of %d", d.name, k, st.Accepted, st.Proposed)
+			}
+			t.Logf("draft %s k=%d: acceptance %d/%d = %.2f, %d verify rounds for %d prompts",
+				d.name, k, st.Accepted, st.Proposed, float64(st.Accepted)/float64(st.Proposed), st.Rounds, len(prompts))
+			e.Close()
+		}
+	}
+}
+
+func TestSpeculativePathServesHTTPChat(t *testing.T) {
+	e := newEngine(t, func(c *Config) { c.DraftModel = c.ModelPath })
+	plain := newEngine(t, nil)
+	body := greedy("molly-demo", "say something", 24)
+	got, _ := mustText(t, e, body)
+	want, _ := mustText(t, plain, body)
+	if got != want {
+		t.Fatalf("speculative chat %q, plain %q", got, want)
+	}
+	if e.SpeculativeStats().Proposed == 0 {
+		t.Fatal("a greedy n=1 chat request did not take the speculative path")
+	}
+}
+
+func TestDraftModelThatCannotLoadIsAnError(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.gguf")
+	if err := os.WriteFile(bad, []byte("not a gguf"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DemoConfig(demoDir)
+	cfg.NSeqMax, cfg.NCtx, cfg.Threads = 1, 512, 1
+	cfg.DraftModel = bad
+	e, err := New(cfg)
+	if err == nil {
+		e.Close()
+		t.Fatal("New accepted an unloadable draft model")
+	}
+	if !strings.Contains(err.Error(), "draft model") {
+		t.Fatalf("error %q does not name the draft model", err)
+	}
+}
