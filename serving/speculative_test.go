@@ -74,8 +74,8 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 	dir := t.TempDir()
 	target := writeModel(t, dir, "target.gguf", "small", 7, 0)
 	drafts := []struct {
-		name     string
-		path     string
+		name      string
+		path      string
 		allAccept bool
 	}{
 		{"identical", target, true},
