@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
@@ -41,17 +42,46 @@ type speculator struct {
 	nCtx  int
 	mu    sync.Mutex // one speculative request at a time
 
-	proposed atomic.Int64
-	accepted atomic.Int64
-	rounds   atomic.Int64
+	proposed   atomic.Int64
+	accepted   atomic.Int64
+	rounds     atomic.Int64
+	redecodes  atomic.Int64
+	mismatches atomic.Int64
+}
+
+// tieMargin is the logit gap below which the verification decode's choice is
+// recomputed by a one-token decode. ggml computes a one-column product
+// (plain greedy decoding) with another kernel than a several-column one
+// (llamafile's tinyBLAS for n >= 2), and the accepted tokens' KV cells come
+// from the several-column one, so the verification's logits differ from
+// plain decoding's by rounding that compounds along the sequence: above
+// 1e-2 after ~80 tokens on the random demo models (BenchmarkSpeculative's
+// small case), so the margin is 0.1. A gap smaller than rounding would
+// still be decided differently; see TestSpeculativeGreedyEqualsPlainGreedy.
+const tieMargin = 0.1
+
+// argmaxGap is argmax(l) (lowest id wins ties) and the gap between the
+// largest and the second largest logit.
+func argmaxGap(l []float32) (int32, float32) {
+	best := argmax(l)
+	second := float32(math.Inf(-1))
+	for i, x := range l {
+		if int32(i) != best && x > second {
+			second = x
+		}
+	}
+	return best, l[best] - second
 }
 
 // SpeculativeStats counts greedy speculative decoding since the engine
 // started: Proposed draft tokens, Accepted ones (Accepted/Proposed is the
-// acceptance rate), Rounds (target verification decodes) and Tokens
-// committed by them.
+// acceptance rate), Rounds (target verification decodes, each committing
+// its accepted tokens plus one) and Redecodes (near ties recomputed by a
+// one-token decode, see tieMargin) and Mismatches (rounds that rejected a
+// proposal because the target's trusted choice differed; a draft identical
+// to the target has none).
 type SpeculativeStats struct {
-	Proposed, Accepted, Rounds int64
+	Proposed, Accepted, Rounds, Redecodes, Mismatches int64
 }
 
 // SpeculativeStats reports the speculative decoding counters; zero without
@@ -60,7 +90,7 @@ func (e *Engine) SpeculativeStats() SpeculativeStats {
 	if e.spec == nil {
 		return SpeculativeStats{}
 	}
-	return SpeculativeStats{Proposed: e.spec.proposed.Load(), Accepted: e.spec.accepted.Load(), Rounds: e.spec.rounds.Load()}
+	return SpeculativeStats{Proposed: e.spec.proposed.Load(), Accepted: e.spec.accepted.Load(), Rounds: e.spec.rounds.Load(), Redecodes: e.spec.redecodes.Load(), Mismatches: e.spec.mismatches.Load()}
 }
 
 // ErrDraftVocab is returned by New when Config.DraftModel's tokenizer differs
@@ -244,23 +274,53 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 		if err := s.tctx.Decode(s.batch); err != nil {
 			return fmt.Errorf("target decode: %w", err)
 		}
+		// The target's choice at a position is trusted when its top two
+		// logits are at least tieMargin apart; j stops at the first
+		// proposal that differs from the target's choice or at the first
+		// untrusted position, whose token is then recomputed alone.
 		greedy = greedy[:0]
+		exact := len(props) + 1 // first untrusted position
 		for i := range len(props) + 1 {
-			greedy = append(greedy, argmax(s.tctx.LogitsView(i)))
+			t, gap := argmaxGap(s.tctx.LogitsView(i))
+			greedy = append(greedy, t)
+			if gap < tieMargin && exact > len(props) {
+				exact = i
+			}
 		}
 		j := 0
-		for j < len(props) && props[j] == greedy[j] {
+		for j < len(props) && j < exact && props[j] == greedy[j] {
 			j++
 		}
 		s.rounds.Add(1)
 		s.proposed.Add(int64(len(props)))
 		s.accepted.Add(int64(j))
+		if j < len(props) && j < exact {
+			s.mismatches.Add(1)
+		}
 		// Keep cur and the accepted proposals; the target's KV now holds
 		// [0, n+1+j), the draft's what it decoded of them.
 		s.tctx.SeqRm(0, n+1+j, -1)
 		if kept := n + 1 + j; dpos > kept {
 			s.dctx.SeqRm(0, kept, -1)
 			dpos = kept
+		}
+		next := greedy[j]
+		if j == exact {
+			// A near tie: decode the position's token alone, as plain
+			// greedy decoding does (ggml computes one column with another
+			// kernel than several, which rounds differently).
+			t := cur
+			if j > 0 {
+				t = props[j-1]
+			}
+			s.tctx.SeqRm(0, n+j, -1)
+			s.batch.Clear()
+			s.batch.Add(t, n+j, 0, true)
+			if err := s.tctx.Decode(s.batch); err != nil {
+				return fmt.Errorf("target decode: %w", err)
+			}
+			next = argmax(s.tctx.LogitsView(0))
+			s.redecodes.Add(1)
 		}
 		for i := range j {
 			more, err := commit(props[i])
@@ -273,7 +333,7 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 			}
 		}
 		n += 1 + j
-		cur = greedy[j]
+		cur = next
 		if done >= maxTok {
 			return nil
 		}

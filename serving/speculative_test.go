@@ -76,7 +76,7 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 	drafts := []struct {
 		name      string
 		path      string
-		allAccept bool
+		identical bool
 	}{
 		{"identical", target, true},
 		{"truncated-2-of-4-layers", writeModel(t, dir, "trunc.gguf", "small", 7, 2), false},
@@ -99,7 +99,7 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 		}
 		prompts = append(prompts, p)
 	}
-	const maxTokens = 64
+	const maxTokens = 128
 	want := make([]genResult, len(prompts))
 	for i, p := range prompts {
 		want[i] = generateText(t, plain, p, maxTokens)
@@ -108,7 +108,7 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 		}
 	}
 	for _, d := range drafts {
-		for _, k := range []int{1, 4, 7} {
+		for _, k := range []int{1, 5} {
 			e := mk(d.path, k)
 			for i, p := range prompts {
 				got := generateText(t, e, p, maxTokens)
@@ -120,11 +120,13 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 			if st.Proposed == 0 {
 				t.Fatalf("draft %s k=%d: nothing went through the speculative path", d.name, k)
 			}
-			if d.allAccept && st.Accepted != st.Proposed {
-				t.Errorf("draft %s k=%d: identical draft accepted %d of %d", d.name, k, st.Accepted, st.Proposed)
+			// The draft computes each token alone, as plain decoding does:
+			// an identical draft is only ever stopped by a near tie.
+			if d.identical && (st.Mismatches != 0 || st.Accepted < st.Proposed && st.Redecodes == 0) {
+				t.Errorf("draft %s k=%d: identical draft rejected by a trusted choice: %+v", d.name, k, st)
 			}
-			t.Logf("draft %s k=%d: acceptance %d/%d = %.2f, %d verify rounds for %d prompts",
-				d.name, k, st.Accepted, st.Proposed, float64(st.Accepted)/float64(st.Proposed), st.Rounds, len(prompts))
+			t.Logf("draft %s k=%d: acceptance %d/%d = %.2f, %d verify rounds, %d near-tie redecodes for %d prompts",
+				d.name, k, st.Accepted, st.Proposed, float64(st.Accepted)/float64(st.Proposed), st.Rounds, st.Redecodes, len(prompts))
 			e.Close()
 		}
 	}
