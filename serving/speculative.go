@@ -8,7 +8,6 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"unicode/utf8"
 
 	"github.com/molly-gateway/molly/serving/llama"
 )
@@ -173,9 +172,7 @@ func (e *Engine) generateSpeculative(ctx context.Context, r Request, onEvent fun
 	flush := func(finish string) error {
 		end := len(text)
 		if finish == "" {
-			for end > sent && !utf8.Valid(text[sent:end]) {
-				end--
-			}
+			end -= holdBack(text[sent:], nil) // an incomplete UTF-8 character
 		}
 		if end == sent && finish == "" {
 			return nil
