@@ -159,6 +159,7 @@ type Engine struct {
 	budget    int64 // Config.MemoryBytes
 	reasoning *reasoningSpec
 	spec      *speculator // nil without Config.DraftModel
+	verify    verifyState // POST /molly/engine/verify (verify.go)
 
 	mu      sync.Mutex
 	pending []*request
@@ -295,6 +296,7 @@ func (e *Engine) Close() error {
 func (e *Engine) closeLlama() {
 	e.closeVerifiers()
 	e.emb.close()
+	e.verify.close()
 	if e.spec != nil {
 		e.spec.mu.Lock() // a running speculative request stops at e.quit
 		e.spec.close()
