@@ -1,7 +1,9 @@
 package serving
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -161,5 +163,35 @@ func TestDraftModelThatCannotLoadIsAnError(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "draft model") {
 		t.Fatalf("error %q does not name the draft model", err)
+	}
+}
+
+func TestDraftWithAnotherTokenizerIsRefused(t *testing.T) {
+	// The demo model with one token's text changed in place: GGUF strings
+	// are a uint64 length and bytes, so "<think>" in the token list is
+	// preceded by its length (the chat template holds it inside a longer
+	// string).
+	b, err := os.ReadFile(DemoConfig(demoDir).ModelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := append([]byte{7, 0, 0, 0, 0, 0, 0, 0}, "<think>"...)
+	if bytes.Count(b, old) != 1 {
+		t.Fatalf("the demo model holds %d length-prefixed <think> strings, want 1", bytes.Count(b, old))
+	}
+	draft := filepath.Join(t.TempDir(), "other-vocab.gguf")
+	if err := os.WriteFile(draft, bytes.Replace(b, old, append(old[:8:8], "<thonk>"...), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DemoConfig(demoDir)
+	cfg.NSeqMax, cfg.NCtx, cfg.Threads = 1, 512, 1
+	cfg.DraftModel = draft
+	e, err := New(cfg)
+	if err == nil {
+		e.Close()
+		t.Fatal("New accepted a draft with another tokenizer")
+	}
+	if !errors.Is(err, ErrDraftVocab) || !strings.Contains(err.Error(), "<thonk>") {
+		t.Fatalf("error %v, want ErrDraftVocab naming the token", err)
 	}
 }
