@@ -221,7 +221,7 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 	pending := []int32{prompt[n-1]} // committed tokens the draft's KV lacks, from position dpos
 	dpos := n - 1
 	done := 0
-	var props, greedy []int32
+	var props []int32
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -263,61 +263,23 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 			}
 		}
 		// Verify cur and the proposals in one target decode.
-		s.batch.Clear()
-		s.batch.Add(cur, n, 0, true)
-		for i, d := range props {
-			s.batch.Add(d, n+1+i, 0, true)
-		}
-		if err := s.tctx.Decode(s.batch); err != nil {
+		vd, err := verifyDraft(s.tctx, s.batch, n, cur, props)
+		if err != nil {
 			return fmt.Errorf("target decode: %w", err)
 		}
-		// The target's choice at a position is trusted when its top two
-		// logits are at least tieMargin apart; j stops at the first
-		// proposal that differs from the target's choice or at the first
-		// untrusted position, whose token is then recomputed alone.
-		greedy = greedy[:0]
-		exact := len(props) + 1 // first untrusted position
-		for i := range len(props) + 1 {
-			t, gap := argmaxGap(s.tctx.LogitsView(i))
-			greedy = append(greedy, t)
-			if gap < tieMargin && exact > len(props) {
-				exact = i
-			}
-		}
-		j := 0
-		for j < len(props) && j < exact && props[j] == greedy[j] {
-			j++
-		}
+		j, next := vd.accepted, vd.next
 		s.rounds.Add(1)
 		s.proposed.Add(int64(len(props)))
 		s.accepted.Add(int64(j))
-		if j < len(props) && j < exact {
+		s.redecodes.Add(int64(vd.redecodes))
+		if vd.mismatch {
 			s.mismatches.Add(1)
 		}
-		// Keep cur and the accepted proposals; the target's KV now holds
-		// [0, n+1+j), the draft's what it decoded of them.
-		s.tctx.SeqRm(0, n+1+j, -1)
+		// The target's KV holds [0, n+1+j): cur and the accepted proposals;
+		// the draft's drops what it decoded past them.
 		if kept := n + 1 + j; dpos > kept {
 			s.dctx.SeqRm(0, kept, -1)
 			dpos = kept
-		}
-		next := greedy[j]
-		if j == exact {
-			// A near tie: decode the position's token alone, as plain
-			// greedy decoding does (ggml computes one column with another
-			// kernel than several, which rounds differently).
-			t := cur
-			if j > 0 {
-				t = props[j-1]
-			}
-			s.tctx.SeqRm(0, n+j, -1)
-			s.batch.Clear()
-			s.batch.Add(t, n+j, 0, true)
-			if err := s.tctx.Decode(s.batch); err != nil {
-				return fmt.Errorf("target decode: %w", err)
-			}
-			next = argmax(s.tctx.LogitsView(0))
-			s.redecodes.Add(1)
 		}
 		for i := range j {
 			more, err := commit(props[i])

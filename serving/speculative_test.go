@@ -123,8 +123,9 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 				t.Fatalf("draft %s k=%d: nothing went through the speculative path", d.name, k)
 			}
 			// The draft computes each token alone, as plain decoding does:
-			// an identical draft is only ever stopped by a near tie.
-			if d.identical && (st.Mismatches != 0 || st.Accepted < st.Proposed && st.Redecodes == 0) {
+			// an identical draft is never rejected by a trusted choice (a
+			// top-two gap of at least tieMargin).
+			if d.identical && st.Mismatches != 0 {
 				t.Errorf("draft %s k=%d: identical draft rejected by a trusted choice: %+v", d.name, k, st)
 			}
 			t.Logf("draft %s k=%d: acceptance %d/%d = %.2f, %d verify rounds, %d near-tie redecodes for %d prompts",

@@ -105,40 +105,57 @@ func (e *Engine) Verify(ctx context.Context, prefix, draft []int32) (accepted in
 			return 0, 0, err
 		}
 	}
-	acc, next, err := v.check(n, prefix[n], draft)
+	vd, err := verifyDraft(v.ctx, v.batch, n, prefix[n], draft)
 	if err != nil {
 		v.cached = v.cached[:0]
 		v.ctx.Clear()
 		return 0, 0, err
 	}
-	v.cached = append(append(v.cached, prefix[n]), draft[:acc]...)
-	return acc, next, nil
+	v.cached = append(append(v.cached, prefix[n]), draft[:vd.accepted]...)
+	return vd.accepted, vd.next, nil
 }
 
-// check decodes last at pos and rest after it in one batch and returns how
-// many of rest equal the target's choices and the choice after them; the KV
-// then holds [0, pos+1+accepted). A near tie is recomputed by a one-token
-// decode, and checking goes on after it when the draft agrees.
-func (v *verifyState) check(pos int, last int32, rest []int32) (int, int32, error) {
-	acc := 0
+// verdict is verifyDraft's answer: how many proposals the target accepted,
+// its next token after them, the near ties recomputed by one-token decodes,
+// and whether a trusted target choice (not a near tie) rejected a proposal.
+type verdict struct {
+	accepted  int
+	next      int32
+	redecodes int
+	mismatch  bool
+}
+
+// verifyDraft decodes last at position pos and the proposals rest after it
+// in one batch of ctx (a single-sequence context holding [0, pos)) and
+// compares rest with the target's greedy choices. A choice whose top two
+// logits are within tieMargin is recomputed by a one-token decode, as plain
+// greedy decoding computes it (ggml rounds a one-column product differently
+// from a several-column one), and checking goes on after it when the
+// proposal agrees. On return ctx holds [0, pos+1+accepted). Errors:
+// llama.cpp failures (the KV is then undefined).
+func verifyDraft(ctx *llama.Context, b *llama.Batch, pos int, last int32, rest []int32) (verdict, error) {
+	var v verdict
 	for {
-		v.batch.Clear()
-		v.batch.Add(last, pos, 0, true)
+		b.Clear()
+		b.Add(last, pos, 0, true)
 		for i, d := range rest {
-			v.batch.Add(d, pos+1+i, 0, true)
+			b.Add(d, pos+1+i, 0, true)
 		}
-		if err := v.ctx.Decode(v.batch); err != nil {
-			return 0, 0, err
+		if err := ctx.Decode(b); err != nil {
+			return v, err
 		}
 		i := 0
 		for ; i <= len(rest); i++ {
-			t, gap := argmaxGap(v.ctx.LogitsView(i))
+			t, gap := argmaxGap(ctx.LogitsView(i))
 			if gap < tieMargin {
 				break
 			}
 			if i == len(rest) || rest[i] != t {
-				v.ctx.SeqRm(0, pos+1+i, -1)
-				return acc + i, t, nil
+				ctx.SeqRm(0, pos+1+i, -1)
+				v.accepted += i
+				v.next = t
+				v.mismatch = i < len(rest)
+				return v, nil
 			}
 		}
 		// A near tie after the token at pos+i: decode that token alone.
@@ -146,19 +163,20 @@ func (v *verifyState) check(pos int, last int32, rest []int32) (int, int32, erro
 		if i > 0 {
 			tok = rest[i-1]
 		}
-		v.ctx.SeqRm(0, pos+i, -1)
-		v.batch.Clear()
-		v.batch.Add(tok, pos+i, 0, true)
-		if err := v.ctx.Decode(v.batch); err != nil {
-			return 0, 0, err
+		ctx.SeqRm(0, pos+i, -1)
+		b.Clear()
+		b.Add(tok, pos+i, 0, true)
+		if err := ctx.Decode(b); err != nil {
+			return v, err
 		}
-		t := argmax(v.ctx.LogitsView(0))
-		acc += i
-		if i == len(rest) || rest[i] != t {
-			return acc, t, nil
+		v.redecodes++
+		v.next = argmax(ctx.LogitsView(0))
+		v.accepted += i
+		if i == len(rest) || rest[i] != v.next {
+			return v, nil
 		}
-		// The draft agrees with the recomputed choice: go on after it.
-		acc++
+		// The proposal agrees with the recomputed choice: go on after it.
+		v.accepted++
 		last, pos, rest = rest[i], pos+i+1, rest[i+1:]
 	}
 }
