@@ -196,3 +196,30 @@ func TestDraftWithAnotherTokenizerIsRefused(t *testing.T) {
 		t.Fatalf("error %v, want ErrDraftVocab naming the token", err)
 	}
 }
+
+func TestCloseStopsASpeculativeRequest(t *testing.T) {
+	e := newEngine(t, func(c *Config) { c.DraftModel = c.ModelPath })
+	prompt, err := e.Tokenize("close me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	first := true
+	_, err = e.Generate(context.Background(), Request{Prompt: prompt, Params: SamplingParams{MaxTokens: 200}}, func(ev Event) error {
+		if first {
+			first = false
+			go func() { closed <- e.Close() }()
+			<-e.quit // Close has begun; it waits for this request
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("Generate returned %v, want ErrClosed", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if e.SpeculativeStats().Rounds == 0 {
+		t.Fatal("the request did not run on the speculative path")
+	}
+}
