@@ -55,8 +55,10 @@ type speculator struct {
 // from the several-column one, so the verification's logits differ from
 // plain decoding's by rounding that compounds along the sequence: above
 // 1e-2 after ~80 tokens on the random demo models (BenchmarkSpeculative's
-// small case), so the margin is 0.1. A gap smaller than rounding would
-// still be decided differently; see TestSpeculativeGreedyEqualsPlainGreedy.
+// small case), so the margin is 0.1. The one-token decode still reads the
+// accepted tokens' batch-computed KV, so a tie closer than that KV's
+// rounding could still be decided differently from plain decoding (not
+// seen in TestSpeculativeGreedyEqualsPlainGreedy or BenchmarkSpeculative).
 const tieMargin = 0.1
 
 // argmaxGap is argmax(l) (lowest id wins ties) and the gap between the
