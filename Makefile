@@ -122,7 +122,7 @@ soak: deps
 # 64-adapter hot-budget run, adapter promotion, weight/KV quantization and
 # aLoRA prefix reuse; part of `make bench` too.
 bench-engine: deps
-	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion|Quantization|ALoRAPrefixReuse' -benchtime 1x -timeout 30m ./serving/
+	$(GO) test -run '^$$' -bench 'VersusLlamaCpp|HotBudget|AdapterPromotion|Quantization|ALoRAPrefixReuse|Speculative' -benchtime 1x -timeout 30m ./serving/
 
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

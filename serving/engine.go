@@ -101,6 +101,14 @@ type Config struct {
 	// "q8_0" or "q4_0" (a quantized V cache runs with flash attention).
 	// It sets the bytes of a KV cell in the memory budget.
 	KVCacheType string `json:"kv_cache_type,omitempty"`
+	// DraftModel is a GGUF sharing the base model's tokenizer (same
+	// vocabulary and token texts; New refuses another with ErrDraftVocab)
+	// that drafts tokens for greedy speculative decoding of base-model
+	// requests (speculative.go); "" disables it.
+	DraftModel string `json:"draft_model,omitempty"`
+	// DraftTokens is how many tokens the draft proposes per verification
+	// step; default 4.
+	DraftTokens int `json:"draft_tokens,omitempty"`
 	// Reasoning configures reasoning mode: delimiters and budgets
 	// (reasoning.go).
 	Reasoning ReasoningConfig `json:"reasoning,omitzero"`
@@ -150,6 +158,8 @@ type Engine struct {
 	cellBytes int64 // bytes of one KV cell (all layers, K and V)
 	budget    int64 // Config.MemoryBytes
 	reasoning *reasoningSpec
+	spec      *speculator // nil without Config.DraftModel
+	verify    verifyState // POST /molly/engine/verify (verify.go)
 
 	mu      sync.Mutex
 	pending []*request
@@ -228,6 +238,12 @@ func New(cfg Config) (*Engine, error) {
 		e.closeLlama()
 		return nil, err
 	}
+	if cfg.DraftModel != "" {
+		if e.spec, err = newSpeculator(m, cfg, e.nCtxSeq); err != nil {
+			e.closeLlama()
+			return nil, err
+		}
+	}
 	e.adapters.dir = cfg.AdapterDir
 	for name, path := range cfg.Adapters {
 		if err := e.adapters.add(name, path); err != nil {
@@ -280,6 +296,11 @@ func (e *Engine) Close() error {
 func (e *Engine) closeLlama() {
 	e.closeVerifiers()
 	e.emb.close()
+	e.verify.close()
+	if e.spec != nil {
+		e.spec.mu.Lock() // a running speculative request stops at e.quit
+		e.spec.close()
+	}
 	e.adapters.close()
 	e.batch.Free()
 	e.lctx.Close()
@@ -459,6 +480,16 @@ func (e *Engine) Generate(ctx context.Context, r Request, onEvent func(Event) er
 	}
 	if err := e.check(r); err != nil {
 		return Usage{}, err
+	}
+	if e.speculates(r) && e.spec.mu.TryLock() {
+		defer e.spec.mu.Unlock()
+		e.mu.Lock()
+		closed := e.closed
+		e.mu.Unlock()
+		if closed {
+			return Usage{}, ErrClosed
+		}
+		return e.generateSpeculative(ctx, r, onEvent)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -45,6 +45,12 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.serveModels(w)
 	case strings.HasSuffix(path, "/v1/embeddings"):
 		e.serveEmbeddings(w, r)
+	case strings.HasSuffix(path, "/molly/engine/verify"):
+		if r.Method == http.MethodGet {
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
+			return
+		}
+		e.serveVerify(w, r)
 	case strings.HasSuffix(path, "/v1/chat/completions"), strings.HasSuffix(path, "/v1/completions"):
 		if r.Method == http.MethodGet {
 			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)

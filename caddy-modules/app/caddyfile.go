@@ -72,6 +72,8 @@ func init() {
 //			memory_bytes <size>
 //			prefix_cache
 //			kv_cache_type f16|q8_0|q4_0        # K and V cache type (quantized: flash attention)
+//			draft_model <gguf>                 # speculative decoding draft (shares the tokenizer)
+//			draft_tokens <k>                   # tokens drafted per verification (default 4)
 //			reasoning_adapter <adapter name>   # the reasoning switcher's adapter
 //			reasoning_threshold <0..1>         # difficulty at or above which it reasons
 //			reasoning_probe <json>             # linear probe on the prompt's hidden state (molly switcher train)
@@ -617,6 +619,10 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			if _, _, err := llama.KVTypeBytes(c.KVCacheType); err != nil {
 				return nil, d.Errf("molly: engine: kv_cache_type: %v", err)
 			}
+		case "draft_model":
+			if !d.AllArgs(&c.DraftModel) {
+				return nil, d.ArgErr()
+			}
 		case "reasoning_adapter":
 			if !d.AllArgs(&c.Reasoning.Adapter) {
 				return nil, d.ArgErr()
@@ -686,7 +692,7 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				c.Adapters = map[string]string{}
 			}
 			c.Adapters[name] = path
-		case "n_seq_max", "n_ctx", "n_batch", "prefill_chunk", "threads":
+		case "n_seq_max", "n_ctx", "n_batch", "prefill_chunk", "threads", "draft_tokens":
 			v, err := floatArg(d)
 			if err != nil {
 				return nil, err
@@ -704,6 +710,8 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				c.NBatch = n
 			case "prefill_chunk":
 				c.PrefillChunk = n
+			case "draft_tokens":
+				c.DraftTokens = n
 			case "threads":
 				c.Threads = n
 			}
