@@ -34,6 +34,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -474,7 +477,48 @@ var ErrUnknownAdapter = errors.New("unknown adapter")
 // Errors: ErrContextLength, ErrUnknownAdapter, ErrAdapterRefused,
 // ErrMemoryBudget, ErrClosed, ctx.Err(), llama.cpp failures, or onEvent's
 // error (which cancels the request).
+//
+// When ctx carries a recording OpenTelemetry span (the gateway's attempt),
+// the engine's steps are its children: "molly.engine.prefill" from
+// submission to the first event (queueing and prompt decode) and
+// "molly.engine.decode" from there to the end, with the prompt, cached
+// and completion token counts (gen_ai.usage.*) and the adapter.
 func (e *Engine) Generate(ctx context.Context, r Request, onEvent func(Event) error) (Usage, error) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return e.generate(ctx, r, onEvent)
+	}
+	tr := parent.TracerProvider().Tracer(traceScope)
+	_, prefill := tr.Start(ctx, "molly.engine.prefill", trace.WithAttributes(
+		attribute.Int("molly.engine.prompt_tokens", len(r.Prompt)), attribute.String("molly.adapter", r.Adapter), attribute.Int("molly.engine.n", max(r.N, 1))))
+	var decode trace.Span
+	u, err := e.generate(ctx, r, func(ev Event) error {
+		if decode == nil {
+			prefill.End()
+			_, decode = tr.Start(ctx, "molly.engine.decode", trace.WithAttributes(attribute.String("molly.adapter", r.Adapter)))
+		}
+		return onEvent(ev)
+	})
+	last := decode
+	if last == nil {
+		last = prefill
+	}
+	last.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", u.PromptTokens), attribute.Int("gen_ai.usage.output_tokens", u.CompletionTokens))
+	if u.PromptTokensDetails != nil {
+		last.SetAttributes(attribute.Int("molly.engine.cached_tokens", u.PromptTokensDetails.CachedTokens))
+	}
+	if err != nil {
+		last.RecordError(err)
+		last.SetStatus(codes.Error, err.Error())
+	}
+	last.End()
+	return u, err
+}
+
+// traceScope is the instrumentation scope of the engine's spans.
+const traceScope = "github.com/molly-gateway/molly/serving"
+
+func (e *Engine) generate(ctx context.Context, r Request, onEvent func(Event) error) (Usage, error) {
 	if r.N <= 0 {
 		r.N = 1
 	}

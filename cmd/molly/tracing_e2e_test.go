@@ -7,11 +7,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/serving"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver (protobuf encoding, the
@@ -229,5 +232,86 @@ http://127.0.0.1:{PORT} {
 	want := "00-" + clientTrace + "-" + hex.EncodeToString(ok.SpanId) + "-01"
 	if got := hs[0].Get("Traceparent"); got != want {
 		t.Errorf("upstream traceparent %q, want the attempt's %q", got, want)
+	}
+}
+
+// TestTracesTheEngineSteps: a request the T0 engine answers has the
+// engine's steps as children of its attempt span — prefill (queue and
+// prompt) then decode — carrying the token counts the answer's usage
+// reports.
+func TestTracesTheEngineSteps(t *testing.T) {
+	rc := startOTLP(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rc.srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		registry `+t.TempDir()+`/molly.db
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			n_seq_max 1
+			n_ctx 512
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+			models chat=molly-demo
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	tracing {
+		span molly
+	}
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	const clientTrace, clientSpan = "5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8"
+	params := chat("hello engine")
+	params.MaxTokens = openai.Int(4)
+	out, err := client(g).Chat.Completions.New(context.Background(), params,
+		option.WithHeader("Traceparent", "00-"+clientTrace+"-"+clientSpan+"-01"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	traceID, _ := hex.DecodeString(clientTrace)
+	spans := rc.trace(t, traceID, "molly")
+	byName := map[string][]*tracepb.Span{}
+	var names []string
+	for _, s := range spans {
+		byName[s.Name] = append(byName[s.Name], s)
+		names = append(names, s.Name)
+	}
+	attempt, prefill, decode := byName["chat molly-demo"], byName["molly.engine.prefill"], byName["molly.engine.decode"]
+	if len(attempt) != 1 || len(prefill) != 1 || len(decode) != 1 {
+		t.Fatalf("want one attempt, one prefill and one decode span; trace has %v", names)
+	}
+	for _, s := range []*tracepb.Span{prefill[0], decode[0]} {
+		if string(s.ParentSpanId) != string(attempt[0].SpanId) {
+			t.Errorf("span %q: parent %x, want the attempt %x", s.Name, s.ParentSpanId, attempt[0].SpanId)
+		}
+	}
+	if prefill[0].EndTimeUnixNano > decode[0].StartTimeUnixNano {
+		t.Errorf("prefill ends at %d, after decode starts at %d", prefill[0].EndTimeUnixNano, decode[0].StartTimeUnixNano)
+	}
+	if got, want := attrString(decode[0], "gen_ai.usage.output_tokens"), fmt.Sprint(out.Usage.CompletionTokens); got != want || want == "0" {
+		t.Errorf("decode span output tokens %q, the answer's usage %q", got, want)
+	}
+	if got, want := attrString(decode[0], "gen_ai.usage.input_tokens"), fmt.Sprint(out.Usage.PromptTokens); got != want {
+		t.Errorf("decode span input tokens %q, the answer's usage %q", got, want)
+	}
+	if got, want := attrString(prefill[0], "molly.engine.prompt_tokens"), fmt.Sprint(out.Usage.PromptTokens); got != want {
+		t.Errorf("prefill span prompt tokens %q, the answer's usage %q", got, want)
 	}
 }
