@@ -137,3 +137,105 @@ func logSoftmax(logits []float32, tok int32, k int) (float64, []int32, []float64
 	}
 	return lp, ids, lps
 }
+
+// probs writes into out (length len(logits), reused when large enough) the
+// distribution sample draws from when Temperature > 0 — top-k, temperature,
+// softmax, top-p, in that order — with zeros outside the kept tokens, and
+// returns it; the values sum to 1.
+func (s *sampler) probs(logits []float32, out []float64) []float64 {
+	n := len(logits)
+	if cap(out) < n {
+		out = make([]float64, n)
+	}
+	out = out[:n]
+	clear(out)
+	s.idx = s.idx[:0]
+	for i := range n {
+		s.idx = append(s.idx, i)
+	}
+	if s.p.TopK > 0 || (s.p.TopP > 0 && s.p.TopP < 1) {
+		sort.SliceStable(s.idx, func(a, b int) bool { return logits[s.idx[a]] > logits[s.idx[b]] })
+		if s.p.TopK > 0 && s.p.TopK < n {
+			s.idx = s.idx[:s.p.TopK]
+		}
+	}
+	mx := math.Inf(-1)
+	for _, i := range s.idx {
+		mx = math.Max(mx, float64(logits[i]))
+	}
+	s.pr = s.pr[:0]
+	var sum float64
+	for _, i := range s.idx {
+		p := math.Exp((float64(logits[i]) - mx) / s.p.Temperature)
+		s.pr = append(s.pr, p)
+		sum += p
+	}
+	if s.p.TopP > 0 && s.p.TopP < 1 {
+		var c float64
+		for k, p := range s.pr {
+			c += p / sum
+			if c >= s.p.TopP {
+				s.idx, s.pr = s.idx[:k+1], s.pr[:k+1]
+				break
+			}
+		}
+		sum = 0
+		for _, p := range s.pr {
+			sum += p
+		}
+	}
+	for k, i := range s.idx {
+		out[i] = s.pr[k] / sum
+	}
+	return out
+}
+
+// drawFrom draws a token id with probability proportional to w[id] (non-
+// negative weights with a positive sum, in id order).
+func drawFrom(w []float64, rng *rand.Rand) int32 {
+	var sum float64
+	for _, x := range w {
+		sum += x
+	}
+	r := rng.Float64() * sum
+	last := int32(0)
+	for i, x := range w {
+		if x <= 0 {
+			continue
+		}
+		last = int32(i)
+		r -= x
+		if r < 0 {
+			return last
+		}
+	}
+	return last
+}
+
+// acceptOrResample is one position of speculative sampling (Leviathan,
+// Kalman and Matias, "Fast Inference from Transformers via Speculative
+// Decoding", ICML 2023, Algorithm 1; Chen et al., "Accelerating Large
+// Language Model Decoding with Speculative Sampling", 2023): the draft drew
+// x from its distribution q, the target's distribution is p (both dense over
+// the vocabulary, summing to 1). x is kept with probability
+// min(1, p(x)/q(x)); otherwise the answer is drawn from the residual
+// norm(max(0, p − q)) (scratch holds it). Either way the token returned is
+// distributed exactly as p, and x is kept with probability Σ min(p, q).
+func acceptOrResample(p, q []float64, x int32, rng *rand.Rand, scratch []float64) (tok int32, kept bool, res []float64) {
+	if q[x] > 0 && rng.Float64()*q[x] < p[x] {
+		return x, true, scratch
+	}
+	if cap(scratch) < len(p) {
+		scratch = make([]float64, len(p))
+	}
+	scratch = scratch[:len(p)]
+	var sum float64
+	for i := range p {
+		scratch[i] = max(0, p[i]-q[i])
+		sum += scratch[i]
+	}
+	if sum <= 0 { // p == q up to rounding: the residual is empty
+		return drawFrom(p, rng), false, scratch
+	}
+	return drawFrom(scratch, rng), false, scratch
+}

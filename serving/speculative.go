@@ -12,15 +12,23 @@ import (
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
-// Greedy speculative decoding (Leviathan, Kalman and Matias, "Fast Inference
-// from Transformers via Speculative Decoding", ICML 2023; the greedy case of
-// their Algorithm 1). A draft model sharing the target's tokenizer proposes
-// K tokens greedily; the target scores the last committed token and the K
-// proposals in ONE llama_decode (logits at all K+1 positions), accepts the
-// longest prefix of proposals equal to its own argmax at each position, and
-// appends its own argmax after that prefix, so every round commits between 1
-// and K+1 tokens, all of them the target's greedy choices. Both KV caches
-// are rolled back past the rejected proposals (llama_memory_seq_rm).
+// Speculative decoding (Leviathan, Kalman and Matias, "Fast Inference from
+// Transformers via Speculative Decoding", ICML 2023, Algorithm 1). A draft
+// model sharing the target's tokenizer proposes K tokens; the target scores
+// the last committed token and the K proposals in ONE llama_decode (logits at
+// all K+1 positions) and commits between 1 and K+1 tokens per round. Both KV
+// caches are rolled back past the rejected proposals (llama_memory_seq_rm).
+//
+// Greedy requests (temperature 0): the draft proposes its argmax, the target
+// accepts the longest prefix of proposals equal to its own argmax and
+// appends its own argmax after it, so the output is the target's greedy
+// output (near ties are recomputed, see tieMargin). Sampled requests: the
+// draft samples from its distribution q (the request's top-k, temperature
+// and top-p applied to its logits), the target keeps a proposal x with
+// probability min(1, p(x)/q(x)) and replaces the first rejected one by a
+// draw from norm(max(0, p − q)) (acceptOrResample), and draws one more token
+// from p when all are kept: every token is distributed as plain sampling
+// from the target would draw it.
 //
 // It is a separate decode path, with its own single-sequence target context
 // (on the engine's base model) and draft context: requests that qualify
@@ -40,6 +48,8 @@ type speculator struct {
 	batch *llama.Batch
 	nCtx  int
 	mu    sync.Mutex // one speculative request at a time
+	pbuf  []float64  // the target's distribution (speculative sampling)
+	rbuf  []float64  // the residual distribution
 
 	proposed   atomic.Int64
 	accepted   atomic.Int64
@@ -74,13 +84,14 @@ func argmaxGap(l []float32) (int32, float32) {
 	return best, l[best] - second
 }
 
-// SpeculativeStats counts greedy speculative decoding since the engine
+// SpeculativeStats counts speculative decoding since the engine
 // started: Proposed draft tokens, Accepted ones (Accepted/Proposed is the
 // acceptance rate), Rounds (target verification decodes, each committing
-// its accepted tokens plus one) and Redecodes (near ties recomputed by a
-// one-token decode, see tieMargin) and Mismatches (rounds that rejected a
-// proposal because the target's trusted choice differed; a draft identical
-// to the target has none).
+// its accepted tokens plus one) and Redecodes (greedy near ties recomputed
+// by a one-token decode, see tieMargin) and Mismatches (rounds that rejected
+// a proposal: greedy, because the target's trusted choice differed, which a
+// draft identical to the target never causes; sampled, by the acceptance
+// test).
 type SpeculativeStats struct {
 	Proposed, Accepted, Rounds, Redecodes, Mismatches int64
 }
@@ -152,11 +163,12 @@ func sameVocab(a, b *llama.Model) error {
 	return nil
 }
 
-// speculates reports whether r takes the speculative path: greedy, one
-// choice, base model, no grammar, stop strings, logprobs or reasoning.
+// speculates reports whether r takes the speculative path: one choice,
+// base model, no grammar, stop strings, logprobs or reasoning; greedy or
+// sampled.
 func (e *Engine) speculates(r Request) bool {
 	p := r.Params
-	return e.spec != nil && r.N == 1 && r.Adapter == "" && r.Reasoning == nil && p.Temperature <= 0 &&
+	return e.spec != nil && r.N == 1 && r.Adapter == "" && r.Reasoning == nil &&
 		p.Grammar == "" && !p.StopAfterValue && len(p.Stop) == 0 && !p.Logprobs
 }
 
@@ -184,7 +196,7 @@ func (e *Engine) generateSpeculative(ctx context.Context, r Request, onEvent fun
 		return onEvent(ev)
 	}
 	finish := "length"
-	err := s.generate(ctx, r.Prompt, maxTok, func(tok int32) (bool, error) {
+	err := s.generate(ctx, r.Prompt, maxTok, r.Params, func(tok int32) (bool, error) {
 		select {
 		case <-e.quit:
 			return false, ErrClosed
@@ -205,17 +217,31 @@ func (e *Engine) generateSpeculative(ctx context.Context, r Request, onEvent fun
 	return u, flush(finish)
 }
 
-// generate decodes greedily after prompt, calling commit for each token the
-// target chooses until commit returns false, maxTok tokens were committed or
-// the context is full. Errors: llama.cpp failures, ctx.Err(), commit's.
-func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, commit func(int32) (bool, error)) error {
+// generate decodes after prompt, calling commit for each token the target
+// chooses until commit returns false, maxTok tokens were committed or the
+// context is full. Greedy when p.Temperature <= 0 (the target's greedy
+// choices, see verifyDraft); otherwise speculative sampling (verifySampled):
+// the draft samples its proposals with p's top-k, temperature and top-p, and
+// every committed token is distributed as plain sampling with p would draw
+// it (not the same draws for a given seed: the random stream is consumed
+// differently). Errors: llama.cpp failures, ctx.Err(), commit's.
+func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, p SamplingParams, commit func(int32) (bool, error)) error {
 	s.tctx.Clear()
 	s.dctx.Clear()
 	// Prefill both models; the target's last logits give the first token.
 	if err := s.prefill(s.tctx, prompt, true); err != nil {
 		return err
 	}
+	var smp *sampler // nil: greedy
+	var qs [][]float64
+	if p.Temperature > 0 {
+		smp = newSampler(p, 0)
+		qs = make([][]float64, s.k)
+	}
 	cur := argmax(s.tctx.LogitsView(s.batch.Len() - 1))
+	if smp != nil {
+		cur = smp.sample(s.tctx.LogitsView(s.batch.Len() - 1))
+	}
 	if err := s.prefill(s.dctx, prompt[:len(prompt)-1], false); err != nil {
 		return err
 	}
@@ -251,7 +277,14 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 			dpos += len(pending)
 			pending = pending[:0]
 			for {
-				d := argmax(s.dctx.LogitsView(s.batch.Len() - 1))
+				var d int32
+				if smp == nil {
+					d = argmax(s.dctx.LogitsView(s.batch.Len() - 1))
+				} else {
+					q := smp.probs(s.dctx.LogitsView(s.batch.Len()-1), qs[len(props)])
+					qs[len(props)] = q
+					d = drawFrom(q, smp.rng)
+				}
 				props = append(props, d)
 				if len(props) == k {
 					break
@@ -265,7 +298,12 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 			}
 		}
 		// Verify cur and the proposals in one target decode.
-		vd, err := verifyDraft(s.tctx, s.batch, n, cur, props)
+		var vd verdict
+		if smp == nil {
+			vd, err = verifyDraft(s.tctx, s.batch, n, cur, props)
+		} else {
+			vd, err = s.verifySampled(smp, n, cur, props, qs)
+		}
 		if err != nil {
 			return fmt.Errorf("target decode: %w", err)
 		}
@@ -299,6 +337,34 @@ func (s *speculator) generate(ctx context.Context, prompt []int32, maxTok int, c
 			return nil
 		}
 	}
+}
+
+// verifySampled decodes last at position pos and the proposals after it in
+// one target batch and runs acceptOrResample at each proposal in turn: the
+// first rejected one is replaced by the residual draw; when all are kept the
+// next token is drawn from the target's distribution after them. On return
+// the target's KV holds [0, pos+1+accepted). Errors: llama.cpp failures.
+func (s *speculator) verifySampled(smp *sampler, pos int, last int32, props []int32, qs [][]float64) (verdict, error) {
+	b := s.batch
+	b.Clear()
+	b.Add(last, pos, 0, true)
+	for i, d := range props {
+		b.Add(d, pos+1+i, 0, true)
+	}
+	if err := s.tctx.Decode(b); err != nil {
+		return verdict{}, err
+	}
+	for i, x := range props {
+		s.pbuf = smp.probs(s.tctx.LogitsView(i), s.pbuf)
+		tok, kept, res := acceptOrResample(s.pbuf, qs[i], x, smp.rng, s.rbuf)
+		s.rbuf = res
+		if !kept {
+			s.tctx.SeqRm(0, pos+1+i, -1)
+			return verdict{accepted: i, next: tok, mismatch: true}, nil
+		}
+	}
+	s.pbuf = smp.probs(s.tctx.LogitsView(len(props)), s.pbuf)
+	return verdict{accepted: len(props), next: drawFrom(s.pbuf, smp.rng)}, nil
 }
 
 // prefill decodes toks into ctx from position 0 in NBatch chunks, with

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -221,5 +222,88 @@ func TestCloseStopsASpeculativeRequest(t *testing.T) {
 	}
 	if e.SpeculativeStats().Rounds == 0 {
 		t.Fatal("the request did not run on the speculative path")
+	}
+}
+
+// TestSpeculativeSamplingMatchesPlainSampling compares, over the same seeds,
+// the completions a plain engine samples with those of speculative engines
+// (the target itself, a Q4_0 copy and an unrelated model as drafts) by a
+// two-sample chi-square test: speculative sampling must draw from the
+// target's distribution whatever the draft. An identical draft must be
+// accepted almost always (Σ min(p, q) = 1 up to rounding).
+func TestSpeculativeSamplingMatchesPlainSampling(t *testing.T) {
+	dir := t.TempDir()
+	target := writeModel(t, dir, "target.gguf", "small", 7, 0)
+	mk := func(draft string) *Engine {
+		return newEngine(t, func(c *Config) {
+			c.ModelPath, c.AdapterDir = target, ""
+			c.NSeqMax, c.NCtx = 1, 256
+			c.DraftModel, c.DraftTokens = draft, 2
+		})
+	}
+	plain := mk("")
+	prompt, err := plain.Tokenize("The quick brown fox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// top_k 2 and 4 tokens: at most 16 completions; temperature 1.5
+	// flattens the random model's distribution so that most occur.
+	const n = 500
+	sample := func(e *Engine) map[string]float64 {
+		out := map[string]float64{}
+		for i := range n {
+			seed := int64(i)
+			text := ""
+			_, err := e.Generate(context.Background(), Request{Prompt: prompt, Params: SamplingParams{Temperature: 1.5, TopK: 2, Seed: &seed, MaxTokens: 4}}, func(ev Event) error {
+				text += ev.Text
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[text]++
+		}
+		return out
+	}
+	want := sample(plain)
+	if len(want) < 4 {
+		t.Fatalf("plain sampling drew only %d distinct completions: the test cannot tell distributions apart", len(want))
+	}
+	for _, d := range []struct{ name, path string }{
+		{"identical", target},
+		{"q4_0-copy", quantizedCopy(t, target, filepath.Join(dir, "q4.gguf"), "q4_0")},
+		{"unrelated", writeModel(t, dir, "other.gguf", "small", 99, 0)},
+	} {
+		e := mk(d.path)
+		got := sample(e)
+		keys := map[string]bool{}
+		for k := range want {
+			keys[k] = true
+		}
+		for k := range got {
+			keys[k] = true
+		}
+		var chi2 float64
+		for k := range keys {
+			if a, b := want[k], got[k]; a+b > 0 {
+				chi2 += (a - b) * (a - b) / (a + b)
+			}
+		}
+		// Equal sample sizes: Σ (a−b)²/(a+b) is chi-square with
+		// categories−1 degrees of freedom; df + 4·sqrt(2·df) is beyond the
+		// 0.9999 quantile for these df (Wilson–Hilferty).
+		df := float64(len(keys) - 1)
+		if crit := df + 4*math.Sqrt(2*df); chi2 > crit {
+			t.Errorf("draft %s: chi-square %.1f over %d completions exceeds %.1f: speculative sampling does not draw from the target's distribution\nplain %v\nspeculative %v", d.name, chi2, len(keys), crit, want, got)
+		}
+		st := e.SpeculativeStats()
+		if st.Proposed == 0 {
+			t.Fatalf("draft %s: no sampled request took the speculative path", d.name)
+		}
+		acc := float64(st.Accepted) / float64(st.Proposed)
+		if d.name == "identical" && acc < 0.95 {
+			t.Errorf("identical draft: acceptance %.3f, want about 1", acc)
+		}
+		t.Logf("draft %s: chi-square %.1f (df %.0f), acceptance %.3f over %d proposals", d.name, chi2, df, acc, st.Proposed)
 	}
 }
