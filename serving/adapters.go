@@ -53,6 +53,7 @@ type AdapterInfo struct {
 	Bytes        int64        `json:"bytes"`     // file size
 	HotBytes     int64        `json:"hot_bytes"` // resident tensor bytes while hot, else 0
 	Uses         int          `json:"uses"`      // requests served by this version
+	Hits         int          `json:"hits"`      // of Uses, those that found it hot (no load): Hits/Uses is the hit rate
 	Running      int          `json:"running"`   // requests running on this version
 	// Draining lists older versions of this name that still have running
 	// requests.
@@ -86,6 +87,7 @@ type adapterEntry struct {
 	hot          *llama.Adapter // nil unless hot
 	hotBytes     int64
 	uses         int
+	hits         int // uses that found the version hot
 	lastUsed     time.Time
 	loadTime     time.Duration // last cold→hot (or warm→hot) time
 	pins         int           // running requests
@@ -451,7 +453,7 @@ func (am *adapterManager) list() []AdapterInfo {
 	for _, e := range am.entries {
 		info := AdapterInfo{
 			Name: e.name, Path: e.path, Version: e.version, BaseChecksum: e.baseChecksum, Quantization: e.quant,
-			Loaded: e.loaded, State: e.state(), Bytes: e.size, HotBytes: e.hotBytes, Uses: e.uses, Running: e.pins, LoadTime: e.loadTime,
+			Loaded: e.loaded, State: e.state(), Bytes: e.size, HotBytes: e.hotBytes, Uses: e.uses, Hits: e.hits, Running: e.pins, LoadTime: e.loadTime,
 		}
 		for _, r := range am.retired {
 			if r.name == e.name && r.pins > 0 {
@@ -520,7 +522,9 @@ func (am *adapterManager) pin(e *adapterEntry, room func(need int64, keep *adapt
 		am.mu.Unlock()
 		return errRetired
 	}
-	if e.hot == nil {
+	if e.hot != nil {
+		e.hits++
+	} else {
 		need := e.hotCost()
 		if need > am.hotBudget {
 			am.mu.Unlock()

@@ -279,6 +279,14 @@ func TestEvictionKeepsHotAndWarmWithinBudgetsAndKeepsTheCostlyAdapter(t *testing
 	if hot != 2 {
 		t.Errorf("%d hot adapters, want 2: %v", hot, states)
 	}
+	// Hits: support loads on its first use and is hot for its three
+	// others; each of the others loads on its only use.
+	wantUses := map[string][2]int{"support": {4, 3}, "billing": {1, 0}, "payments": {1, 0}, "legal": {1, 0}}
+	for _, a := range e.Adapters() {
+		if w, ok := wantUses[a.Name]; ok && (a.Uses != w[0] || a.Hits != w[1]) {
+			t.Errorf("%s: %d uses, %d hits; want %d and %d", a.Name, a.Uses, a.Hits, w[0], w[1])
+		}
+	}
 }
 
 func TestMismatchedAdaptersAreRefused(t *testing.T) {

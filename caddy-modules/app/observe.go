@@ -48,7 +48,7 @@ func (a *App) EngineState() (observe.EngineState, bool) {
 	st := e.Stats()
 	s := observe.EngineState{Model: e.Name(), Busy: st.BusySequences, Free: st.FreeSequences, Queued: st.Queued, Steps: st.Steps}
 	for _, ad := range e.Adapters() {
-		s.Adapters = append(s.Adapters, observe.Adapter{Name: ad.Name, State: string(ad.State), Bytes: ad.Bytes, Uses: ad.Uses, LoadTime: ad.LoadTime})
+		s.Adapters = append(s.Adapters, observe.Adapter{Name: ad.Name, State: string(ad.State), Bytes: ad.Bytes, Uses: ad.Uses, Hits: ad.Hits, LoadTime: ad.LoadTime})
 	}
 	return s, true
 }

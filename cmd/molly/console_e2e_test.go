@@ -235,6 +235,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		Redacted  string `json:"redacted"`
 		Targets   int    `json:"targets"`
 		Adapters  int    `json:"adapters"`
+		HitCells  int    `json:"hitCells"`
 		Policy    string `json:"policy"`
 		Route     string `json:"route"`
 		Attempts  int    `json:"attempts"`
@@ -260,6 +261,7 @@ func TestConsoleInABrowser(t *testing.T) {
 			return {tiers, Members: members, denied: den ? den.textContent : "", denLabel: den ? den.dataset.label : "",
 				redacted: (q('tr.decision[data-id="`+redactedID+`"] td.redacted') || {}).textContent || "",
 				targets: all('#targets tr[data-target]').length, adapters: all('#adapters tr[data-adapter]').length,
+				hitCells: all('#adapters tr[data-adapter] td[data-hit-rate]').length,
 				policy: q('#policy-status').textContent, route: q('tr.details-row code.route').textContent,
 				attempts: all('tr.details-row tbody.attempts tr').length,
 				delivered: all('tr.details-row tbody.attempts .badge.ok').length,
@@ -295,8 +297,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	if got.Route != routes[fallbackID] || got.Attempts != 4 || got.Delivered != 1 {
 		t.Errorf("fallback detail: route %q (header %q), %d attempts, %d delivered", got.Route, routes[fallbackID], got.Attempts, got.Delivered)
 	}
-	if got.Targets != 4 || got.Adapters != len(serving.DemoAdapters) || got.Policy != "loaded" || got.Points == 0 {
-		t.Errorf("targets %d, adapters %d, policy %q, T0-share points %d", got.Targets, got.Adapters, got.Policy, got.Points)
+	if got.Targets != 4 || got.Adapters != len(serving.DemoAdapters) || got.HitCells != got.Adapters || got.Policy != "loaded" || got.Points == 0 {
+		t.Errorf("targets %d, adapters %d (%d with a hit rate), policy %q, T0-share points %d", got.Targets, got.Adapters, got.HitCells, got.Policy, got.Points)
 	}
 	mu.Lock()
 	defer mu.Unlock()

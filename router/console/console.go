@@ -357,8 +357,8 @@ type Engine struct {
 	observe.EngineState
 	KVShare float64 `json:"kv_share"`
 	// Share is, per adapter, its share of the requests served by adapters
-	// (Adapter.Uses over their sum). The engine reports no cache hit
-	// counts: a hit rate needs serving to count loads per request.
+	// (Adapter.Uses over their sum); each adapter's hit rate is its
+	// Hits/Uses.
 	Share map[string]float64 `json:"share"`
 }
 

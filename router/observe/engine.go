@@ -23,12 +23,14 @@ type EngineState struct {
 }
 
 // Adapter is one registered adapter: its state (hot, warm, cold), file
-// size in bytes, requests served and last load time.
+// size in bytes, requests served, those of them that found it hot (Hits;
+// Hits/Uses is its hit rate) and last load time.
 type Adapter struct {
 	Name     string        `json:"name"`
 	State    string        `json:"state"`
 	Bytes    int64         `json:"bytes"`
 	Uses     int           `json:"uses"`
+	Hits     int           `json:"hits"`
 	LoadTime time.Duration `json:"load_time_ns"`
 }
 
