@@ -272,7 +272,7 @@ func (e *Engine) ServeRemoteDraft(w http.ResponseWriter, r *http.Request, body [
 		}
 		return false
 	}
-	if !strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/v1/chat/completions") || remoteDraftable(body) != "" {
+	if !strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/chat/completions") || remoteDraftable(body) != "" {
 		return decline("")
 	}
 	model := gjson.GetBytes(body, "model").String()
@@ -488,4 +488,16 @@ func (s *draftSession) generate(ctx context.Context, commit []int32, eog bool, o
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	return u, flush(finish)
+}
+
+// RemoteDrafter returns ServeRemoteDraft for the remote engine whose verify
+// endpoint is verifyURL (an HTTPVerifier sending header, over client),
+// proposing tokens per round (0: 4), telling logf why requests are not
+// drafted: the gateway's hook for a target with draft_with_engine
+// (router/egress.Drafter).
+func (e *Engine) RemoteDrafter(verifyURL string, header http.Header, client *http.Client, tokens int, logf func(format string, args ...any)) func(http.ResponseWriter, *http.Request, []byte) bool {
+	d := &RemoteDraft{Verifier: &HTTPVerifier{URL: verifyURL, Header: header, Client: client}, Tokens: tokens, Logf: logf}
+	return func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		return e.ServeRemoteDraft(w, r, body, d)
+	}
 }
