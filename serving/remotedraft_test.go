@@ -207,6 +207,16 @@ func TestRemoteDraftDeclines(t *testing.T) {
 	if ok, _ := drafted(t, p.local, d, base); !ok {
 		t.Fatal("the eligible request was not drafted")
 	}
+	// One drafted request at a time: another one finds the drafter busy.
+	p.local.drafter.mu.Lock()
+	ok, w := drafted(t, p.local, d, base)
+	p.local.drafter.mu.Unlock()
+	if ok || w.Body.Len() != 0 {
+		t.Errorf("a request while the drafter is busy: drafted (%v) or wrote %q", ok, w.Body)
+	}
+	if st := p.local.RemoteDraftStats(); st.Requests != 1 || st.Declined != 13 {
+		t.Errorf("stats %+v, want 1 drafted and 13 declined", st)
+	}
 
 	// Remotes whose GET answers other hashes, or which are not Molly engines.
 	info := p.remote.VerifyInfo()
@@ -253,7 +263,7 @@ func TestRemoteDraftDeclines(t *testing.T) {
 	}
 
 	// A verify call carrying stale hashes is refused.
-	w := call(t, p.remote, t.Context(), http.MethodPost, "/molly/engine/verify", map[string]any{"prefix": []int32{1}, "vocab_sha256": "stale"})
+	w = call(t, p.remote, t.Context(), http.MethodPost, "/molly/engine/verify", map[string]any{"prefix": []int32{1}, "vocab_sha256": "stale"})
 	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "verify_mismatch") {
 		t.Errorf("stale hash: %d %s", w.Code, w.Body)
 	}
@@ -265,5 +275,51 @@ func TestRemoteDraftDeclines(t *testing.T) {
 	}
 	if p.local.VerifyInfo().VocabSHA256 != info.VocabSHA256 {
 		t.Error("a Q4_0 copy has another vocabulary hash")
+	}
+}
+
+// TestRemoteDraftVerifyFailures: a remote whose first verification fails
+// is declined (the caller sends the request as usual); one failing later
+// ends the answer with 502 upstream_error, and the cached Info is dropped.
+func TestRemoteDraftVerifyFailures(t *testing.T) {
+	p := newRemotePair(t)
+	var mu sync.Mutex
+	posts, failFrom := 0, 1
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			mu.Lock()
+			posts++
+			fail := posts >= failFrom
+			mu.Unlock()
+			if fail {
+				writeError(w, http.StatusInternalServerError, "server_error", "", "", "verify broke")
+				return
+			}
+		}
+		p.remote.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	v := &HTTPVerifier{URL: srv.URL + "/molly/engine/verify"}
+	d := &RemoteDraft{Verifier: v, Tokens: 2}
+	if ok, w := drafted(t, p.local, d, chatBody("hello there", 30, false)); ok || w.Body.Len() != 0 {
+		t.Fatalf("a failing first verification: drafted (%v) or wrote %q", ok, w.Body)
+	}
+	mu.Lock()
+	posts, failFrom = 0, 3
+	mu.Unlock()
+	ok, w := drafted(t, p.local, d, chatBody("hello there", 30, false))
+	var r chatResponse
+	if !ok || w.Code != http.StatusBadGateway || json.Unmarshal(w.Body.Bytes(), &r) != nil || r.Error == nil || r.Error.Code == nil || *r.Error.Code != "upstream_error" {
+		t.Fatalf("a verification failing later: drafted %v, %d %s", ok, w.Code, w.Body)
+	}
+	if v.info != nil {
+		t.Error("the Info survived a failed verify call")
+	}
+	mu.Lock()
+	posts, failFrom = 0, 3
+	mu.Unlock()
+	ok, w = drafted(t, p.local, d, chatBody("hello there", 30, true))
+	if !ok || w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "upstream_error") || strings.Contains(w.Body.String(), "[DONE]") {
+		t.Fatalf("a streamed verification failing later: drafted %v, %d %s", ok, w.Code, w.Body)
 	}
 }
