@@ -33,25 +33,7 @@ func BenchmarkSpeculative(b *testing.B) {
 	if size == "" || size == "tiny" {
 		size = "bench"
 	}
-	dir := filepath.Join(os.TempDir(), "molly-bench-spec-"+size)
-	target := filepath.Join(dir, "target.gguf")
-	q4 := filepath.Join(dir, "q4_0.gguf")
-	trunc := filepath.Join(dir, "truncated.gguf")
-	if _, err := os.Stat(filepath.Join(dir, "done")); err != nil {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		writeModel(b, dir, "target.gguf", size, 1, 0)
-		quantizedCopy(b, target, q4, "q4_0")
-		c, err := gguf.SizeConfig(size, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		writeModel(b, dir, "truncated.gguf", size, 1, max(1, c.Layers/4))
-		if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
+	target, q4, trunc := specModels(b, size)
 	rounds := 3
 	if v := os.Getenv("MOLLY_BENCH_ROUNDS"); v != "" {
 		fmt.Sscan(v, &rounds)
@@ -136,4 +118,30 @@ func BenchmarkSpeculative(b *testing.B) {
 		b.ReportMetric(median(tps[i])/base, "speedup/"+fmt.Sprint(i))
 	}
 	w.Flush()
+}
+
+// specModels writes (once per size, under $TMPDIR) the speculative
+// benchmarks' models: the target (seed 1), a Q4_0 copy of it and its first
+// quarter of layers.
+func specModels(b *testing.B, size string) (target, q4, trunc string) {
+	dir := filepath.Join(os.TempDir(), "molly-bench-spec-"+size)
+	target = filepath.Join(dir, "target.gguf")
+	q4 = filepath.Join(dir, "q4_0.gguf")
+	trunc = filepath.Join(dir, "truncated.gguf")
+	if _, err := os.Stat(filepath.Join(dir, "done")); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		writeModel(b, dir, "target.gguf", size, 1, 0)
+		quantizedCopy(b, target, q4, "q4_0")
+		c, err := gguf.SizeConfig(size, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		writeModel(b, dir, "truncated.gguf", size, 1, max(1, c.Layers/4))
+		if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return target, q4, trunc
 }

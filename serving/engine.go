@@ -161,8 +161,9 @@ type Engine struct {
 	cellBytes int64 // bytes of one KV cell (all layers, K and V)
 	budget    int64 // Config.MemoryBytes
 	reasoning *reasoningSpec
-	spec      *speculator // nil without Config.DraftModel
-	verify    verifyState // POST /molly/engine/verify (verify.go)
+	spec      *speculator  // nil without Config.DraftModel
+	verify    verifyState  // POST /molly/engine/verify (verify.go)
+	drafter   drafterState // drafting for a remote engine (remotedraft.go)
 
 	mu      sync.Mutex
 	pending []*request
@@ -300,6 +301,7 @@ func (e *Engine) closeLlama() {
 	e.closeVerifiers()
 	e.emb.close()
 	e.verify.close()
+	e.drafter.close()
 	if e.spec != nil {
 		e.spec.mu.Lock() // a running speculative request stops at e.quit
 		e.spec.close()

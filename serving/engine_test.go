@@ -446,7 +446,13 @@ func streamChat(t testing.TB, e *Engine, body map[string]any) []streamChunk {
 	if _, ok := body["prompt"]; ok {
 		path = "/v1/completions"
 	}
-	w := call(t, e, context.Background(), http.MethodPost, path, body)
+	return parseSSE(t, call(t, e, context.Background(), http.MethodPost, path, body))
+}
+
+// parseSSE returns a recorded stream's chunks; it fails unless the answer
+// is an event stream ending with "data: [DONE]".
+func parseSSE(t testing.TB, w *httptest.ResponseRecorder) []streamChunk {
+	t.Helper()
 	if w.Code != http.StatusOK || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("status %d %q: %s", w.Code, w.Header().Get("Content-Type"), w.Body.String())
 	}

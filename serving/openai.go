@@ -22,6 +22,8 @@ import (
 //	POST /v1/completions
 //	POST /v1/embeddings        (embeddings.go)
 //	GET  /v1/models            (the base and "<base>:<adapter>" names)
+//	POST /molly/engine/verify  (remote verification, verify.go)
+//	GET  /molly/engine/verify  (what a drafter must share, VerifyInfo)
 //
 // The request's `model` is "<base>" or "<base>:<adapter>". Chat requests may
 // ask for a reasoning block (reasoning_effort, max_reasoning_tokens,
@@ -32,7 +34,8 @@ import (
 // in-process with a (possibly redacted) body. Errors are OpenAI error JSON
 // {"error":{"message","type","param","code"}}: 400 invalid request (code
 // context_length_exceeded, adapter_refused where they apply), 404 unknown
-// model or path, 405 GET on a completion endpoint, 503 engine closed, 500 otherwise. A
+// model or path, 405 GET on a completion endpoint, 409 a verify call for another
+// vocabulary, 503 engine closed, 500 otherwise. A
 // cancelled request context (client disconnect) cancels generation within one
 // scheduler step.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -47,7 +50,7 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.serveEmbeddings(w, r)
 	case strings.HasSuffix(path, "/molly/engine/verify"):
 		if r.Method == http.MethodGet {
-			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
+			e.serveVerifyInfo(w)
 			return
 		}
 		e.serveVerify(w, r)
@@ -185,6 +188,14 @@ func (m chatMessage) text() (string, error) {
 
 // parse validates the body and builds the engine request.
 func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, error) {
+	return e.parseRequest(body, chat, true)
+}
+
+// parseRequest is parse; without switching, a chat request is taken as
+// written: no reasoning switcher and no default n_chains (remote drafting
+// renders the prompt the remote engine will see, not this engine's
+// choices).
+func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionRequest, Request, error) {
 	// One idea of a valid request for the gateway and the engine: the
 	// shared validator first, then the engine's own limits below.
 	ep := openai.EndpointCompletions
@@ -303,13 +314,16 @@ func (e *Engine) parse(body []byte, chat bool) (*completionRequest, Request, err
 		if err != nil {
 			return nil, r, err
 		}
-		if r.Adapter, rp, cr.switched, err = e.switchReasoning(msgs, toks, r.Adapter, rp, rp != nil || closed); err != nil {
-			return nil, r, err
+		cr.chains = 1
+		if switching {
+			if r.Adapter, rp, cr.switched, err = e.switchReasoning(msgs, toks, r.Adapter, rp, rp != nil || closed); err != nil {
+				return nil, r, err
+			}
+			if cr.chains, err = e.parseChains(body, r.Adapter, r.N, cr.Stream); err != nil {
+				return nil, r, err
+			}
 		}
 		r.Reasoning = rp
-		if cr.chains, err = e.parseChains(body, r.Adapter, r.N, cr.Stream); err != nil {
-			return nil, r, err
-		}
 		if cr.chains > 1 && cr.plan != nil && cr.plan.tools {
 			return nil, r, badRequest("n_chains", "n_chains > 1 cannot be combined with tools: the chains vote on a text answer")
 		}
@@ -439,9 +453,18 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	if cr.Stream {
-		e.stream(w, r.Context(), cr, req, chat, id, object+map[bool]string{true: ".chunk", false: ""}[chat], created)
+		e.stream(w, r.Context(), cr, req, chat, id, object+map[bool]string{true: ".chunk", false: ""}[chat], created, e.Generate)
 		return
 	}
+	e.respond(w, r.Context(), cr, req, chat, id, object, created, e.Generate)
+}
+
+// generateFunc runs a request as Engine.Generate does: the scheduler's path
+// (Generate) or remote drafting (remotedraft.go).
+type generateFunc func(ctx context.Context, r Request, onEvent func(Event) error) (Usage, error)
+
+// respond runs req with gen and writes the whole (non-stream) answer.
+func (e *Engine) respond(w http.ResponseWriter, ctx context.Context, cr *completionRequest, req Request, chat bool, id, object string, created int64, gen generateFunc) {
 	texts := make([]strings.Builder, req.N)
 	reasoning := make([]strings.Builder, req.N)
 	finish := make([]string, req.N)
@@ -449,7 +472,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	llp := make([]wireLegacyLogprobs, req.N)
 	offs := make([]int, req.N)
 	var fingerprint any // the adapter version that answered
-	usage, err := e.Generate(r.Context(), req, func(ev Event) error {
+	usage, err := gen(ctx, req, func(ev Event) error {
 		if ev.Version != "" {
 			fingerprint = ev.Version
 		}
@@ -468,7 +491,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		return nil
 	})
 	if err != nil {
-		if r.Context().Err() != nil {
+		if ctx.Err() != nil {
 			return // client gone
 		}
 		ae := classify(err)
@@ -506,11 +529,12 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	_ = json.NewEncoder(w).Encode(resp)
 }
 
-// stream writes server-sent events: for chat, a first chunk per choice with
-// the assistant role, content deltas, a chunk with finish_reason; when
-// stream_options.include_usage, a last chunk with empty choices and the
-// usage (other chunks carry "usage": null); then "data: [DONE]".
-func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completionRequest, req Request, chat bool, id, object string, created int64) {
+// stream runs req with gen and writes server-sent events: for chat, a first
+// chunk per choice with the assistant role, content deltas, a chunk with
+// finish_reason; when stream_options.include_usage, a last chunk with empty
+// choices and the usage (other chunks carry "usage": null); then
+// "data: [DONE]".
+func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completionRequest, req Request, chat bool, id, object string, created int64, gen generateFunc) {
 	includeUsage := cr.StreamOptions != nil && cr.StreamOptions.IncludeUsage
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -548,7 +572,7 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 		}
 	}
 	offs := make([]int, req.N)
-	usage, err := e.Generate(ctx, req, func(ev Event) error {
+	usage, err := gen(ctx, req, func(ev Event) error {
 		if ev.Version != "" {
 			fingerprint = ev.Version
 		}

@@ -2,12 +2,17 @@ package serving
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tidwall/gjson"
 
@@ -27,6 +32,88 @@ type verifyState struct {
 	ctx    *llama.Context
 	batch  *llama.Batch
 	cached []int32 // tokens whose KV the context holds, from position 0
+
+	calls, proposed, accepted atomic.Int64 // VerifyStats
+
+	infoOnce sync.Once
+	info     VerifyInfo
+}
+
+// VerifyStats counts remote verification since the engine started: Calls
+// answered (POST /molly/engine/verify and Engine.Verify), the draft tokens
+// they Proposed and how many of those were Accepted.
+type VerifyStats struct {
+	Calls, Proposed, Accepted int64
+}
+
+// VerifyStats reports the remote verification counters.
+func (e *Engine) VerifyStats() VerifyStats {
+	v := &e.verify
+	return VerifyStats{Calls: v.calls.Load(), Proposed: v.proposed.Load(), Accepted: v.accepted.Load()}
+}
+
+// VerifyInfo is what a drafting engine must share with this one for its
+// drafts to be verified and its answers to equal this engine's own
+// (GET /molly/engine/verify).
+type VerifyInfo struct {
+	// Model is the served base model name.
+	Model string `json:"model"`
+	// VocabSHA256 is the hex SHA-256 of the tokenizer: for every token id
+	// in order, its text's length (4 bytes, little endian), the text
+	// (llama_vocab_get_text) and one byte, 1 when the token ends
+	// generation; then the ids (4 bytes each, little endian) that
+	// tokenizing the empty string with special tokens gives (BOS/EOS as the
+	// model adds them).
+	VocabSHA256 string `json:"vocab_sha256"`
+	// ChatTemplateSHA256 is the hex SHA-256 of the chat template the
+	// engine renders messages with (the model's, or "chatml").
+	ChatTemplateSHA256 string `json:"chat_template_sha256"`
+	// ContextTokens is the most prompt plus completion tokens of one
+	// request (Engine.ContextTokens); a greedy answer ends at it with
+	// finish_reason "length".
+	ContextTokens int `json:"context_tokens"`
+	// Plain reports that a base-model chat request without reasoning or
+	// n_chains fields is decoded as written: no reasoning switcher and no
+	// default n_chains for the base (either would change the answer
+	// drafting reproduces).
+	Plain bool `json:"plain"`
+}
+
+// VerifyInfo describes this engine for drafters (computed once).
+func (e *Engine) VerifyInfo() VerifyInfo {
+	v := &e.verify
+	v.infoOnce.Do(func() {
+		h := sha256.New()
+		var n [4]byte
+		for t := range int32(e.model.NVocab()) {
+			text := e.model.TokenText(t)
+			binary.LittleEndian.PutUint32(n[:], uint32(len(text)))
+			h.Write(n[:])
+			h.Write([]byte(text))
+			eog := byte(0)
+			if e.model.IsEOG(t) {
+				eog = 1
+			}
+			h.Write([]byte{eog})
+		}
+		special, _ := e.model.Tokenize("", true, true)
+		for _, t := range special {
+			binary.LittleEndian.PutUint32(n[:], uint32(t))
+			h.Write(n[:])
+		}
+		tmpl := sha256.Sum256([]byte(e.tmpl))
+		v.info = VerifyInfo{
+			Model: e.cfg.ModelName, VocabSHA256: hex.EncodeToString(h.Sum(nil)), ChatTemplateSHA256: hex.EncodeToString(tmpl[:]),
+			ContextTokens: e.nCtxSeq, Plain: e.reasoning.adapter == "" && e.reasoning.chains[""] <= 1,
+		}
+	})
+	return v.info
+}
+
+// serveVerifyInfo is GET /molly/engine/verify: VerifyInfo as JSON.
+func (e *Engine) serveVerifyInfo(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(e.VerifyInfo())
 }
 
 func (v *verifyState) close() {
@@ -112,6 +199,9 @@ func (e *Engine) Verify(ctx context.Context, prefix, draft []int32) (accepted in
 		return 0, 0, err
 	}
 	v.cached = append(append(v.cached, prefix[n]), draft[:vd.accepted]...)
+	v.calls.Add(1)
+	v.proposed.Add(int64(len(draft)))
+	v.accepted.Add(int64(vd.accepted))
 	return vd.accepted, vd.next, nil
 }
 
@@ -183,7 +273,11 @@ func verifyDraft(ctx *llama.Context, b *llama.Batch, pos int, last int32, rest [
 
 // serveVerify is POST /molly/engine/verify: body {"prefix": [token ids],
 // "draft": [token ids]}, answer {"accepted": n, "next": token id, "eog":
-// whether next ends generation}; see Verify.
+// whether next ends generation}; see Verify. The body may also carry
+// "vocab_sha256" and "chat_template_sha256", the drafter's idea of this
+// engine's (VerifyInfo): when either differs the answer is 409 with code
+// verify_mismatch (this engine's tokenizer or template changed since the
+// drafter asked), so token ids of another vocabulary are never verified.
 func (e *Engine) serveVerify(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 8<<20))
 	if err != nil {
@@ -210,6 +304,14 @@ func (e *Engine) serveVerify(w http.ResponseWriter, r *http.Request) {
 			out = append(out, int32(t.Num))
 		}
 		return out, nil
+	}
+	info := e.VerifyInfo()
+	for field, want := range map[string]string{"vocab_sha256": info.VocabSHA256, "chat_template_sha256": info.ChatTemplateSHA256} {
+		if f := gjson.GetBytes(body, field); f.Exists() && f.String() != want {
+			writeError(w, http.StatusConflict, "invalid_request_error", field, "verify_mismatch",
+				fmt.Sprintf("%s %q is not this engine's (%s): ask GET %s again", field, f.String(), want, r.URL.Path))
+			return
+		}
 	}
 	prefix, err := tokens("prefix")
 	var draft []int32

@@ -167,6 +167,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.egress, err = egress.New(cat, handler); err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}
+	a.egress.SetLogger(a.logger.Named("draft"))
 	w := route.DefaultWeights
 	if a.Weights != nil {
 		w = *a.Weights

@@ -139,6 +139,8 @@ func init() {
 //			max_context <tokens>
 //			timeout <duration>
 //			outlier_detection { ... } | off   # as below; unset fields from the global one
+//			draft_with_engine                 # T1/T2 Molly engine: the engine block's model drafts, it verifies
+//			draft_tokens <k>                  # tokens drafted per verify call (default 4)
 //		}
 //		outlier_detection {               # circuit breaking, for every target (router/health)
 //			consecutive_5xx <n>
@@ -448,6 +450,19 @@ func parseTarget(d *caddyfile.Dispenser) (*route.Target, error) {
 			var v float64
 			if v, err = floatArg(d); err == nil {
 				t.MaxContext = int(v)
+			}
+		case "draft_with_engine":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			t.DraftWithEngine = true
+		case "draft_tokens":
+			var v float64
+			if v, err = floatArg(d); err == nil {
+				if v != float64(int(v)) {
+					err = fmt.Errorf("%v is not a whole number of tokens", v)
+				}
+				t.DraftTokens = int(v)
 			}
 		case "outlier_detection":
 			t.OutlierDetection, err = parseOutlierDetection(d)

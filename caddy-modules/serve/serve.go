@@ -19,8 +19,9 @@ import (
 
 // Serve is the molly_serve handler: it answers with the T0 engine directly
 // (POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-// POST /v1/embeddings, POST /molly/engine/verify for remote speculative
-// decoding, serving/README.md). It
+// POST /v1/embeddings, POST and GET /molly/engine/verify for remote
+// speculative decoding — drafting engines verify here and read what they
+// must share, serving/README.md). It
 // skips classification and policy, so expose it only where any caller may
 // use the on-device model (for example on a loopback-only site).
 type Serve struct {

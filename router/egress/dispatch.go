@@ -19,9 +19,11 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/sjson"
+	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
@@ -49,7 +51,8 @@ var (
 // Safe for concurrent use.
 type Egress struct {
 	clients map[string]*upstream
-	probes  probes // Health's outcomes (probe.go)
+	probes  probes                     // Health's outcomes (probe.go)
+	logger  atomic.Pointer[zap.Logger] // SetLogger (draft.go)
 }
 
 type upstream struct {
@@ -61,7 +64,9 @@ type upstream struct {
 // New makes the clients of the catalogue's targets: an http.Client per
 // openai target (no environment proxy, the target's timeout for connecting
 // and response headers), and an in-process transport to engine for kind
-// engine targets (engine may be nil when there are none).
+// engine targets (engine may be nil when there are none). A target with
+// DraftWithEngine gets a transport that offers chat completions to the
+// engine's drafting first (draft.go); engine must then be a Drafter.
 func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
 	e := &Egress{clients: map[string]*upstream{}}
 	for _, t := range cat.Targets() {
@@ -93,6 +98,13 @@ func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
 			IdleConnTimeout:       90 * time.Second,
 			ForceAttemptHTTP2:     true,
 		}}
+		if t.DraftWithEngine {
+			d, ok := engine.(Drafter)
+			if !ok {
+				return nil, fmt.Errorf("target %s: draft_with_engine needs the molly app's engine, and none is configured", t.Name)
+			}
+			e.drafting(t.Name, u, d, t.DraftTokens)
+		}
 		e.clients[t.Name] = u
 	}
 	return e, nil

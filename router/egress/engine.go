@@ -18,25 +18,50 @@ type handlerTransport struct {
 }
 
 func (t *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, _, err := serveInProcess(req, func(w http.ResponseWriter, r *http.Request) bool {
+		t.h.ServeHTTP(w, r)
+		return true
+	})
+	return resp, err
+}
+
+// serveInProcess runs serve on req in a goroutine and returns the response
+// it writes, as soon as its header is written (the body streams through a
+// pipe; closing it cancels serve's context). serve returning false without
+// having written anything declines the request: served is then false and
+// nothing else happened. A panic in serve is a 500 whose body ends with
+// io.ErrUnexpectedEOF.
+func serveInProcess(req *http.Request, serve func(http.ResponseWriter, *http.Request) bool) (resp *http.Response, served bool, err error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	pr, pw := io.Pipe()
 	rw := &pipeResponseWriter{header: http.Header{}, pw: pw, ready: make(chan struct{})}
+	declined := make(chan struct{})
 	go func() {
+		ok := true
 		defer func() {
 			if p := recover(); p != nil {
 				rw.fail(http.StatusInternalServerError)
 			}
+			if !ok && !rw.written() {
+				close(declined)
+				_ = pw.Close()
+				return
+			}
 			rw.WriteHeader(http.StatusOK) // no-op when already written
 			_ = pw.Close()
 		}()
-		t.h.ServeHTTP(rw, req.WithContext(ctx))
+		ok = serve(rw, req.WithContext(ctx))
 	}()
 	select {
 	case <-rw.ready:
+	case <-declined:
+		cancel()
+		_ = pr.Close()
+		return nil, false, nil
 	case <-ctx.Done():
 		cancel()
 		_ = pr.Close()
-		return nil, ctx.Err()
+		return nil, true, ctx.Err()
 	}
 	return &http.Response{
 		Status:     strconv.Itoa(rw.status) + " " + http.StatusText(rw.status), // "200 OK", as net/http sets it
@@ -46,7 +71,7 @@ func (t *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		Body:          &cancelOnClose{ReadCloser: pr, cancel: cancel},
 		ContentLength: -1,
 		Request:       req,
-	}, nil
+	}, true, nil
 }
 
 type cancelOnClose struct {
@@ -75,6 +100,16 @@ func (w *pipeResponseWriter) WriteHeader(status int) {
 		w.status = status
 		close(w.ready)
 	})
+}
+
+// written reports whether the header was written.
+func (w *pipeResponseWriter) written() bool {
+	select {
+	case <-w.ready:
+		return true
+	default:
+		return false
+	}
 }
 
 func (w *pipeResponseWriter) Write(b []byte) (int, error) {

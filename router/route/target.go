@@ -66,6 +66,20 @@ type Target struct {
 	// one is declared. vision and audio admit the image and audio
 	// modalities; a target without embeddings does not serve that endpoint.
 	Capabilities []string `json:"capabilities,omitempty"`
+	// DraftWithEngine (kind openai, tier T1 or T2, a Molly engine behind
+	// Endpoint) lets the molly app's in-process engine draft for the
+	// target: an eligible chat request (temperature 0, n 1, no stop,
+	// logprobs, tools, response_format, reasoning) is decoded by the
+	// engine's base model proposing tokens and the target's engine
+	// verifying them (POST <endpoint without /v1>/molly/engine/verify), so
+	// the answer is the target's own greedy answer in fewer remote decodes
+	// (serving/remotedraft.go). It needs the molly app's engine, sharing the
+	// target's tokenizer and chat template (checked at run time by GET on
+	// the verify endpoint; otherwise requests go as usual).
+	DraftWithEngine bool `json:"draft_with_engine,omitempty"`
+	// DraftTokens is how many tokens the engine proposes per verify call
+	// with DraftWithEngine; default 4 (at most 64).
+	DraftTokens int `json:"draft_tokens,omitempty"`
 	// OutlierDetection ejects the target from plans while it fails (circuit
 	// breaking, router/health); its zero fields come from the molly app's
 	// outlier_detection, then health's defaults.
@@ -193,6 +207,12 @@ func (t *Target) Validate() error {
 	if t.PriceIn < 0 || t.PriceOut < 0 || t.LatencyMS < 0 || t.MaxContext < 0 || t.TimeoutMS < 0 {
 		return fmt.Errorf("target %s: price_in, price_out, latency_ms, max_context and timeout_ms must not be negative", t.Name)
 	}
+	if t.DraftWithEngine && (kindOrDefault(t.Kind) != KindOpenAI || (t.Tier != "T1" && t.Tier != "T2")) {
+		return fmt.Errorf("target %s: draft_with_engine is for a kind openai target of tier T1 or T2 (a Molly engine on another machine), not %s %s", t.Name, kindOrDefault(t.Kind), t.Tier)
+	}
+	if t.DraftTokens < 0 || t.DraftTokens > 64 || (t.DraftTokens > 0 && !t.DraftWithEngine) {
+		return fmt.Errorf("target %s: draft_tokens %d must be 1..64, with draft_with_engine", t.Name, t.DraftTokens)
+	}
 	if t.OutlierDetection != nil {
 		if err := t.OutlierDetection.Validate(); err != nil {
 			return fmt.Errorf("target %s: %w", t.Name, err)
@@ -220,6 +240,9 @@ func (t *Target) provision(engine Engine) error {
 	}
 	if len(t.Modalities) == 0 {
 		t.Modalities = []string{"text"}
+	}
+	if t.DraftWithEngine && engine == nil {
+		return fmt.Errorf("target %s: draft_with_engine needs the molly app's engine, and none is configured", t.Name)
 	}
 	caps := t.Capabilities
 	if t.Kind == KindEngine {

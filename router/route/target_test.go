@@ -57,6 +57,13 @@ func TestTargetValidate(t *testing.T) {
 		{"a negative price", func(t *Target) { t.PriceOut = -1 }, "target a: price_in, price_out, latency_ms, max_context and timeout_ms must not be negative"},
 		{"a negative context", func(t *Target) { t.MaxContext = -1 }, "target a: price_in, price_out, latency_ms, max_context and timeout_ms must not be negative"},
 		{"a negative timeout", func(t *Target) { t.TimeoutMS = -1 }, "target a: price_in, price_out, latency_ms, max_context and timeout_ms must not be negative"},
+		{"drafting for a T1 target is valid", func(t *Target) { t.DraftWithEngine, t.DraftTokens = true, 8 }, ""},
+		{"drafting for an engine target", func(t *Target) { t.Kind, t.Tier, t.DraftWithEngine = KindEngine, "T0", true },
+			"target a: draft_with_engine is for a kind openai target of tier T1 or T2 (a Molly engine on another machine), not engine T0"},
+		{"drafting for an external API", func(t *Target) { t.Tier, t.DraftWithEngine = "T3", true },
+			"target a: draft_with_engine is for a kind openai target of tier T1 or T2 (a Molly engine on another machine), not openai T3"},
+		{"draft_tokens without drafting", func(t *Target) { t.DraftTokens = 4 }, "target a: draft_tokens 4 must be 1..64, with draft_with_engine"},
+		{"too many draft tokens", func(t *Target) { t.DraftWithEngine, t.DraftTokens = true, 65 }, "target a: draft_tokens 65 must be 1..64, with draft_with_engine"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,6 +97,12 @@ func TestNewCatalogue(t *testing.T) {
 	t.Run("an engine target needs an engine", func(t *testing.T) {
 		_, err := NewCatalogue([]*Target{{Name: "e", Tier: "T0", Kind: KindEngine, Models: []string{"m"}}}, nil)
 		if got := errString(err); got != "target e: kind engine needs the molly app's engine, and none is configured" {
+			t.Fatalf("err = %q", got)
+		}
+	})
+	t.Run("drafting needs an engine", func(t *testing.T) {
+		_, err := NewCatalogue([]*Target{{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:1/v1", Models: []string{"m"}, DraftWithEngine: true}}, nil)
+		if got := errString(err); got != "target lan: draft_with_engine needs the molly app's engine, and none is configured" {
 			t.Fatalf("err = %q", got)
 		}
 	})

@@ -215,6 +215,13 @@ func (m *Model) TokenPiece(tok int32) []byte {
 	return nil
 }
 
+// TokenText is the vocabulary's text of tok as stored in the model
+// (llama_vocab_get_text): control tokens keep their text, byte tokens read
+// like "<0x0A>", and SentencePiece spaces stay "▁".
+func (m *Model) TokenText(tok int32) string {
+	return C.GoString(C.llama_vocab_get_text(m.vocab, C.llama_token(tok)))
+}
+
 // IsEOG reports whether tok ends generation (EOS, EOT, <|im_end|>, ...).
 func (m *Model) IsEOG(tok int32) bool { return bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(tok))) }
 
