@@ -115,6 +115,7 @@ type App struct {
 	// orchestrator serves composite requests; nil when turned off.
 	orchestrator *orchestrate.Orchestrator
 	sampling     chan struct{} // stops the engine sampler (observe.go)
+	inflight     *inflight     // requests the handlers are serving (drain.go)
 
 	recorder *traces.Recorder // consented trace capture (specialise.go)
 	loop     *specialise.Loop // the specialisation loop (specialise.go)
@@ -133,6 +134,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // Provision checks the admin endpoint, compiles the policy and builds the catalogue.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
+	a.inflight = new(inflight)
 	// `molly validate` binds no admin listener (where admin.Check refuses
 	// a plaintext one), so the app checks the admin block too.
 	if err := admin.CheckContext(ctx); err != nil {
@@ -319,19 +321,28 @@ func (a *App) Stop() error {
 	return nil
 }
 
-// Cleanup stops the tool plugins, closes idle upstream connections and the engine.
+// Cleanup stops the usage delivery and federation, then stops the tool
+// plugins, closes upstream connections, the trace recorder, the registry
+// and the engine: at once, or, when a reload replaced this app while its
+// handlers still serve requests, once those have ended (drain.go).
 func (a *App) Cleanup() error {
 	a.stopUsage() // sends in flight, each bounded by its timeout (Stop did it unless Start never ran)
 	a.stopFederation()
 	a.cleanupFederation()
+	if err := a.cleanupPriors(); err != nil {
+		a.logger.Error("closing the priors", zap.Error(err))
+	}
+	a.afterDrain(a.release)
+	return nil
+}
+
+// release closes what the requests of this app use.
+func (a *App) release() {
 	if a.tools != nil {
 		_ = a.tools.Close()
 	}
 	if a.recorder != nil {
 		_ = a.recorder.Close() // stores what is queued
-	}
-	if err := a.cleanupPriors(); err != nil {
-		a.logger.Error("closing the priors", zap.Error(err))
 	}
 	if err := a.cleanupRegistry(); err != nil {
 		a.logger.Error("closing the registry", zap.Error(err))
@@ -340,9 +351,10 @@ func (a *App) Cleanup() error {
 		a.egress.Close()
 	}
 	if a.engine != nil {
-		return a.engine.Close()
+		if err := a.engine.Close(); err != nil {
+			a.logger.Error("closing the engine", zap.Error(err))
+		}
 	}
-	return nil
 }
 
 // current is the running app, for admin API routes (which Caddy provisions

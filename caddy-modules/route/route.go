@@ -53,6 +53,7 @@ func (rt *Route) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // ServeHTTP routes the request.
 func (rt *Route) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	defer rt.app.Serving()()
 	openai.RequestID(w, r)
 	ann := classify.From(r.Context())
 	d, ok := pipeline.DecidedFrom(r.Context())

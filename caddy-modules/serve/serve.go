@@ -61,6 +61,7 @@ func (s *Serve) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // ServeHTTP hands the request to the engine.
 func (s *Serve) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	defer s.app.Serving()()
 	openai.RequestID(w, r)
 	e := s.app.Engine()
 	if e == nil {

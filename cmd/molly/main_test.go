@@ -103,9 +103,10 @@ func (s *syncBuffer) String() string {
 
 // gateway is a running molly process.
 type gateway struct {
-	URL  string // base URL ending in /v1
-	cmd  *exec.Cmd
-	logs *syncBuffer
+	URL    string // base URL ending in /v1
+	Config string // the config file it runs
+	cmd    *exec.Cmd
+	logs   *syncBuffer
 }
 
 // startMolly writes caddyfile (with {PORT} replaced) and runs `molly run` on
@@ -134,7 +135,7 @@ func startMollyConfig(t testing.TB, config, adapter string, env []string) *gatew
 	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(config, "{PORT}", fmt.Sprint(port))), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d/v1", port), logs: &syncBuffer{}}
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d/v1", port), Config: cfg, logs: &syncBuffer{}}
 	args := []string{"run", "--config", cfg}
 	if adapter != "json" {
 		args = append(args, "--adapter", adapter)
