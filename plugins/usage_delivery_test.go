@@ -237,7 +237,7 @@ func (h *usageHost) waitAcks(t *testing.T, n, not int) int {
 	}
 }
 
-// TestTheBillingLedgerEqualsTheRegistryAfterKills is issue 13's kill
+// TestTheBillingLedgerEqualsTheRegistryAfterKills is the kill
 // test for the usage path: usage hosts (the gateway's usage side in its own
 // process) write bursts of records while the billing plugin is killed with
 // SIGKILL again and again, and the hosts themselves are killed with SIGKILL

@@ -34,7 +34,7 @@ if token == nil || len(token.Value) < 8 { return errors.New("invalid access toke
 `
 
 // mixedPara mixes prose, code and a paragraph dense with personal data
-// (about one value per 120 bytes): the "1 MB mixed prompt" of issue 10.
+// (about one value per 120 bytes): the "1 MB mixed prompt" of the request-path speed goal.
 var mixedPara = prosePara + codePara + densePara + prosePara + codePara
 
 func repeatTo(p string, size int) string {
@@ -54,7 +54,7 @@ func benchScan(b *testing.B, para string, size int) {
 	}
 }
 
-// baselineRe is the plain-regex baseline of issue 10: one RE2 alternation
+// baselineRe is the plain-regex baseline of the speed goal: one RE2 alternation
 // of the textbook patterns for e-mail addresses, card-like digit groups,
 // phone-like numbers, IPv4 addresses and key=value secrets, with none of
 // the validation, normalisation or gitleaks rules.

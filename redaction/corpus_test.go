@@ -337,7 +337,7 @@ func (sc *corpusScore) table() string {
 	return b.String()
 }
 
-// check fails t when the score is under the bar of issue 12: recall 0.995
+// check fails t when the score is under the bar: recall 0.995
 // and precision 0.98 overall, perType for each type (0.98 for the tuning
 // part; the held-out part, never tuned on, is held to the overall bar and
 // to 0.97 per type, and its per-type shortfalls against 0.98 are logged).

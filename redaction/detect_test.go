@@ -308,9 +308,9 @@ func TestScanOnlyRunsEnabledTypes(t *testing.T) {
 	}
 }
 
-// TestEvasionsOfIssue12 lists the minimal inputs of issue 12 that leaked,
+// TestRoundOneEvasions lists the minimal evasions that leaked in round 1,
 // each with the finding it must produce (written by hand).
-func TestEvasionsOfIssue12(t *testing.T) {
+func TestRoundOneEvasions(t *testing.T) {
 	runScanCases(t, []scanCase{
 		{"a card with a space between every digit", "", "card 4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 ok", []string{"CREDIT_CARD:4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"}},
 		{"a card with newlines", "", "card\n4111\n1111\n1111\n1111\nok", []string{"CREDIT_CARD:4111\n1111\n1111\n1111"}},
@@ -340,9 +340,9 @@ func TestEvasionsOfIssue12(t *testing.T) {
 	})
 }
 
-// TestPrecisionOfIssue12 lists look-alikes that must not be found, or
+// TestPrecisionOnLookAlikes lists look-alikes that must not be found, or
 // not with more bytes than the value.
-func TestPrecisionOfIssue12(t *testing.T) {
+func TestPrecisionOnLookAlikes(t *testing.T) {
 	runScanCases(t, []scanCase{
 		{"a version string is not an IP address", "", "Version 10.2.3.4 of the firmware", nil},
 		{"a build number is not an IP address", "", "build 4.0.1.22 is out", nil},

@@ -118,7 +118,7 @@ func TestNoRequestShapeOvershootsTheBudgetOrTheTPM(t *testing.T) {
 				prompt := 1 + rng.IntN(300)
 				n := 1 + rng.IntN(4)
 				if rng.IntN(10) == 0 {
-					n = 128 // issue 13: n multiplies the work
+					n = 128 // n multiplies the work
 				}
 				maxTokens := 1 + rng.IntN(200)
 				attempts := (1 + rng.IntN(3)) * (1 + rng.IntN(2)) // cascade attempts × mixture members

@@ -15,7 +15,7 @@ import (
 // (settling the reservation), Release — on a member with a monthly budget
 // and a TPM, on a ledger whose month is empty or already holds 10,000
 // records. "durable" is this
-// package; "baseline" is the implementation it replaced (issue 5), rebuilt
+// package; "baseline" is the implementation it replaced (the first registry), rebuilt
 // below from its code: reservations and the TPM window in memory, the spend
 // summed over the period's ledger rows on every admission, one INSERT per
 // record, the same SQLite pragmas. Both run on the same clock, which moves
@@ -118,7 +118,7 @@ func benchBaseline(b *testing.B, month int, u Usage) {
 	}
 }
 
-// baseline is the ledger of issue 5 (registry/reserve.go, usage.go and
+// baseline is the first registry's ledger (registry/reserve.go, usage.go and
 // limits.go before this change), reduced to what one request does.
 type baseline struct {
 	db  *sql.DB

@@ -111,7 +111,7 @@ func TestTheRPMWindowSurvivesReopen(t *testing.T) {
 	}
 }
 
-// TestAVersionOneFileIsUpgraded: a file written by the registry of issue 5
+// TestAVersionOneFileIsUpgraded: a file written by the first registry
 // (schema without versions) gets record ids in the same scheme, spend
 // counters equal to its ledger, and keeps its members and keys.
 func TestAVersionOneFileIsUpgraded(t *testing.T) {

@@ -23,7 +23,7 @@ func migrations() []sqlite.Migration {
 	}
 }
 
-// schemaV1 is the schema of issue 5 (keys and budgets); IF NOT EXISTS so a
+// schemaV1 is the first schema (keys and budgets); IF NOT EXISTS so a
 // file made before migrations were versioned adopts it as version 1.
 const schemaV1 = `
 CREATE TABLE IF NOT EXISTS members (

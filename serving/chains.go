@@ -11,7 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Parallel chains with a verifier vote (issue 18): a chat request with
+// Parallel chains with a verifier vote: a chat request with
 // n_chains N (Molly's extension, or ReasoningConfig.Chains for its adapter)
 // runs N chains as N choices of one request, so they share the prompt's KV
 // cells (llama_memory_seq_cp, as n>1 does). Each chain's final answer is

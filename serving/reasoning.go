@@ -13,7 +13,7 @@ import (
 	"github.com/molly-gateway/molly/router/capability"
 )
 
-// Reasoning mode (issue 18).
+// Reasoning mode.
 //
 // A reasoning request generates a block of reasoning between the template's
 // delimiters (<think> … </think> for Qwen3, DeepSeek-R1 and the demo model)

@@ -7,7 +7,7 @@ import (
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
-// The reasoning switcher (issue 18): a chat request on the base model, with
+// The reasoning switcher: a chat request on the base model, with
 // ReasoningConfig.Adapter set, runs on the reasoning adapter with a reasoning
 // block when its prompt scores hard, and on the base model without one
 // otherwise. The score is the capability estimator's difficulty of the last

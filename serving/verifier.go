@@ -18,7 +18,7 @@ import (
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
-// Verifier is the chain verifier of parallel test-time scaling (issue 18):
+// Verifier is the chain verifier of parallel test-time scaling:
 // a linear head over the base model's last hidden state at the end of a
 // chain's answer, P(correct) = σ(w·h + b), fitted by logistic regression
 // (L2-regularised maximum likelihood, accelerated gradient) from labelled

@@ -73,7 +73,7 @@ func (m *Health) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	case 2:
 		m.Live, m.Ready = args[0], args[1]
 	default:
-		return d.Err("molly_health takes no arguments, or the liveness and readiness paths: molly_health /healthz /readyz")
+		return d.Err("molly_health takes no arguments, or the liveness and readiness paths after a matcher: molly_health * /healthz /readyz")
 	}
 	if d.NextBlock(0) {
 		return d.Err("molly_health takes no block")

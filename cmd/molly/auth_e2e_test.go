@@ -339,7 +339,7 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 			t.Fatalf("alice's usage after restart %+v", s)
 		}
 		// The RPM window is in the registry too: bob's three requests of
-		// this minute still count (issue 13: RPM windows persist across restarts).
+		// this minute still count (RPM windows persist across restarts).
 		_, err = keyClient(g2, bobKey).Chat.Completions.New(ctx, chat("bob is back"))
 		if apiErr := apiError(t, err); apiErr.StatusCode != 429 || apiErr.Code != "rate_limit_exceeded" || apiErr.Response.Header.Get("Retry-After") == "" {
 			t.Fatalf("bob after restart, his minute still full: %d %s", apiErr.StatusCode, apiErr.RawJSON())

@@ -120,7 +120,7 @@ type ledgerRow struct {
 	prompt, completion, nusd, at    int64
 }
 
-// TestBillingEqualsTheGatewayAfterKillsDuringBursts is issue 13's kill -9
+// TestBillingEqualsTheGatewayAfterKillsDuringBursts is the kill -9
 // test through the real gateway: clients send bursts of chat requests
 // (whole and streamed) while the billing plugin is killed with SIGKILL
 // twice per round and then the gateway itself is killed with SIGKILL

@@ -14,7 +14,7 @@ import (
 // HiddenContext reads the base model's last hidden state (the output of the
 // final norm, what the output projection turns into logits) for token
 // sequences: the features of the reasoning switcher's probe and of the
-// chain verifier (issue 18). It is a context of its own with embeddings on
+// chain verifier. It is a context of its own with embeddings on
 // and no pooling, two sequences on a unified KV cache, no adapters. Not safe
 // for concurrent use.
 type HiddenContext struct {
