@@ -337,6 +337,11 @@ func TestRoundOneEvasions(t *testing.T) {
 		{"hex with spaces", "", "x 6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67 y", []string{"EMAIL:6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67"}},
 		{"an SSN without separators after SSN", "", "SSN 536221234.", []string{"US_SSN:536221234"}},
 		{"an SSN with dots", "", "ssn is 536.22.1234.", []string{"US_SSN:536.22.1234"}},
+		{"an e-mail with a NUL inside", "", "mail bob@exam\x00ple.com now", []string{"EMAIL:bob@exam\x00ple.com"}},
+		{"an e-mail with DEL and an escape", "", "mail b\x7fob@exa\x1bmple.com now", []string{"EMAIL:b\x7fob@exa\x1bmple.com"}},
+		{"an e-mail with U+FFFD (a lone surrogate escape, decoded)", "", "mail bob@exam\ufffdple.com now", []string{"EMAIL:bob@exam\ufffdple.com"}},
+		{"an e-mail with a C1 control", "", "mail bob@exam\u0090ple.com now", []string{"EMAIL:bob@exam\u0090ple.com"}},
+		{"a card with NULs between the groups", "", "pan 4111\x001111\x001111\x001111 ok", []string{"CREDIT_CARD:4111\x001111\x001111\x001111"}},
 	})
 }
 

@@ -72,8 +72,22 @@ var confusables = map[rune]rune{
 // combining marks (Mn, Me), which evasions stack on letters ("má̱rio").
 func dropRune(r rune) bool {
 	return unicode.Is(unicode.Cf, r) || r >= 0xFE00 && r <= 0xFE0F || r >= 0xE0100 && r <= 0xE01EF ||
-		unicode.Is(unicode.Mn, r) || unicode.Is(unicode.Me, r)
+		unicode.Is(unicode.Mn, r) || unicode.Is(unicode.Me, r) ||
+		// C1 controls (NEL is a line break: mapRune) and U+FFFD, what a
+		// JSON decoder makes of a lone surrogate escape (\ud800).
+		r >= 0x80 && r <= 0x9F && r != 0x85 || r == utf8.RuneError
 }
+
+// dropASCII marks the C0 controls other than the white space ones (tab,
+// line feed, vertical tab, form feed, carriage return), and DEL:
+// invisible, so "bob@exam\u0000ple.com" reads as the address it shows.
+var dropASCII = func() (t [128]bool) {
+	for c := range 0x20 {
+		t[c] = c < '\t' || c > '\r'
+	}
+	t[0x7F] = true
+	return t
+}()
 
 // mapRune returns the ASCII stand-in for dashes, spaces, dots, decimal
 // digits of other scripts and homoglyphs, or -1.
@@ -123,7 +137,13 @@ var htmlEntities = map[string]byte{
 // specialASCII marks the ASCII bytes that may start a rewrite in the view:
 // '%' (percent-encoding), '\\' (JSON \uXXXX escapes) and '&' (HTML
 // character references).
-var specialASCII = [256]bool{'%': true, '\\': true, '&': true}
+var specialASCII = func() (t [256]bool) {
+	t['%'], t['\\'], t['&'] = true, true, true
+	for c := range 128 {
+		t[c] = t[c] || dropASCII[c]
+	}
+	return t
+}()
 
 // hexVal returns the value of a hex digit, or -1.
 func hexVal(c byte) int {
@@ -369,6 +389,10 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 					i += n
 					continue
 				}
+			default:
+				if dropASCII[c] {
+					w.replace(i, i+1, "")
+				}
 			}
 			i++
 			continue
@@ -422,6 +446,9 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 // normRune returns the view text of a decoded rune (from an escape).
 func normRune(r rune, buf *[]byte) string {
 	if r < 0x80 {
+		if dropASCII[r] {
+			return ""
+		}
 		return string(rune(r))
 	}
 	if dropRune(r) {
