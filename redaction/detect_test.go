@@ -341,7 +341,10 @@ func TestRoundOneEvasions(t *testing.T) {
 		{"an e-mail with DEL and an escape", "", "mail b\x7fob@exa\x1bmple.com now", []string{"EMAIL:b\x7fob@exa\x1bmple.com"}},
 		{"an e-mail with U+FFFD (a lone surrogate escape, decoded)", "", "mail bob@exam\ufffdple.com now", []string{"EMAIL:bob@exam\ufffdple.com"}},
 		{"an e-mail with a C1 control", "", "mail bob@exam\u0090ple.com now", []string{"EMAIL:bob@exam\u0090ple.com"}},
-		{"a card with NULs between the groups", "", "pan 4111\x001111\x001111\x001111 ok", []string{"CREDIT_CARD:4111\x001111\x001111\x001111"}},
+		{"a card with NULs between the groups", "", "pan 4111\x001111\x001111\x001111 ok", []string{"CREDIT_CARD:4111\x001111\x001111\x001111"}},		{"a quoted password with punctuation", "", `password = "Hunt3r2!xyz9Q"`, []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"a prefixed password key with a #", "", "db_password: Xk9#mQ2vLp7z\n", []string{"SECRET/password:Xk9#mQ2vLp7z"}},
+		{"a password in prose", "", "my password is Xk9mQ2vLp7zR. thanks", []string{"SECRET/password:Xk9mQ2vLp7zR"}},
+		{"an upper-case key and :=", "", "DB_PASSWD := 'q7Rt!x2Zp'", []string{"SECRET/password:q7Rt!x2Zp"}},
 	})
 }
 
@@ -355,7 +358,12 @@ func TestPrecisionOnLookAlikes(t *testing.T) {
 		{"an e-mail in a URL path does not swallow the path", "", "https://crm.example.com/contacts/luca.bianchi@example.it ok", []string{"EMAIL:luca.bianchi@example.it"}},
 		{"meet at a domain is not an e-mail", "", "meet at example.com tomorrow", nil},
 		{"order numbers are not phones", "", "Order 3471234567 shipped", nil},
-		{"a CIDR block is not an address", "", "the range 10.0.0.0/8 is private", nil},
+		{"a CIDR block is not an address", "", "the range 10.0.0.0/8 is private", nil},		{"a password field description is not a password", "", "password: required, at least 12 characters", nil},
+		{"a password read from the environment is not a password", "", "password = os.environ['DB_PW']", nil},
+		{"a template variable is not a password", "", "password=${DB_PASSWORD}", nil},
+		{"a masked password is not a password", "", "password: ********", nil},
+		{"a reset URL is not a password", "", "password_reset_url: https://example.com/r/abc123", nil},
+		{"prose about a password is not a password", "", "the password is incorrect, try again", nil},
 	})
 }
 

@@ -170,6 +170,12 @@ var handSecretRules = []struct {
 	{"google", `\bAIza[0-9A-Za-z_-]{35}`, 0, 0, []string{"aiza"}},
 	{"jwt", `\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}`, 0, 0, []string{"eyj"}},
 	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----`, 0, 0, []string{"-----begin"}},
+	// A password written as an assignment or in prose ("db_password:
+	// Xk9#mQ2vLp7z", `password = "Hunt3r2!xyz9Q"`, "my password is …"):
+	// 8 to 128 printable bytes without quotes, brackets, '$' or ',' ';',
+	// not ending in sentence punctuation; passwordValue then requires a
+	// letter and a digit and rules out URLs and masks.
+	{"password", `(?i)(?:password|passwd|passphrase)[a-z_]{0,20}(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was)\b:?)[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{7,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase"}},
 	// A pasted key cut short: BEGIN line then base64 lines.
 	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:\s*[A-Za-z0-9+/=]{16,})+`, 0, 0, []string{"-----begin"}},
 }
@@ -866,6 +872,9 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	if r.entropy > 0 && shannon(secret) <= r.entropy {
 		return Finding{}, false
 	}
+	if r.hand && r.subtype == "password" && !passwordValue(secret) {
+		return Finding{}, false
+	}
 	ms := m[0]
 	if r.stripped {
 		ms = identStart(text, ms)
@@ -875,6 +884,20 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 		return Finding{}, false
 	}
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
+}
+
+// passwordValue reports whether the value of a password assignment looks
+// like a password rather than code or prose: a letter and a digit, no
+// URL, no mask ("****", "xxxx").
+func passwordValue(s string) bool {
+	var letter, digit bool
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		letter = letter || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		digit = digit || c >= '0' && c <= '9'
+	}
+	l := strings.ToLower(s)
+	return letter && digit && !strings.Contains(l, "://") && !strings.Contains(l, "****") && !strings.Contains(l, "xxxx")
 }
 
 func isSpaceByte(c byte) bool {
