@@ -50,6 +50,11 @@ func TestHashPseudonymsFollowTheEntityNotItsSpelling(t *testing.T) {
 		{"e-mail addresses in any case", TypeEmail, "Alice@Example.com", "alice@example.com", true},
 		{"card numbers with or without spaces", TypeCreditCard, "4111 1111 1111 1111", "4111111111111111", true},
 		{"different addresses", TypeEmail, "alice@example.com", "bob@example.com", false},
+		{"an address with a soft hyphen", TypeEmail, "bob@exam\u00adple.com", "bob@example.com", true},
+		{"an address in fullwidth forms", TypeEmail, "bob\uff20example\uff0ecom", "bob@example.com", true},
+		{"an address with a zero-width space and a NUL", TypeEmail, "b\u200bob@exa\x00mple.com", "BOB@EXAMPLE.COM", true},
+		{"a percent-encoded address", TypeEmail, "bob%40example.com", "bob@example.com", true},
+		{"a card in fullwidth digits", TypeCreditCard, "\uff14\uff11\uff11\uff11 1111 1111 1111", "4111111111111111", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := v.pseudonym(tc.typ, tc.a), v.pseudonym(tc.typ, tc.b)

@@ -97,8 +97,14 @@ func (v *Vault) pseudonym(typ, value string) string {
 // one entity written two ways gets one pseudonym: e-mail addresses in
 // lower case (mailbox names are case-insensitive in practice, though RFC
 // 5321 §2.4 lets the local part differ), and card, IBAN and phone numbers
-// without separators and in upper case.
+// without separators and in upper case — after the detectors'
+// normalisation (invisible characters dropped, fullwidth and other
+// compatibility forms folded, percent and character references decoded),
+// so that an evasion does not get a pseudonym of its own.
 func canonical(typ, value string) string {
+	if v, ok := normalise(value); ok {
+		value = strings.Clone(v.text)
+	}
 	switch typ {
 	case TypeEmail:
 		return strings.ToLower(value)
