@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -410,6 +411,12 @@ func (am *adapterManager) scan(dir string) error {
 			continue
 		}
 		if dir != "" && filepath.Dir(e.path) == filepath.Clean(dir) {
+			am.retire(name)
+			continue
+		}
+		// A name given to a file by AddAdapter or Config.Adapters goes
+		// with its file.
+		if _, err := os.Stat(e.path); errors.Is(err, fs.ErrNotExist) {
 			am.retire(name)
 			continue
 		}

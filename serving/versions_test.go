@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -335,5 +336,41 @@ func TestNewFilesAreServedWithoutARescan(t *testing.T) {
 	waitVersion(t, e, "fresh", "")
 	if e.Stats().WatchError != "" {
 		t.Errorf("watch error %q", e.Stats().WatchError)
+	}
+}
+
+// TestAnAdapterNamedByTheAPIGoesWithItsFile: a name given to a file of the
+// folder through AddAdapter, and one given to a file outside any folder,
+// stop being served once the file is deleted (as the folder's own names
+// do), at the next rescan.
+func TestAnAdapterNamedByTheAPIGoesWithItsFile(t *testing.T) {
+	src := t.TempDir()
+	data, _ := adapterFile(t, src, "a.gguf", 41)
+	dir, elsewhere := t.TempDir(), t.TempDir()
+	inDir, outside := filepath.Join(dir, "p4.gguf"), filepath.Join(elsewhere, "q.gguf")
+	must(t, os.WriteFile(inDir, data, 0o644))
+	must(t, os.WriteFile(outside, data, 0o644))
+	e := newEngine(t, func(c *Config) { c.AdapterDir = dir })
+	must(t, e.AddAdapter("p5", inDir))
+	must(t, e.AddAdapter("q", outside))
+	served := func(name string) bool {
+		code, _ := chat(t, e, greedy("molly-demo:"+name, "hi", 2))
+		return code == http.StatusOK
+	}
+	for _, n := range []string{"p4", "p5", "q"} {
+		if !served(n) {
+			t.Fatalf("%s is not served before its file is deleted", n)
+		}
+	}
+	must(t, os.Remove(inDir))
+	must(t, os.Remove(outside))
+	must(t, e.Rescan())
+	for _, n := range []string{"p4", "p5", "q"} {
+		if served(n) {
+			t.Errorf("%s is still served after its file was deleted", n)
+		}
+		if slices.Contains(e.Models(), "molly-demo:"+n) {
+			t.Errorf("%s is still listed: %v", n, e.Models())
+		}
 	}
 }
