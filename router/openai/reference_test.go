@@ -1,6 +1,8 @@
 package openai
 
 import (
+	"errors"
+	"regexp"
 	"strconv"
 	"unicode/utf8"
 
@@ -64,10 +66,45 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			r.MaxTokens = n
 		}
 	}
-	for _, p := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
-		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.Number {
-			return nil, WrongType(p, "a number", v)
+	for _, p := range []struct {
+		name     string
+		min, max float64
+	}{{"temperature", 0, 2}, {"top_p", 0, 1}, {"presence_penalty", -2, 2}, {"frequency_penalty", -2, 2}} {
+		v := root.Get(p.name)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
 		}
+		if v.Type != gjson.Number {
+			return nil, WrongType(p.name, "a number", v)
+		}
+		if err := refRange(p.name, v.Raw, p.min, p.max); err != nil {
+			return nil, err
+		}
+	}
+	if lb := root.Get("logit_bias"); lb.Exists() && lb.Type != gjson.Null {
+		if !lb.IsObject() {
+			return nil, WrongType("logit_bias", "an object", lb)
+		}
+		var bad *Error
+		lb.ForEach(func(k, v gjson.Result) bool {
+			if id, err := strconv.Atoi(k.Str); err != nil || id < 0 || id > 1<<31-1 || strconv.Itoa(id) != k.Str {
+				bad = InvalidRequest("logit_bias", "Invalid key in 'logit_bias': %q is not a token id (a non-negative integer).", k.Str)
+			} else if v.Type != gjson.Number {
+				bad = WrongType("logit_bias."+k.Str, "a number", v)
+			} else {
+				bad = refRange("logit_bias."+k.Str, v.Raw, -100, 100)
+			}
+			return bad == nil
+		})
+		if bad != nil {
+			return nil, bad
+		}
+	}
+	if u := root.Get("user"); u.Exists() && u.Type != gjson.Null && u.Type != gjson.String {
+		return nil, WrongType("user", "a string", u)
+	}
+	if so := root.Get("stream_options"); so.Exists() && so.Type != gjson.Null && !r.Stream {
+		return nil, InvalidRequest("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
 	}
 	if n, set, err := refOptPositive(root, "n"); err != nil {
 		return nil, err
@@ -83,6 +120,19 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			return nil, WrongType("response_format.type", "a string", t)
 		}
 		r.ResponseFormat = t.Str
+		if t.Str == "json_schema" && ep == EndpointChat {
+			js := v.Get("json_schema")
+			switch n := js.Get("name"); {
+			case !js.Exists() || js.Type == gjson.Null:
+				return nil, InvalidRequest("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
+			case !js.IsObject():
+				return nil, WrongType("response_format.json_schema", "an object", js)
+			case n.Type != gjson.String:
+				return nil, WrongType("response_format.json_schema.name", "a string", n)
+			case !refName(n.Str):
+				return nil, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.")
+			}
+		}
 	}
 	switch ep {
 	case EndpointChat:
@@ -139,6 +189,11 @@ func refChat(r *Request, root gjson.Result) *Error {
 				bad = WrongType(list.path+"["+strconv.Itoa(i)+"]."+list.name, "a string", n)
 				return false
 			}
+			if !refName(n.Str) {
+				p := list.path + "[" + strconv.Itoa(i) + "]." + list.name
+				bad = InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
+				return false
+			}
 			r.Tools = append(r.Tools, n.Str)
 			i++
 			return true
@@ -178,6 +233,12 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 	}
 	if role.Str == "tool" || role.Str == "function" {
 		r.ToolTurns = true
+	}
+	if id := m.Get("tool_call_id"); role.Str == "tool" && id.Type != gjson.String {
+		if !id.Exists() || id.Type == gjson.Null {
+			return InvalidRequest(param+".tool_call_id", "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.")
+		}
+		return WrongType(param+".tool_call_id", "a string", id)
 	}
 	if n := m.Get("name"); n.Exists() && n.Type != gjson.Null && n.Type != gjson.String {
 		return WrongType(param+".name", "a string", n)
@@ -220,6 +281,27 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 		if !tcs.IsArray() {
 			return WrongType(param+".tool_calls", "an array", tcs)
 		}
+		var bad *Error
+		j := 0
+		tcs.ForEach(func(_, tc gjson.Result) bool {
+			p := param + ".tool_calls[" + strconv.Itoa(j) + "]"
+			j++
+			fn := tc.Get("function")
+			switch {
+			case !tc.IsObject():
+				bad = WrongType(p, "an object", tc)
+			case !fn.IsObject():
+				bad = WrongType(p+".function", "an object", fn)
+			case fn.Get("name").Type != gjson.String:
+				bad = WrongType(p+".function.name", "a string", fn.Get("name"))
+			case fn.Get("arguments").Type != gjson.String:
+				bad = WrongType(p+".function.arguments", "a string", fn.Get("arguments"))
+			}
+			return bad == nil
+		})
+		if bad != nil {
+			return bad
+		}
 		r.ToolTurns = true
 	}
 	if m.Get("function_call").Exists() {
@@ -257,6 +339,26 @@ func refPrompts(r *Request, root gjson.Result, field string) *Error {
 	}
 	return nil
 }
+
+// refRange checks a number against [min, max], with ParseFloat's reading.
+func refRange(p, raw string, min, max float64) *Error {
+	x, err := strconv.ParseFloat(raw, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return InvalidRequest(p, "Invalid '%s': expected a number, but got %s.", p, raw)
+	}
+	if x > max {
+		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
+	}
+	if x < min {
+		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+	}
+	return nil
+}
+
+// refName is ^[a-zA-Z0-9_-]{1,64}$ as a regular expression.
+var refNameRe = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+func refName(s string) bool { return refNameRe.MatchString(s) }
 
 func refOptBool(root gjson.Result, p string) (bool, *Error) {
 	v := root.Get(p)

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"errors"
 	"math"
 	"strconv"
 
@@ -132,13 +133,31 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 			r.MaxTokens = n
 		}
 	}
+	// The ranges are the OpenAPI description's (CreateChatCompletionRequest,
+	// CreateCompletionRequest).
 	for _, p := range []struct {
-		i    int
-		name string
-	}{{f.temperature, "temperature"}, {f.topP, "top_p"}, {f.presencePenalty, "presence_penalty"}, {f.frequencyPenalty, "frequency_penalty"}} {
-		if p.i >= 0 && d.Kind(p.i) != KindNull && d.Kind(p.i) != KindNumber {
+		i        int
+		name     string
+		min, max float64
+	}{{f.temperature, "temperature", 0, 2}, {f.topP, "top_p", 0, 1}, {f.presencePenalty, "presence_penalty", -2, 2}, {f.frequencyPenalty, "frequency_penalty", -2, 2}} {
+		if p.i < 0 || d.Kind(p.i) == KindNull {
+			continue
+		}
+		if d.Kind(p.i) != KindNumber {
 			return nil, nil, wrongType(p.name, "a number", d, p.i)
 		}
+		if err := inRange(p.name, d.Raw(p.i), p.min, p.max); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := logitBias(d, f.logitBias); err != nil {
+		return nil, nil, err
+	}
+	if u := f.user; u >= 0 && d.Kind(u) != KindNull && d.Kind(u) != KindString {
+		return nil, nil, wrongType("user", "a string", d, u)
+	}
+	if so := f.streamOptions; so >= 0 && d.Kind(so) != KindNull && !r.Stream {
+		return nil, nil, InvalidRequest("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
 	}
 	if n, set, err := optPositive(d, f.n, "n"); err != nil {
 		return nil, nil, err
@@ -154,6 +173,20 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 			return nil, nil, wrongType("response_format.type", "a string", d, t)
 		}
 		r.ResponseFormat = d.Str(t)
+		if r.ResponseFormat == "json_schema" && ep == EndpointChat {
+			js := d.Member(v, "json_schema")
+			if js < 0 || d.Kind(js) == KindNull {
+				return nil, nil, InvalidRequest("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
+			}
+			if d.Kind(js) != KindObject {
+				return nil, nil, wrongType("response_format.json_schema", "an object", d, js)
+			}
+			if n := d.Member(js, "name"); n < 0 || d.Kind(n) != KindString {
+				return nil, nil, wrongType("response_format.json_schema.name", "a string", d, n)
+			} else if !FunctionName(d.Str(n)) {
+				return nil, nil, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.")
+			}
+		}
 	}
 	switch ep {
 	case EndpointChat:
@@ -188,12 +221,12 @@ type rootMembers struct {
 	model, stream, streamOptions, maxCompletionTokens, maxTokens            int
 	temperature, topP, presencePenalty, frequencyPenalty, n, responseFormat int
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
-	toolChoice                                                              int
+	toolChoice, logitBias, user                                             int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -236,6 +269,10 @@ func (f *rootMembers) read(d *Doc) {
 			at = &f.functions
 		case "tool_choice":
 			at = &f.toolChoice
+		case "logit_bias":
+			at = &f.logitBias
+		case "user":
+			at = &f.user
 		default:
 			continue
 		}
@@ -297,6 +334,10 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			if n < 0 || d.Kind(n) != KindString {
 				return wrongType(list.path+"["+strconv.Itoa(d.Index(c))+"]."+list.name, "a string", d, n)
 			}
+			if !FunctionName(d.Str(n)) {
+				p := list.path + "[" + strconv.Itoa(d.Index(c)) + "]." + list.name
+				return InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
+			}
 			r.Tools = append(r.Tools, d.Str(n))
 		}
 	}
@@ -320,7 +361,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 		return wrongType(param(), "an object", d, m)
 	}
 	// The members read, in one walk over the message's members.
-	role, name, content, toolCalls, functionCall := -1, -1, -1, -1, -1
+	role, name, content, toolCalls, functionCall, toolCallID := -1, -1, -1, -1, -1, -1
 	for c, end := m+1, d.Next(m); c < end; c = d.Next(c) {
 		switch k, _ := d.Key(c); k {
 		case "role":
@@ -333,6 +374,8 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 			toolCalls = c
 		case "function_call":
 			functionCall = c
+		case "tool_call_id":
+			toolCallID = c
 		}
 	}
 	if role < 0 || d.Kind(role) != KindString {
@@ -345,6 +388,12 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 	}
 	if rs == "tool" || rs == "function" {
 		r.ToolTurns = true
+	}
+	if rs == "tool" && (toolCallID < 0 || d.Kind(toolCallID) != KindString) {
+		if toolCallID < 0 || d.Kind(toolCallID) == KindNull {
+			return InvalidRequest(param()+".tool_call_id", "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.")
+		}
+		return wrongType(param()+".tool_call_id", "a string", d, toolCallID)
 	}
 	if name >= 0 && d.Kind(name) != KindNull && d.Kind(name) != KindString {
 		return wrongType(param()+".name", "a string", d, name)
@@ -387,6 +436,22 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 		if d.Kind(toolCalls) != KindArray {
 			return wrongType(param()+".tool_calls", "an array", d, toolCalls)
 		}
+		for c, end := toolCalls+1, d.Next(toolCalls); c < end; c = d.Next(c) {
+			p := param() + ".tool_calls[" + strconv.Itoa(d.Index(c)) + "]"
+			if d.Kind(c) != KindObject {
+				return wrongType(p, "an object", d, c)
+			}
+			fn := d.Member(c, "function")
+			if fn < 0 || d.Kind(fn) != KindObject {
+				return wrongType(p+".function", "an object", d, fn)
+			}
+			if n := d.Member(fn, "name"); n < 0 || d.Kind(n) != KindString {
+				return wrongType(p+".function.name", "a string", d, n)
+			}
+			if a := d.Member(fn, "arguments"); a < 0 || d.Kind(a) != KindString {
+				return wrongType(p+".function.arguments", "a string", d, a)
+			}
+		}
 		r.ToolTurns = true
 	}
 	if functionCall >= 0 {
@@ -415,6 +480,60 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 		}
 	default:
 		return wrongType(field, "a string or an array", d, v)
+	}
+	return nil
+}
+
+// FunctionName reports whether s is a valid function (or schema) name:
+// ^[a-zA-Z0-9_-]{1,64}$, as OpenAI's API requires.
+func FunctionName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// inRange checks the JSON number raw of parameter p against [min, max].
+func inRange(p, raw string, min, max float64) *Error {
+	x, err := strconv.ParseFloat(raw, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return InvalidRequest(p, "Invalid '%s': expected a number, but got %s.", p, raw)
+	case x > max:
+		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
+	case x < min:
+		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+	}
+	return nil
+}
+
+// logitBias checks logit_bias (value v, -1 when absent): an object from
+// token ids (integers, as strings) to biases in [-100, 100].
+func logitBias(d *Doc, v int) *Error {
+	if v < 0 || d.Kind(v) == KindNull {
+		return nil
+	}
+	if d.Kind(v) != KindObject {
+		return wrongType("logit_bias", "an object", d, v)
+	}
+	for c, end := v+1, d.Next(v); c < end; c = d.Next(c) {
+		k, _ := d.Key(c)
+		if id, err := strconv.ParseUint(k, 10, 31); err != nil || strconv.FormatUint(id, 10) != k {
+			return InvalidRequest("logit_bias", "Invalid key in 'logit_bias': %q is not a token id (a non-negative integer).", k)
+		}
+		p := "logit_bias." + k
+		if d.Kind(c) != KindNumber {
+			return wrongType(p, "a number", d, c)
+		}
+		if err := inRange(p, d.Raw(c), -100, 100); err != nil {
+			return err
+		}
 	}
 	return nil
 }
