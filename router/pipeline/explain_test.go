@@ -130,13 +130,13 @@ func TestServeExplainsLearnsAndCounts(t *testing.T) {
 
 	t.Run("X-Molly-Max-Cost excludes the costly target; X-Molly-Prefer best re-weights", func(t *testing.T) {
 		resp := postChat(t, srv.URL, body, map[string]string{"X-Molly-Max-Cost": "0.001", "X-Molly-Prefer": "best"})
-		want := "lan/m score=0.7000; runner-up none; excluded cloud: expected cost 0.007560 USD over X-Molly-Max-Cost 0.001000"
+		want := "lan/m score=0.7000; runner-up none; excluded cloud: expected cost 0.00756 USD over X-Molly-Max-Cost 0.001"
 		if got := resp.Header.Get(HeaderTarget); got != "lan" || resp.Header.Get(HeaderRoute) != want {
 			t.Fatalf("target %q route %q, want %q", got, resp.Header.Get(HeaderRoute), want)
 		}
 		last := logs.FilterMessage("route decision").All()
 		f := last[len(last)-1].ContextMap()
-		if !reflect.DeepEqual(f["excluded"], []any{"cloud: expected cost 0.007560 USD over X-Molly-Max-Cost 0.001000"}) || f["prefer"] != "best" || f["max_cost_usd"] != 0.001 {
+		if !reflect.DeepEqual(f["excluded"], []any{"cloud: expected cost 0.00756 USD over X-Molly-Max-Cost 0.001"}) || f["prefer"] != "best" || f["max_cost_usd"] != 0.001 {
 			t.Fatalf("log fields %v", f)
 		}
 	})

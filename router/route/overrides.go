@@ -88,10 +88,14 @@ type Health interface {
 }
 
 // ParseOverrides reads X-Molly-Max-Cost (a non-negative number of USD) and
-// X-Molly-Prefer (local, cheap or best; case-insensitive). Errors are 400
-// invalid_request_error naming the header.
+// X-Molly-Prefer (local, cheap or best; case-insensitive), and checks
+// X-Molly-Trace (on or off, case-insensitive; read by the trace capture).
+// Errors are 400 invalid_request_error naming the header.
 func ParseOverrides(h http.Header) (Overrides, *openai.Error) {
 	var o Overrides
+	if v := strings.TrimSpace(h.Get("X-Molly-Trace")); v != "" && !strings.EqualFold(v, "on") && !strings.EqualFold(v, "off") {
+		return o, openai.InvalidRequest("X-Molly-Trace", "Invalid X-Molly-Trace header %q: expected on or off.", v)
+	}
 	if v := strings.TrimSpace(h.Get(HeaderMaxCost)); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f < 0 || f != f || f > 1e9 {

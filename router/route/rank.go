@@ -157,7 +157,7 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 		case capped && cost > maxCost:
 			why, kind = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost), ExcludedPolicy
 		case s.HasMaxCost && cost > s.MaxCostUSD:
-			why, kind = fmt.Sprintf("expected cost %.6f USD over X-Molly-Max-Cost %.6f", cost, s.MaxCostUSD), ExcludedCost
+			why, kind = fmt.Sprintf("expected cost %.3g USD over X-Molly-Max-Cost %g", cost, s.MaxCostUSD), ExcludedCost
 		case s.Health != nil:
 			if ok, reason := s.Health.Admit(t.Name); !ok {
 				why, kind = reason, ExcludedHealth

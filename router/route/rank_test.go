@@ -198,10 +198,10 @@ func TestRankWithOverrides(t *testing.T) {
 	}{
 		{"X-Molly-Max-Cost below the cloud's expected cost excludes it",
 			allow(allTiers, nil), Overrides{MaxCostUSD: 0.005, HasMaxCost: true},
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.012500 USD over X-Molly-Max-Cost 0.005000", ExcludedCost, ""}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.0125 USD over X-Molly-Max-Cost 0.005", ExcludedCost, ""}}},
 		{"X-Molly-Max-Cost 0 keeps the free targets only",
 			allow(allTiers, nil), Overrides{HasMaxCost: true},
-			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over X-Molly-Max-Cost 0.000000", ExcludedCost, ""}, {"cloud", "expected cost 0.012500 USD over X-Molly-Max-Cost 0.000000", ExcludedCost, ""}}},
+			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002 USD over X-Molly-Max-Cost 0", ExcludedCost, ""}, {"cloud", "expected cost 0.0125 USD over X-Molly-Max-Cost 0", ExcludedCost, ""}}},
 		{"the policy's max_cost_usd is checked before the header's",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.001}), Overrides{MaxCostUSD: 1, HasMaxCost: true},
 			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over the policy limit 0.001000", ExcludedPolicy, ""}, {"cloud", "expected cost 0.012500 USD over the policy limit 0.001000", ExcludedPolicy, ""}}},
@@ -253,6 +253,8 @@ func TestParseOverrides(t *testing.T) {
 		{"NaN is refused", map[string]string{"X-Molly-Max-Cost": "NaN"}, Overrides{}, "X-Molly-Max-Cost"},
 		{"an absurd max cost is refused", map[string]string{"X-Molly-Max-Cost": "1e12"}, Overrides{}, "X-Molly-Max-Cost"},
 		{"an unknown preference is refused", map[string]string{"X-Molly-Prefer": "fast"}, Overrides{}, "X-Molly-Prefer"},
+		{"a trace consent of any case is read by the capture", map[string]string{"X-Molly-Trace": "ON"}, Overrides{}, ""},
+		{"a trace consent other than on or off is refused", map[string]string{"X-Molly-Trace": "maybe"}, Overrides{}, "X-Molly-Trace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
