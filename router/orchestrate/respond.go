@@ -80,6 +80,9 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 	chunk := func(delta map[string]any, finish any, extra bool) []byte {
 		m := map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": rn.a.Model(),
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil}}}
+		if rn.a.IncludeUsage() {
+			m["usage"] = nil // on every chunk but the usage chunk, as OpenAI sends them
+		}
 		if extra {
 			m[BodyMember] = rn.info(unc)
 		}
