@@ -44,7 +44,9 @@ type plan struct {
 // planFor reads response_format, tools, tool_choice and parallel_tool_calls
 // from a chat body (already validated by openai.ParseRequest) and returns the
 // plan and the system message to add ("" none). Errors: 400 naming the
-// parameter (unsupported schema keywords, an unknown forced function).
+// parameter (unsupported schema keywords, a length or item bound over
+// MaxSchemaRepetition, an unknown forced function, a parallel_tool_calls
+// that is not a boolean).
 func planFor(body []byte) (*plan, string, error) {
 	rf := gjson.GetBytes(body, "response_format")
 	var respSchema string // the schema of the content, "" free text
