@@ -159,8 +159,9 @@ type completionRequest struct {
 
 // decodeError is the 400 for a body openai.ParseRequest accepted that does
 // not decode into completionRequest: a parameter of the wrong JSON type,
-// or a number its Go field cannot hold (a fraction or 1e30 for an integer,
-// 1e400 for a float). The message names the parameter (its JSON path from
+// or a number its Go field cannot hold (2.5 or 1e30 for an integer, which
+// encoding/json also refuses to read from 4.0 or 1e3; 1e400 for a float).
+// The message names the parameter (its JSON path from
 // the body's root, array indices left out, as encoding/json reports it),
 // the type expected and, for integers, the range; param is that path. The
 // body is valid JSON (ParseRequest checked), so it is never called invalid.
@@ -190,8 +191,12 @@ func decodeError(err error) *apiError {
 		lo, hi := int64(-1)<<(bits-1), int64(1)<<(bits-1)-1
 		want = "an integer"
 		if strings.HasPrefix(te.Value, "number ") {
-			if f, perr := strconv.ParseFloat(got, 64); perr == nil && f == math.Trunc(f) {
-				want = fmt.Sprintf("an integer between %d and %d", lo, hi) // integral, out of range
+			f, perr := strconv.ParseFloat(got, 64)
+			switch {
+			case perr == nil && f == math.Trunc(f) && f >= float64(lo) && f <= float64(hi):
+				want = "an integer written without a fraction or exponent" // 1.0, 1e3
+			case perr == nil && f == math.Trunc(f) || errors.Is(perr, strconv.ErrRange):
+				want = fmt.Sprintf("an integer between %d and %d", lo, hi)
 			}
 		}
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
