@@ -34,7 +34,8 @@ func (rn *run) info(unc *Uncertainty) map[string]any {
 
 // respond writes the answer: one chat.completion, or — the stream having
 // started at admission — the answer as chat.completion.chunk events, the
-// usage chunk when the client asked for it, and [DONE]. Headers: the
+// usage chunk when the client asked for it (the other chunks then carry
+// "usage": null), and [DONE]. Headers: the
 // plan id (set at the start), the strategy, each subtask's tier and
 // target, the most exposed tier any subtask reached, and the
 // uncertainty when the check did not pass.
