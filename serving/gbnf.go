@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"regexp"
 	"sort"
 	"strconv"
@@ -27,7 +28,10 @@ import (
 // minLength, maxLength, and the annotations title, description, default,
 // examples, $schema, $id, $comment, strict. Anything else is refused with
 // an *UnsupportedSchemaError naming the keyword, since a grammar that
-// ignored it would let through values the schema rejects.
+// ignored it would let through values the schema rejects. minLength,
+// maxLength, minItems and maxItems above MaxSchemaRepetition are refused
+// with a *SchemaLimitError: they become GBNF repetitions x{m,n}, and
+// llama.cpp's grammar parser refuses any m or n above that bound.
 
 // UnsupportedSchemaError names a JSON Schema keyword the converter cannot
 // express as a grammar and where it was found (a JSON pointer).
@@ -38,6 +42,28 @@ type UnsupportedSchemaError struct {
 
 func (e *UnsupportedSchemaError) Error() string {
 	return fmt.Sprintf("JSON Schema keyword %q (at %q) is not supported by this engine's grammar sampler", e.Keyword, e.Pointer)
+}
+
+// MaxSchemaRepetition is the largest minLength, maxLength, minItems or
+// maxItems SchemaToGBNF accepts: llama.cpp's grammar parser refuses a
+// repetition x{m,n} with m or n above MAX_REPETITION_THRESHOLD (2000,
+// src/llama-grammar.cpp of the pinned llama.cpp), and the converter writes
+// these keywords as such repetitions (an array's items as
+// item ("," item){m-1,n-1}).
+const MaxSchemaRepetition = 2000
+
+// SchemaLimitError names a JSON Schema keyword whose value is beyond what
+// the grammar sampler can express, where it was found (a JSON pointer),
+// the value (its JSON text) and the limit.
+type SchemaLimitError struct {
+	Keyword string
+	Pointer string
+	Value   string
+	Limit   int
+}
+
+func (e *SchemaLimitError) Error() string {
+	return fmt.Sprintf("JSON Schema keyword %q (at %q) is %s; this engine's grammar sampler (llama.cpp) allows at most %d", e.Keyword, e.Pointer, e.Value, e.Limit)
 }
 
 // gbnfSpace is the whitespace between tokens, bounded as llama.cpp's
@@ -81,8 +107,8 @@ type schemaConverter struct {
 }
 
 // SchemaToGBNF converts a JSON Schema (the subset above) to a GBNF grammar
-// whose start rule is "root". Errors: *UnsupportedSchemaError, or a schema
-// that is not a JSON object/boolean.
+// whose start rule is "root". Errors: *UnsupportedSchemaError,
+// *SchemaLimitError, or a schema that is not a JSON object/boolean.
 func SchemaToGBNF(schema []byte) (string, error) {
 	if !gjson.ValidBytes(schema) {
 		return "", fmt.Errorf("the schema is not valid JSON")
@@ -216,8 +242,11 @@ func intKeyword(s gjson.Result, key, ptr string) (int, error) {
 	if !v.Exists() {
 		return -1, nil
 	}
-	if v.Type != gjson.Number || v.Num < 0 || v.Num != float64(int(v.Num)) {
+	if v.Type != gjson.Number || v.Num < 0 || v.Num != math.Trunc(v.Num) {
 		return 0, fmt.Errorf("JSON Schema keyword %q at %q must be a non-negative integer", key, ptr)
+	}
+	if v.Num > MaxSchemaRepetition {
+		return 0, &SchemaLimitError{Keyword: key, Pointer: ptr + "/" + key, Value: v.Raw, Limit: MaxSchemaRepetition}
 	}
 	return int(v.Num), nil
 }

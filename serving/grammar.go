@@ -1,16 +1,14 @@
 package serving
 
 import (
-	"fmt"
 	"math"
-	"net/http"
 
 	"github.com/molly-gateway/molly/serving/llama"
 )
 
 // constrain applies the chat request's response_format and tools (tools.go)
 // to r and msgs: the grammar, checked once by llama.cpp's parser here so a
-// request it would refuse is a 400/500 before it is queued.
+// request it would refuse is a 400 before it is queued.
 func (e *Engine) constrain(cr *completionRequest, r *Request, msgs *[]llama.ChatMessage, body []byte) error {
 	p, sys, err := planFor(body)
 	if err != nil {
@@ -21,16 +19,38 @@ func (e *Engine) constrain(cr *completionRequest, r *Request, msgs *[]llama.Chat
 	if p.grammar == "" {
 		return nil
 	}
-	g, err := llama.NewGrammar(e.model, p.grammar)
-	if err != nil {
-		return &apiError{http.StatusInternalServerError, "server_error", "response_format", "", fmt.Sprintf("the grammar made from the schema was refused: %v", err)}
+	if err := e.checkGrammar(p); err != nil {
+		return err
 	}
-	g.Close()
 	r.Params.Grammar = p.grammar
 	// Every grammar of a plan is a JSON value, an object or a string at its
 	// root: the choice ends where that value does.
 	r.Params.StopAfterValue = true
 	return nil
+}
+
+// checkGrammar initialises p's grammar in llama.cpp once and frees it.
+// Errors: a 400 invalid_request_error naming p.param when llama.cpp's
+// parser refuses it. The grammar is made from the request's schemas, so a
+// grammar llama.cpp cannot initialise is the request's doing (a schema
+// beyond the parser's limits), never the engine's: it must not read as a
+// server failure, which the gateway would count against the target.
+func (e *Engine) checkGrammar(p *plan) error {
+	g, err := llama.NewGrammar(e.model, p.grammar)
+	if err != nil {
+		return grammarRefused(p.param, err)
+	}
+	g.Close()
+	return nil
+}
+
+// grammarRefused is the 400 for a grammar llama.cpp refused (err), made
+// from param ("response_format" when empty).
+func grammarRefused(param string, err error) *apiError {
+	if param == "" {
+		param = "response_format"
+	}
+	return badRequest(param, "the grammar made from %s cannot be used: %v (its JSON Schema is beyond what llama.cpp's grammar sampler accepts; simplify it, e.g. with smaller length or item bounds)", param, err)
 }
 
 // sampleNext samples s's next token from logits, through s's grammar when
@@ -42,7 +62,7 @@ func (e *Engine) sampleNext(s *sequence, logits []float32) (int32, error) {
 	if s.gr == nil {
 		g, err := llama.NewGrammar(e.model, s.smp.p.Grammar)
 		if err != nil {
-			return 0, err
+			return 0, grammarRefused("", err) // checked at parse time: not expected
 		}
 		s.gr = g
 		s.masked = make([]float32, len(logits))

@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -154,6 +157,69 @@ type completionRequest struct {
 	chains   int             // parallel chains voted on (chains.go)
 }
 
+// decodeError is the 400 for a body openai.ParseRequest accepted that does
+// not decode into completionRequest: a parameter of the wrong JSON type,
+// or a number its Go field cannot hold (2.5 or 1e30 for an integer, which
+// encoding/json also refuses to read from 4.0 or 1e3; 1e400 for a float).
+// The message names the parameter (its JSON path from
+// the body's root, array indices left out, as encoding/json reports it),
+// the type expected and, for integers, the range; param is that path. The
+// body is valid JSON (ParseRequest checked), so it is never called invalid.
+func decodeError(err error) *apiError {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field == "" || te.Type == nil {
+		return badRequest("", "the request body does not match the request's schema: a parameter has the wrong type")
+	}
+	got := te.Value // "string", "number 2.5", "array", "object", "bool"
+	if n, ok := strings.CutPrefix(got, "number "); ok {
+		got = n
+	} else if got == "bool" {
+		got = "a boolean"
+	} else if got == "array" || got == "object" {
+		got = "an " + got
+	} else {
+		got = "a " + got
+	}
+	t := te.Type
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var want string
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		bits := t.Bits()
+		lo, hi := int64(-1)<<(bits-1), int64(1)<<(bits-1)-1
+		want = "an integer"
+		if strings.HasPrefix(te.Value, "number ") {
+			f, perr := strconv.ParseFloat(got, 64)
+			switch {
+			case perr == nil && f == math.Trunc(f) && f >= float64(lo) && f <= float64(hi):
+				want = "an integer written without a fraction or exponent" // 1.0, 1e3
+			case perr == nil && f == math.Trunc(f) || errors.Is(perr, strconv.ErrRange):
+				want = fmt.Sprintf("an integer between %d and %d", lo, hi)
+			}
+		}
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		want = fmt.Sprintf("an integer between 0 and %d", uint64(math.MaxUint64)>>(64-t.Bits()))
+	case reflect.Float32, reflect.Float64:
+		want = "a number"
+		if strings.HasPrefix(te.Value, "number ") {
+			want = "a finite number within float64 range"
+		}
+	case reflect.Bool:
+		want = "a boolean"
+	case reflect.String:
+		want = "a string"
+	case reflect.Slice, reflect.Array:
+		want = "an array"
+	case reflect.Struct, reflect.Map:
+		want = "an object"
+	default:
+		want = "another type"
+	}
+	return badRequest(te.Field, "%s must be %s, got %s", te.Field, want, got)
+}
+
 type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
@@ -207,7 +273,7 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	}
 	var cr completionRequest
 	if err := json.Unmarshal(body, &cr); err != nil {
-		return nil, Request{}, badRequest("", "request body is not valid JSON: %v", err)
+		return nil, Request{}, decodeError(err)
 	}
 	var r Request
 	base, adapter, _ := strings.Cut(cr.Model, ":")
@@ -432,7 +498,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	cr, req, err := e.parse(body, chat)
 	if err != nil {
 		ae := classify(err)
-		if !chat && ae.param == "messages" {
+		if !chat && ae.param == "messages" && ae.code == "context_length_exceeded" {
 			ae.param = "prompt"
 		}
 		writeError(w, ae.status, ae.typ, ae.param, ae.code, ae.msg)

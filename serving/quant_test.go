@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/molly-gateway/molly/serving/gguf"
+	"github.com/molly-gateway/molly/serving/llama"
 )
 
 // smallDemo writes the small demo model (heads of 32 values: one block of
@@ -125,5 +126,74 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestQuantizeSaysWhyBeforeLlamaCpp: what llama_model_quantize would fail
+// on with only a status is refused first with the reason — a missing file,
+// a directory, a file that is not GGUF or is cut short, a LoRA adapter, a
+// model already of the type, and quantized weights llama.cpp does not
+// requantize (the oracle: llama.Quantize itself fails on that file) — and
+// the file is left as it was.
+func TestQuantizeSaysWhyBeforeLlamaCpp(t *testing.T) {
+	dir := smallDemo(t)
+	src := filepath.Join(dir, DemoModelFile)
+	q8 := filepath.Join(dir, "q8.gguf")
+	copyFile(t, src, q8)
+	if err := QuantizeModel(q8, "q8_0"); err != nil {
+		t.Fatal(err)
+	}
+	text := filepath.Join(dir, "notes.gguf")
+	if err := os.WriteFile(text, []byte("not a model at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	whole, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(dir, "cut.gguf")
+	if err := os.WriteFile(cut, whole[:64], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adapter := filepath.Join(dir, DemoAdapterDir, DemoAdapters[0]+".gguf")
+	for _, tc := range []struct{ path, ftype, want string }{
+		{filepath.Join(dir, "missing.gguf"), "q8_0", "does not exist"},
+		{dir, "q8_0", "is a directory"},
+		{text, "q8_0", "is not a GGUF file"},
+		{cut, "q8_0", "is not a valid GGUF file"},
+		{adapter, "q8_0", "is a LoRA adapter, not a model"},
+		{q8, "q8_0", "is already Q8_0"},
+		{q8, "Q8_0", "is already Q8_0"},
+		{q8, "q4_0", "cannot be converted to Q4_0 from Q8_0"},
+		{q8, "f16", "cannot be converted to F16 from Q8_0"},
+		{q8, "q4_k_m", "cannot be converted to Q4_K_M from Q8_0"},
+		{src, "q9_9", `unknown type "q9_9"`},
+	} {
+		before, _ := os.ReadFile(tc.path)
+		err := QuantizeModel(tc.path, tc.ftype)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "llama.cpp error") {
+			t.Errorf("%s to %s: %v, want %q", filepath.Base(tc.path), tc.ftype, err, tc.want)
+		}
+		if after, _ := os.ReadFile(tc.path); string(after) != string(before) {
+			t.Errorf("%s to %s: the file changed", filepath.Base(tc.path), tc.ftype)
+		}
+		if _, err := os.Stat(tc.path + ".quantizing"); err == nil {
+			t.Errorf("%s to %s: a temporary file was left", filepath.Base(tc.path), tc.ftype)
+		}
+	}
+	// llama.cpp itself refuses to requantize: the check only says so first.
+	if err := llama.Quantize(q8, filepath.Join(dir, "q4.gguf"), "q4_0"); err == nil {
+		t.Fatal("llama.cpp requantized Q8_0 to Q4_0; CheckQuantizable refuses what llama.cpp allows")
+	}
+	// And the unquantized model still converts (the checks refuse nothing else).
+	for _, ftype := range []string{"f16", "q4_0"} {
+		p := filepath.Join(dir, ftype+".gguf")
+		copyFile(t, src, p)
+		if err := QuantizeModel(p, ftype); err != nil {
+			t.Fatalf("%s: %v", ftype, err)
+		}
+	}
+	if err := QuantizeModel(filepath.Join(dir, "f16.gguf"), "f16"); err == nil || !strings.Contains(err.Error(), "is already F16") {
+		t.Errorf("F16 to f16: %v", err)
 	}
 }

@@ -35,6 +35,7 @@ import (
 // plan is how a chat request's output is constrained and decoded.
 type plan struct {
 	grammar  string          // GBNF ("": free text)
+	param    string          // the parameter the grammar was made from: response_format or tools
 	tools    bool            // output is the generic tool-call JSON
 	parallel bool            // {"tool_calls": [...]} rather than {"tool_call": {...}}
 	response json.RawMessage // auto: the response value's schema
@@ -43,7 +44,9 @@ type plan struct {
 // planFor reads response_format, tools, tool_choice and parallel_tool_calls
 // from a chat body (already validated by openai.ParseRequest) and returns the
 // plan and the system message to add ("" none). Errors: 400 naming the
-// parameter (unsupported schema keywords, an unknown forced function).
+// parameter (unsupported schema keywords, a length or item bound over
+// MaxSchemaRepetition, an unknown forced function, a parallel_tool_calls
+// that is not a boolean).
 func planFor(body []byte) (*plan, string, error) {
 	rf := gjson.GetBytes(body, "response_format")
 	var respSchema string // the schema of the content, "" free text
@@ -81,9 +84,13 @@ func planFor(body []byte) (*plan, string, error) {
 			return &plan{}, "", nil
 		}
 		g, err := grammarFor(respSchema, "response_format.json_schema.schema")
-		return &plan{grammar: g}, "", err
+		return &plan{grammar: g, param: "response_format"}, "", err
 	}
-	p := &plan{tools: true, parallel: !gjson.GetBytes(body, "parallel_tool_calls").Exists() || gjson.GetBytes(body, "parallel_tool_calls").Bool()}
+	ptc := gjson.GetBytes(body, "parallel_tool_calls")
+	if ptc.Exists() && ptc.Type != gjson.True && ptc.Type != gjson.False && ptc.Type != gjson.Null {
+		return nil, "", badRequest("parallel_tool_calls", "parallel_tool_calls must be a boolean")
+	}
+	p := &plan{tools: true, param: "tools", parallel: ptc.Type != gjson.False}
 	var calls []string
 	var desc strings.Builder
 	found := false
@@ -95,6 +102,11 @@ func planFor(body []byte) (*plan, string, error) {
 		params := t.Get("function.parameters")
 		if !params.Exists() {
 			params = gjson.Parse(`{"type":"object","properties":{}}`)
+		}
+		// Each schema on its own first, so that an error names its tool
+		// rather than a pointer into the combined schema below.
+		if _, err := grammarFor(params.Raw, fmt.Sprintf("tools[%d].function.parameters", i)); err != nil {
+			return nil, "", err
 		}
 		fmt.Fprintf(&desc, "- %s: %s parameters %s\n", name, t.Get("function.description").Str, params.Raw)
 		if mode == "function" && name != forced {
@@ -122,6 +134,8 @@ func planFor(body []byte) (*plan, string, error) {
 	if mode == "auto" {
 		if respSchema == "" {
 			respSchema = `{"type":"string"}`
+		} else if _, err := grammarFor(respSchema, "response_format.json_schema.schema"); err != nil {
+			return nil, "", err
 		}
 		p.response = json.RawMessage(respSchema)
 		schema = `{"anyOf":[` + schema + `,{"type":"object","properties":{"response":` + respSchema + `},"required":["response"]}]}`

@@ -575,3 +575,95 @@ func TestJSONEndOffsets(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaRepetitionBoundsAtLlamaCppsLimit: llama.cpp's grammar parser
+// takes a repetition bound of MaxSchemaRepetition and refuses one more (the
+// oracle: llama.cpp itself on a one-rule grammar). Each bounding keyword
+// at the limit makes a grammar llama.cpp initialises and a request that is
+// served; one over it (and the values clients sent, 5000 and 1e30) is a 400
+// naming the keyword and the limit, for response_format and for a tool's
+// parameters.
+func TestSchemaRepetitionBoundsAtLlamaCppsLimit(t *testing.T) {
+	e := newEngine(t, nil)
+	for _, g := range []struct {
+		gbnf string
+		ok   bool
+	}{
+		{fmt.Sprintf(`root ::= "a"{%d}`, MaxSchemaRepetition), true},
+		{fmt.Sprintf(`root ::= "a"{0,%d}`, MaxSchemaRepetition), true},
+		{fmt.Sprintf(`root ::= "a"{%d}`, MaxSchemaRepetition+1), false},
+		{fmt.Sprintf(`root ::= "a"{0,%d}`, MaxSchemaRepetition+1), false},
+	} {
+		gr, err := llama.NewGrammar(e.model, g.gbnf)
+		if (err == nil) != g.ok {
+			t.Fatalf("llama.cpp on %s: %v, want ok=%v", g.gbnf, err, g.ok)
+		}
+		if gr != nil {
+			gr.Close()
+		}
+	}
+	schemas := map[string]string{
+		"minLength": `{"type":"string","minLength":%s}`,
+		"maxLength": `{"type":"string","maxLength":%s}`,
+		"minItems":  `{"type":"array","items":{"type":"integer"},"minItems":%s}`,
+		"maxItems":  `{"type":"array","items":{"type":"integer"},"maxItems":%s}`,
+	}
+	limit := fmt.Sprint(MaxSchemaRepetition)
+	for kw, tmpl := range schemas {
+		at := fmt.Sprintf(tmpl, limit)
+		g, err := SchemaToGBNF([]byte(at))
+		if err != nil {
+			t.Fatalf("%s at the limit: %v", kw, err)
+		}
+		gr, err := llama.NewGrammar(e.model, g)
+		if err != nil {
+			t.Fatalf("%s at the limit: llama.cpp refused the grammar", kw)
+		}
+		gr.Close()
+		body := map[string]any{"model": "molly-demo", "max_tokens": 3, "messages": []map[string]any{{"role": "user", "content": "hi"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "r", "schema": json.RawMessage(at)}}}
+		if code, r := chat(t, e, body); code != http.StatusOK {
+			t.Fatalf("%s at the limit: %d %+v", kw, code, r.Error)
+		}
+		for _, v := range []string{fmt.Sprint(MaxSchemaRepetition + 1), "5000", "1e30"} {
+			over := fmt.Sprintf(tmpl, v)
+			var le *SchemaLimitError
+			if _, err := SchemaToGBNF([]byte(over)); !errors.As(err, &le) || le.Keyword != kw || le.Limit != MaxSchemaRepetition || le.Value != v || le.Pointer != "/"+kw {
+				t.Fatalf("%s: %v, want a SchemaLimitError", over, err)
+			}
+			for param, body := range map[string]map[string]any{
+				"response_format.json_schema.schema": {"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "hi"}},
+					"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "r", "schema": json.RawMessage(over)}}},
+				"tools[1].function.parameters": {"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "hi"}},
+					"tools": []map[string]any{
+						{"type": "function", "function": map[string]any{"name": "ok"}},
+						{"type": "function", "function": map[string]any{"name": "f", "parameters": json.RawMessage(`{"type":"object","properties":{"a":` + over + `}}`)}}}},
+			} {
+				code, r := chat(t, e, body)
+				if code != http.StatusBadRequest || r.Error == nil || r.Error.Type != "invalid_request_error" || r.Error.Param == nil || *r.Error.Param != param ||
+					!strings.Contains(r.Error.Message, fmt.Sprintf("%q", kw)) || !strings.Contains(r.Error.Message, "at most "+limit) {
+					t.Errorf("%s in %s: %d %+v, want 400 naming %s and %s", over, param, code, r.Error, kw, limit)
+				}
+			}
+		}
+	}
+}
+
+// TestAGrammarLlamaCppRefusesIs400: whatever grammar llama.cpp cannot
+// initialise is the request's fault, a 400 invalid_request_error naming
+// the parameter the grammar was made from, never a server error.
+func TestAGrammarLlamaCppRefusesIs400(t *testing.T) {
+	e := newEngine(t, nil)
+	for _, param := range []string{"response_format", "tools"} {
+		for _, g := range []string{fmt.Sprintf(`root ::= "a"{%d}`, MaxSchemaRepetition+1), `root ::= "a" undefined-rule`, `root ::= [`} {
+			err := e.checkGrammar(&plan{grammar: g, param: param})
+			ae := classify(err)
+			if err == nil || ae.status != http.StatusBadRequest || ae.typ != "invalid_request_error" || ae.param != param || !strings.Contains(ae.msg, param) {
+				t.Errorf("%s from %s: %v (%+v), want a 400 naming %s", g, param, err, ae, param)
+			}
+		}
+	}
+	if err := e.checkGrammar(&plan{grammar: JSONObjectGBNF(), param: "response_format"}); err != nil {
+		t.Fatalf("json_object's grammar: %v", err)
+	}
+}

@@ -6,13 +6,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/serving"
 )
 
 // TestAFailingTargetIsEjectedAndItsHealthShown: a target that answers
@@ -99,5 +102,70 @@ http://127.0.0.1:{PORT} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestASchemaBeyondTheGrammarLimitIsA400AndNeverEjectsTheEngine: a
+// response_format, a tool's parameters or a Responses text.format whose
+// repetition bound llama.cpp's grammar parser cannot take is a 400 from
+// the T0 engine naming the keyword and the limit, relayed as it is. More
+// of them than consecutive_5xx (5 by default) leave the engine's circuit
+// closed: the next ordinary request is served by it.
+func TestASchemaBeyondTheGrammarLimitIsA400AndNeverEjectsTheEngine(t *testing.T) {
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			n_seq_max 2
+			n_ctx 2048
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+			models chat=molly-demo
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	str, arr := `{"type":"string","minLength":5000}`, `{"type":"array","minItems":5000}`
+	cases := []struct{ name, path, body, param, keyword string }{
+		{"response_format, minLength", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + str + `}}}`, "response_format.json_schema.schema", "minLength"},
+		{"response_format, minItems", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + arr + `}}}`, "response_format.json_schema.schema", "minItems"},
+		{"streamed", "/v1/chat/completions", `{"model":"chat","stream":true,` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + str + `}}}`, "response_format.json_schema.schema", "minLength"},
+		{"a tool's parameters", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":` + str + `}}}}]}`, "tools[0].function.parameters", "minLength"},
+		{"Responses text.format", "/v1/responses", `{"model":"chat","input":"hi","text":{"format":{"type":"json_schema","name":"r","schema":` + str + `}}}`, "", "minLength"},
+		{"response_format again", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + str + `}}}`, "response_format.json_schema.schema", "minLength"},
+	}
+	for _, c := range cases {
+		resp, b := do(t, g, "POST", c.path, c.body)
+		msg := gjson.GetBytes(b, "error.message").Str
+		if resp.StatusCode != http.StatusBadRequest || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" ||
+			!strings.Contains(msg, `"`+c.keyword+`"`) || !strings.Contains(msg, "at most 2000") ||
+			(c.param != "" && gjson.GetBytes(b, "error.param").Str != c.param) || resp.Header.Get("Retry-After") != "" {
+			t.Fatalf("%s: %d %s (Retry-After %q), want 400 invalid_request_error naming %s and the limit", c.name, resp.StatusCode, b, resp.Header.Get("Retry-After"), c.keyword)
+		}
+	}
+	resp, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","max_tokens":4,`+msgs+`}`)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Molly-Target") != "device" || gjson.GetBytes(b, "usage.completion_tokens").Int() != 4 {
+		t.Fatalf("an ordinary request after %d refused schemas: %d %s (target %q)", len(cases), resp.StatusCode, b, resp.Header.Get("X-Molly-Target"))
+	}
+	code, body := adminCall(t, admin, http.MethodGet, "/molly/targets", nil)
+	if dev := gjson.Get(body, `#(target=="device")`); code != http.StatusOK || dev.Get("state").Str != "closed" || dev.Get("interval_failures").Int() != 0 || dev.Get("ejections").Int() != 0 {
+		t.Fatalf("/molly/targets: %d %s, want the device's circuit closed", code, body)
 	}
 }

@@ -95,8 +95,9 @@ func TestModelDemoReportsProgress(t *testing.T) {
 
 // TestModelQuantizeReportsProgress: `molly model quantize` rewrites the
 // model smaller (8-bit weights from 32-bit) and reports start and end as
-// progress lines when not on a terminal; a bad type fails with the
-// failure reported and the model left as it was.
+// progress lines when not on a terminal; a bad type, a model already of
+// the type or already quantized, and a missing file fail with the reason
+// reported and the model left as it was.
 func TestModelQuantizeReportsProgress(t *testing.T) {
 	dir := t.TempDir()
 	if err := serving.WriteDemo(dir, 1, "small"); err != nil {
@@ -135,5 +136,19 @@ func TestModelQuantizeReportsProgress(t *testing.T) {
 	// Q8_0 stores 34 bytes per 32 weights instead of 128: the file shrinks to well under half.
 	if after.Size() >= before.Size()/2 || last.Done != after.Size() {
 		t.Fatalf("%d → %d bytes (reported %d)", before.Size(), after.Size(), last.Done)
+	}
+	// What llama.cpp would fail on with a bare status is refused with the
+	// reason, the model left as it is.
+	for _, tc := range []struct{ ftype, want string }{{"q8_0", "is already Q8_0"}, {"q4_0", "cannot be converted to Q4_0 from Q8_0"}} {
+		if out, err := run(tc.ftype); err == nil || !strings.Contains(out, tc.want) || strings.Contains(out, "llama.cpp error") {
+			t.Fatalf("quantizing the Q8_0 model to %s: %v\n%s", tc.ftype, err, out)
+		}
+		if st, _ := os.Stat(path); st.Size() != after.Size() {
+			t.Fatalf("a refused quantization changed the model: %d → %d bytes", after.Size(), st.Size())
+		}
+	}
+	path = filepath.Join(dir, "missing.gguf")
+	if out, err := run("q8_0"); err == nil || !strings.Contains(out, "the model file "+path+" does not exist") {
+		t.Fatalf("a missing model: %v\n%s", err, out)
 	}
 }

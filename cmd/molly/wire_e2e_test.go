@@ -267,8 +267,8 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 			t.Fatalf("last chunk %s", chunks[len(chunks)-1])
 		}
 		for _, c := range chunks[:len(chunks)-1] {
-			if gjson.Get(c, "usage").Exists() {
-				t.Fatalf("usage outside the last chunk: %s", c)
+			if u := gjson.Get(c, "usage"); u.Raw != "null" {
+				t.Fatalf("usage %q outside the last chunk, want null (OpenAI's include_usage): %s", u.Raw, c)
 			}
 		}
 		if !g.waitLogs(regexp.MustCompile(`dropping a malformed stream event.*"reason":"not_json"`)) {
@@ -324,6 +324,11 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 		if u := gjson.Get(chunks[len(chunks)-1], "usage.completion_tokens").Int(); u != 4 {
 			t.Fatalf("the engine's usage: %d completion tokens", u)
 		}
+		for _, c := range chunks[:len(chunks)-1] {
+			if u := gjson.Get(c, "usage"); u.Raw != "null" {
+				t.Fatalf("the engine's chunk has usage %q, want null before the usage chunk: %s", u.Raw, c)
+			}
+		}
 		_, b = do(t, g, "POST", "/v1/completions", `{"model":"local","max_tokens":3,"prompt":"once upon"}`)
 		spec.Validate(t, "CreateCompletionResponse", b)
 		// Tools and embeddings on the engine (its Capabilities).
@@ -341,6 +346,21 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 		for _, ev := range sseEvents(t, b) {
 			if !ev.IsDone() {
 				spec.ValidateCompletionChunk(t, ev.Data)
+				if gjson.GetBytes(ev.Data, "usage").Exists() {
+					t.Fatalf("usage on a completion chunk without include_usage: %s", ev.Data)
+				}
+			}
+		}
+		_, b = do(t, g, "POST", "/v1/completions", `{"model":"local","max_tokens":3,"stream":true,"stream_options":{"include_usage":true},"prompt":"once upon"}`)
+		evs := sseEvents(t, b)
+		for i, ev := range evs {
+			if ev.IsDone() {
+				continue
+			}
+			spec.ValidateCompletionChunk(t, ev.Data)
+			u := gjson.GetBytes(ev.Data, "usage")
+			if usageChunk := i == len(evs)-2; usageChunk != u.IsObject() || !usageChunk && u.Raw != "null" {
+				t.Fatalf("completion chunk %d of %d has usage %q: want null, an object on the last before [DONE]", i, len(evs), u.Raw)
 			}
 		}
 	})

@@ -171,7 +171,9 @@ func (s *Spec) Check(name string, body []byte) error {
 // chunks share, with choices[].finish_reason admitting null. The spec
 // gives that field no null, yet OpenAI's API sends null on every chunk but
 // a choice's last (as it does for chat chunks, whose schema admits it), so
-// no stream could validate otherwise.
+// no stream could validate otherwise. Its usage admits null too: with
+// stream_options.include_usage every chunk but the usage chunk carries
+// "usage": null (the stream options' own description).
 const CompletionChunk = "MollyCompletionChunk"
 
 // ValidateCompletionChunk fails tb when chunk is not a text completion
@@ -203,6 +205,13 @@ func addCompletionChunk(doc any) error {
 		return errors.New("CreateCompletionResponse has no choices[].finish_reason")
 	}
 	admitNull(fr)
+	// With stream_options.include_usage every chunk but the last carries
+	// "usage": null (ChatCompletionStreamOptions.include_usage, which
+	// CreateCompletionRequest's stream_options refers to).
+	props := c["properties"].(map[string]any)
+	if u, ok := props["usage"].(map[string]any); ok {
+		props["usage"] = admitNull(u)
+	}
 	schemas[CompletionChunk] = c
 	return nil
 }

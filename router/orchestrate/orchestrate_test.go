@@ -294,8 +294,11 @@ func TestAStreamedOrchestrationSendsProgressCommentsThenTheAnswerAsChunks(t *tes
 		if ch.Get("choices.0.finish_reason").String() == "stop" {
 			last = ch
 		}
-		if ch.Get("usage").Exists() {
+		switch u := ch.Get("usage"); {
+		case u.IsObject():
 			usage = ch
+		case u.Raw != "null":
+			t.Errorf("a chunk before the usage chunk has usage %q, want null (include_usage): %s", u.Raw, data)
 		}
 	}
 	want := "### Translate hello into French.\n\nspec: Part 1 of the request:\nTranslate hello into French."

@@ -34,7 +34,8 @@ func (rn *run) info(unc *Uncertainty) map[string]any {
 
 // respond writes the answer: one chat.completion, or — the stream having
 // started at admission — the answer as chat.completion.chunk events, the
-// usage chunk when the client asked for it, and [DONE]. Headers: the
+// usage chunk when the client asked for it (the other chunks then carry
+// "usage": null), and [DONE]. Headers: the
 // plan id (set at the start), the strategy, each subtask's tier and
 // target, the most exposed tier any subtask reached, and the
 // uncertainty when the check did not pass.
@@ -80,6 +81,9 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 	chunk := func(delta map[string]any, finish any, extra bool) []byte {
 		m := map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": rn.a.Model(),
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil}}}
+		if rn.a.IncludeUsage() {
+			m["usage"] = nil // on every chunk but the usage chunk, as OpenAI sends them
+		}
 		if extra {
 			m[BodyMember] = rn.info(unc)
 		}

@@ -199,3 +199,47 @@ func TestABadAnswerFromTheLastCandidateIsA502(t *testing.T) {
 		})
 	}
 }
+
+// TestRequestErrorsNeverOpenTheCircuit: a 4xx the upstream gives because of
+// the request (here a 400 for a schema it cannot serve) is relayed to its
+// client and counts as an answer, not a failure: many more of them than
+// consecutive_5xx, and than the failure-percentage volume, leave the
+// circuit closed, and other clients are served by the target.
+func TestRequestErrorsNeverOpenTheCircuit(t *testing.T) {
+	const refusal = `{"error":{"message":"JSON Schema keyword \"minLength\" is 5000; at most 2000","type":"invalid_request_error","param":"response_format","code":null}}`
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(b), "minLength") {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, refusal)
+			return
+		}
+		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"ok","refusal":null}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	t.Cleanup(srv.Close)
+	gw, p := startGateway(t, setup{targets: []*route.Target{
+		{Name: "only", Tier: "T1", Endpoint: srv.URL + "/v1", Models: []string{"m"},
+			OutlierDetection: &health.Config{Consecutive5xx: 2, FailurePercentageRequestVolume: 3, FailurePercentageThreshold: 50, BaseEjectionTime: health.Duration(time.Hour)}},
+	}, edit: withHealth(t, health.Config{})})
+	bad := `{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":{"type":"string","minLength":5000}}}}`
+	const n = 8
+	for i := range n {
+		r := post(t, gw.URL+"/v1/chat/completions", bad)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, `"param":"response_format"`) || r.header.Get("Retry-After") != "" {
+			t.Fatalf("refused request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	if r := post(t, gw.URL+"/v1/chat/completions", chatBody("hi")); r.status != http.StatusOK || r.header.Get("X-Molly-Target") != "only" {
+		t.Fatalf("an ordinary request after %d refusals: %d %s", n, r.status, r.body)
+	}
+	if hits.Load() != n+1 {
+		t.Fatalf("the upstream got %d requests, want %d", hits.Load(), n+1)
+	}
+	s := p.Health.Snapshot()
+	if len(s) != 1 || s[0].State != health.StateClosed || s[0].Ejections != 0 || s[0].IntervalFailures != 0 || s[0].IntervalAttempts != n+1 {
+		t.Fatalf("health %+v, want closed with %d attempts and no failures", s, n+1)
+	}
+}

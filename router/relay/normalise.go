@@ -368,7 +368,11 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     prompt tokens on its first chunk and completion tokens on its last:
 //     each count keeps its largest report); Final returns the one usage
 //     chunk the spec places last, with "choices": [], when the client asked
-//     for it (stream_options.include_usage), and nothing otherwise.
+//     for it (stream_options.include_usage), and nothing otherwise. When
+//     the client asked, every other chunk carries "usage": null, as the
+//     spec's stream options describe ("all other chunks will also include
+//     a usage field, but with a null value"); otherwise no chunk has the
+//     field.
 //
 // A chunk left without choices (a usage-only chunk, a provider's empty
 // preamble) is dropped. Not safe for concurrent use.
@@ -459,17 +463,20 @@ func (s *Stream) Chunk(data []byte) []byte {
 			s.fingerprint = fp.Raw
 		}
 	}
-	if usage.Exists() {
-		if usage.IsObject() {
-			s.usage.seen = true
-			s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
-			s.usage.completion = max(s.usage.completion, usage.Get("completion_tokens").Int())
-			s.usage.raw = usage.Raw
-		}
-		e.del("usage")
+	if usage.IsObject() {
+		s.usage.seen = true
+		s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
+		s.usage.completion = max(s.usage.completion, usage.Get("completion_tokens").Int())
+		s.usage.raw = usage.Raw
 	}
 	if !choices.IsArray() || len(choices.Raw) <= 2 || choices.Get("#").Int() == 0 {
 		return nil
+	}
+	switch {
+	case s.ans.IncludeUsage && usage.Raw != "null":
+		e.raw("usage", "null")
+	case !s.ans.IncludeUsage && usage.Exists():
+		e.del("usage")
 	}
 	if id.Str != s.id {
 		e.set("id", s.id)

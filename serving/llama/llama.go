@@ -286,7 +286,10 @@ func ApplyChatTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (stri
 }
 
 // Quantize writes a copy of the GGUF model in to out with weights converted
-// to ftype: "q8_0", "q4_0" or "f16". Errors: unknown ftype, llama.cpp failure.
+// to ftype: "q8_0", "q4_0", "q4_k_m", "q4_k_s" or "f16". Errors: unknown
+// ftype, llama.cpp failure (a missing or unreadable file, one that is not a
+// GGUF model, quantized weights: serving.CheckQuantizable tells these apart
+// before the call).
 func Quantize(in, out, ftype string) error {
 	Init()
 	params := C.llama_model_quantize_default_params()
@@ -308,7 +311,7 @@ func Quantize(in, out, ftype string) error {
 	defer C.free(unsafe.Pointer(cin))
 	defer C.free(unsafe.Pointer(cout))
 	if r := C.llama_model_quantize(cin, cout, &params); r != 0 {
-		return fmt.Errorf("quantize %s to %s: llama.cpp error %d", in, ftype, r)
+		return fmt.Errorf("quantize %s to %s: llama_model_quantize failed (status %d; llama.cpp's error log says why)", in, ftype, r)
 	}
 	return nil
 }
