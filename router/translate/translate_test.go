@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/relay"
 )
 
@@ -315,6 +316,74 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 	})
 }
 
+// TestMessagesStreamUsage: a Messages stream's usage is the upstream's
+// count wherever the upstream has given it — message_start when the first
+// chunk carries usage (servers that report it on every chunk), and always
+// message_delta; the classifier's estimate only where nothing else is known.
+func TestMessagesStreamUsage(t *testing.T) {
+	_, tr, aerr := FromMessages([]byte(`{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	tr.PromptEstimate = 8
+	chunk := func(delta, finish, usage string) string {
+		return `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}],"usage":` + usage + `}`
+	}
+	usageOf := func(t *testing.T, chunks ...string) (start, deltaIn, deltaOut gjson.Result) {
+		t.Helper()
+		evs := events(t, serve(t, APIMessages, tr, writeSSE(chunks...)).Body.Bytes())
+		if len(evs) < 3 || evs[0].Type != "message_start" || evs[len(evs)-2].Type != "message_delta" {
+			t.Fatalf("events %v", evs)
+		}
+		d := evs[len(evs)-2].Data
+		return gjson.GetBytes(evs[0].Data, "message.usage.input_tokens"), gjson.GetBytes(d, "usage.input_tokens"), gjson.GetBytes(d, "usage.output_tokens")
+	}
+	for _, c := range []struct {
+		name                    string
+		chunks                  []string
+		start, deltaIn, deltaOut int64
+	}{
+		{"usage last (include_usage)", []string{chunk(`{"role":"assistant","content":"Hi"}`, "null", "null"), chunk(`{}`, `"length"`, "null"),
+			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":25,"completion_tokens":2,"total_tokens":27}}`, `[DONE]`}, 8, 25, 2},
+		{"usage on every chunk", []string{chunk(`{"role":"assistant","content":"Hi"}`, "null", `{"prompt_tokens":25,"completion_tokens":1,"total_tokens":26}`),
+			chunk(`{"content":"!"}`, `"length"`, `{"prompt_tokens":25,"completion_tokens":2,"total_tokens":27}`), `[DONE]`}, 25, 25, 2},
+		{"no usage at all", []string{chunk(`{"role":"assistant","content":"Hi"}`, `"stop"`, "null"), `[DONE]`}, 8, 8, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			start, in, out := usageOf(t, c.chunks...)
+			if start.Int() != c.start || in.Int() != c.deltaIn || out.Int() != c.deltaOut || in.Type != gjson.Number {
+				t.Fatalf("message_start input_tokens %s, message_delta input_tokens %s output_tokens %s; want %d, %d, %d",
+					start.Raw, in.Raw, out.Raw, c.start, c.deltaIn, c.deltaOut)
+			}
+		})
+	}
+}
+
+// TestInvalidUTF8IsRefusedBeforeTranslation: a Responses or Messages body
+// with a string that is not UTF-8 gets the 400 a chat body gets
+// (openai.ParseRequest's), not a translation with U+FFFD in its place.
+func TestInvalidUTF8IsRefusedBeforeTranslation(t *testing.T) {
+	_, chatErr := openai.ParseRequest(openai.EndpointChat, []byte("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\xffb\"}]}"))
+	if chatErr == nil {
+		t.Fatal("the chat body was accepted")
+	}
+	for name, translate := range map[string]func() ([]byte, *openai.Error){
+		"responses": func() ([]byte, *openai.Error) {
+			chat, _, err := FromResponses(context.Background(), []byte("{\"model\":\"m\",\"input\":\"a\xffb\"}"), nil, "ana")
+			return chat, err
+		},
+		"messages": func() ([]byte, *openai.Error) {
+			chat, _, err := FromMessages([]byte("{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\xffb\"}]}]}"))
+			return chat, err
+		},
+	} {
+		chat, err := translate()
+		if err == nil || err.Status != chatErr.Status || err.Type != chatErr.Type || err.Message != chatErr.Message || chat != nil {
+			t.Errorf("%s: error %v, chat %q; want %v", name, err, chat, chatErr)
+		}
+	}
+}
+
 // collapseTypes drops consecutive repeats.
 func collapseTypes(ts []string) []string {
 	var out []string
@@ -456,10 +525,11 @@ func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
 		for _, ev := range got {
 			args.WriteString(gjson.GetBytes(ev.Data, "delta.partial_json").Str)
 		}
-		// message_start and message_delta agree on input_tokens: the 10
-		// known when the stream started (the upstream later counts 12).
+		// message_start has only the estimate (10: the first chunk carries
+		// no usage); message_delta, the whole message's usage that the SDKs
+		// keep, has the upstream's count from its usage chunk (12).
 		if in := gjson.GetBytes(got[0].Data, "message.usage.input_tokens"); got[0].Type != "message_start" || in.Int() != 10 ||
-			gjson.GetBytes(got[len(got)-2].Data, "usage.input_tokens").Int() != 10 {
+			gjson.GetBytes(got[len(got)-2].Data, "usage.input_tokens").Int() != 12 {
 			t.Fatalf("message_start %s, message_delta %s", got[0].Data, got[len(got)-2].Data)
 		}
 		if args.String() != `{"city":"Oslo"}` || gjson.GetBytes(got[len(got)-2].Data, "usage.output_tokens").Int() != 7 {
