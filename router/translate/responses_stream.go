@@ -38,7 +38,7 @@ type responsesStream struct {
 	part    string   // "output_text" or "refusal": the open content part
 	refusal strings.Builder
 
-	reason  *outItem // the reasoning item being written, if any
+	reason *outItem // the reasoning item being written, if any
 
 	calls   map[int64]*outItem // function_call items by chat tool-call index
 	order   []*outItem         // every item, in output_index order

@@ -349,8 +349,8 @@ func TestMessagesStreamUsage(t *testing.T) {
 		return gjson.GetBytes(evs[0].Data, "message.usage.input_tokens"), gjson.GetBytes(d, "usage.input_tokens"), gjson.GetBytes(d, "usage.output_tokens")
 	}
 	for _, c := range []struct {
-		name                    string
-		chunks                  []string
+		name                     string
+		chunks                   []string
 		start, deltaIn, deltaOut int64
 	}{
 		{"usage last (include_usage)", []string{chunk(`{"role":"assistant","content":"Hi"}`, "null", "null"), chunk(`{}`, `"length"`, "null"),
