@@ -166,6 +166,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("molly: %w", err)
 	}
 	a.catalogue = cat
+	for _, t := range cat.MissingKeys() {
+		// The variable's name only, never a value: requests skip the target.
+		a.logger.Warn("target excluded from routing: its API key is not set", zap.String("target", t.Name),
+			zap.String("api_key_env", t.APIKeyEnv), zap.String("reason", t.MissingKey()))
+	}
 	if a.egress, err = egress.New(cat, handler); err != nil {
 		return fmt.Errorf("molly: %w", err)
 	}

@@ -128,7 +128,7 @@ func init() {
 //			kind openai|engine
 //			endpoint <base-url>
 //			models <name>[=<upstream>]...
-//			api_key_env <VAR>
+//			api_key_env <VAR>                 # unset or empty: warned about, never routed to
 //			price <in-usd-per-1M> <out-usd-per-1M>
 //			latency <duration>
 //			quality [<task>] <0..1>

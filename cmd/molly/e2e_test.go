@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/policies"
@@ -89,7 +92,6 @@ func chat(text string) openai.ChatCompletionNewParams {
 }
 
 func TestGatewayRoutesBySensitivity(t *testing.T) {
-	t.Setenv("MOLLY_TEST_T3_KEY", "sk-upstream-secret-t3")
 	tr := startTiers(t)
 	g := startMolly(t, tr.caddyfile("", ""))
 	c := client(g)
@@ -131,7 +133,7 @@ func TestGatewayRoutesBySensitivity(t *testing.T) {
 	}
 	// The client's key is Molly's business; upstreams see their own key only.
 	for _, h := range tr.t3.Headers() {
-		if h.Get("Authorization") != "Bearer sk-upstream-secret-t3" {
+		if h.Get("Authorization") != "Bearer "+t3Key {
 			t.Fatalf("T3 got Authorization %q", h.Get("Authorization"))
 		}
 	}
@@ -149,7 +151,7 @@ func TestGatewayRoutesBySensitivity(t *testing.T) {
 	if !strings.Contains(logs, `"decision_id"`) || !strings.Contains(logs, `"msg":"policy decision"`) {
 		t.Fatalf("no decision log line in:\n%s", logs)
 	}
-	for _, secret := range []string{"mario.rossi@example.com", "4111 1111 1111 1111", "haiku", "sk-upstream-secret-t3", "sk-client-key"} {
+	for _, secret := range []string{"mario.rossi@example.com", "4111 1111 1111 1111", "haiku", t3Key, "sk-client-key"} {
 		if strings.Contains(logs, secret) {
 			t.Fatalf("logs contain %q", secret)
 		}
@@ -239,6 +241,68 @@ func TestGatewayFallsBackWithinAllowedTiers(t *testing.T) {
 	}
 	if tr.t2.Count() != before {
 		t.Fatal("a confidential request reached T2")
+	}
+}
+
+// TestATargetWithoutItsKeyIsNeverSentRequests: a target whose api_key_env
+// names a variable that is not set is warned about when the config is
+// provisioned (molly run and molly validate: the target and the variable,
+// no value), excluded from routing with the reason in X-Molly-Route so
+// fallback picks another target, and a model only it serves gets the
+// gateway's own error naming the reason — never the upstream's 401 for a
+// request sent without a key.
+func TestATargetWithoutItsKeyIsNeverSentRequests(t *testing.T) {
+	tr := startTiers(t)
+	cfg := strings.ReplaceAll(tr.caddyfile("", ""), "MOLLY_TEST_T3_KEY", "MOLLY_TEST_UNSET_KEY")
+	warned := regexp.MustCompile(`"level":"warn".*"msg":"target excluded from routing: its API key is not set".*"target":"external","api_key_env":"MOLLY_TEST_UNSET_KEY"`)
+	t.Run("molly validate warns and accepts the config", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(path, []byte(strings.ReplaceAll(cfg, "{PORT}", "9")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(mollyBin, "validate", "--config", path, "--adapter", "caddyfile")
+		cmd.Env = append(mollyEnv(t), "MOLLY_TEST_UNSET_KEY=") // empty is unset
+		out, err := cmd.CombinedOutput()
+		if err != nil || !warned.Match(out) || !strings.Contains(string(out), "Valid configuration") {
+			t.Fatalf("validate: %v\n%s", err, out)
+		}
+	})
+	g := startMolly(t, cfg)
+	c := client(g)
+	ctx := context.Background()
+	if !warned.MatchString(g.logs.String()) {
+		t.Fatalf("no warning at start:\n%s", g.logs.String())
+	}
+	t.Run("a public prompt falls back from T3 to T2, saying why", func(t *testing.T) {
+		var resp *http.Response
+		out, err := c.Chat.Completions.New(ctx, chat("Write a haiku about autumn"), option.WithResponseInto(&resp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// With its key, external (T3) serves this prompt (TestGatewayRoutesBySensitivity).
+		route := resp.Header.Get("X-Molly-Route")
+		if resp.Header.Get("X-Molly-Target") != "selfhosted" || out.Choices[0].Message.Content != "t2 says: Write a haiku about autumn" ||
+			!strings.Contains(route, "; excluded external: no API key: api_key_env MOLLY_TEST_UNSET_KEY is not set") {
+			t.Fatalf("target %q route %q answer %q", resp.Header.Get("X-Molly-Target"), route, out.Choices[0].Message.Content)
+		}
+	})
+	t.Run("a model only T3 serves: the gateway's error, not the upstream's 401", func(t *testing.T) {
+		resp, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}]}`)
+		e := gjson.GetBytes(b, "error")
+		if resp.StatusCode != http.StatusInternalServerError || e.Get("code").Str != "target_not_configured" || e.Get("type").Str != "server_error" ||
+			!strings.Contains(e.Get("message").Str, "external: no API key: api_key_env MOLLY_TEST_UNSET_KEY is not set") ||
+			resp.Header.Get("x-should-retry") != "false" || resp.Header.Get("X-Molly-Route") != "none; excluded external: no API key: api_key_env MOLLY_TEST_UNSET_KEY is not set" {
+			t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+		}
+		// The Messages API says the same in Anthropic's shape.
+		resp, b = do(t, g, "POST", "/v1/messages", `{"model":"gpt-4o-mini","max_tokens":5,"messages":[{"role":"user","content":"Hello"}]}`)
+		if resp.StatusCode != http.StatusInternalServerError || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "api_error" ||
+			!strings.Contains(gjson.GetBytes(b, "error.message").Str, "MOLLY_TEST_UNSET_KEY is not set") {
+			t.Fatalf("messages: %d %s", resp.StatusCode, b)
+		}
+	})
+	if n := tr.t3.Count(); n != 0 {
+		t.Fatalf("the target without its key received %d requests", n)
 	}
 }
 

@@ -116,6 +116,11 @@ func startMolly(t testing.TB, caddyfile string) *gateway {
 	return startMollyEnv(t, caddyfile, nil)
 }
 
+// t3Key is the upstream key of the tiers' external target
+// (tiers.caddyfile's api_key_env MOLLY_TEST_T3_KEY), set for every molly
+// process: a target whose variable is unset is never routed to.
+const t3Key = "sk-upstream-secret-t3"
+
 // startMollyEnv is startMolly with env added to the process's environment
 // (after the defaults, so it wins).
 func startMollyEnv(t testing.TB, caddyfile string, env []string) *gateway {
@@ -142,7 +147,8 @@ func startMollyConfig(t testing.TB, config, adapter string, env []string) *gatew
 	}
 	g.cmd = exec.Command(mollyBin, args...)
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-	g.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()), env...)
+	g.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir(),
+		"MOLLY_TEST_T3_KEY="+t3Key), env...)
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -13,10 +14,12 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	"github.com/openai/openai-go/v3/shared"
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
 	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/serving"
 )
 
 // lastBody is the last request body u received.
@@ -219,8 +222,14 @@ func TestMessagesAPI(t *testing.T) {
 		if text.String() != "t3 says: mail bob@example.net now" || types[0] != "message_start" || types[len(types)-2] != "message_delta" || types[len(types)-1] != "message_stop" {
 			t.Fatalf("text %q events %v", text.String(), types)
 		}
-		if st, d := inputs["message_start"], inputs["message_delta"]; st.Type != gjson.Number || st.Int() <= 0 || d.Raw != st.Raw {
+		// message_start comes before the upstream's count (its usage chunk
+		// is last): an estimate. message_delta, the whole message's usage,
+		// has the upstream's 5 prompt and 6 completion tokens (one per chunk).
+		if st, d := inputs["message_start"], inputs["message_delta"]; st.Type != gjson.Number || st.Int() <= 0 || d.Int() != 5 || d.Type != gjson.Number {
 			t.Fatalf("input_tokens: message_start %s, message_delta %s", st.Raw, d.Raw)
+		}
+		if out := gjson.GetBytes(sseEvents(t, b)[len(types)-2].Data, "usage.output_tokens"); out.Int() != 6 {
+			t.Fatalf("message_delta output_tokens %s", out.Raw)
 		}
 	})
 	t.Run("errors are Anthropic's", func(t *testing.T) {
@@ -267,6 +276,12 @@ func TestMessagesAPI(t *testing.T) {
 		}
 		if r.Get("stream.deltas").Str != "t3 says: Stream a haiku about tea" || r.Get("stream.text").Str != r.Get("stream.deltas").Str || r.Get("stream.stop_reason").Str != "end_turn" {
 			t.Fatalf("stream: %s", out)
+		}
+		// The SDK's final message has the upstream's usage, as the
+		// non-streamed message does: 5 prompt tokens, an answer of 6 chunks
+		// (tr.t3.Chunks, one completion token each).
+		if u := r.Get("stream.usage"); u.Get("input_tokens").Int() != 5 || u.Get("output_tokens").Int() != 6 || r.Get("message.usage.input_tokens").Int() != 5 {
+			t.Fatalf("stream usage %s, message usage %s", u.Raw, r.Get("message.usage").Raw)
 		}
 		if r.Get("error.status").Int() != 404 || r.Get("error.type").Str != "not_found_error" || r.Get("error.name").Str != "NotFoundError" {
 			t.Fatalf("error: %s", out)
@@ -320,4 +335,170 @@ func TestMessagesAPIAdmissionErrors(t *testing.T) {
 	if resp.StatusCode != 401 || gjson.GetBytes(b, "error.code").Str != "invalid_api_key" {
 		t.Fatalf("chat without a key: %d %s", resp.StatusCode, b)
 	}
+}
+
+// TestTranslatedAPIsRefuseInvalidUTF8: a body with a string that is not
+// UTF-8 gets the 400 a chat completions body gets — OpenAI's error JSON on
+// /v1/responses, Anthropic's error on /v1/messages — and nothing is sent
+// upstream (a translation would have carried U+FFFD in its place).
+func TestTranslatedAPIsRefuseInvalidUTF8(t *testing.T) {
+	spec := openapitest.Load(t)
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	resp, b := do(t, g, "POST", "/v1/chat/completions", "{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9 au lait\"}]}")
+	chatMsg := gjson.GetBytes(b, "error.message").Str
+	if resp.StatusCode != 400 || !strings.Contains(chatMsg, "UTF-8") {
+		t.Fatalf("chat: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, "POST", "/v1/responses", "{\"model\":\"chat\",\"input\":\"caf\xe9 au lait\"}")
+	spec.Validate(t, "ErrorResponse", b)
+	if e := gjson.GetBytes(b, "error"); resp.StatusCode != 400 || e.Get("type").Str != "invalid_request_error" || e.Get("message").Str != chatMsg {
+		t.Fatalf("responses: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, "POST", "/v1/messages", "{\"model\":\"chat\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"caf\xe9 au lait\"}]}]}",
+		"anthropic-version", "2023-06-01")
+	if m := gjson.ParseBytes(b); resp.StatusCode != 400 || m.Get("type").Str != "error" || m.Get("error.type").Str != "invalid_request_error" || m.Get("error.message").Str != chatMsg {
+		t.Fatalf("messages: %d %s", resp.StatusCode, b)
+	}
+	for _, u := range []*upstreamtest.Upstream{tr.t1, tr.t2, tr.t3} {
+		if n := u.Count(); n != 0 {
+			t.Fatalf("%s received %d requests", u.Name, n)
+		}
+	}
+}
+
+// TestTranslatedAPIsOnTheEngine runs the Responses and Messages APIs on the
+// T0 engine (the demo model, whose chat template has reasoning delimiters)
+// with chat completions on the same model as the oracle: the same prompt
+// at temperature 0 gives the same tokens, so the translated answers must
+// report the counts and the reasoning the chat answer has.
+func TestTranslatedAPIsOnTheEngine(t *testing.T) {
+	spec := openapitest.Load(t)
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			n_seq_max 2
+			n_ctx 2048
+			threads 1
+			reasoning_budget 6 12 24
+		}
+		target local {
+			tier T0
+			kind engine
+			models gpt-4o-mini=molly-demo
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	c := client(g)
+	ctx := context.Background()
+
+	t.Run("a Messages stream reports the engine's input and output tokens", func(t *testing.T) {
+		// The chat answer's usage is the oracle: the engine's count of the templated prompt.
+		want, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", MaxTokens: openai.Int(2),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"model":"gpt-4o-mini","max_tokens":2,"messages":[{"role":"user","content":"Hello"}]}`
+		resp, b := do(t, g, "POST", "/v1/messages", body, "anthropic-version", "2023-06-01")
+		if resp.StatusCode != 200 || gjson.GetBytes(b, "usage.input_tokens").Int() != want.Usage.PromptTokens || gjson.GetBytes(b, "usage.output_tokens").Int() != 2 {
+			t.Fatalf("message %d %s; chat usage %+v", resp.StatusCode, b, want.Usage)
+		}
+		resp, b = do(t, g, "POST", "/v1/messages", strings.Replace(body, `"max_tokens":2`, `"max_tokens":2,"stream":true`, 1), "anthropic-version", "2023-06-01")
+		evs := sseEvents(t, b)
+		if resp.StatusCode != 200 || len(evs) < 3 || evs[len(evs)-2].Type != "message_delta" {
+			t.Fatalf("stream %d %s", resp.StatusCode, b)
+		}
+		start := gjson.GetBytes(evs[0].Data, "message.usage.input_tokens")
+		delta := gjson.GetBytes(evs[len(evs)-2].Data, "usage")
+		// message_start is sent before the engine's count exists (an
+		// estimate); message_delta is the message's usage the SDKs keep.
+		if start.Type != gjson.Number || start.Int() <= 0 || delta.Get("input_tokens").Int() != want.Usage.PromptTokens || delta.Get("output_tokens").Int() != 2 {
+			t.Fatalf("message_start input_tokens %s, message_delta usage %s; the chat answer counts %d prompt tokens", start.Raw, delta.Raw, want.Usage.PromptTokens)
+		}
+	})
+
+	t.Run("Responses reasoning.effort reasons, as chat reasoning_effort does", func(t *testing.T) {
+		const prompt = "Why is the sky blue?"
+		var chatResp struct {
+			Choices []struct {
+				Message struct {
+					Content          string `json:"content"`
+					ReasoningContent string `json:"reasoning_content"`
+				} `json:"message"`
+			} `json:"choices"`
+			Usage struct {
+				CompletionTokens        int64 `json:"completion_tokens"`
+				CompletionTokensDetails struct {
+					ReasoningTokens int64 `json:"reasoning_tokens"`
+				} `json:"completion_tokens_details"`
+			} `json:"usage"`
+		}
+		resp, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"gpt-4o-mini","temperature":0,"max_completion_tokens":16,"reasoning_effort":"low","messages":[{"role":"user","content":"`+prompt+`"}]}`)
+		if err := json.Unmarshal(b, &chatResp); err != nil || resp.StatusCode != 200 || len(chatResp.Choices) != 1 {
+			t.Fatalf("chat: %d %s", resp.StatusCode, b)
+		}
+		oracle := chatResp.Choices[0].Message
+		reasoningTokens := chatResp.Usage.CompletionTokensDetails.ReasoningTokens
+		// The low budget (6) and the end delimiter.
+		if oracle.ReasoningContent == "" || reasoningTokens < 7 {
+			t.Fatalf("the chat oracle has no reasoning: %s", b)
+		}
+		params := responses.ResponseNewParams{Model: "gpt-4o-mini", Temperature: openai.Float(0), MaxOutputTokens: openai.Int(16),
+			Reasoning: shared.ReasoningParam{Effort: shared.ReasoningEffortLow},
+			Input:     responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}}
+		check := func(t *testing.T, r *responses.Response) {
+			t.Helper()
+			spec.Validate(t, "Response", []byte(r.RawJSON()))
+			if r.Reasoning.Effort != shared.ReasoningEffortLow || len(r.Output) < 1 || r.Output[0].Type != "reasoning" {
+				t.Fatalf("response %s", r.RawJSON())
+			}
+			item := r.Output[0].AsReasoning()
+			if len(item.Content) != 1 || item.Content[0].Text != oracle.ReasoningContent || r.OutputText() != oracle.Content ||
+				r.Usage.OutputTokensDetails.ReasoningTokens != reasoningTokens || r.Usage.OutputTokens != chatResp.Usage.CompletionTokens {
+				t.Fatalf("response %s\nwant the chat answer's reasoning %q, content %q, %d reasoning of %d tokens",
+					r.RawJSON(), oracle.ReasoningContent, oracle.Content, reasoningTokens, chatResp.Usage.CompletionTokens)
+			}
+		}
+		r, err := c.Responses.New(ctx, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, r)
+
+		stream := c.Responses.NewStreaming(ctx, params)
+		var deltas strings.Builder
+		var done *responses.Response
+		for stream.Next() {
+			ev := stream.Current()
+			spec.Validate(t, "ResponseStreamEvent", []byte(ev.RawJSON()))
+			switch ev.Type {
+			case "response.reasoning_text.delta":
+				deltas.WriteString(ev.Delta)
+			case "response.completed", "response.incomplete":
+				done = &ev.Response
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if done == nil || deltas.String() != oracle.ReasoningContent {
+			t.Fatalf("reasoning deltas %q, want %q", deltas.String(), oracle.ReasoningContent)
+		}
+		check(t, done)
+	})
 }

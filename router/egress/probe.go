@@ -42,7 +42,9 @@ type probes struct {
 // reusing an outcome younger than ProbeTTL. A target is healthy when it
 // answers with a status below 500 other than 401 and 403 (a server
 // without a models listing answers 404 and is still up; one that refuses
-// Molly's key is not usable).
+// Molly's key is not usable). A target without its API key
+// (route.Target.MissingKey) is not probed: it is reported unhealthy with
+// that reason.
 func (e *Egress) Health(ctx context.Context, cat *route.Catalogue) []TargetHealth {
 	ts := cat.Targets()
 	out := make([]TargetHealth, len(ts))
@@ -80,6 +82,9 @@ func (e *Egress) probe(ctx context.Context, t *route.Target) error {
 	u, ok := e.clients[t.Name]
 	if !ok {
 		return fmt.Errorf("no client")
+	}
+	if why := t.MissingKey(); why != "" {
+		return errors.New(why)
 	}
 	ctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
 	defer cancel()

@@ -32,6 +32,8 @@ func TestHealthProbesEveryTargetOnceAWhile(t *testing.T) {
 		{Name: "nomodels", Tier: "T1", Endpoint: nomodels.URL + "/v1", Models: []string{"m"}},
 		{Name: "badkey", Tier: "T3", Endpoint: badkey.URL + "/v1", Models: []string{"m"}},
 		{Name: "dead", Tier: "T2", Endpoint: dead.URL + "/v1", Models: []string{"m"}},
+		// Its key's variable is unset: reported, never probed (the up server would say 200).
+		{Name: "nokey", Tier: "T3", Endpoint: up.URL + "/v1", Models: []string{"m"}, APIKeyEnv: "MOLLY_TEST_PROBE_KEY_NEVER_SET"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -41,14 +43,14 @@ func TestHealthProbesEveryTargetOnceAWhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := e.Health(context.Background(), cat)
-	want := map[string]bool{"up": true, "nomodels": true, "badkey": false, "dead": false}
+	want := map[string]bool{"up": true, "nomodels": true, "badkey": false, "dead": false, "nokey": false}
 	for _, h := range got {
 		if h.OK != want[h.Target] || (h.OK != (h.Error == "")) {
 			t.Fatalf("%s: ok %v error %q", h.Target, h.OK, h.Error)
 		}
 	}
-	if !strings.Contains(got[3].Error, "refused") || !strings.Contains(got[2].Error, "401") {
-		t.Fatalf("errors %q, %q", got[3].Error, got[2].Error)
+	if !strings.Contains(got[3].Error, "refused") || !strings.Contains(got[2].Error, "401") || got[4].Error != "api_key_env MOLLY_TEST_PROBE_KEY_NEVER_SET is not set" {
+		t.Fatalf("errors %q, %q, %q", got[3].Error, got[2].Error, got[4].Error)
 	}
 	n := calls.Load()
 	e.Health(context.Background(), cat) // within ProbeTTL: the outcomes are reused

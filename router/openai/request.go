@@ -81,22 +81,12 @@ func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 // a body could be classified on one value and answered on the other), a
 // root that is not an object, then a missing or mistyped parameter.
 func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
-	if len(body) == 0 {
-		return nil, nil, InvalidRequest("", "The request body is empty; send a JSON object.")
-	}
-	if len(body) >= math.MaxInt32 {
-		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it is 2 GiB or more.")
+	if err := sizeError(body); err != nil {
+		return nil, nil, err
 	}
 	d, pr, key := parse(body)
-	switch pr {
-	case problemSyntax:
-		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
-	case problemUTF8:
-		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
-	case problemDeep:
-		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
-	case problemDup:
-		return nil, nil, InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", key)
+	if err := problemError(pr, key); err != nil {
+		return nil, nil, err
 	}
 	if d.Kind(0) != KindObject {
 		return nil, nil, InvalidRequest("", "The JSON body of your request must be an object, got %s.", kindOf(d, 0))
@@ -612,6 +602,57 @@ func Kind(v gjson.Result) string {
 // WrongType is the 400 for param holding a value of the wrong type.
 func WrongType(param, want string, got gjson.Result) *Error {
 	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, Kind(got))
+}
+
+// sizeError is the 400 of an empty body or one of 2 GiB or more, nil
+// otherwise.
+func sizeError(body string) *Error {
+	if len(body) == 0 {
+		return InvalidRequest("", "The request body is empty; send a JSON object.")
+	}
+	if len(body) >= math.MaxInt32 {
+		return InvalidRequest("", "We could not parse the JSON body of your request: it is 2 GiB or more.")
+	}
+	return nil
+}
+
+// problemError is the 400 of what parse found wrong (nil for problemNone);
+// key is the repeated member name of problemDup.
+func problemError(pr problem, key string) *Error {
+	switch pr {
+	case problemSyntax:
+		return InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
+	case problemUTF8:
+		return InvalidRequest("", "We could not parse the JSON body of your request: it is not valid UTF-8.")
+	case problemDeep:
+		return InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", MaxJSONDepth)
+	case problemDup:
+		return InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", key)
+	}
+	return nil
+}
+
+// CheckBody makes the checks Parse makes of every body before it reads a
+// parameter, with the same 400 invalid_request_error in the same order: an
+// empty body, not JSON, a string that is not valid UTF-8 (RFC 8259 §8.1),
+// nesting deeper than MaxJSONDepth or a key repeated in one object. It is
+// for the bodies of other APIs (router/translate) that are translated into
+// a chat request: a string decoded from invalid UTF-8 would otherwise reach
+// the upstream with U+FFFD in place of the client's bytes. nil: body is
+// one JSON value fit for reading.
+func CheckBody(body []byte) *Error {
+	s := string(body)
+	if err := sizeError(s); err != nil {
+		return err
+	}
+	p, ok := parseAll(s)
+	switch {
+	case !ok:
+		return problemError(problemSyntax, "")
+	case p.badUTF8:
+		return problemError(problemUTF8, "")
+	}
+	return problemError(p.problem, p.dupKey)
 }
 
 // CheckStructure reads the valid JSON text b once and reports its first

@@ -244,6 +244,30 @@ func TestCheckStructure(t *testing.T) {
 	}
 }
 
+// TestCheckBodyIsParsesFirstChecks: CheckBody answers every body as Parse
+// does up to its first parameter — the same error, or none when Parse gets
+// as far as the parameters.
+func TestCheckBodyIsParsesFirstChecks(t *testing.T) {
+	for _, body := range []string{
+		"", "{", `{"model":"m"}x`, "{\"model\":\"m\",\"input\":\"\xff\xfe\"}", "{\"model\":\"\xc3\"}", "{\"\xffkey\":1}",
+		`{"a":1,"a":2}`, strings.Repeat("[", MaxJSONDepth+1) + strings.Repeat("]", MaxJSONDepth+1), "{\"bad\":\"\xff\",\"a\":1,\"a\":2}",
+		`{"model":"m","messages":[]}`, `[]`, `{"model":"m","input":"caf\u00e9 \ud83d\ude00"}`, "{\"model\":\"m\",\"input\":\"café 😀\"}",
+	} {
+		_, _, perr := Parse(EndpointChat, body)
+		err := CheckBody([]byte(body))
+		parseFirst := perr != nil && perr.Param == "" && (strings.HasPrefix(perr.Message, "We could not parse") || strings.HasPrefix(perr.Message, "The request body is empty"))
+		switch {
+		case parseFirst && (err == nil || err.Message != perr.Message || err.Status != 400 || err.Type != "invalid_request_error"):
+			t.Errorf("%q: CheckBody = %v, Parse = %v", body, err, perr)
+		case !parseFirst && err != nil:
+			t.Errorf("%q: CheckBody = %v, but Parse reads on to the parameters (%v)", body, err, perr)
+		}
+	}
+	if err := CheckBody([]byte("{\"input\":\"\xff\"}")); err == nil || !strings.Contains(err.Message, "not valid UTF-8") {
+		t.Fatalf("invalid UTF-8: %v", err)
+	}
+}
+
 func TestErrorBodyAndMatching(t *testing.T) {
 	e := &Error{Status: 403, Type: "policy_denied", Code: "model_not_allowed", Message: "no.", Extra: map[string]any{"reasons": []string{"r"}}}
 	if got, want := string(e.Body()), `{"error":{"code":"model_not_allowed","message":"no.","param":null,"reasons":["r"],"type":"policy_denied"}}`; got != want {

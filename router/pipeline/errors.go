@@ -80,9 +80,15 @@ func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Er
 //	endpoint            400 unsupported_endpoint
 //	X-Molly-Max-Cost    400 max_cost_exceeded
 //	remaining budget    429 insufficient_quota, x-should-retry: false
+//	open circuit        503 no_target_available, Retry-After: 1
+//	missing API key     500 target_not_configured, x-should-retry: false
 //	tier, region, policy cost limit  403 target_not_allowed
 //
-// The message names every excluded target and why.
+// An open circuit closes again, so a retry may succeed; a target whose
+// api_key_env variable is unset (route.Target.MissingKey) stays unusable
+// until the operator sets it and restarts: the gateway's fault, not the
+// client's, and not worth a retry. The message names every excluded
+// target and why.
 func unroutable(msg string, excluded []route.Exclusion) *openai.Error {
 	rank := map[route.ExclusionKind]int{route.ExcludedContext: 1, route.ExcludedCapability: 2, route.ExcludedModality: 3,
 		route.ExcludedEndpoint: 4, route.ExcludedCost: 5, route.ExcludedBudget: 6}
@@ -101,6 +107,12 @@ func unroutable(msg string, excluded []route.Exclusion) *openai.Error {
 			if e.Kind == route.ExcludedHealth { // an open circuit closes again: worth a retry
 				return &openai.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_target_available",
 					Message: msg, RetryAfter: 1}
+			}
+		}
+		for _, e := range excluded {
+			if e.Kind == route.ExcludedKey {
+				return &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "target_not_configured",
+					Message: msg, NoRetry: true}
 			}
 		}
 		return &openai.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "target_not_allowed", Message: msg}
@@ -151,5 +163,5 @@ func everyAttemptFailed(e *openai.Error) bool {
 }
 
 // unroutableCodes are the codes of unroutable: no target was left to try.
-var unroutableCodes = map[string]bool{"target_not_allowed": true, "context_length_exceeded": true, "unsupported_parameter": true,
+var unroutableCodes = map[string]bool{"target_not_allowed": true, "target_not_configured": true, "context_length_exceeded": true, "unsupported_parameter": true,
 	"unsupported_modality": true, "unsupported_endpoint": true, "max_cost_exceeded": true}

@@ -65,6 +65,7 @@ const (
 	ExcludedCost       ExclusionKind = "cost"       // over the client's X-Molly-Max-Cost
 	ExcludedBudget     ExclusionKind = "budget"     // over the caller's remaining budget
 	ExcludedHealth     ExclusionKind = "health"     // ejected by outlier detection (router/health): transient
+	ExcludedKey        ExclusionKind = "key"        // its api_key_env variable is not set (Target.MissingKey): the gateway's configuration
 )
 
 // Needs lists the capabilities request a needs from a target, in
@@ -105,7 +106,13 @@ func (c *Catalogue) Rank(a *classify.Annotation, d *policies.Decision, w Weights
 	return c.RankWith(a, d, Selection{Weights: w})
 }
 
-// RankWith ranks like Rank with learned priors and per-request overrides:
+// RankWith ranks like Rank with learned priors and per-request overrides.
+// A target is excluded, with the first reason that applies, for its tier
+// or region (the decision), the endpoint, an input modality, a capability
+// the request needs, its context window, the policy's or the client's cost
+// limit, a missing API key (Target.MissingKey: the request would fit it,
+// but it cannot be sent there) and an open circuit (s.Health). The others
+// are scored:
 //
 //	score = quality − λ_cost·expected_cost_usd − λ_latency·expected_latency_s − local_penalty
 //
@@ -155,9 +162,11 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 		case t.MaxContext > 0 && a.PromptTokens()+a.MaxTokens() > t.MaxContext:
 			why, kind = fmt.Sprintf("context window %d tokens < %d needed", t.MaxContext, a.PromptTokens()+a.MaxTokens()), ExcludedContext
 		case capped && cost > maxCost:
-			why, kind = fmt.Sprintf("expected cost %.6f USD over the policy limit %.6f", cost, maxCost), ExcludedPolicy
+			why, kind = fmt.Sprintf("expected cost %.3g USD over the policy limit %g", cost, maxCost), ExcludedPolicy
 		case s.HasMaxCost && cost > s.MaxCostUSD:
 			why, kind = fmt.Sprintf("expected cost %.3g USD over X-Molly-Max-Cost %g", cost, s.MaxCostUSD), ExcludedCost
+		case t.MissingKey() != "":
+			why, kind = "no API key: "+t.MissingKey(), ExcludedKey
 		case s.Health != nil:
 			if ok, reason := s.Health.Admit(t.Name); !ok {
 				why, kind = reason, ExcludedHealth

@@ -104,7 +104,7 @@ func TestRank(t *testing.T) {
 			[]ranked{rCloud, rLocal}, []Exclusion{{"lan", "does not serve chat.completions (serves embeddings)", ExcludedEndpoint, ""}}},
 		{"an expected cost over max_cost_usd is excluded",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.005}), nil, nil, DefaultWeights,
-			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.012500 USD over the policy limit 0.005000", ExcludedPolicy, ""}}},
+			[]ranked{rLAN, rLocal}, []Exclusion{{"cloud", "expected cost 0.0125 USD over the policy limit 0.005", ExcludedPolicy, ""}}},
 		{"a cost equal to max_cost_usd is allowed",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.0125}), nil, nil, DefaultWeights,
 			[]ranked{rCloud, rLAN, rLocal}, nil},
@@ -171,6 +171,50 @@ func TestRank(t *testing.T) {
 	}
 }
 
+// TestATargetWithoutItsKeyIsExcluded: a target whose api_key_env names an
+// unset (or empty) variable is never a candidate — excluded with the
+// variable's name, after the request's own reasons — so the next target
+// serves; one whose variable is set is ranked as usual.
+func TestATargetWithoutItsKeyIsExcluded(t *testing.T) {
+	t.Setenv("MOLLY_TEST_RANK_KEY_SET", "sk-set")
+	t.Setenv("MOLLY_TEST_RANK_KEY_EMPTY", "")
+	for _, c := range []struct {
+		env     string
+		missing bool
+	}{{"MOLLY_TEST_RANK_KEY_SET", false}, {"MOLLY_TEST_RANK_KEY_EMPTY", true}, {"MOLLY_TEST_RANK_KEY_NEVER_SET", true}} {
+		t.Run(c.env, func(t *testing.T) {
+			ts := rankTargets()
+			ts[2].APIKeyEnv = c.env
+			cat := newCatalogue(t, ts...)
+			a := annotate(t, nil, rankRequest())
+			cands, excluded, _ := cat.Rank(a, decision(t, a, allow(allTiers, nil)), DefaultWeights)
+			want, wantExcluded := []ranked{rCloud, rLAN, rLocal}, []Exclusion(nil)
+			var missing []*Target
+			if c.missing {
+				want = []ranked{rLAN, rLocal}
+				wantExcluded = []Exclusion{{"cloud", "no API key: api_key_env " + c.env + " is not set", ExcludedKey, ""}}
+				missing = []*Target{ts[2]}
+			}
+			if got := rankedOf(cands); !sameRanked(got, want) || !reflect.DeepEqual(excluded, wantExcluded) {
+				t.Fatalf("Rank = %v, %v; want %v, %v", got, excluded, want, wantExcluded)
+			}
+			if got := cat.MissingKeys(); !reflect.DeepEqual(got, missing) || (ts[2].MissingKey() != "") != c.missing {
+				t.Fatalf("MissingKeys = %v, MissingKey %q", got, ts[2].MissingKey())
+			}
+		})
+	}
+	t.Run("the request's own reasons come first", func(t *testing.T) {
+		ts := rankTargets()
+		ts[2].APIKeyEnv, ts[2].MaxContext = "MOLLY_TEST_RANK_KEY_NEVER_SET", 1000
+		cat := newCatalogue(t, ts...)
+		a := annotate(t, nil, rankRequest())
+		_, excluded, _ := cat.Rank(a, decision(t, a, allow(allTiers, nil)), DefaultWeights)
+		if len(excluded) != 1 || excluded[0].Kind != ExcludedContext {
+			t.Fatalf("excluded %v, want cloud for its context window", excluded)
+		}
+	})
+}
+
 func TestRankUnknownModel(t *testing.T) {
 	c := newCatalogue(t, rankTargets()...)
 	r := rankRequest()
@@ -204,7 +248,7 @@ func TestRankWithOverrides(t *testing.T) {
 			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002 USD over X-Molly-Max-Cost 0", ExcludedCost, ""}, {"cloud", "expected cost 0.0125 USD over X-Molly-Max-Cost 0", ExcludedCost, ""}}},
 		{"the policy's max_cost_usd is checked before the header's",
 			allow(allTiers, map[string]any{"max_cost_usd": 0.001}), Overrides{MaxCostUSD: 1, HasMaxCost: true},
-			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002000 USD over the policy limit 0.001000", ExcludedPolicy, ""}, {"cloud", "expected cost 0.012500 USD over the policy limit 0.001000", ExcludedPolicy, ""}}},
+			[]ranked{rLocal}, []Exclusion{{"lan", "expected cost 0.002 USD over the policy limit 0.001", ExcludedPolicy, ""}, {"cloud", "expected cost 0.0125 USD over the policy limit 0.001", ExcludedPolicy, ""}}},
 		{"prefer best orders by quality alone",
 			allow(allTiers, nil), Overrides{Prefer: PreferBest},
 			[]ranked{withScore(rCloud, 0.9), withScore(rLAN, 0.7), withScore(rLocal, 0.6)}, nil},

@@ -3,6 +3,7 @@ package route
 import (
 	"fmt"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -36,6 +37,9 @@ type Target struct {
 	Models []string `json:"models"`
 	// APIKeyEnv names the environment variable holding the upstream API key,
 	// sent as "Authorization: Bearer". The key itself is never in the config.
+	// A target whose variable is unset or empty when it is provisioned is
+	// kept in the catalogue but never routed to (MissingKey): sending its
+	// requests without the key would only earn the upstream's 401.
 	APIKeyEnv string `json:"api_key_env,omitempty"`
 	// PriceIn and PriceOut are USD per 1M prompt and completion tokens.
 	PriceIn  float64 `json:"price_in,omitempty"`
@@ -85,9 +89,21 @@ type Target struct {
 	// outlier_detection, then health's defaults.
 	OutlierDetection *health.Config `json:"outlier_detection,omitempty"`
 
-	models map[string]string // client name → upstream name
-	engine Engine            // kind engine: also every model the engine serves now
-	caps   map[string]bool   // nil: every capability
+	models     map[string]string // client name → upstream name
+	engine     Engine            // kind engine: also every model the engine serves now
+	caps       map[string]bool   // nil: every capability
+	missingKey bool              // APIKeyEnv is set but the variable is not (MissingKey)
+}
+
+// MissingKey is why the target cannot be sent requests for want of its
+// API key — "api_key_env <VAR> is not set" when APIKeyEnv names a variable
+// that was unset or empty when the target was provisioned — or "" when it
+// can. The variable's value is never part of it.
+func (t *Target) MissingKey() string {
+	if !t.missingKey {
+		return ""
+	}
+	return "api_key_env " + t.APIKeyEnv + " is not set"
 }
 
 // Capabilities a target may have (Target.Capabilities) and a request may
@@ -244,6 +260,7 @@ func (t *Target) provision(engine Engine) error {
 	if t.DraftWithEngine && engine == nil {
 		return fmt.Errorf("target %s: draft_with_engine needs the molly app's engine, and none is configured", t.Name)
 	}
+	t.missingKey = t.APIKeyEnv != "" && os.Getenv(t.APIKeyEnv) == ""
 	caps := t.Capabilities
 	if t.Kind == KindEngine {
 		if engine == nil {
@@ -346,6 +363,18 @@ func NewCatalogue(targets []*Target, engine Engine) (*Catalogue, error) {
 
 // Targets returns the targets in declaration order.
 func (c *Catalogue) Targets() []*Target { return c.targets }
+
+// MissingKeys lists the targets that are never routed to for want of their
+// API key (Target.MissingKey), in declaration order.
+func (c *Catalogue) MissingKeys() []*Target {
+	var out []*Target
+	for _, t := range c.targets {
+		if t.MissingKey() != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
 
 // Models returns the client-facing model names served by targets that the
 // decision allows, sorted and de-duplicated.

@@ -287,9 +287,21 @@ func messageError(status int, body []byte) []byte {
 // messagesStream turns a chat completion stream into Anthropic's:
 // message_start, then per content block content_block_start,
 // content_block_delta (text_delta, input_json_delta)… and
-// content_block_stop, then message_delta (stop_reason and the usage:
-// output_tokens from the upstream, input_tokens as message_start gave them)
-// and message_stop.
+// content_block_stop, then message_delta (stop_reason and the usage) and
+// message_stop.
+//
+// Usage follows Anthropic's streaming reference: message_start carries a
+// Message whose usage is what is known when it is sent, and message_delta's
+// usage is cumulative for the whole message — Anthropic's SDKs overwrite
+// the snapshot's input_tokens and output_tokens with it, so it is what
+// finalMessage() reports. The chat request asks for the usage chunk
+// (stream_options.include_usage), which OpenAI-compatible servers send
+// last; message_start is held until the first chunk and takes its
+// prompt_tokens when that chunk carries usage, else the classifier's
+// estimate (Translation.PromptEstimate). message_delta carries the
+// upstream's prompt_tokens and completion_tokens, the counts the
+// non-streamed answer and the ledger report; the estimate only when the
+// upstream sent no usage.
 type messagesStream struct {
 	t       *Translation
 	started bool
@@ -316,7 +328,17 @@ func (s *messagesStream) start(out []byte) []byte {
 	s.started = true
 	return s.emit(out, "message_start", map[string]any{"message": map[string]any{
 		"id": s.id, "type": "message", "role": "assistant", "model": s.t.Model, "content": []any{},
-		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": s.t.PromptEstimate, "output_tokens": 0}}})
+		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": s.inputTokens(), "output_tokens": 0}}})
+}
+
+// inputTokens is the prompt's size in tokens as best known now: the
+// upstream's usage.prompt_tokens once a chunk carried it, else the
+// classifier's estimate.
+func (s *messagesStream) inputTokens() int64 {
+	if n := s.usage.Get("prompt_tokens"); n.Type == gjson.Number {
+		return n.Int()
+	}
+	return int64(s.t.PromptEstimate)
 }
 
 func (s *messagesStream) stopBlock(out []byte) []byte {
@@ -341,11 +363,11 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 		s.ended = true
 		return s.emit(out, "error", map[string]any{"error": map[string]any{"type": "api_error", "message": e.Get("message").Str}})
 	}
-	if !s.started {
-		out = s.start(out)
-	}
 	if u := root.Get("usage"); u.IsObject() {
 		s.usage = u
+	}
+	if !s.started {
+		out = s.start(out)
 	}
 	ch := root.Get("choices.0")
 	d := ch.Get("delta")
@@ -392,9 +414,9 @@ func (s *messagesStream) end(out []byte) []byte {
 		out = s.start(out)
 	}
 	out = s.stopBlock(out)
-	// input_tokens repeats what message_start said (the prompt as counted
-	// before the upstream answered): the two events of one stream agree.
-	usage := map[string]any{"input_tokens": s.t.PromptEstimate, "output_tokens": s.usage.Get("completion_tokens").Int()}
+	// The whole message's usage, as the upstream counted it (see
+	// messagesStream): what the SDKs' final message reports.
+	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
 	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": stopReason(s.finish), "stop_sequence": nil}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
 }

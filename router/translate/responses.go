@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,8 +27,10 @@ import (
 //     chat messages, consecutive function calls in one assistant message;
 //   - function tools and tool_choice, parallel_tool_calls,
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
-//     top_logprobs, user and text.format (as response_format) map to their
-//     chat parameters; a stream asks for the usage chunk;
+//     top_logprobs, user, text.format (as response_format) and
+//     reasoning.effort (as reasoning_effort) map to their chat parameters;
+//     reasoning.summary is echoed but asks for nothing (chat completions
+//     has no summaries); a stream asks for the usage chunk;
 //   - what chat completions cannot express is a 400 naming the parameter:
 //     hosted tools (web search, file search, …), item references, files by
 //     id, background mode, prompt templates.
@@ -130,11 +133,51 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	default:
 		return nil, nil, openai.InvalidRequest("text.format.type", "Invalid value for 'text.format.type': '%s'. Supported values are: 'text', 'json_object' and 'json_schema'.", f.Get("type").Str)
 	}
+	if aerr := reasoningParams(root.Get("reasoning"), chat); aerr != nil {
+		return nil, nil, aerr
+	}
 	if t.Stream {
 		chat["stream"] = true
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
 	return marshal(chat), t, nil
+}
+
+// reasoningEfforts and reasoningSummaries are the values of the Reasoning
+// object's effort (ReasoningEffort) and summary in OpenAI's API description.
+var (
+	reasoningEfforts   = []string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+	reasoningSummaries = []string{"auto", "concise", "detailed"}
+)
+
+// reasoningParams checks the request's reasoning object and sets the chat
+// request's reasoning_effort from its effort. Errors are 400s naming the
+// parameter: a reasoning that is not an object, an effort or summary that
+// is not one of the API's values.
+func reasoningParams(r gjson.Result, chat map[string]any) *openai.Error {
+	if !r.Exists() || r.Type == gjson.Null {
+		return nil
+	}
+	if !r.IsObject() {
+		return openai.WrongType("reasoning", "an object", r)
+	}
+	for _, f := range []struct {
+		name   string
+		values []string
+	}{{"effort", reasoningEfforts}, {"summary", reasoningSummaries}, {"generate_summary", reasoningSummaries}} {
+		v := r.Get(f.name)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		if v.Type != gjson.String || !slices.Contains(f.values, v.Str) {
+			return openai.InvalidRequest("reasoning."+f.name, "Invalid value for 'reasoning.%s': %s. Supported values are: '%s'.",
+				f.name, v.Raw, strings.Join(f.values, "', '"))
+		}
+		if f.name == "effort" {
+			chat["reasoning_effort"] = v.Str
+		}
+	}
+	return nil
 }
 
 // inputMessages translates the input (a string or items) into chat messages.
@@ -344,7 +387,7 @@ func (t *Translation) baseResponse(created int64, status string) map[string]any 
 		"output":               []any{},
 		"parallel_tool_calls":  or("parallel_tool_calls", true),
 		"previous_response_id": or("previous_response_id", nil),
-		"reasoning":            map[string]any{"effort": nil, "summary": nil},
+		"reasoning":            map[string]any{"effort": or("reasoning.effort", nil), "summary": or("reasoning.summary", nil)},
 		"store":                t.store != nil,
 		"temperature":          or("temperature", 1),
 		"text":                 map[string]any{"format": format},
@@ -395,8 +438,26 @@ func outputText(text string) map[string]any {
 	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
 }
 
+// reasoningItem is a reasoning output item (ReasoningItem) holding the
+// reasoning text as one reasoning_text content part, without summary.
+func reasoningItem(id, text, status string) map[string]any {
+	content := []any{}
+	if text != "" {
+		content = append(content, reasoningText(text))
+	}
+	return map[string]any{"type": "reasoning", "id": id, "summary": []any{}, "content": content, "status": status}
+}
+
+// reasoningText is a reasoning_text content part.
+func reasoningText(text string) map[string]any {
+	return map[string]any{"type": "reasoning_text", "text": text}
+}
+
 // responseFromChat translates a chat completion into a Response, and
-// returns the answer as a chat message, for storing.
+// returns the answer as a chat message, for storing. The message's
+// reasoning_content (the reasoning of the T0 engine, llama.cpp's server,
+// vLLM, DeepSeek) becomes a reasoning item before the message; its tokens
+// are usage.output_tokens_details.reasoning_tokens (responseUsage).
 func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[string]any) {
 	root := gjson.ParseBytes(chat)
 	ch := root.Get("choices.0")
@@ -406,6 +467,9 @@ func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[
 	r["incomplete_details"] = incomplete
 	var output []any
 	assistant = map[string]any{"role": "assistant", "content": nil}
+	if rc := msg.Get("reasoning_content"); rc.Type == gjson.String && rc.Str != "" {
+		output = append(output, reasoningItem(relay.NewID("rs_"), rc.Str, "completed"))
+	}
 	if c := msg.Get("content"); c.Type == gjson.String && c.Str != "" {
 		output = append(output, map[string]any{"type": "message", "id": relay.NewID("msg_"), "status": "completed", "role": "assistant",
 			"content": []any{outputText(c.Str)}})

@@ -13,7 +13,10 @@ import (
 )
 
 // responsesStream turns a chat completion stream into the Responses API's
-// stream: response.created and response.in_progress first; for the text,
+// stream: response.created and response.in_progress first; for reasoning
+// (delta.reasoning_content), response.output_item.added (a reasoning
+// item), response.content_part.added (a reasoning_text part),
+// response.reasoning_text.delta…, then .done events; for the text,
 // response.output_item.added (a message), response.content_part.added,
 // response.output_text.delta…, then .done events; for each tool call,
 // response.output_item.added (a function_call),
@@ -35,6 +38,8 @@ type responsesStream struct {
 	part    string   // "output_text" or "refusal": the open content part
 	refusal strings.Builder
 
+	reason *outItem // the reasoning item being written, if any
+
 	calls   map[int64]*outItem // function_call items by chat tool-call index
 	order   []*outItem         // every item, in output_index order
 	finish  string
@@ -47,7 +52,7 @@ type outItem struct {
 	id     string
 	callID string
 	name   string
-	args   strings.Builder
+	args   strings.Builder // a function call's arguments, a reasoning item's text
 	done   bool
 	isCall bool
 	item   map[string]any // the finished item
@@ -100,6 +105,9 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		return out
 	}
 	d := ch.Get("delta")
+	if rc := d.Get("reasoning_content"); rc.Type == gjson.String && rc.Str != "" {
+		out = s.reasoningDelta(out, rc.Str)
+	}
 	if c := d.Get("content"); c.Type == gjson.String && c.Str != "" {
 		out = s.textDelta(out, "output_text", c.Str)
 	}
@@ -110,6 +118,7 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		idx := tc.Get("index").Int()
 		it := s.calls[idx]
 		if it == nil {
+			out = s.closeReasoning(out, "completed")
 			out = s.closeMessage(out, "completed")
 			it = &outItem{index: s.next, id: relay.NewID("fc_"), callID: tc.Get("id").Str, name: tc.Get("function.name").Str, isCall: true}
 			s.next++
@@ -130,9 +139,45 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 	return out
 }
 
+// reasoningDelta appends reasoning text to the open reasoning item,
+// opening one (and its reasoning_text part) first, after closing the
+// message item if one is open.
+func (s *responsesStream) reasoningDelta(out []byte, text string) []byte {
+	if s.reason == nil || s.reason.done {
+		out = s.closeMessage(out, "completed")
+		s.reason = &outItem{index: s.next, id: relay.NewID("rs_")}
+		s.next++
+		s.order = append(s.order, s.reason)
+		out = s.emit(out, "response.output_item.added", map[string]any{"output_index": s.reason.index,
+			"item": reasoningItem(s.reason.id, "", "in_progress")})
+		out = s.emit(out, "response.content_part.added", map[string]any{"item_id": s.reason.id, "output_index": s.reason.index,
+			"content_index": 0, "part": reasoningText("")})
+	}
+	s.reason.args.WriteString(text)
+	return s.emit(out, "response.reasoning_text.delta", map[string]any{"item_id": s.reason.id, "output_index": s.reason.index,
+		"content_index": 0, "delta": text})
+}
+
+// closeReasoning finishes the reasoning item, if one is open, with its
+// status.
+func (s *responsesStream) closeReasoning(out []byte, status string) []byte {
+	it := s.reason
+	if it == nil || it.done {
+		return out
+	}
+	it.done = true
+	text := it.args.String()
+	out = s.emit(out, "response.reasoning_text.done", map[string]any{"item_id": it.id, "output_index": it.index, "content_index": 0, "text": text})
+	out = s.emit(out, "response.content_part.done", map[string]any{"item_id": it.id, "output_index": it.index, "content_index": 0, "part": reasoningText(text)})
+	it.item = reasoningItem(it.id, text, status)
+	return s.emit(out, "response.output_item.done", map[string]any{"output_index": it.index, "item": it.item})
+}
+
 // textDelta appends text of kind ("output_text" or "refusal") to the
-// message item, opening it and its content part first.
+// message item, opening it and its content part first (after closing the
+// reasoning item).
 func (s *responsesStream) textDelta(out []byte, kind, text string) []byte {
+	out = s.closeReasoning(out, "completed")
 	if s.msg == nil {
 		s.msg = &outItem{index: s.next, id: relay.NewID("msg_")}
 		s.next++
@@ -230,6 +275,7 @@ func (s *responsesStream) end(out []byte) []byte {
 		}
 		return "completed"
 	}
+	out = s.closeReasoning(out, itemStatus(s.reason))
 	out = s.closeMessage(out, itemStatus(s.msg))
 	calls := make([]*outItem, 0, len(s.calls))
 	for _, c := range s.calls {

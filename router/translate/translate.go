@@ -69,8 +69,9 @@ type Translation struct {
 	// (previous_response_id): its history comes from Molly's store.
 	StoredConversation bool
 	// PromptEstimate is the prompt's size in tokens as classification
-	// estimated it (set by the caller; Anthropic's message_start reports it
-	// before the upstream's count is known).
+	// estimated it (set by the caller). Anthropic's message_start reports
+	// it when the upstream's first chunk carries no usage; message_delta
+	// reports the upstream's count.
 	PromptEstimate int
 
 	req gjson.Result // the client's request, for the fields answers echo
@@ -98,18 +99,13 @@ func marshal(v any) []byte {
 }
 
 // object parses body as a JSON object, the first step of both
-// translations: errors are the 400s ParseRequest gives.
+// translations: errors are the 400s ParseRequest gives, in its order
+// (openai.CheckBody: empty, not JSON, not UTF-8, too deep or a repeated
+// key), before anything is decoded — gjson would turn invalid UTF-8 into
+// U+FFFD, and the translated chat body would carry that to the upstream.
 func object(body []byte) (gjson.Result, *openai.Error) {
-	if len(body) == 0 {
-		return gjson.Result{}, openai.InvalidRequest("", "The request body is empty; send a JSON object.")
-	}
-	if !gjson.ValidBytes(body) {
-		return gjson.Result{}, openai.InvalidRequest("", "We could not parse the JSON body of your request: it is not valid JSON.")
-	}
-	if k, dup, deep := openai.CheckStructure(body); deep {
-		return gjson.Result{}, openai.InvalidRequest("", "We could not parse the JSON body of your request: it nests deeper than %d levels.", openai.MaxJSONDepth)
-	} else if dup {
-		return gjson.Result{}, openai.InvalidRequest("", "We could not parse the JSON body of your request: the key %q appears twice in one object.", k)
+	if err := openai.CheckBody(body); err != nil {
+		return gjson.Result{}, err
 	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/relay"
 )
 
@@ -85,6 +86,12 @@ func TestFromResponses(t *testing.T) {
 		{"previous_response_id puts the stored conversation before the input, after the new instructions",
 			`{"model":"m","previous_response_id":"resp_old","instructions":"Be kind.","input":"what is my name?"}`,
 			`{"model":"m","messages":[{"role":"system","content":"Be kind."},{"role":"user","content":"my name is Ana"},{"role":"assistant","content":"Hello Ana"},{"role":"user","content":"what is my name?"}]}`},
+		{"reasoning.effort becomes reasoning_effort; a summary asks for nothing",
+			`{"model":"m","input":"think","reasoning":{"effort":"low","summary":"auto"}}`,
+			`{"model":"m","messages":[{"role":"user","content":"think"}],"reasoning_effort":"low"}`},
+		{"a null reasoning is none",
+			`{"model":"m","input":"x","reasoning":{"effort":null}}`,
+			`{"model":"m","messages":[{"role":"user","content":"x"}]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +121,10 @@ func TestFromResponses(t *testing.T) {
 		{"another member's response", `{"model":"m","input":"x","previous_response_id":"resp_old"}`, "previous_response_id", 404},
 		{"an unknown response", `{"model":"m","input":"x","previous_response_id":"resp_nope"}`, "previous_response_id", 404},
 		{"a repeated key", `{"model":"m","input":"x","input":"y"}`, "", 400},
+		{"an unknown reasoning effort", `{"model":"m","input":"x","reasoning":{"effort":"extreme"}}`, "reasoning.effort", 400},
+		{"a reasoning effort of the wrong type", `{"model":"m","input":"x","reasoning":{"effort":1}}`, "reasoning.effort", 400},
+		{"an unknown reasoning summary", `{"model":"m","input":"x","reasoning":{"summary":"long"}}`, "reasoning.summary", 400},
+		{"a reasoning that is not an object", `{"model":"m","input":"x","reasoning":"low"}`, "reasoning", 400},
 	}
 	for _, tt := range refusals {
 		t.Run("refuses "+tt.name, func(t *testing.T) {
@@ -315,6 +326,174 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 	})
 }
 
+// TestMessagesStreamUsage: a Messages stream's usage is the upstream's
+// count wherever the upstream has given it — message_start when the first
+// chunk carries usage (servers that report it on every chunk), and always
+// message_delta; the classifier's estimate only where nothing else is known.
+func TestMessagesStreamUsage(t *testing.T) {
+	_, tr, aerr := FromMessages([]byte(`{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	tr.PromptEstimate = 8
+	chunk := func(delta, finish, usage string) string {
+		return `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}],"usage":` + usage + `}`
+	}
+	usageOf := func(t *testing.T, chunks ...string) (start, deltaIn, deltaOut gjson.Result) {
+		t.Helper()
+		evs := events(t, serve(t, APIMessages, tr, writeSSE(chunks...)).Body.Bytes())
+		if len(evs) < 3 || evs[0].Type != "message_start" || evs[len(evs)-2].Type != "message_delta" {
+			t.Fatalf("events %v", evs)
+		}
+		d := evs[len(evs)-2].Data
+		return gjson.GetBytes(evs[0].Data, "message.usage.input_tokens"), gjson.GetBytes(d, "usage.input_tokens"), gjson.GetBytes(d, "usage.output_tokens")
+	}
+	for _, c := range []struct {
+		name                     string
+		chunks                   []string
+		start, deltaIn, deltaOut int64
+	}{
+		{"usage last (include_usage)", []string{chunk(`{"role":"assistant","content":"Hi"}`, "null", "null"), chunk(`{}`, `"length"`, "null"),
+			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":25,"completion_tokens":2,"total_tokens":27}}`, `[DONE]`}, 8, 25, 2},
+		{"usage on every chunk", []string{chunk(`{"role":"assistant","content":"Hi"}`, "null", `{"prompt_tokens":25,"completion_tokens":1,"total_tokens":26}`),
+			chunk(`{"content":"!"}`, `"length"`, `{"prompt_tokens":25,"completion_tokens":2,"total_tokens":27}`), `[DONE]`}, 25, 25, 2},
+		{"no usage at all", []string{chunk(`{"role":"assistant","content":"Hi"}`, `"stop"`, "null"), `[DONE]`}, 8, 8, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			start, in, out := usageOf(t, c.chunks...)
+			if start.Int() != c.start || in.Int() != c.deltaIn || out.Int() != c.deltaOut || in.Type != gjson.Number {
+				t.Fatalf("message_start input_tokens %s, message_delta input_tokens %s output_tokens %s; want %d, %d, %d",
+					start.Raw, in.Raw, out.Raw, c.start, c.deltaIn, c.deltaOut)
+			}
+		})
+	}
+}
+
+// TestInvalidUTF8IsRefusedBeforeTranslation: a Responses or Messages body
+// with a string that is not UTF-8 gets the 400 a chat body gets
+// (openai.ParseRequest's), not a translation with U+FFFD in its place.
+func TestInvalidUTF8IsRefusedBeforeTranslation(t *testing.T) {
+	_, chatErr := openai.ParseRequest(openai.EndpointChat, []byte("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\xffb\"}]}"))
+	if chatErr == nil {
+		t.Fatal("the chat body was accepted")
+	}
+	for name, translate := range map[string]func() ([]byte, *openai.Error){
+		"responses": func() ([]byte, *openai.Error) {
+			chat, _, err := FromResponses(context.Background(), []byte("{\"model\":\"m\",\"input\":\"a\xffb\"}"), nil, "ana")
+			return chat, err
+		},
+		"messages": func() ([]byte, *openai.Error) {
+			chat, _, err := FromMessages([]byte("{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\xffb\"}]}]}"))
+			return chat, err
+		},
+	} {
+		chat, err := translate()
+		if err == nil || err.Status != chatErr.Status || err.Type != chatErr.Type || err.Message != chatErr.Message || chat != nil {
+			t.Errorf("%s: error %v, chat %q; want %v", name, err, chat, chatErr)
+		}
+	}
+}
+
+// TestResponsesReasoning: the request's reasoning is echoed in the
+// Response, and the chat answer's reasoning_content becomes a reasoning
+// item before the message (whole, or streamed as reasoning_text events),
+// with its tokens in output_tokens_details, spec-valid throughout.
+func TestResponsesReasoning(t *testing.T) {
+	spec := openapitest.Load(t)
+	ctx := context.Background()
+	usage := `{"prompt_tokens":9,"completion_tokens":14,"total_tokens":23,"completion_tokens_details":{"reasoning_tokens":11}}`
+	answer := `{"id":"chatcmpl-3","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,
+	"message":{"role":"assistant","content":"Four.","reasoning_content":"Two plus two is four.","refusal":null}}],"usage":` + usage + `}`
+	check := func(t *testing.T, r gjson.Result) {
+		t.Helper()
+		spec.Validate(t, "Response", []byte(r.Raw))
+		if r.Get("reasoning.effort").Str != "low" || r.Get("reasoning.summary").Type != gjson.Null ||
+			r.Get("output.#").Int() != 2 || r.Get("output.0.type").Str != "reasoning" || !strings.HasPrefix(r.Get("output.0.id").Str, "rs_") ||
+			r.Get("output.0.content.0.type").Str != "reasoning_text" || r.Get("output.0.content.0.text").Str != "Two plus two is four." ||
+			r.Get("output.0.status").Str != "completed" || r.Get("output.1.content.0.text").Str != "Four." ||
+			r.Get("usage.output_tokens_details.reasoning_tokens").Int() != 11 || r.Get("usage.output_tokens").Int() != 14 {
+			t.Fatalf("response %s", r.Raw)
+		}
+	}
+	t.Run("a whole answer", func(t *testing.T) {
+		store := &memStore{}
+		_, tr, aerr := FromResponses(ctx, []byte(`{"model":"m","input":"2+2?","reasoning":{"effort":"low"}}`), store, "ana")
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		rec := serve(t, APIResponses, tr, writeJSON(200, answer))
+		check(t, gjson.ParseBytes(rec.Body.Bytes()))
+		s, err := store.Response(ctx, tr.ResponseID(), "ana")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Chat completions has no place for reasoning: the next turn gets the answer only.
+		sameJSON(t, s.Messages, `[{"role":"user","content":"2+2?"},{"role":"assistant","content":"Four."}]`)
+	})
+	t.Run("no reasoning asked: the echo is null", func(t *testing.T) {
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"x"}`), nil, "ana")
+		r := gjson.ParseBytes(serve(t, APIResponses, tr, writeJSON(200, chatAnswer)).Body.Bytes())
+		if e := r.Get("reasoning.effort"); !e.Exists() || e.Type != gjson.Null || r.Get("output.0.type").Str != "message" {
+			t.Fatalf("response %s", r.Raw)
+		}
+	})
+	t.Run("a stream", func(t *testing.T) {
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"2+2?","reasoning":{"effort":"low"}}`), nil, "ana")
+		chunk := func(delta, finish string) string {
+			return `{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}`
+		}
+		rec := serve(t, APIResponses, tr, writeSSE(chunk(`{"role":"assistant","content":""}`, "null"),
+			chunk(`{"reasoning_content":"Two plus "}`, "null"), chunk(`{"reasoning_content":"two is four."}`, "null"),
+			chunk(`{"content":"Four."}`, "null"), chunk(`{}`, `"stop"`),
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[],"usage":`+usage+`}`, `[DONE]`))
+		evs := events(t, rec.Body.Bytes())
+		var types []string
+		var deltas strings.Builder
+		for i, ev := range evs {
+			spec.Validate(t, "ResponseStreamEvent", ev.Data)
+			if n := gjson.GetBytes(ev.Data, "sequence_number").Int(); n != int64(i) {
+				t.Fatalf("event %d has sequence_number %d", i, n)
+			}
+			if ev.Type == "response.reasoning_text.delta" {
+				deltas.WriteString(gjson.GetBytes(ev.Data, "delta").Str)
+			}
+			types = append(types, ev.Type)
+		}
+		want := []string{"response.created", "response.in_progress",
+			"response.output_item.added", "response.content_part.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+			"response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+			"response.output_item.added", "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+			"response.content_part.done", "response.output_item.done", "response.completed"}
+		if !reflect.DeepEqual(types, want) {
+			t.Fatalf("events\n%v\nwant\n%v", types, want)
+		}
+		if deltas.String() != "Two plus two is four." || gjson.GetBytes(evs[6].Data, "text").Str != deltas.String() ||
+			gjson.GetBytes(evs[2].Data, "item.type").Str != "reasoning" || gjson.GetBytes(evs[9].Data, "output_index").Int() != 1 {
+			t.Fatalf("reasoning deltas %q; events %s %s", deltas.String(), evs[2].Data, evs[6].Data)
+		}
+		created := gjson.GetBytes(evs[0].Data, "response")
+		if created.Get("reasoning.effort").Str != "low" {
+			t.Fatalf("response.created %s", created.Raw)
+		}
+		check(t, gjson.GetBytes(evs[len(evs)-1].Data, "response"))
+	})
+	t.Run("a stream cut while reasoning: the reasoning item is incomplete", func(t *testing.T) {
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"2+2?","reasoning":{"effort":"high"},"max_output_tokens":2}`), nil, "ana")
+		rec := serve(t, APIResponses, tr, writeSSE(
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Two"},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`, `[DONE]`))
+		evs := events(t, rec.Body.Bytes())
+		for _, ev := range evs {
+			spec.Validate(t, "ResponseStreamEvent", ev.Data)
+		}
+		done := gjson.GetBytes(evs[len(evs)-1].Data, "response")
+		if done.Get("status").Str != "incomplete" || done.Get("output.#").Int() != 1 || done.Get("output.0.status").Str != "incomplete" ||
+			done.Get("output.0.content.0.text").Str != "Two" || done.Get("reasoning.effort").Str != "high" {
+			t.Fatalf("last event %s", evs[len(evs)-1].Data)
+		}
+	})
+}
+
 // collapseTypes drops consecutive repeats.
 func collapseTypes(ts []string) []string {
 	var out []string
@@ -456,10 +635,11 @@ func TestMessagesAnswersHaveTheRecordedShapes(t *testing.T) {
 		for _, ev := range got {
 			args.WriteString(gjson.GetBytes(ev.Data, "delta.partial_json").Str)
 		}
-		// message_start and message_delta agree on input_tokens: the 10
-		// known when the stream started (the upstream later counts 12).
+		// message_start has only the estimate (10: the first chunk carries
+		// no usage); message_delta, the whole message's usage that the SDKs
+		// keep, has the upstream's count from its usage chunk (12).
 		if in := gjson.GetBytes(got[0].Data, "message.usage.input_tokens"); got[0].Type != "message_start" || in.Int() != 10 ||
-			gjson.GetBytes(got[len(got)-2].Data, "usage.input_tokens").Int() != 10 {
+			gjson.GetBytes(got[len(got)-2].Data, "usage.input_tokens").Int() != 12 {
 			t.Fatalf("message_start %s, message_delta %s", got[0].Data, got[len(got)-2].Data)
 		}
 		if args.String() != `{"city":"Oslo"}` || gjson.GetBytes(got[len(got)-2].Data, "usage.output_tokens").Int() != 7 {

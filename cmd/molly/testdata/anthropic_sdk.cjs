@@ -23,7 +23,7 @@ async function main() {
   let deltas = "";
   stream.on("text", (t) => { deltas += t; });
   const final = await stream.finalMessage();
-  out.stream = { deltas, text: final.content[0].text, stop_reason: final.stop_reason, output_tokens: final.usage.output_tokens };
+  out.stream = { deltas, text: final.content[0].text, stop_reason: final.stop_reason, usage: final.usage };
   try {
     await client.messages.create({ model: "no-such-model", max_tokens: 5, messages: [{ role: "user", content: "hi" }] });
     out.error = null;
