@@ -4,9 +4,9 @@
 // of the document resolved, by a JSON Schema 2020-12 validator
 // (github.com/santhosh-tekuri/jsonschema/v6).
 //
-// The document is read from $MOLLY_OPENAPI, else from
-// ../shared/openai/openapi.yaml beside the module root; tests skip, saying
-// so, when neither exists.
+// The document is read from $MOLLY_OPENAPI, else from the copy in this
+// package's testdata/openai (OpenAI's openapi.yaml, MIT licence, with the
+// commit it was taken from in SOURCE); a missing document fails the test.
 //
 // OpenAI's document is OpenAPI 3.1 (JSON Schema 2020-12) but still marks
 // some schemas with the OpenAPI 3.0 keyword `nullable: true`, which 2020-12
@@ -64,7 +64,7 @@ func Path() (string, bool) {
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			p := filepath.Join(dir, "..", "shared", "openai", "openapi.yaml")
+			p := filepath.Join(dir, "internal", "openapitest", "testdata", "openai", "openapi.yaml")
 			_, err := os.Stat(p)
 			return p, err == nil
 		}
@@ -76,9 +76,8 @@ func Path() (string, bool) {
 	}
 }
 
-// Load returns the spec, loading it once per process; tb is skipped with
-// the reason when the document is not there, and failed when it does not
-// load.
+// Load returns the spec, loading it once per process; tb fails when the
+// document is not there or does not load.
 func Load(tb testing.TB) *Spec {
 	tb.Helper()
 	once.Do(func() {
@@ -90,7 +89,7 @@ func Load(tb testing.TB) *Spec {
 		loaded, loadErr = Open(p)
 	})
 	if missing != "" {
-		tb.Skip(missing)
+		tb.Fatal(missing)
 	}
 	if loadErr != nil {
 		tb.Fatalf("loading the OpenAPI document: %v", loadErr)
