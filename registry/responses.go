@@ -53,6 +53,22 @@ func (r *Registry) PutResponse(ctx context.Context, s StoredResponse) error {
 	return nil
 }
 
+// DeleteResponse deletes the stored response id of member. Errors:
+// ErrNotFound when there is none, it is older than ResponseRetention, or
+// it is another member's (not told apart, as Response does).
+func (r *Registry) DeleteResponse(ctx context.Context, id, member string) error {
+	res, err := r.exec(ctx, `DELETE FROM responses WHERE id = ? AND member = ? AND created >= ?`, id, member, ms(r.now().Add(-ResponseRetention)))
+	if err != nil {
+		return fmt.Errorf("registry: deleting response %s: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("registry: deleting response %s: %w", id, err)
+	} else if n == 0 {
+		return fmt.Errorf("response %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
 // Response returns the stored response id of member. Errors: ErrNotFound
 // when there is none, it is older than ResponseRetention, or it is another
 // member's (which is not told apart, so ids cannot be probed).

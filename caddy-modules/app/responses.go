@@ -28,5 +28,13 @@ func (s responseStore) Response(ctx context.Context, id, member string) (transla
 		Messages: r.Messages, Response: r.Response, Created: r.Created}, nil
 }
 
+func (s responseStore) DeleteResponse(ctx context.Context, id, member string) error {
+	err := s.reg.DeleteResponse(ctx, id, member)
+	if errors.Is(err, registry.ErrNotFound) {
+		return translate.ErrNotFound
+	}
+	return err
+}
+
 // Responses is where the Responses API keeps responses (the registry).
 func (a *App) Responses() translate.Store { return responseStore{a.registry} }

@@ -173,7 +173,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	openai.RequestID(w, r)
 	_, span := tracing.Start(r.Context(), "molly.classify", trace.SpanKindInternal)
 	defer span.End() // a no-op once ended below
-	if id := openai.ResponsePathID(r.URL.Path); id != "" && r.Method == http.MethodGet {
+	if id := openai.ResponsePathID(r.URL.Path); id != "" && (r.Method == http.MethodGet || r.Method == http.MethodDelete) {
 		c.retrieveResponse(w, r, id)
 		return nil
 	}
@@ -261,7 +261,8 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 }
 
 // retrieveResponse answers GET /v1/responses/{id} with the caller's stored
-// Response (router/translate.Retrieve): nothing is classified or sent.
+// Response (router/translate.Retrieve) and DELETE /v1/responses/{id} by
+// deleting it (translate.Delete): nothing is classified or sent.
 func (c *Classify) retrieveResponse(w http.ResponseWriter, r *http.Request, id string) {
 	var store translate.Store
 	if c.app != nil {
@@ -271,7 +272,11 @@ func (c *Classify) retrieveResponse(w http.ResponseWriter, r *http.Request, id s
 	if who := identity.From(r.Context()); who != nil {
 		member = who.Name()
 	}
-	body, err := translate.Retrieve(r.Context(), store, id, member)
+	retrieve := translate.Retrieve
+	if r.Method == http.MethodDelete {
+		retrieve = translate.Delete
+	}
+	body, err := retrieve(r.Context(), store, id, member)
 	if err != nil {
 		err.Write(w)
 		return

@@ -171,6 +171,40 @@ func TestResponsesAPIWithTheOpenAIClient(t *testing.T) {
 			t.Fatalf("T2 received %s (answer %s)", sent.Raw, r2.RawJSON())
 		}
 	})
+	t.Run("DELETE /v1/responses/{id} deletes it: retrieving or continuing it is then a 404", func(t *testing.T) {
+		r, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("forget me")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, b := do(t, g, "DELETE", "/v1/responses/"+r.ID, "")
+		if resp.StatusCode != 200 || gjson.GetBytes(b, "id").Str != r.ID || gjson.GetBytes(b, "object").Str != "response" || !gjson.GetBytes(b, "deleted").Bool() {
+			t.Fatalf("DELETE: %d %s", resp.StatusCode, b)
+		}
+		var apiErr *openai.Error
+		if _, err := c.Responses.Get(ctx, r.ID, responses.ResponseGetParams{}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+			t.Fatalf("GET after DELETE: %v", err)
+		}
+		if _, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", PreviousResponseID: openai.String(r.ID),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("again")}}); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+			t.Fatalf("previous_response_id of a deleted response: %v", err)
+		}
+		// The SDK's own delete, and deleting twice.
+		r2, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "chat", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("forget me too")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Responses.Delete(ctx, r2.ID); err != nil {
+			t.Fatalf("the SDK's Delete: %v", err)
+		}
+		if err := c.Responses.Delete(ctx, r2.ID); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+			t.Fatalf("deleting twice: %v", err)
+		}
+		resp, b = do(t, g, "DELETE", "/v1/responses/resp_unknown", "")
+		spec.Validate(t, "ErrorResponse", b)
+		if resp.StatusCode != 404 {
+			t.Fatalf("deleting an unknown id: %d %s", resp.StatusCode, b)
+		}
+	})
 }
 
 func TestMessagesAPI(t *testing.T) {

@@ -519,6 +519,25 @@ func (t *Translation) save(ctx context.Context, resp []byte, assistant map[strin
 		Messages: marshal(msgs), Response: resp})
 }
 
+// Delete is DELETE /v1/responses/{id}: it deletes the Response stored for
+// member (a later previous_response_id naming it is a 404) and answers
+// {"id", "object": "response", "deleted": true}. Errors as Retrieve's.
+func Delete(ctx context.Context, store Store, id, member string) ([]byte, *openai.Error) {
+	notFound := &openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "response_id",
+		Message: "Response with id '" + id + "' not found."}
+	if store == nil {
+		return nil, notFound
+	}
+	err := store.DeleteResponse(ctx, id, member)
+	if errors.Is(err, ErrNotFound) {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: "Deleting the response failed; try again."}
+	}
+	return marshal(map[string]any{"id": id, "object": "response", "deleted": true}), nil
+}
+
 // Retrieve is GET /v1/responses/{id}: the Response object stored for
 // member, as it was sent. Errors (OpenAI's): 404 when store is nil, or the
 // response is unknown, expired or another member's (not told apart); 500

@@ -55,6 +55,8 @@ type Store interface {
 	PutResponse(ctx context.Context, r StoredResponse) error
 	// Response returns member's response id, or ErrNotFound.
 	Response(ctx context.Context, id, member string) (StoredResponse, error)
+	// DeleteResponse deletes member's response id, or returns ErrNotFound.
+	DeleteResponse(ctx context.Context, id, member string) error
 }
 
 // Translation is one translated request: what writing its answer back

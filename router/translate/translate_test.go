@@ -36,6 +36,16 @@ func (s *memStore) PutResponse(_ context.Context, r StoredResponse) error {
 	return nil
 }
 
+func (s *memStore) DeleteResponse(_ context.Context, id, member string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.m[id]; !ok || r.Member != member {
+		return ErrNotFound
+	}
+	delete(s.m, id)
+	return nil
+}
+
 func (s *memStore) Response(_ context.Context, id, member string) (StoredResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
