@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -228,7 +229,13 @@ func (e *Engine) vote(req Request, res []chainResult) (*Vote, error) {
 	switch {
 	case len(v.Tally) > 1 && v.Tally[1].Weight == win.Weight:
 		v.Tie = true
-		v.Explanation = fmt.Sprintf("tie at %s %.4f between %q and %q: the answer given first (chain %d) wins", unit, win.Weight, win.Answer, v.Tally[1].Answer, win.First)
+		var tied []string
+		for _, t := range v.Tally {
+			if t.Weight == win.Weight {
+				tied = append(tied, strconv.Quote(t.Answer))
+			}
+		}
+		v.Explanation = fmt.Sprintf("tie at %s %.4f between %s: the answer given first (chain %d) wins", unit, win.Weight, strings.Join(tied, ", "), win.First)
 	case len(v.Tally) > 1:
 		v.Explanation = fmt.Sprintf("%q wins with %s %.4f (%d of %d chains) over %q with %.4f", win.Answer, unit, win.Weight, win.Votes, len(res), v.Tally[1].Answer, v.Tally[1].Weight)
 	default:
