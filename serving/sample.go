@@ -50,6 +50,22 @@ func (s *sampler) sample(logits []float32) int32 {
 	if s.p.Temperature <= 0 {
 		return argmax(logits)
 	}
+	sum := s.kept(logits)
+	r := s.rng.Float64() * sum
+	for k, p := range s.pr {
+		r -= p
+		if r <= 0 {
+			return int32(s.idx[k])
+		}
+	}
+	return int32(s.idx[len(s.idx)-1])
+}
+
+// kept fills s.idx with the tokens sample may draw (all of them, or the
+// top_k / top_p ones by decreasing logit) and s.pr with their unnormalised
+// weights exp((logit − max) / temperature), and returns the weights' sum.
+// Temperature must be > 0.
+func (s *sampler) kept(logits []float32) float64 {
 	n := len(logits)
 	s.idx = s.idx[:0]
 	for i := range n {
@@ -86,14 +102,7 @@ func (s *sampler) sample(logits []float32) int32 {
 			sum += p
 		}
 	}
-	r := s.rng.Float64() * sum
-	for k, p := range s.pr {
-		r -= p
-		if r <= 0 {
-			return int32(s.idx[k])
-		}
-	}
-	return int32(s.idx[len(s.idx)-1])
+	return sum
 }
 
 func argmax(l []float32) int32 {
@@ -149,41 +158,7 @@ func (s *sampler) probs(logits []float32, out []float64) []float64 {
 	}
 	out = out[:n]
 	clear(out)
-	s.idx = s.idx[:0]
-	for i := range n {
-		s.idx = append(s.idx, i)
-	}
-	if s.p.TopK > 0 || (s.p.TopP > 0 && s.p.TopP < 1) {
-		sort.SliceStable(s.idx, func(a, b int) bool { return logits[s.idx[a]] > logits[s.idx[b]] })
-		if s.p.TopK > 0 && s.p.TopK < n {
-			s.idx = s.idx[:s.p.TopK]
-		}
-	}
-	mx := math.Inf(-1)
-	for _, i := range s.idx {
-		mx = math.Max(mx, float64(logits[i]))
-	}
-	s.pr = s.pr[:0]
-	var sum float64
-	for _, i := range s.idx {
-		p := math.Exp((float64(logits[i]) - mx) / s.p.Temperature)
-		s.pr = append(s.pr, p)
-		sum += p
-	}
-	if s.p.TopP > 0 && s.p.TopP < 1 {
-		var c float64
-		for k, p := range s.pr {
-			c += p / sum
-			if c >= s.p.TopP {
-				s.idx, s.pr = s.idx[:k+1], s.pr[:k+1]
-				break
-			}
-		}
-		sum = 0
-		for _, p := range s.pr {
-			sum += p
-		}
-	}
+	sum := s.kept(logits)
 	for k, i := range s.idx {
 		out[i] = s.pr[k] / sum
 	}
