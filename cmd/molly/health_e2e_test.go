@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
-	"github.com/molly-gateway/molly/serving"
 )
 
 // TestAFailingTargetIsEjectedAndItsHealthShown: a target that answers
@@ -112,35 +110,8 @@ http://127.0.0.1:{PORT} {
 // of them than consecutive_5xx (5 by default) leave the engine's circuit
 // closed: the next ordinary request is served by it.
 func TestASchemaBeyondTheGrammarLimitIsA400AndNeverEjectsTheEngine(t *testing.T) {
-	models := t.TempDir()
-	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
-		t.Fatal(err)
-	}
 	admin := adminSocket(t)
-	g := startMolly(t, `{
-	admin `+admin+`|0600
-	auto_https off
-	persist_config off
-	molly {
-		engine {
-			model `+filepath.Join(models, serving.DemoModelFile)+`
-			n_seq_max 2
-			n_ctx 2048
-			threads 1
-		}
-		target device {
-			tier T0
-			kind engine
-			models chat=molly-demo
-		}
-	}
-}
-http://127.0.0.1:{PORT} {
-	molly_classify
-	molly_policy
-	molly_route
-}
-`)
+	g := startEngineMolly(t, "tiny", 2048, "admin "+admin+"|0600")
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
 	str, arr := `{"type":"string","minLength":5000}`, `{"type":"array","minItems":5000}`
 	cases := []struct{ name, path, body, param, keyword string }{

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/molly-gateway/molly/internal/pgtest"
+	"github.com/molly-gateway/molly/serving"
 )
 
 // mollyBin is the real binary, built once for the package's tests.
@@ -176,6 +177,41 @@ func startMollyConfig(t testing.TB, config, adapter string, env []string) *gatew
 	}
 	t.Fatalf("molly did not start serving; logs:\n%s", g.logs.String())
 	return nil
+}
+
+// startEngineMolly starts molly with the demo model of size (generated in a
+// temporary folder) as its only target: T0 "device" serving "chat", two
+// sequences of nCtx/2 cells, one thread. extra goes into the global options.
+func startEngineMolly(t *testing.T, size string, nCtx int, extra string) *gateway {
+	t.Helper()
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, size); err != nil {
+		t.Fatal(err)
+	}
+	return startMolly(t, `{
+	`+extra+`
+	auto_https off
+	persist_config off
+	molly {
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			n_seq_max 2
+			n_ctx `+fmt.Sprint(nCtx)+`
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+			models chat=molly-demo
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
 }
 
 // alive reports whether the process is still running.

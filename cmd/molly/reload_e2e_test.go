@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sync"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
-
-	"github.com/molly-gateway/molly/serving"
 )
 
 // TestReloadLetsT0RequestsInFlightFinish reloads the configuration (`molly
@@ -23,34 +20,7 @@ func TestReloadLetsT0RequestsInFlightFinish(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts Molly with the engine")
 	}
-	models := t.TempDir()
-	if err := serving.WriteDemo(models, 1, "small"); err != nil {
-		t.Fatal(err)
-	}
-	g := startMolly(t, `{
-	auto_https off
-	persist_config off
-	grace_period 10s
-	molly {
-		engine {
-			model `+filepath.Join(models, serving.DemoModelFile)+`
-			n_seq_max 2
-			n_ctx 4096
-			threads 1
-		}
-		target device {
-			tier T0
-			kind engine
-			models chat=molly-demo
-		}
-	}
-}
-http://127.0.0.1:{PORT} {
-	molly_classify
-	molly_policy
-	molly_route
-}
-`)
+	g := startEngineMolly(t, "small", 4096, "grace_period 10s")
 	c := client(g)
 	ctx := context.Background()
 	const tokens = 1500
