@@ -151,6 +151,8 @@ type completionRequest struct {
 	Logprobs            json.RawMessage `json:"logprobs"` // chat: bool; completions: int
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Echo                bool            `json:"echo"`
+	Suffix              *string         `json:"suffix"`  // completions: refused unless empty
+	BestOf              *int            `json:"best_of"` // completions: refused above 1
 
 	plan     *plan           // chat: how the output is constrained and decoded (tools.go)
 	switched *switchDecision // the reasoning switcher's decision (switcher.go)
@@ -397,6 +399,12 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	} else {
 		if cr.Echo {
 			return nil, r, badRequest("echo", "echo is not supported")
+		}
+		if cr.Suffix != nil && *cr.Suffix != "" {
+			return nil, r, badRequest("suffix", "suffix (insertion) is not supported by this engine")
+		}
+		if cr.BestOf != nil && *cr.BestOf > 1 {
+			return nil, r, badRequest("best_of", "best_of above 1 is not supported by this engine; use n for several completions")
 		}
 		if err := json.Unmarshal(cr.Prompt, &text); err != nil {
 			var arr []string

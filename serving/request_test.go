@@ -115,6 +115,8 @@ func TestRequestTypeErrorsName400TheParameter(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"top_k":4.0}`, "top_k", "top_k must be an integer written without a fraction or exponent, got 4.0"},
 		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"seed":1e400}`, "seed", "seed must be an integer between -9223372036854775808 and 9223372036854775807, got 1e400"},
 		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"echo":"yes"}`, "echo", "echo must be a boolean, got a string"},
+		{"/v1/completions", `{"model":"molly-demo","prompt":"hi","suffix":"the end"}`, "suffix", "suffix (insertion) is not supported"},
+		{"/v1/completions", `{"model":"molly-demo","prompt":"hi","best_of":3}`, "best_of", "best_of above 1 is not supported"},
 	} {
 		w := call(t, e, context.Background(), http.MethodPost, c.path, c.body)
 		var r chatResponse

@@ -16,6 +16,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
@@ -177,6 +179,10 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		c.retrieveResponse(w, r, id)
 		return nil
 	}
+	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages/count_tokens") {
+		c.countTokens(w, r)
+		return nil
+	}
 	ep, aerr := openai.EndpointOf(r.Method, r.URL.Path)
 	if aerr != nil {
 		if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages") {
@@ -197,30 +203,8 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	var body []byte
 	if ep != openai.EndpointModels && r.Body != nil {
-		var err error
-		body, err = c.readBody(w, r)
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			var enc *UnsupportedEncodingError
-			switch {
-			case errors.As(err, &enc):
-				(&openai.Error{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_media_type",
-					Message: fmt.Sprintf("The request body's Content-Encoding %q is not supported; send the body uncompressed, or gzip or deflate encoded.", enc.Encoding)}).Write(w)
-			case errors.As(err, &tooBig):
-				(&openai.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
-					Message: fmt.Sprintf("The request body is larger than the limit of %d bytes.", c.MaxBodyBytes)}).Write(w)
-			case errors.Is(err, os.ErrDeadlineExceeded):
-				w.Header().Set("Connection", "close")
-				(&openai.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
-					Message: fmt.Sprintf("The request body did not arrive in time (within %s, and at least %d bytes per second after %s).",
-						time.Duration(c.BodyTimeout), c.MinBodyRate, time.Duration(c.MinBodyRateGrace))}).Write(w)
-			case r.Context().Err() != nil:
-				c.logger.Info("client went away before the policy decided", zap.String("while", "sending its body"))
-				w.WriteHeader(499) // nobody reads this
-			default:
-				(&openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
-					Message: "The request body could not be read: " + err.Error() + "."}).Write(w)
-			}
+		var ok bool
+		if body, ok = c.body(w, r); !ok {
 			return nil
 		}
 	}
@@ -258,6 +242,78 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
 	endClassify(span, ann)
 	return next.ServeHTTP(w, r)
+}
+
+// body reads the request body (bounded in size, time and rate, decoded);
+// on failure it writes the error, the right status for each cause, and
+// reports false.
+func (c *Classify) body(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := c.readBody(w, r)
+	if err == nil {
+		return body, true
+	}
+	var tooBig *http.MaxBytesError
+	var enc *UnsupportedEncodingError
+	switch {
+	case errors.As(err, &enc):
+		(&openai.Error{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_media_type",
+			Message: fmt.Sprintf("The request body's Content-Encoding %q is not supported; send the body uncompressed, or gzip or deflate encoded.", enc.Encoding)}).Write(w)
+	case errors.As(err, &tooBig):
+		(&openai.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+			Message: fmt.Sprintf("The request body is larger than the limit of %d bytes.", c.MaxBodyBytes)}).Write(w)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		(&openai.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+			Message: fmt.Sprintf("The request body did not arrive in time (within %s, and at least %d bytes per second after %s).",
+				time.Duration(c.BodyTimeout), c.MinBodyRate, time.Duration(c.MinBodyRateGrace))}).Write(w)
+	case r.Context().Err() != nil:
+		c.logger.Info("client went away before the policy decided", zap.String("while", "sending its body"))
+		w.WriteHeader(499) // nobody reads this
+	default:
+		(&openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
+			Message: "The request body could not be read: " + err.Error() + "."}).Write(w)
+	}
+	return nil, false
+}
+
+// countTokens answers POST /v1/messages/count_tokens (Anthropic's token
+// counting): the body is translated as a Messages request (max_tokens is
+// not required here) and classified, and the answer is {"input_tokens": n},
+// Molly's estimate of the prompt's tokens — the one admission and routing
+// use; a model's own count comes in each answer's usage. Nothing is sent
+// upstream, nothing is billed. Errors are Anthropic's error bodies.
+func (c *Classify) countTokens(w http.ResponseWriter, r *http.Request) {
+	tw := translate.NewWriter(w, r.Context(), translate.APIMessages)
+	defer tw.Finish()
+	if r.Method != http.MethodPost {
+		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
+			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use POST."}).Write(tw)
+		return
+	}
+	body, ok := c.body(tw, r)
+	if !ok {
+		return
+	}
+	if gjson.ValidBytes(body) && !gjson.GetBytes(body, "max_tokens").Exists() {
+		if b, err := sjson.SetBytes(body, "max_tokens", 1); err == nil {
+			body = b
+		}
+	}
+	chat, _, terr := translate.FromMessages(body)
+	if terr != nil {
+		terr.Write(tw)
+		return
+	}
+	ann, err := c.classifier.Classify(classify.Input{Endpoint: openai.EndpointChat, API: string(openai.EndpointMessages), Path: r.URL.Path, Body: chat})
+	if err != nil {
+		openai.WriteError(tw, err)
+		return
+	}
+	out := []byte(`{"input_tokens":` + strconv.Itoa(ann.PromptTokens()) + "}")
+	tw.Header().Set("Content-Type", "application/json")
+	tw.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	tw.WriteHeader(http.StatusOK)
+	_, _ = tw.Write(out)
 }
 
 // retrieveResponse answers GET /v1/responses/{id} with the caller's stored

@@ -286,6 +286,37 @@ func TestMessagesAPI(t *testing.T) {
 			}
 		}
 	})
+	t.Run("count_tokens estimates the prompt without sending it", func(t *testing.T) {
+		before := len(tr.t3.Received()) + len(tr.t2.Received()) + len(tr.t1.Received())
+		count := func(text string) int64 {
+			t.Helper()
+			resp, b := do(t, g, "POST", "/v1/messages/count_tokens", `{"model":"chat","system":"Be brief.","messages":[{"role":"user","content":"`+text+`"}]}`)
+			n := gjson.GetBytes(b, "input_tokens")
+			if resp.StatusCode != 200 || n.Type != gjson.Number {
+				t.Fatalf("count_tokens: %d %s", resp.StatusCode, b)
+			}
+			return n.Int()
+		}
+		short, long := "hello there", strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
+		ns, nl := count(short), count(long)
+		// Any tokenizer of English text makes between one token per 8
+		// bytes and one per byte.
+		if nl < int64(len(long))/8 || nl > int64(len(long)) || ns >= nl || ns < 1 {
+			t.Fatalf("input_tokens %d for %d bytes and %d for %d bytes", ns, len(short), nl, len(long))
+		}
+		if after := len(tr.t3.Received()) + len(tr.t2.Received()) + len(tr.t1.Received()); after != before {
+			t.Fatalf("count_tokens reached an upstream (%d requests before, %d after)", before, after)
+		}
+		for _, c := range []struct {
+			method, body string
+			status       int
+		}{{"POST", `{"model":"chat"}`, 400}, {"POST", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}x`, 400}, {"GET", "", 405}} {
+			resp, b := do(t, g, c.method, "/v1/messages/count_tokens", c.body)
+			if resp.StatusCode != c.status || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" {
+				t.Fatalf("%s %s: %d %s", c.method, c.body, resp.StatusCode, b)
+			}
+		}
+	})
 	t.Run("Anthropic's TypeScript SDK", func(t *testing.T) {
 		sdk, _ := filepath.Abs("testdata/node/node_modules")
 		if _, err := os.Stat(filepath.Join(sdk, "@anthropic-ai", "sdk")); err != nil {
