@@ -124,6 +124,9 @@ func unauthorizedHeader() http.Header {
 // says why the request does not fit what is left.
 func OverBudget(m registry.Member, detail string) *openai.Error {
 	msg := fmt.Sprintf("You exceeded your budget of %g USD", m.BudgetUSD)
+	if detail != "" { // refused at the reservation: the budget is not spent, the request does not fit
+		msg = fmt.Sprintf("This request does not fit in what is left of your budget of %g USD", m.BudgetUSD)
+	}
 	if _, end := m.PeriodAt(time.Now()); !end.IsZero() {
 		msg += fmt.Sprintf(" for this %s; it renews at %s", m.Period, end.Format("2006-01-02T15:04:05Z"))
 	}
@@ -171,7 +174,7 @@ func (l *Ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (
 	switch {
 	case errors.As(err, &ob):
 		observe.DefaultMetrics.Refused("budget", "reservation")
-		return nil, OverBudget(l.Member, fmt.Sprintf("this request may cost up to %.6f USD; %.6f are spent and %.6f held by requests in flight",
+		return nil, OverBudget(l.Member, fmt.Sprintf("it may cost up to %.6g USD; %.6g are spent and %.6g held by requests in flight",
 			ob.ExpectedUSD, ob.SpentUSD, ob.ReservedUSD))
 	case errors.As(err, &lim):
 		observe.DefaultMetrics.Refused("rate_"+lim.Kind, "reservation")

@@ -63,6 +63,13 @@ func TestTheLedgerReservesAndAnswersOpenAIStyle429s(t *testing.T) {
 		t.Fatalf("after the releases: %v", err)
 	}
 	release()
+	// Nothing spent, but the request's worst case is more than the whole
+	// budget: the refusal says it does not fit, not that it is spent.
+	_, err = l.Reserve(ctx, 10, 0.5)
+	if e := (*openai.Error)(nil); !errors.As(err, &e) || e.Code != "insufficient_quota" ||
+		!strings.HasPrefix(e.Message, "This request does not fit in what is left of your budget of 0.3 USD") || !strings.Contains(e.Message, "it may cost up to 0.5 USD; 0 are spent") {
+		t.Fatalf("a request over the whole budget: %v", err)
+	}
 
 	// A request larger than the TPM itself: 429 that says so, no Retry-After.
 	_, err = l.Reserve(ctx, 3000, 0)
