@@ -119,7 +119,7 @@ func TestASchemaBeyondTheGrammarLimitIsA400AndNeverEjectsTheEngine(t *testing.T)
 		{"response_format, minItems", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + arr + `}}}`, "response_format.json_schema.schema", "minItems"},
 		{"streamed", "/v1/chat/completions", `{"model":"chat","stream":true,` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + str + `}}}`, "response_format.json_schema.schema", "minLength"},
 		{"a tool's parameters", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":` + str + `}}}}]}`, "tools[0].function.parameters", "minLength"},
-		{"Responses text.format", "/v1/responses", `{"model":"chat","input":"hi","text":{"format":{"type":"json_schema","name":"r","schema":` + str + `}}}`, "", "minLength"},
+		{"Responses text.format", "/v1/responses", `{"model":"chat","input":"hi","text":{"format":{"type":"json_schema","name":"r","schema":` + str + `}}}`, "text.format.schema", "minLength"},
 		{"response_format again", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":` + str + `}}}`, "response_format.json_schema.schema", "minLength"},
 	}
 	for _, c := range cases {

@@ -731,3 +731,28 @@ func TestMessagesToolUseCutByMaxTokens(t *testing.T) {
 		t.Fatalf("blocks %v stop %q partial %q\n%s", blocks, stop, partial, rec.Body)
 	}
 }
+
+// TestResponsesErrorsNameTheResponsesParameter: an error about the chat
+// request a Responses request became names the parameter the client sent.
+func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
+	for _, c := range []struct{ chat, want string }{
+		{"response_format.json_schema.schema", "text.format.schema"},
+		{"response_format.json_schema.name", "text.format.name"},
+		{"response_format", "text.format"},
+		{"max_completion_tokens", "max_output_tokens"},
+		{"reasoning_effort", "reasoning.effort"},
+		{"messages[2].content", "input"},
+		{"temperature", "temperature"},
+		{"response_formatting", "response_formatting"},
+	} {
+		body := []byte(`{"error":{"message":"m","type":"invalid_request_error","param":"` + c.chat + `","code":null}}`)
+		if got := gjson.GetBytes(responsesParam(body), "error.param").Str; got != c.want {
+			t.Errorf("param %q became %q, want %q", c.chat, got, c.want)
+		}
+	}
+	for _, body := range []string{`not json`, `{"error":{"param":null}}`} {
+		if got := string(responsesParam([]byte(body))); got != body {
+			t.Errorf("%s became %s", body, got)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/molly-gateway/molly/router/relay"
 )
@@ -153,6 +154,8 @@ func (w *Writer) Finish() {
 		body = w.t.messageFromChat(body)
 	case status >= 400 && w.api == APIMessages:
 		body = messageError(status, body)
+	case status >= 400 && w.api == APIResponses:
+		body = responsesParam(body)
 	}
 	h := w.Header()
 	if len(body) > 0 {
@@ -161,6 +164,41 @@ func (w *Writer) Finish() {
 	}
 	w.w.WriteHeader(status)
 	_, _ = w.w.Write(body)
+}
+
+// responsesParams maps the chat request's parameters back to the
+// Responses request's, for error.param (longest prefix first).
+var responsesParams = []struct{ chat, responses string }{
+	{"response_format.json_schema.schema", "text.format.schema"},
+	{"response_format.json_schema", "text.format"},
+	{"response_format", "text.format"},
+	{"max_completion_tokens", "max_output_tokens"},
+	{"max_tokens", "max_output_tokens"},
+	{"reasoning_effort", "reasoning.effort"},
+	{"messages", "input"}, // indices differ (instructions are a message): input alone
+}
+
+// responsesParam rewrites an OpenAI error body's error.param from the chat
+// request's names to the Responses request's (text.format for
+// response_format, input for messages, ...), so the client is told about
+// the parameter it sent. Other bodies are returned as they are.
+func responsesParam(body []byte) []byte {
+	p := gjson.GetBytes(body, "error.param")
+	if p.Type != gjson.String {
+		return body
+	}
+	for _, m := range responsesParams {
+		if rest, ok := strings.CutPrefix(p.Str, m.chat); ok && (rest == "" || rest[0] == '.' || rest[0] == '[') {
+			if m.chat == "messages" {
+				rest = ""
+			}
+			if out, err := sjson.SetBytes(body, "error.param", m.responses+rest); err == nil {
+				return out
+			}
+			return body
+		}
+	}
+	return body
 }
 
 var (
