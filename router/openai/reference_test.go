@@ -184,13 +184,17 @@ func refChat(r *Request, root gjson.Result) *Error {
 		var bad *Error
 		i := 0
 		t.ForEach(func(_, tool gjson.Result) bool {
-			n := tool.Get(list.name)
+			name := list.name
+			if list.path == "tools" && tool.Get("type").Str == "custom" {
+				name = "custom.name"
+			}
+			n := tool.Get(name)
 			if n.Type != gjson.String {
-				bad = WrongType(list.path+"["+strconv.Itoa(i)+"]."+list.name, "a string", n)
+				bad = WrongType(list.path+"["+strconv.Itoa(i)+"]."+name, "a string", n)
 				return false
 			}
 			if !refName(n.Str) {
-				p := list.path + "[" + strconv.Itoa(i) + "]." + list.name
+				p := list.path + "[" + strconv.Itoa(i) + "]." + name
 				bad = InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
 				return false
 			}
@@ -286,16 +290,20 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 		tcs.ForEach(func(_, tc gjson.Result) bool {
 			p := param + ".tool_calls[" + strconv.Itoa(j) + "]"
 			j++
-			fn := tc.Get("function")
+			obj, args := "function", "arguments"
+			if tc.Get("type").Str == "custom" {
+				obj, args = "custom", "input"
+			}
+			fn := tc.Get(obj)
 			switch {
 			case !tc.IsObject():
 				bad = WrongType(p, "an object", tc)
 			case !fn.IsObject():
-				bad = WrongType(p+".function", "an object", fn)
+				bad = WrongType(p+"."+obj, "an object", fn)
 			case fn.Get("name").Type != gjson.String:
-				bad = WrongType(p+".function.name", "a string", fn.Get("name"))
-			case fn.Get("arguments").Type != gjson.String:
-				bad = WrongType(p+".function.arguments", "a string", fn.Get("arguments"))
+				bad = WrongType(p+"."+obj+".name", "a string", fn.Get("name"))
+			case fn.Get(args).Type != gjson.String:
+				bad = WrongType(p+"."+obj+"."+args, "a string", fn.Get(args))
 			}
 			return bad == nil
 		})

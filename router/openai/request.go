@@ -316,16 +316,21 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			return wrongType(list.path, "an array", d, t)
 		}
 		for c, end := t+1, d.Next(t); c < end; c = d.Next(c) {
-			n := c
+			n, name := c, list.name
 			if list.nested {
-				n = d.Member(n, "function")
+				// A custom tool (type "custom") has its name at custom.name.
+				if ty := d.Member(c, "type"); ty >= 0 && d.Kind(ty) == KindString && d.Str(ty) == "custom" {
+					n, name = d.Member(n, "custom"), "custom.name"
+				} else {
+					n = d.Member(n, "function")
+				}
 			}
 			n = d.Member(n, "name")
 			if n < 0 || d.Kind(n) != KindString {
-				return wrongType(list.path+"["+strconv.Itoa(d.Index(c))+"]."+list.name, "a string", d, n)
+				return wrongType(list.path+"["+strconv.Itoa(d.Index(c))+"]."+name, "a string", d, n)
 			}
 			if !FunctionName(d.Str(n)) {
-				p := list.path + "[" + strconv.Itoa(d.Index(c)) + "]." + list.name
+				p := list.path + "[" + strconv.Itoa(d.Index(c)) + "]." + name
 				return InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
 			}
 			r.Tools = append(r.Tools, d.Str(n))
@@ -431,15 +436,21 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 			if d.Kind(c) != KindObject {
 				return wrongType(p, "an object", d, c)
 			}
-			fn := d.Member(c, "function")
+			// A function call has function.name and function.arguments, a
+			// custom tool's call custom.name and custom.input (strings).
+			obj, args := "function", "arguments"
+			if ty := d.Member(c, "type"); ty >= 0 && d.Kind(ty) == KindString && d.Str(ty) == "custom" {
+				obj, args = "custom", "input"
+			}
+			fn := d.Member(c, obj)
 			if fn < 0 || d.Kind(fn) != KindObject {
-				return wrongType(p+".function", "an object", d, fn)
+				return wrongType(p+"."+obj, "an object", d, fn)
 			}
 			if n := d.Member(fn, "name"); n < 0 || d.Kind(n) != KindString {
-				return wrongType(p+".function.name", "a string", d, n)
+				return wrongType(p+"."+obj+".name", "a string", d, n)
 			}
-			if a := d.Member(fn, "arguments"); a < 0 || d.Kind(a) != KindString {
-				return wrongType(p+".function.arguments", "a string", d, a)
+			if a := d.Member(fn, args); a < 0 || d.Kind(a) != KindString {
+				return wrongType(p+"."+obj+"."+args, "a string", d, a)
 			}
 		}
 		r.ToolTurns = true

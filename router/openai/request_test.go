@@ -191,6 +191,8 @@ var badBodies = []struct {
 	{"a tool message without tool_call_id", EndpointChat, `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"tool","content":"42"}]}`, "messages[1].tool_call_id", "must have a 'tool_call_id'"},
 	{"a numeric tool_call_id", EndpointChat, `{"model":"m","messages":[{"role":"tool","tool_call_id":7,"content":"42"}]}`, "messages[0].tool_call_id", "expected a string"},
 	{"numeric tool call arguments", EndpointChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":5}}]}]}`, "messages[0].tool_calls[0].function.arguments", "expected a string, but got a number"},
+	{"a custom tool without a name", EndpointChat, `{"model":"m","tools":[{"type":"custom","custom":{}}],"messages":[{"role":"user","content":"hi"}]}`, "tools[0].custom.name", "expected a string"},
+	{"a custom tool call without input", EndpointChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{"name":"grep"}}]}]}`, "messages[0].tool_calls[0].custom.input", "expected a string"},
 	{"a tool call without a function", EndpointChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c"}]}]}`, "messages[0].tool_calls[0].function", "expected an object"},
 	{"a missing prompt", EndpointCompletions, `{"model":"m"}`, "prompt", "Missing required parameter: 'prompt'."},
 	{"an object prompt", EndpointCompletions, `{"model":"m","prompt":{}}`, "prompt", "expected a string or an array, but got an object"},
@@ -276,5 +278,21 @@ func TestErrorBodyAndMatching(t *testing.T) {
 	wrapped := errors.Join(errors.New("context"), &Error{Status: 404, Code: "model_not_found"})
 	if !errors.Is(wrapped, ErrModelNotFound) || errors.Is(wrapped, ErrNoTarget) || errors.Is(wrapped, &Error{Code: "model_not_found", Status: 400}) {
 		t.Fatal("errors.Is does not match by code (and status when given)")
+	}
+}
+
+// TestCustomToolsAreAccepted: custom tools (type "custom", their name at
+// custom.name) and their calls (custom.name, custom.input) are valid, as
+// the OpenAPI description has them.
+func TestCustomToolsAreAccepted(t *testing.T) {
+	body := `{"model":"m","tools":[{"type":"custom","custom":{"name":"grep","description":"search"}},{"type":"function","function":{"name":"f"}}],` +
+		`"messages":[{"role":"user","content":"find x"},{"role":"assistant","tool_calls":[{"id":"c1","type":"custom","custom":{"name":"grep","input":"x"}}]},` +
+		`{"role":"tool","tool_call_id":"c1","content":"x:1"}]}`
+	r, err := ParseRequest(EndpointChat, []byte(body))
+	if err != nil {
+		t.Fatalf("ParseRequest: %v", err)
+	}
+	if len(r.Tools) != 2 || r.Tools[0] != "grep" || r.Tools[1] != "f" || !r.ToolTurns {
+		t.Fatalf("tools %v, tool turns %v", r.Tools, r.ToolTurns)
 	}
 }
