@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"path/filepath"
 	"sync/atomic"
 
@@ -141,7 +142,7 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	var refusal *openai.Error
 	if errors.As(err, &refusal) {
-		if ep, _ := openai.EndpointOf(r.Method, r.URL.Path); ep == openai.EndpointMessages {
+		if ep, _ := openai.EndpointOf(r.Method, r.URL.Path); ep == openai.EndpointMessages || strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages/count_tokens") {
 			// Anthropic's clients get Anthropic's error body (same status
 			// and headers), as the Messages handler writes its own errors.
 			tw := translate.NewWriter(w, ctx, translate.APIMessages)

@@ -381,6 +381,8 @@ func TestMessagesAPIAdmissionErrors(t *testing.T) {
 	}
 	resp, b := do(t, g, "POST", "/v1/messages", body, "anthropic-version", "2023-06-01")
 	check("no key", resp, b, 401, "authentication_error")
+	resp, b = do(t, g, "POST", "/v1/messages/count_tokens", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, "anthropic-version", "2023-06-01")
+	check("count_tokens without a key", resp, b, 401, "authentication_error")
 	resp, b = do(t, g, "POST", "/v1/messages", body, "x-api-key", key[:len(key)-4]+"abcd")
 	check("a wrong key", resp, b, 401, "authentication_error")
 	if strings.Contains(string(b), key[:len(key)-4]) {
