@@ -19,11 +19,13 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -522,5 +524,31 @@ func TestRemoteAdminNeedsAnIdentityAndFollowsItsPermissions(t *testing.T) {
 	}
 	if !g.alive() {
 		t.Fatal("the gateway stopped")
+	}
+}
+
+// TestReloadAndStopRefuseATCPAdminAddress: `molly reload` and `molly stop`
+// with a config whose admin address is plaintext TCP refuse before sending
+// anything: a server that answers there (here, one that records what it
+// gets) is not a Molly and must not receive the config.
+func TestReloadAndStopRefuseATCPAdminAddress(t *testing.T) {
+	var got atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	cfg := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(cfg, []byte("{\n\tadmin "+host+"\n}\n:0 {\n\trespond ok\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"reload", "--config", cfg}, {"reload", "-c", cfg, "--force"}, {"stop", "--config", cfg}, {"reload", "--config", cfg, "--address", host}} {
+		cmd := exec.Command(mollyBin, args...)
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "is not a Unix socket") {
+			t.Errorf("molly %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if n := got.Load(); n != 0 {
+		t.Fatalf("the TCP admin address received %d requests", n)
 	}
 }

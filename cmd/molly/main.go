@@ -8,7 +8,10 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"runtime/debug"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -68,5 +71,43 @@ func main() {
 	// Help and usage lines name the binary ("Usage: molly keys …").
 	caddy.CustomBinaryName = "molly"
 	caddy.CustomLongDescription = longDescription
+	if err := checkAdminCommand(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(1)
+	}
 	caddycmd.Main()
+}
+
+// checkAdminCommand refuses `molly reload` and `molly stop` when the admin
+// address they would use (--address, else --config's admin setting, as
+// Caddy resolves it) is not a Unix socket: a running Molly never listens
+// on plaintext TCP, so whatever answers there is not it, and a config must
+// not be sent to it. Other commands pass.
+func checkAdminCommand(args []string) error {
+	if len(args) == 0 || (args[0] != "reload" && args[0] != "stop") {
+		return nil
+	}
+	flags := map[string]string{}
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		for _, name := range []string{"config", "adapter", "address"} {
+			short := map[string]string{"config": "-c", "adapter": "-a"}[name]
+			switch {
+			case strings.HasPrefix(a, "--"+name+"="):
+				flags[name] = strings.TrimPrefix(a, "--"+name+"=")
+			case (a == "--"+name || (short != "" && a == short)) && i+1 < len(args):
+				flags[name] = args[i+1]
+			}
+		}
+	}
+	addr, err := caddycmd.DetermineAdminAPIAddress(flags["address"], nil, flags["config"], flags["adapter"])
+	if err != nil {
+		return nil // Caddy's command reports it
+	}
+	na, err := caddy.ParseNetworkAddress(addr)
+	if err != nil || na.IsUnixNetwork() {
+		return nil
+	}
+	return fmt.Errorf("molly %s: the admin address %s is not a Unix socket. Molly's admin endpoint never listens on plaintext TCP (a config asking for it is refused), "+
+		"so what answers there is not a Molly; use its socket (no admin address in the config, or admin unix//path/to/admin.sock, or --address unix//path)", args[0], addr)
 }
