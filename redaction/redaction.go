@@ -206,8 +206,8 @@ type atWordInfo struct {
 
 // scanState is the reusable memory of one scan.
 type scanState struct {
-	a     anchors
-	hits  [][]int32
+	a      anchors
+	hits   [][]int32
 	view   []byte     // the normalised view's bytes
 	marks  []viewMark // and its map
 	breaks []int32    // view offsets of dropped invisible characters
