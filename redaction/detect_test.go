@@ -111,6 +111,14 @@ func TestEmailDetection(t *testing.T) {
 		{"a numeric top-level label is not an address", "", "ping admin@10.0.0", nil},
 		{"a social handle is not an address", "", "follow @mollygateway on X", nil},
 		{"a local part ending in a dot is not an address", "", "bad.@example.com", nil},
+		{"an accented local part is found", "", "scrivi a josé@example.com grazie", []string{"EMAIL:josé@example.com"}},
+		{"umlauts on both sides of the local part's dot are found", "", "an jürgen.müller@example.de bitte", []string{"EMAIL:jürgen.müller@example.de"}},
+		{"an IDN domain label is found", "", "anna@exämple.de schreibt", []string{"EMAIL:anna@exämple.de"}},
+		{"a Cyrillic domain with a Cyrillic top-level label is found", "", "pisat' x@пример.рф", []string{"EMAIL:x@пример.рф"}},
+		{"a Punycode top-level label is found", "", "mail x@example.xn--p1ai now", []string{"EMAIL:x@example.xn--p1ai"}},
+		{"curly quotes around the address are not part of it", "", "“anna@example.com”", []string{"EMAIL:anna@example.com"}},
+		{"accented prose without an @ is not an address", "", "él visitó exämple.de y über.com ayer", nil},
+		{"an accented host without a dot is not an address", "", "login als jürgen@müller", nil},
 	})
 }
 
@@ -182,7 +190,7 @@ func TestSecretDetection(t *testing.T) {
 		{"a PEM private key cut short is found", "", "here:\n" + keyPEMCut + "\n\nwhat is it?", []string{"SECRET/private_key:" + keyPEMCut}},
 		{"a high-entropy value after a key-like name is found", "", `config: api_token = "` + keyGeneric + `"`, []string{"SECRET/generic:" + keyGeneric}},
 		{"prose about keys is not a secret", "", "The key point: sk-learn and the token economy; password reset link sent.", nil},
-		{"a short or low-entropy value after a key-like name is not a secret", "", `password = "hunter2" and api_key = "aaaaaaaaaaaaaaaa"`, nil},
+		{"a low-entropy value after a key-like name is not a secret", "", `password = "aaa111" and api_key = "aaaaaaaaaaaaaaaa"`, nil},
 		{"a template variable is not a secret", "", "token: ${API_TOKEN}", nil},
 		{"a GitHub token prefix with too few characters is not a secret", "", "ghp_" + rnd(20, 20, alnum), nil},
 	})
@@ -346,6 +354,26 @@ func TestRoundOneEvasions(t *testing.T) {
 		{"a prefixed password key with a #", "", "db_password: Xk9#mQ2vLp7z\n", []string{"SECRET/password:Xk9#mQ2vLp7z"}},
 		{"a password in prose", "", "my password is Xk9mQ2vLp7zR. thanks", []string{"SECRET/password:Xk9mQ2vLp7zR"}},
 		{"an upper-case key and :=", "", "DB_PASSWD := 'q7Rt!x2Zp'", []string{"SECRET/password:q7Rt!x2Zp"}},
+		{"a letters-only passphrase of 16+ letters", "", "password=correcthorsebatterystaple", []string{"SECRET/password:correcthorsebatterystaple"}},
+		{"a seven-character password with a digit", "", "db_password: hunter2", []string{"SECRET/password:hunter2"}},
+		{"a pwd key", "", "pwd=Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"a secret key", "", "secret: Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"the German keyword", "", "Passwort: Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"German prose", "", "das Passwort ist Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"Italian prose with è", "", "la mia password è Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"the Spanish keyword", "", "contraseña: Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"Spanish prose", "", "mi contraseña es Hunt3r2!xyz9Q", []string{"SECRET/password:Hunt3r2!xyz9Q"}},
+		{"a password of letters and a symbol", "", "passphrase: Correct#Horse", []string{"SECRET/password:Correct#Horse"}},
+		{"two addresses joined by a zero-width space are two findings", "", "hans@example.de\u200bgreta@example.de", []string{"EMAIL:hans@example.de", "EMAIL:greta@example.de"}},
+		{"two addresses joined by a word joiner", "", "hans@example.de\u2060greta@example.de", []string{"EMAIL:hans@example.de", "EMAIL:greta@example.de"}},
+		{"two addresses joined by a BOM", "", "hans@example.de\ufeffgreta@example.de", []string{"EMAIL:hans@example.de", "EMAIL:greta@example.de"}},
+		{"two addresses joined by a NUL", "", "hans@example.de\x00greta@example.de", []string{"EMAIL:hans@example.de", "EMAIL:greta@example.de"}},
+		{"two addresses joined by U+0001", "", "hans@example.de\x01greta@example.de", []string{"EMAIL:hans@example.de", "EMAIL:greta@example.de"}},
+		{"two addresses joined by an escaped zero-width space", "", `hans@example.de\u200bgreta@example.de`, []string{"EMAIL:hans@example.de", "EMAIL:greta@example.de"}},
+		{"an address before a NUL does not swallow the next word", "", "john.doe@acme.com\x00more text", []string{"EMAIL:john.doe@acme.com"}},
+		{"glued addresses that do not split are one finding", "", "hans@example.xyzq\u200bgreta@example.de", []string{"EMAIL:hans@example.xyzq\u200bgreta@example.de"}},
+		{"an address glued to a dangling one is one finding", "", "to a@b.com@c.org now", []string{"EMAIL:a@b.com@c.org"}},
+		{"a zero-width space inside a domain label still joins it", "", "mail bob@exam\u200bple.com now", []string{"EMAIL:bob@exam\u200bple.com"}},
 	})
 }
 
@@ -366,6 +394,21 @@ func TestPrecisionOnLookAlikes(t *testing.T) {
 		{"a masked password is not a password", "", "password: ********", nil},
 		{"a reset URL is not a password", "", "password_reset_url: https://example.com/r/abc123", nil},
 		{"prose about a password is not a password", "", "the password is incorrect, try again", nil},
+		{"a request field is not a password", "", "let password = req.body.password2;", nil},
+		{"a form field is not a password", "", "password = form.password2.data", nil},
+		{"an argument is not a password", "", "password = args.pw1", nil},
+		{"a config path is not a password", "", "password = cfg.db.password_v2", nil},
+		{"an input's value is not a password", "", "password = input_field1.value", nil},
+		{"a member is not a password", "", "password: user.credentials2", nil},
+		{"a method call is not a password", "", "password = self.password_input2.text()", nil},
+		{"a hashing description is not a password", "", "The password is sha256hashed", nil},
+		{"an encoding description is not a password", "", "password is base64encoded", nil},
+		{"getpass is not a password", "", "password = getpass()", nil},
+		{"an empty comparison is not a password", "", `if password == "":`, nil},
+		{"a hash call is not a password", "", "password_hash = bcrypt(password)", nil},
+		{"a working directory is not a password", "", "pwd: /home/user/project", nil},
+		{"prose about a secret is not a password", "", "the secret is out there", nil},
+		{"a hyphenated secret name is not a password", "", "secretName: my-tls-secret", nil},
 	})
 }
 

@@ -1,7 +1,10 @@
 package redaction
 
 import (
+	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/net/publicsuffix"
 )
@@ -10,7 +13,10 @@ import (
 // i.e. a dot-atom local part of RFC 5322 atext (at most 64 bytes, RFC 5321
 // §4.5.3.1.1) and a DNS host name of at least two labels (RFC 1035: 1–63
 // letters, digits and inner hyphens each, at most 253 bytes) whose
-// top-level label is alphabetic. Quoted local parts and address literals
+// top-level label is alphabetic (or an A-label, "xn--p1ai"). Both sides
+// also take the letters, digits and marks of every script, as RFC 6531
+// §3.3 (internationalised local parts, "josé@example.com") and IDNA 2008
+// (domain labels, "anna@exämple.de") allow. Quoted local parts and address literals
 // are left out on purpose: they are rare in prose and make a pattern match
 // far too much. A match glued to a longer word is rejected, and so is the
 // "password@host" part of a URL's userinfo (URL_CREDENTIALS covers that).
@@ -34,13 +40,38 @@ func isAtext(c byte) bool {
 	return isAlnum(c) || strings.IndexByte("!#$%&*+/=?^_}~-", c) >= 0
 }
 
+// emailRune reports the non-ASCII characters of an internationalised
+// address: letters, digits and marks, which RFC 6531 §3.3 admits in the
+// local part (UTF8-non-ascii) and IDNA 2008 (RFC 5892) in domain labels.
+func emailRune(r rune) bool {
+	return r >= 0x80 && r != utf8.RuneError && (unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r))
+}
+
+// gluedBefore and gluedAfter report whether the text around [s, e) goes on
+// with a letter or digit of any script: the match is then part of a
+// longer word.
+func gluedBefore(text string, s int) bool {
+	r, _ := utf8.DecodeLastRuneInString(text[:s])
+	return emailRune(r)
+}
+
+func gluedAfter(text string, e int) bool {
+	r, _ := utf8.DecodeRuneInString(text[e:])
+	return emailRune(r)
+}
+
 // emailAt checks the address around the '@' at a and returns its span.
-func emailAt(text string, a int) (int, int, bool) {
-	// Local part: atext runs separated by single dots, ≤ 64 bytes.
-	s := a
-	for s > 0 && a-s < 64 && (isAtext(text[s-1]) || text[s-1] == '.' && s < a && text[s] != '.') {
-		s--
-	}
+// breaks are the (sorted) view offsets where an invisible character was
+// dropped, and last is where the previous address found ended (or -1):
+// "hans@example.de\u200bgreta@example.de" reads as one glued run in the
+// view, and is cut at the dropped character into the two addresses it
+// shows. A local part glued to an '@' that made no address is grown over
+// it ("a@b.com@c.org" is one finding), so that no part of a run of
+// address characters is left out.
+func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
+	// Local part: atext runs (and non-ASCII letters) separated by single
+	// dots, ≤ 64 bytes.
+	s := localStart(text, a)
 	// Cut at the last '=', '/' or '?': a key or a path before the address.
 	for k := a - 1; k >= s; k-- {
 		if c := text[k]; c == '=' || c == '/' || c == '?' {
@@ -48,20 +79,43 @@ func emailAt(text string, a int) (int, int, bool) {
 			break
 		}
 	}
+	if last > s && last < a {
+		s = last // the previous address ended at a dropped character
+	}
 	for s < a && text[s] == '.' {
 		s++
 	}
 	if s == a || text[a-1] == '.' {
 		return 0, 0, false
 	}
-	if c := before(text, s); c >= 0x80 || c == '.' && isAtext(before(text, s-1)) {
-		return 0, 0, false // glued to a non-ASCII word, or a dot run
+	if before(text, s) == '@' && s-1 != last {
+		// Glued to an '@' that made no address: take its local part too.
+		if g := localStart(text, s-1); g < s-1 {
+			s = g
+		}
+	}
+	if gluedBefore(text, s) || before(text, s) == '.' && isAtext(before(text, s-1)) {
+		return 0, 0, false // glued to a longer word, or a dot run
 	}
 	e, ok := domainAt(text, a+1)
 	if !ok {
 		return 0, 0, false
 	}
-	if c := at(text, e); c == '_' || c >= 0x80 || c == '@' {
+	// Prefer the address that ends at a dropped character: "x@acme.com" of
+	// "x@acme.com\x00more".
+	for _, b := range breaks {
+		if int(b) <= a+1 {
+			continue
+		}
+		if int(b) >= e {
+			break
+		}
+		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && icannTLD(text[a+1:be]) {
+			e = be
+			break
+		}
+	}
+	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks, e) || gluedAfter(text, e) && !splitAt(breaks, e) {
 		return 0, 0, false
 	}
 	if inURLUserinfo(text, s) {
@@ -70,8 +124,44 @@ func emailAt(text string, a int) (int, int, bool) {
 	return s, e, true
 }
 
+// localStart returns where the local part ending at a starts.
+func localStart(text string, a int) int {
+	s := a
+	for s > 0 && a-s < 64 {
+		c := text[s-1]
+		if c >= 0x80 {
+			r, n := utf8.DecodeLastRuneInString(text[:s])
+			if !emailRune(r) {
+				break
+			}
+			s -= n
+			continue
+		}
+		if !isAtext(c) && (c != '.' || s == a || text[s] == '.') {
+			break
+		}
+		s--
+	}
+	return s
+}
+
+// splitAt reports whether offset i is one of breaks.
+func splitAt(breaks []int32, i int) bool {
+	_, ok := slices.BinarySearch(breaks, int32(i))
+	return ok
+}
+
+// icannTLD reports whether the last label of host is a top-level domain
+// of the ICANN section of the Public Suffix List.
+func icannTLD(host string) bool {
+	tld := host[strings.LastIndexByte(host, '.')+1:]
+	_, icann := publicsuffix.PublicSuffix(strings.ToLower(tld))
+	return icann
+}
+
 // domainAt reads a host name of two or more labels starting at i and
-// returns its end.
+// returns its end. Labels may hold non-ASCII letters and digits (IDNs);
+// the top-level label is letters only, or an A-label ("xn--p1ai").
 func domainAt(text string, i int) (int, bool) {
 	e, labels, labelStart := i, 0, i
 	for e <= len(text) {
@@ -80,12 +170,18 @@ func domainAt(text string, i int) (int, bool) {
 			e++
 			continue
 		}
+		if c >= 0x80 {
+			if r, n := utf8.DecodeRuneInString(text[e:]); emailRune(r) {
+				e += n
+				continue
+			}
+		}
 		l := text[labelStart:e]
 		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
 			break
 		}
 		labels++
-		if c == '.' && isAlnum(at(text, e+1)) {
+		if c == '.' && (isAlnum(at(text, e+1)) || gluedAfter(text, e+1)) {
 			e++
 			labelStart = e
 			continue
@@ -95,10 +191,24 @@ func domainAt(text string, i int) (int, bool) {
 	if labels < 2 || e-i > 253 {
 		return 0, false
 	}
-	if tld := text[labelStart:e]; len(tld) < 2 || !isAllAlpha(tld) {
+	tld := text[labelStart:e]
+	if strings.HasPrefix(strings.ToLower(tld), "xn--") && len(tld) > 4 {
+		return e, true
+	}
+	if utf8.RuneCountInString(tld) < 2 || !isAllLetters(tld) {
 		return 0, false
 	}
 	return e, true
+}
+
+// isAllLetters reports whether s is letters (of any script) only.
+func isAllLetters(s string) bool {
+	for _, r := range s {
+		if !unicode.IsLetter(r) && !unicode.IsMark(r) {
+			return false
+		}
+	}
+	return true
 }
 
 func isAllAlpha(s string) bool {
@@ -264,13 +374,15 @@ func writtenEmail(text string, p, q int, strong bool) (int, int, bool) {
 }
 
 // detectEmails finds the addresses around the '@'s and at-words of text.
-func (s *Scanner) detectEmails(text string, a *anchors, dst []Finding) []Finding {
+// breaks are the view offsets of dropped invisible characters (see
+// emailAt).
+func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Finding) []Finding {
 	last := -1
 	for _, p := range a.ats {
 		if int(p) < last {
 			continue
 		}
-		if st, e, ok := emailAt(text, int(p)); ok {
+		if st, e, ok := emailAt(text, int(p), breaks, last); ok {
 			dst = append(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e
 		}

@@ -443,6 +443,26 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 	return view{text: unsafe.String(unsafe.SliceData(w.b), len(w.b)), marks: w.marks}, true, w.b, w.marks
 }
 
+// dropBreaks appends to dst the view offsets where the view dropped an
+// invisible character of text (a format character, a control, a variation
+// selector or U+FFFD, also written as an escape), in order. Dropped
+// combining marks are left out: they belong to the letter before them.
+func dropBreaks(text string, marks []viewMark, dst []int32) []int32 {
+	for _, m := range marks {
+		if m.v != m.ve {
+			continue
+		}
+		if r, _ := utf8.DecodeRuneInString(text[m.o:m.oe]); unicode.IsMark(r) {
+			continue
+		}
+		if n := len(dst); n > 0 && dst[n-1] == m.v {
+			continue
+		}
+		dst = append(dst, m.v)
+	}
+	return dst
+}
+
 // normRune returns the view text of a decoded rune (from an escape).
 func normRune(r rune, buf *[]byte) string {
 	if r < 0x80 {

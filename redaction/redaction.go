@@ -206,10 +206,11 @@ type atWordInfo struct {
 
 // scanState is the reusable memory of one scan.
 type scanState struct {
-	a     anchors
-	hits  [][]int32
-	view  []byte     // the normalised view's bytes
-	marks []viewMark // and its map
+	a      anchors
+	hits   [][]int32
+	view   []byte     // the normalised view's bytes
+	marks  []viewMark // and its map
+	breaks []int32    // view offsets of dropped invisible characters
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
@@ -439,6 +440,10 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 		scan = v.text
 	}
 	s.index.prefilter(scan, &st.a)
+	st.breaks = st.breaks[:0]
+	if ok && s.en.Email && len(st.a.ats) > 0 {
+		st.breaks = dropBreaks(text, v.marks, st.breaks)
+	}
 	cand := s.detect(scan, st, b, depth)
 	if ok {
 		for i := range cand {
@@ -460,7 +465,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 		cand = s.detectNumbers(text, a, cand, b)
 	}
 	if s.en.Email {
-		cand = s.detectEmails(text, a, cand)
+		cand = s.detectEmails(text, a, st.breaks, cand)
 	}
 	if s.en.IPAddress {
 		cand = detectIPv6(text, a.colons, cand)

@@ -171,11 +171,14 @@ var handSecretRules = []struct {
 	{"jwt", `\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}`, 0, 0, []string{"eyj"}},
 	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----`, 0, 0, []string{"-----begin"}},
 	// A password written as an assignment or in prose ("db_password:
-	// Xk9#mQ2vLp7z", `password = "Hunt3r2!xyz9Q"`, "my password is …"):
-	// 8 to 128 printable bytes without quotes, brackets, '$' or ',' ';',
-	// not ending in sentence punctuation; passwordValue then requires a
-	// letter and a digit and rules out URLs and masks.
-	{"password", `(?i)(?:password|passwd|passphrase)[a-z_]{0,20}(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was)\b:?)[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{7,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase"}},
+	// Xk9#mQ2vLp7z", `password = "Hunt3r2!xyz9Q"`, "my password is …",
+	// "Passwort: …", "la mia password è …", "contraseña: …"): a keyword
+	// (password, passwd, passphrase, pwd, passwort, secret, contraseña;
+	// the prefilter keys on the ASCII "contrase"), an operator or a
+	// copula, then 6 to 128 printable bytes without quotes, brackets, '$'
+	// or ',' ';', not ending in sentence punctuation; passwordValue then
+	// tells a password from code and prose.
+	{"password", `(?i)(?:password|passwd|passphrase|passwort|contraseña|pwd|secret)[a-z_]{0,20}(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was|ist|è|es|est)(?::|[ \t]))[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{5,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase", "passwort", "contrase", "pwd", "secret"}},
 	// A pasted key cut short: BEGIN line then base64 lines.
 	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:\s*[A-Za-z0-9+/=]{16,})+`, 0, 0, []string{"-----begin"}},
 }
@@ -887,18 +890,52 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 }
 
 // passwordValue reports whether the value of a password assignment looks
-// like a password rather than code or prose: a letter and a digit, no
-// URL, no mask ("****", "xxxx").
+// like a password rather than code or prose. It accepts a letter with a
+// digit, a letter with a symbol other than '.', '_' and '-', or 16 or more
+// letters alone ("correcthorsebatterystaple"); it rejects dotted
+// identifier paths (req.body.password2), file paths, URLs, masks
+// ("****", "xxxx"), template variables and words about password handling
+// ("sha256hashed", "base64encoded", "bcrypt").
 func passwordValue(s string) bool {
-	var letter, digit bool
+	var letter, digit, symbol bool
+	letters := 0
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		letter = letter || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
-		digit = digit || c >= '0' && c <= '9'
+		switch {
+		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80:
+			letter = true
+			letters++
+		case c >= '0' && c <= '9':
+			digit = true
+		case c != '.' && c != '_' && c != '-':
+			symbol = true
+		}
+	}
+	if !(letter && (digit || symbol) || letters == len(s) && letters >= 16) {
+		return false
 	}
 	l := strings.ToLower(s)
-	return letter && digit && !strings.Contains(l, "://") && !strings.Contains(l, "****") && !strings.Contains(l, "xxxx")
+	for _, p := range []string{"/", "./", "~/"} {
+		if strings.HasPrefix(l, p) {
+			return false
+		}
+	}
+	if strings.Contains(l, "://") || strings.Contains(l, "****") || strings.Contains(l, "xxxx") ||
+		strings.Contains(l, "{{") || strings.HasPrefix(l, "%(") || identPath.MatchString(s) {
+		return false
+	}
+	if !symbol && handlingWord.MatchString(l) {
+		return false
+	}
+	return true
 }
+
+var (
+	// identPath is a dotted identifier path: member access in code.
+	identPath = regexp.MustCompile(`^[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+$`)
+	// handlingWord names a way of storing a password, not a password.
+	handlingWord = regexp.MustCompile(`hash|encod|encrypt|base64|sha\d|md5|bcrypt|argon|scrypt|pbkdf`)
+)
 
 func isSpaceByte(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
