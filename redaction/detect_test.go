@@ -389,6 +389,8 @@ func TestPrecisionOnLookAlikes(t *testing.T) {
 		{"order numbers are not phones", "", "Order 3471234567 shipped", nil},
 		{"a CIDR block is not an address", "", "the range 10.0.0.0/8 is private", nil},
 		{"a password field description is not a password", "", "password: required, at least 12 characters", nil},
+		{"a Kubernetes secret's name is not a password", "", "secretName: tls-cert-2024", nil},
+		{"a secret reference in a manifest is not a password", "", "secret_name: db-creds-2", nil},
 		{"a password read from the environment is not a password", "", "password = os.environ['DB_PW']", nil},
 		{"a template variable is not a password", "", "password=${DB_PASSWORD}", nil},
 		{"a masked password is not a password", "", "password: ********", nil},

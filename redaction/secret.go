@@ -178,7 +178,7 @@ var handSecretRules = []struct {
 	// copula, then 6 to 128 printable bytes without quotes, brackets, '$'
 	// or ',' ';', not ending in sentence punctuation; passwordValue then
 	// tells a password from code and prose.
-	{"password", `(?i)(?:password|passwd|passphrase|passwort|contraseña|pwd|secret)[a-z_]{0,20}(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was|ist|è|es|est)(?::|[ \t]))[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{5,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase", "passwort", "contrase", "pwd", "secret"}},
+	{"password", `(?i)(?:(?:password|passwd|passphrase|passwort|contraseña|pwd)[a-z_]{0,20}|secret)(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was|ist|è|es|est)(?::|[ \t]))[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{5,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase", "passwort", "contrase", "pwd", "secret"}},
 	// A pasted key cut short: BEGIN line then base64 lines.
 	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:\s*[A-Za-z0-9+/=]{16,})+`, 0, 0, []string{"-----begin"}},
 }
