@@ -251,13 +251,14 @@ func newToolCall(name, args string) toolCall {
 // decodePartialTools decodes a prefix of the generic tool-call JSON (what
 // the grammar allows, cut anywhere): {"tool_calls":[call…, {"tool_call":call
 // or {"response":value. Each whole call is decoded as decodeTools does; the
-// call being written when the text stopped is a call as soon as its object
-// opened: its name once the name's string is whole ("" before), its
-// arguments as the JSON text written so far. A cut
+// call being written when the text stopped is a call once its name's string
+// is whole, its arguments the JSON text written so far (as OpenAI returns a
+// call cut by max_tokens); before that it is dropped, since a call without
+// a name names no tool. A cut
 // response is its string decoded so far (or the raw JSON written of a
 // non-string response). Text that stops before it is known to be a call
 // (before the first member name is whole, or before the first call's
-// object opens) is neither: no calls and empty content.
+// name is whole) is neither: no calls and empty content.
 func decodePartialTools(text string) ([]toolCall, *string) {
 	empty := ""
 	i := skipWS(text, 0)
@@ -280,7 +281,7 @@ func decodePartialTools(text string) ([]toolCall, *string) {
 		}
 		return nil, &s
 	case "tool_call":
-		if c, ok := partialCall(text, i); ok {
+		if c, ok := partialCall(text, i); ok && c.Function.Name != "" {
 			return []toolCall{c}, nil
 		}
 		return nil, &empty
@@ -294,7 +295,9 @@ func decodePartialTools(text string) ([]toolCall, *string) {
 			if !ok {
 				break
 			}
-			calls = append(calls, c)
+			if c.Function.Name != "" {
+				calls = append(calls, c)
+			}
 			e, whole := valueEnd(text, i)
 			if !whole {
 				break

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -423,14 +424,16 @@ func TestPartialToolCallsDecode(t *testing.T) {
 		{``, nil, ""},
 		{`{"tool_`, nil, ""},
 		{`{"tool_calls":[`, nil, ""},
-		{`{"tool_calls":[{"na`, []call{{"", ""}}, ""},
-		{`{"tool_calls":[{"name":"get_wea`, []call{{"", ""}}, ""},
+		{`{"tool_calls":[{"na`, nil, ""},
+		{`{"tool_calls":[{"name":"get_wea`, nil, ""},
+		{`{"tool_call":{"name":"get_wea`, nil, ""},
+		{`{"tool_calls":[{"arguments":{"city":"Paris"},"name":"get_wea`, nil, ""},
 		{`{"tool_calls":[{"name":"get_weather"`, []call{{"get_weather", ""}}, ""},
 		{`{"tool_calls":[{"name":"get_weather","arguments":{"city":"Par`, []call{{"get_weather", `{"city":"Par`}}, ""},
 		{`{"tool_calls": [{"name": "get_time", "arguments": {"zone": 12`, []call{{"get_time", `{"zone": 12`}}, ""},
 		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}},{"name":"get_weather","arguments":{"ci`,
 			[]call{{"get_time", `{"zone":1}`}, {"get_weather", `{"ci`}}, ""},
-		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}, {"na`, []call{{"get_time", `{"zone":1}`}, {"", ""}}, ""},
+		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}, {"na`, []call{{"get_time", `{"zone":1}`}}, ""},
 		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}`, []call{{"get_time", `{"zone":1}`}}, ""},
 		{`{"tool_call":{"name":"w","arguments":{"a":"x\"y`, []call{{"w", `{"a":"x\"y`}}, ""},
 		{`{"response":"Hello, wor`, nil, "Hello, wor"},
@@ -518,6 +521,108 @@ func TestToolCallCutByMaxTokens(t *testing.T) {
 	if finish != "length" || name != "get_weather" || content != "" {
 		t.Fatalf("streamed: finish %q name %q content %q\n%s", finish, name, content, w.Body)
 	}
+}
+
+// TestToolCallCutInItsNameIsDropped: with tool_choice "required" and two
+// tools, a choice cut by max_tokens while a call's name is being written
+// answers finish_reason "length" with only the calls whose names are whole
+// (no call with an empty name), whole and streamed. The oracle is the raw
+// text the engine generates for the same seed (Generate, one event per
+// token): at each cut, the calls whose "name" string is whole in it.
+func TestToolCallCutInItsNameIsDropped(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	body := func(maxTokens int, stream bool) map[string]any {
+		return map[string]any{"model": "molly-demo", "seed": 4, "max_tokens": maxTokens, "tools": weatherTools, "tool_choice": "required",
+			"stream": stream, "messages": []map[string]any{{"role": "user", "content": "weather in Paris and the time?"}}}
+	}
+	_, req, err := e.parse(mustJSON(t, body(1500, false)), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pieces []string
+	usage, err := e.Generate(context.Background(), req, func(ev Event) error {
+		if ev.Text != "" {
+			pieces = append(pieces, ev.Text)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pieces) != usage.CompletionTokens {
+		t.Fatalf("%d text events for %d tokens: the oracle needs one per token", len(pieces), usage.CompletionTokens)
+	}
+	callStart := regexp.MustCompile(`[\[,]\s*\{`)
+	wholeName := regexp.MustCompile(`"name"\s*:\s*"[^"]*"`)
+	// Four cuts in each call's name: the first call's, and a later one's
+	// when the model writes more than one.
+	cuts, perCall := 0, map[int]int{}
+	for k := 1; k < len(pieces); k++ {
+		prefix := strings.Join(pieces[:k], "")
+		if !strings.Contains(prefix, `"tool_calls"`) {
+			continue
+		}
+		opened, named := len(callStart.FindAllString(prefix, -1)), len(wholeName.FindAllString(prefix, -1))
+		if opened == named || perCall[opened] == 4 {
+			continue
+		}
+		cuts++
+		perCall[opened]++
+		code, raw := chatRaw(t, e, body(k, false))
+		if code != http.StatusOK {
+			t.Fatalf("max_tokens %d: %d %s", k, code, raw)
+		}
+		spec.Validate(t, "CreateChatCompletionResponse", raw)
+		var r toolResponse
+		_ = json.Unmarshal(raw, &r)
+		ch := r.Choices[0]
+		if ch.FinishReason != "length" || len(ch.Message.ToolCalls) != named {
+			t.Errorf("max_tokens %d (cut %q): finish %q, %d calls, want length and the %d named", k, prefix, ch.FinishReason, len(ch.Message.ToolCalls), named)
+		}
+		for _, c := range ch.Message.ToolCalls {
+			if c.Function.Name == "" {
+				t.Errorf("max_tokens %d: a call without a name: %s", k, raw)
+			}
+		}
+		w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", body(k, true))
+		var finish string
+		streamed := 0
+		for _, line := range strings.Split(w.Body.String(), "\n") {
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok || data == "[DONE]" {
+				continue
+			}
+			spec.Validate(t, "CreateChatCompletionStreamResponse", []byte(data))
+			var c struct {
+				Choices []struct {
+					Delta struct {
+						ToolCalls []toolCall `json:"tool_calls"`
+					} `json:"delta"`
+					FinishReason *string `json:"finish_reason"`
+				} `json:"choices"`
+			}
+			_ = json.Unmarshal([]byte(data), &c)
+			for _, ch := range c.Choices {
+				for _, tc := range ch.Delta.ToolCalls {
+					streamed++
+					if tc.Function.Name == "" {
+						t.Errorf("max_tokens %d streamed: a call without a name: %s", k, data)
+					}
+				}
+				if ch.FinishReason != nil {
+					finish = *ch.FinishReason
+				}
+			}
+		}
+		if finish != "length" || streamed != named {
+			t.Errorf("max_tokens %d streamed: finish %q, %d calls, want length and %d", k, finish, streamed, named)
+		}
+	}
+	if cuts == 0 {
+		t.Fatalf("no cut falls in a call's name: %q", strings.Join(pieces, ""))
+	}
+	t.Logf("%d cuts in the names of %d calls of %q", cuts, len(perCall), strings.Join(pieces, ""))
 }
 
 // TestJSONOutputEndsWithItsValue: a choice constrained to a JSON object
