@@ -114,7 +114,7 @@ func planFor(body []byte) (*plan, string, error) {
 		}
 		found = found || name == forced
 		nameJSON, _ := json.Marshal(name)
-		calls = append(calls, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},"arguments":%s},"required":["name","arguments"]}`, nameJSON, params.Raw))
+		calls = append(calls, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},"arguments":%s},"required":["name","arguments"]}`, nameJSON, asResource(params.Raw, fmt.Sprintf("molly:tools/%d", i))))
 	}
 	if mode == "function" && !found {
 		return nil, "", badRequest("tool_choice", "tool_choice names the function %q, which is not in tools", forced)
@@ -138,13 +138,30 @@ func planFor(body []byte) (*plan, string, error) {
 			return nil, "", err
 		}
 		p.response = json.RawMessage(respSchema)
-		schema = `{"anyOf":[` + schema + `,{"type":"object","properties":{"response":` + respSchema + `},"required":["response"]}]}`
+		schema = `{"anyOf":[` + schema + `,{"type":"object","properties":{"response":` + asResource(respSchema, "molly:response") + `},"required":["response"]}]}`
 		sys += " or with `response` (your reply to the user)"
 	}
 	sys += ". The JSON must match this schema: " + schema
 	g, err := grammarFor(schema, "tools")
 	p.grammar = g
 	return p, sys, err
+}
+
+// asResource is the schema raw (JSON text) to embed in a larger schema: as
+// written, or, when it holds a $ref and has no $id, with "$id": id added
+// first, so that its local $refs ("#/$defs/…") keep resolving in it
+// (SchemaToGBNF resolves them in the nearest schema with an $id).
+func asResource(raw, id string) string {
+	v := gjson.Parse(raw)
+	if !v.IsObject() || !strings.Contains(raw, `"$ref"`) || v.Get("$id").Exists() {
+		return raw
+	}
+	idJSON, _ := json.Marshal(id)
+	rest := strings.TrimSpace(strings.TrimSpace(raw)[1:])
+	if rest != "}" {
+		rest = "," + rest
+	}
+	return `{"$id":` + string(idJSON) + rest
 }
 
 func grammarFor(schema, param string) (string, error) {

@@ -2,6 +2,7 @@ package serving
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -79,7 +80,11 @@ func TestSchemaGrammarsParseInLlamaCpp(t *testing.T) {
 	for _, s := range []string{personSchema, `{}`, `true`, `{"type":"array"}`, `{"type":"object"}`,
 		`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}}}`,
 		`{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":4}`, `{"type":"string","minLength":3}`,
-		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`} {
+		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`,
+		pydanticSchema, `{"type":"object","properties":{"next":{"$ref":"#"}}}`,
+		// Definitions named as the primitive and start rules, escaped names.
+		`{"$defs":{"string":{"type":"integer"},"root":{"$ref":"#/$defs/string"},"space":{"type":"array","items":{"$ref":"#/$defs/root"}}},"$ref":"#/$defs/space"}`,
+		`{"type":"array","items":{"anyOf":[{"$ref":"#/$defs/a~1b"},{"$ref":"#/$defs/a%20c"}]},"$defs":{"a/b":{"type":"integer"},"a c":{"type":"null"}}}`} {
 		g, err := SchemaToGBNF([]byte(s))
 		if err != nil {
 			t.Fatalf("%s: %v", s, err)
@@ -101,9 +106,10 @@ func TestUnsupportedSchemaKeywordIs400(t *testing.T) {
 	e := newEngine(t, nil)
 	for kw, schema := range map[string]string{
 		"pattern":              `{"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}}`,
-		"$ref":                 `{"$ref":"#/$defs/a","$defs":{"a":{"type":"string"}}}`,
+		"$ref":                 `{"type":"object","properties":{"a":{"$ref":"https://example.com/a.json"}}}`,
 		"minimum":              `{"type":"integer","minimum":3}`,
-		"format":               `{"type":"string","format":"email"}`,
+		"type":                 `{"$ref":"#/$defs/a","type":"string","$defs":{"a":{"type":"string"}}}`,
+		"#/$defs/b":            `{"$ref":"#/$defs/b","$defs":{"a":{"type":"string"}}}`,
 		"additionalProperties": `{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":true}`,
 	} {
 		body := map[string]any{"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "hi"}},
@@ -145,6 +151,94 @@ func TestJSONSchemaOutputMatchesSchemaFor20Seeds(t *testing.T) {
 			t.Fatalf("seed %d: finish %q after %d tokens", seed, r.Choices[0].FinishReason, r.Usage.CompletionTokens)
 		}
 		validateJSON(t, oracle, r.Choices[0].Message.Content)
+	}
+}
+
+// pydanticSchema is shaped as pydantic writes a model with nested models:
+// the nested types in $defs (and, as pydantic v1 wrote them, definitions)
+// referenced by $ref, Optional as anyOf with null, a $ref beside a default,
+// a recursive model, and format annotations.
+const pydanticSchema = `{
+  "$defs": {
+    "Address": {"title": "Address", "type": "object",
+      "properties": {"street": {"title": "Street", "type": "string", "maxLength": 6}, "zip": {"title": "Zip", "type": "string", "format": "postal-code", "maxLength": 5}},
+      "required": ["street", "zip"]},
+    "Color": {"title": "Color", "enum": ["red", "green"], "type": "string"}
+  },
+  "definitions": {
+    "Node": {"title": "Node", "type": "object",
+      "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/definitions/Node"}, "maxItems": 1}},
+      "required": ["v"]}
+  },
+  "title": "Person", "type": "object",
+  "properties": {
+    "name": {"title": "Name", "type": "string", "maxLength": 6},
+    "home": {"$ref": "#/$defs/Address"},
+    "work": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}], "default": null},
+    "color": {"$ref": "#/$defs/Color", "default": "red"},
+    "born": {"title": "Born", "type": "string", "format": "date-time", "maxLength": 4},
+    "tree": {"$ref": "#/definitions/Node"}
+  },
+  "required": ["name", "home", "color", "tree"]
+}`
+
+// TestRefsToDefinitionsAndFormatAnnotations: a pydantic-shaped schema
+// ($defs, definitions, $ref, a recursive model, format) constrains
+// response_format json_schema output and a tool's arguments so that they
+// validate against it (the independent validator is the oracle; format is
+// an annotation in 2020-12, as for the converter).
+func TestRefsToDefinitionsAndFormatAnnotations(t *testing.T) {
+	// The schema is in the tool prompt twice, a byte-level token each.
+	e := newEngine(t, func(c *Config) { c.NSeqMax = 2; c.NCtx = 2 * 4096 })
+	oracle := compileSchema(t, pydanticSchema)
+	stopped := 0
+	check := func(what, finish, text string) {
+		t.Helper()
+		if finish == "stop" || finish == "tool_calls" {
+			stopped++
+			validateJSON(t, oracle, text)
+		} else if first, ok := jsonPrefix(text); !ok || first != json.Delim('{') {
+			t.Errorf("%s: finish %q and %q is not the start of an object", what, finish, text)
+		}
+	}
+	for seed := range 6 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500,
+			"messages":        []map[string]any{{"role": "user", "content": "describe someone"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "person", "schema": json.RawMessage(pydanticSchema)}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %s", seed, code, body)
+		}
+		var r chatResponse
+		_ = json.Unmarshal(body, &r)
+		check(fmt.Sprintf("response_format seed %d", seed), r.Choices[0].FinishReason, r.Choices[0].Message.Content)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(pydanticSchema)); err != nil {
+		t.Fatal(err)
+	}
+	tools := append([]map[string]any{{"type": "function", "function": map[string]any{"name": "save_person", "parameters": json.RawMessage(compact.Bytes())}}}, weatherTools...)
+	for seed := range 6 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500, "tools": tools, "parallel_tool_calls": false,
+			"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "save_person"}},
+			"messages":    []map[string]any{{"role": "user", "content": "save someone"}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("tool seed %d: %d %s", seed, code, body)
+		}
+		var r toolResponse
+		_ = json.Unmarshal(body, &r)
+		ch := r.Choices[0]
+		if len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "save_person" {
+			t.Fatalf("tool seed %d: %s", seed, body)
+		}
+		check(fmt.Sprintf("tool seed %d", seed), ch.FinishReason, ch.Message.ToolCalls[0].Function.Arguments)
+	}
+	t.Logf("%d of 12 ended", stopped)
+	if stopped < 8 {
+		t.Fatalf("only %d of 12 outputs ended before max_tokens: too few checked against the schema", stopped)
 	}
 }
 
