@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/url"
 	"regexp"
 	"sort"
 	"strconv"
@@ -25,8 +26,19 @@ import (
 // Supported: type (one or a list), properties, required,
 // additionalProperties false (the default, as in llama.cpp), items,
 // minItems, maxItems, enum, const, anyOf, oneOf (treated as anyOf),
-// minLength, maxLength, and the annotations title, description, default,
-// examples, $schema, $id, $comment, strict. Anything else is refused with
+// minLength, maxLength, local $ref with $defs / definitions, and the
+// annotations title, description, default, examples, $schema, $id,
+// $comment, strict and format (JSON Schema 2020-12 treats format as an
+// annotation unless a validator opts in to asserting it; the grammar does
+// not constrain it). A $ref is a JSON pointer fragment ("#/$defs/Item",
+// "#/definitions/Item", "#" or any other "#/…") into its schema resource:
+// the document, or the nearest enclosing schema with an $id (how the
+// engine embeds each tool's parameters in its tool-call schema). Each
+// target becomes one rule, shared by all references to it, so recursive
+// definitions (a pydantic model with a list of itself) give recursive
+// rules, as llama.cpp's _resolve_ref does; only annotations may sit beside
+// a $ref, other keywords there are refused, and a $ref to another document
+// is an *UnsupportedSchemaError. Anything else is refused with
 // an *UnsupportedSchemaError naming the keyword, since a grammar that
 // ignored it would let through values the schema rejects. minLength,
 // maxLength, minItems and maxItems above MaxSchemaRepetition are refused
@@ -91,20 +103,39 @@ var gbnfPrimitives = map[string]struct {
 
 var gbnfAnnotations = map[string]bool{
 	"title": true, "description": true, "default": true, "examples": true,
-	"$schema": true, "$id": true, "$comment": true, "strict": true,
+	"$schema": true, "$id": true, "$comment": true, "strict": true, "format": true,
+	// Definitions apply only where a $ref names them.
+	"$defs": true, "definitions": true,
 }
 
 var gbnfKeywords = map[string]bool{
 	"type": true, "properties": true, "required": true, "additionalProperties": true,
 	"items": true, "minItems": true, "maxItems": true, "enum": true, "const": true,
-	"anyOf": true, "oneOf": true, "minLength": true, "maxLength": true,
+	"anyOf": true, "oneOf": true, "minLength": true, "maxLength": true, "$ref": true,
 }
 
 var gbnfInvalidRuleChars = regexp.MustCompile(`[^a-zA-Z0-9-]+`)
 
 type schemaConverter struct {
 	rules map[string]string
+	// refs maps a $ref target (its resource's pointer, "#", the fragment)
+	// to its rule; res is the schema resource $refs resolve in.
+	refs map[string]string
+	res  schemaResource
 }
+
+// schemaResource is a schema document or an embedded schema with an $id:
+// the root local $refs resolve against, and its JSON pointer from the
+// converted schema's root.
+type schemaResource struct {
+	root gjson.Result
+	ptr  string
+}
+
+// pendingRule holds a $ref target's rule name while its schema is
+// converted (no GBNF rule is empty), so that references inside it, and
+// rules named like it, see the name taken.
+const pendingRule = ""
 
 // SchemaToGBNF converts a JSON Schema (the subset above) to a GBNF grammar
 // whose start rule is "root". Errors: *UnsupportedSchemaError,
@@ -113,8 +144,9 @@ func SchemaToGBNF(schema []byte) (string, error) {
 	if !gjson.ValidBytes(schema) {
 		return "", fmt.Errorf("the schema is not valid JSON")
 	}
-	c := &schemaConverter{rules: map[string]string{"space": gbnfSpace}}
-	if _, err := c.visit(gjson.ParseBytes(schema), "", ""); err != nil {
+	root := gjson.ParseBytes(schema)
+	c := &schemaConverter{rules: map[string]string{"space": gbnfSpace}, refs: map[string]string{}, res: schemaResource{root: root}}
+	if _, err := c.visit(root, "", ""); err != nil {
 		return "", err
 	}
 	return c.format(), nil
@@ -267,6 +299,11 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 	if !s.IsObject() {
 		return "", fmt.Errorf("the schema at %q must be an object or true", ptr)
 	}
+	if id := s.Get("$id"); id.Type == gjson.String && ptr != c.res.ptr {
+		outer := c.res
+		c.res = schemaResource{root: s, ptr: ptr}
+		defer func() { c.res = outer }()
+	}
 	var bad string
 	s.ForEach(func(k, _ gjson.Result) bool {
 		if !gbnfKeywords[k.Str] && !gbnfAnnotations[k.Str] {
@@ -277,6 +314,23 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 	})
 	if bad != "" {
 		return "", &UnsupportedSchemaError{Keyword: bad, Pointer: ptr + "/" + escapePointer(bad)}
+	}
+	if ref := s.Get("$ref"); ref.Exists() {
+		s.ForEach(func(k, _ gjson.Result) bool {
+			if k.Str != "$ref" && !gbnfAnnotations[k.Str] {
+				bad = k.Str
+				return false
+			}
+			return true
+		})
+		if bad != "" {
+			return "", fmt.Errorf("JSON Schema keyword %q at %q sits beside a $ref; only annotations may", bad, ptr+"/"+escapePointer(bad))
+		}
+		r, err := c.ref(ref, ptr+"/$ref")
+		if err != nil {
+			return "", err
+		}
+		return c.addRule(ruleName, r), nil
 	}
 	if alts := s.Get("anyOf"); alts.Exists() || s.Get("oneOf").Exists() {
 		key := "anyOf"
@@ -372,6 +426,72 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		return c.addRule(ruleName, c.primitive("value")), nil
 	}
 	return "", &UnsupportedSchemaError{Keyword: "type", Pointer: ptr + "/type"}
+}
+
+// ref returns the rule of the $ref value ref (at ptr), converting its
+// target the first time. Errors: a $ref that is not a string, a $ref to
+// another document (*UnsupportedSchemaError), a fragment that is not a
+// JSON pointer or names nothing in the resource.
+func (c *schemaConverter) ref(ref gjson.Result, ptr string) (string, error) {
+	if ref.Type != gjson.String {
+		return "", fmt.Errorf("$ref at %q must be a string", ptr)
+	}
+	frag, local := strings.CutPrefix(ref.Str, "#")
+	if !local {
+		return "", &UnsupportedSchemaError{Keyword: "$ref", Pointer: ptr}
+	}
+	frag, err := url.PathUnescape(frag)
+	if err != nil || (frag != "" && frag[0] != '/') {
+		return "", fmt.Errorf("$ref %q at %q is not a JSON pointer fragment (\"#/$defs/Name\")", ref.Str, ptr)
+	}
+	key := c.res.ptr + "#" + frag
+	if r, ok := c.refs[key]; ok {
+		return r, nil
+	}
+	target, base := c.res.root, "ref"
+	if frag != "" {
+		for _, tok := range strings.Split(frag[1:], "/") {
+			tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+			switch {
+			case target.IsObject():
+				target = target.Map()[tok]
+			case target.IsArray():
+				i, err := strconv.Atoi(tok)
+				if a := target.Array(); err == nil && i >= 0 && i < len(a) {
+					target = a[i]
+				} else {
+					target = gjson.Result{}
+				}
+			default:
+				target = gjson.Result{}
+			}
+			if !target.Exists() {
+				return "", fmt.Errorf("$ref %q at %q names nothing in its schema", ref.Str, ptr)
+			}
+			base = tok
+		}
+	}
+	// A fresh name, never the start rule's or a primitive's (primitives
+	// are added when first used, under their own names).
+	base = gbnfInvalidRuleChars.ReplaceAllString(base, "-")
+	name := base
+	for i := 0; ; i++ {
+		_, taken := c.rules[name]
+		_, primitive := gbnfPrimitives[name]
+		if !taken && !primitive && name != "root" {
+			break
+		}
+		name = base + strconv.Itoa(i)
+	}
+	c.rules[name], c.refs[key] = pendingRule, name
+	r, err := c.visit(target, name, c.res.ptr+frag)
+	if err != nil {
+		return "", err
+	}
+	// The target's own rule was renamed around the pending one: name is
+	// its alias.
+	c.rules[name] = r
+	return name, nil
 }
 
 func nameOr(n string) string {

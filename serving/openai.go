@@ -228,7 +228,9 @@ type chatMessage struct {
 }
 
 // text flattens string content or an array of {"type":"text","text":...}
-// parts.
+// parts; an assistant message's {"type":"refusal","refusal":...} parts
+// (OpenAI's ChatCompletionRequestAssistantMessageContentPart) are the
+// assistant's text too. Other part types are 400.
 func (m chatMessage) text() (string, error) {
 	if len(m.Content) == 0 || string(m.Content) == "null" {
 		return "", nil
@@ -238,18 +240,23 @@ func (m chatMessage) text() (string, error) {
 		return s, nil
 	}
 	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type    string `json:"type"`
+		Text    string `json:"text"`
+		Refusal string `json:"refusal"`
 	}
 	if err := json.Unmarshal(m.Content, &parts); err != nil {
 		return "", badRequest("messages", "message content must be a string or an array of text parts")
 	}
 	var sb strings.Builder
 	for _, p := range parts {
-		if p.Type != "text" {
+		switch {
+		case p.Type == "text":
+			sb.WriteString(p.Text)
+		case p.Type == "refusal" && m.Role == "assistant":
+			sb.WriteString(p.Refusal)
+		default:
 			return "", badRequest("messages", "content part type %q is not supported by this model", p.Type)
 		}
-		sb.WriteString(p.Text)
 	}
 	return sb.String(), nil
 }
@@ -292,10 +299,14 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 		p.Temperature = *cr.Temperature
 	}
 	if cr.TopP != nil {
-		if *cr.TopP <= 0 || *cr.TopP > 1 {
-			return nil, r, badRequest("top_p", "top_p must be in (0, 1]")
+		if *cr.TopP < 0 || *cr.TopP > 1 {
+			return nil, r, badRequest("top_p", "top_p must be between 0 and 1")
 		}
-		p.TopP = *cr.TopP
+		// top_p 0 (the OpenAPI description allows 0..1) keeps only the
+		// most likely token: the smallest positive mass does, since the
+		// nucleus always holds its first token (SamplingParams.TopP 0
+		// means "unset").
+		p.TopP = max(*cr.TopP, math.SmallestNonzeroFloat64)
 	}
 	if cr.TopK != nil {
 		if *cr.TopK < 0 {

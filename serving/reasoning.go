@@ -44,11 +44,17 @@ type ReasoningConfig struct {
 	// other than "none".
 	Start string `json:"start,omitempty"`
 	End   string `json:"end,omitempty"`
-	// Low, Medium and High are the reasoning budgets, in tokens, of the
-	// three efforts; defaults 256, 1024 and 4096.
+	// Low, Medium, High, XHigh and Max are the reasoning budgets, in
+	// tokens, of the efforts of OpenAI's ReasoningEffort enum above
+	// "minimal" (none and minimal take no block); defaults 256, 1024 and
+	// 4096, then XHigh twice High and Max twice XHigh (a configured XHigh
+	// or Max below the budget under it is raised to it, so those efforts
+	// never get less than High).
 	Low    int `json:"low,omitempty"`
 	Medium int `json:"medium,omitempty"`
 	High   int `json:"high,omitempty"`
+	XHigh  int `json:"xhigh,omitempty"`
+	Max    int `json:"max,omitempty"`
 	// MinTokens is the default minimum of reasoning tokens before the end
 	// delimiter may be sampled (0: none).
 	MinTokens int `json:"min_tokens,omitempty"`
@@ -90,8 +96,8 @@ var KnownReasoningDelimiters = [][2]string{
 // ReasoningParams are a request's reasoning settings (Request.Reasoning; nil:
 // no reasoning block).
 type ReasoningParams struct {
-	// Effort is "low", "medium" or "high" (informational once MaxTokens is
-	// set).
+	// Effort is "low", "medium", "high", "xhigh" or "max"
+	// (informational once MaxTokens is set).
 	Effort string
 	// MaxTokens is the budget: reasoning tokens sampled before the end
 	// delimiter is forced (> 0).
@@ -133,7 +139,7 @@ type reasoningSpec struct {
 // empty start (reasoning refused).
 func (e *Engine) newReasoningSpec(c ReasoningConfig) (*reasoningSpec, error) {
 	sp := &reasoningSpec{start: c.Start, end: c.End, minTokens: c.MinTokens,
-		budgets: map[string]int{"low": c.Low, "medium": c.Medium, "high": c.High},
+		budgets: map[string]int{"low": c.Low, "medium": c.Medium, "high": c.High, "xhigh": c.XHigh, "max": c.Max},
 		adapter: c.Adapter, threshold: c.Threshold, difficulty: capability.NewEstimator(nil)}
 	if sp.threshold == 0 {
 		sp.threshold = 0.5
@@ -165,6 +171,13 @@ func (e *Engine) newReasoningSpec(c ReasoningConfig) (*reasoningSpec, error) {
 		if sp.budgets[k] <= 0 {
 			sp.budgets[k] = d
 		}
+	}
+	for i, k := range budgetEfforts[3:] {
+		below := sp.budgets[budgetEfforts[i+2]]
+		if sp.budgets[k] <= 0 {
+			sp.budgets[k] = 2 * below
+		}
+		sp.budgets[k] = max(sp.budgets[k], below)
 	}
 	if (sp.start == "") != (sp.end == "") {
 		return nil, fmt.Errorf("serving: reasoning start and end delimiters go together (got %q, %q)", sp.start, sp.end)
@@ -206,6 +219,11 @@ func (e *Engine) newReasoningSpec(c ReasoningConfig) (*reasoningSpec, error) {
 	return sp, nil
 }
 
+// budgetEfforts are the reasoning_effort values with a reasoning budget, in
+// increasing order: OpenAI's ReasoningEffort enum (none, minimal, low,
+// medium, high, xhigh, max) less none and minimal.
+var budgetEfforts = []string{"low", "medium", "high", "xhigh", "max"}
+
 // parseReasoning reads reasoning_effort and Molly's max_reasoning_tokens and
 // min_reasoning_tokens extensions from a chat body. It returns nil params
 // and closed=false when the request asks nothing, closed=true for effort
@@ -230,10 +248,10 @@ func (e *Engine) parseReasoning(body []byte) (rp *ReasoningParams, closed bool, 
 				return nil, false, badRequest("reasoning_effort", "reasoning_effort %q takes no reasoning budget", effort.Str)
 			}
 			return nil, sp.start != "", nil
-		case "low", "medium", "high":
+		case "low", "medium", "high", "xhigh", "max":
 			p.Effort, p.MaxTokens = effort.Str, sp.budgets[effort.Str]
 		default:
-			return nil, false, badRequest("reasoning_effort", "reasoning_effort must be one of none, minimal, low, medium, high")
+			return nil, false, badRequest("reasoning_effort", "reasoning_effort must be one of none, minimal, low, medium, high, xhigh, max")
 		}
 	} else {
 		p.Effort, p.MaxTokens = "medium", sp.budgets["medium"]

@@ -211,6 +211,44 @@ func TestReasoningEffortNoneClosesTheBlock(t *testing.T) {
 	}
 }
 
+func TestEveryReasoningEffortOfTheAPIHasABudget(t *testing.T) {
+	// Low, medium and high configured; xhigh and max take their defaults
+	// (twice the budget below: 8 and 16) on one engine, and a configured
+	// xhigh below high is raised to high's on the other.
+	e := newEngine(t, func(c *Config) { c.Reasoning = ReasoningConfig{Low: 2, Medium: 3, High: 4} })
+	raised := newEngine(t, func(c *Config) { c.Reasoning = ReasoningConfig{Low: 2, Medium: 3, High: 4, XHigh: 1} })
+	code, free := reasoningChat(t, e, reasoningBody("explain budgets", 300, map[string]any{"max_reasoning_tokens": 280}))
+	if code != http.StatusOK || free.Choices[0].Message.ReasoningContent == nil {
+		t.Fatalf("status %d %+v", code, free)
+	}
+	if n := countTokens(t, e, *free.Choices[0].Message.ReasoningContent); n <= 16 {
+		t.Fatalf("the greedy chain ends its reasoning by itself after %d tokens; the test needs more than 16", n)
+	}
+	for _, tc := range []struct {
+		e      *Engine
+		effort string
+		budget int
+	}{
+		{e, "low", 2}, {e, "medium", 3}, {e, "high", 4}, {e, "xhigh", 8}, {e, "max", 16},
+		{raised, "xhigh", 4}, {raised, "max", 8},
+	} {
+		code, r := reasoningChat(t, tc.e, reasoningBody("explain budgets", 40, map[string]any{"reasoning_effort": tc.effort}))
+		if code != http.StatusOK || r.Choices[0].Message.ReasoningContent == nil {
+			t.Errorf("%s: status %d %+v", tc.effort, code, r)
+			continue
+		}
+		if n := countTokens(t, e, *r.Choices[0].Message.ReasoningContent); n != tc.budget {
+			t.Errorf("%s: %d reasoning tokens, want the budget %d", tc.effort, n, tc.budget)
+		}
+	}
+	for _, effort := range []string{"none", "minimal"} {
+		code, r := reasoningChat(t, e, reasoningBody("explain budgets", 5, map[string]any{"reasoning_effort": effort}))
+		if code != http.StatusOK || r.Choices[0].Message.ReasoningContent != nil {
+			t.Errorf("%s: status %d %+v, want 200 without reasoning", effort, code, r)
+		}
+	}
+}
+
 func TestBadReasoningFieldsAre400(t *testing.T) {
 	e := newEngine(t, nil)
 	for _, tc := range []struct {
@@ -218,6 +256,7 @@ func TestBadReasoningFieldsAre400(t *testing.T) {
 		param string
 	}{
 		{map[string]any{"reasoning_effort": "extreme"}, "reasoning_effort"},
+		{map[string]any{"reasoning_effort": "XHIGH"}, "reasoning_effort"},
 		{map[string]any{"reasoning_effort": 3}, "reasoning_effort"},
 		{map[string]any{"reasoning_effort": "none", "max_reasoning_tokens": 5}, "reasoning_effort"},
 		{map[string]any{"max_reasoning_tokens": 0}, "max_reasoning_tokens"},

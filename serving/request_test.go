@@ -129,3 +129,65 @@ func TestRequestTypeErrorsName400TheParameter(t *testing.T) {
 		}
 	}
 }
+
+// TestTopPZeroKeepsTheMostLikelyToken: top_p 0, which the OpenAPI
+// description allows (0..1), keeps only the most likely token, so a sampled
+// choice at any temperature and seed is the greedy one (temperature 0, the
+// oracle); top_p outside 0..1 stays 400.
+func TestTopPZeroKeepsTheMostLikelyToken(t *testing.T) {
+	e := newEngine(t, nil)
+	want, _ := mustText(t, e, greedy("molly-demo", "tell me a story", 24))
+	for seed := range 3 {
+		b := greedy("molly-demo", "tell me a story", 24)
+		b["temperature"], b["top_p"], b["seed"] = 1.5, 0, seed
+		if got, _ := mustText(t, e, b); got != want {
+			t.Errorf("seed %d: top_p 0 gave %q, want the greedy %q", seed, got, want)
+		}
+	}
+	for _, v := range []float64{-0.1, 1.1} {
+		b := greedy("molly-demo", "x", 1)
+		b["top_p"] = v
+		if code, r := chat(t, e, b); code != http.StatusBadRequest || r.Error == nil || r.Error.Param == nil || *r.Error.Param != "top_p" {
+			t.Errorf("top_p %v: status %d error %+v, want 400 on top_p", v, code, r.Error)
+		}
+	}
+}
+
+// TestAssistantRefusalPartsAreItsText: an assistant message's refusal
+// content parts (OpenAI's ChatCompletionRequestAssistantMessageContentPart)
+// are rendered as the assistant's text: the prompt is the chat template's
+// with the refusal string as the assistant turn (the oracle: the template's
+// text tokenized), the same as for that text as a string; a refusal part
+// in a user message stays 400.
+func TestAssistantRefusalPartsAreItsText(t *testing.T) {
+	e := newEngine(t, nil)
+	msgs := func(assistant any) map[string]any {
+		return map[string]any{"model": "molly-demo", "max_tokens": 1, "temperature": 0, "messages": []map[string]any{
+			{"role": "user", "content": "hi"}, {"role": "assistant", "content": assistant}, {"role": "user", "content": "ok"}}}
+	}
+	tmpl, err := e.Tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nno, never<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, content := range []any{
+		"no, never",
+		[]map[string]any{{"type": "refusal", "refusal": "no, never"}},
+		[]map[string]any{{"type": "text", "text": "no, "}, {"type": "refusal", "refusal": "never"}},
+	} {
+		_, req, err := e.parse(mustJSON(t, msgs(content)), true)
+		if err != nil {
+			t.Fatalf("%v: %v", content, err)
+		}
+		if !reflect.DeepEqual(req.Prompt, tmpl) {
+			t.Errorf("%v: prompt %v, want the template's %v", content, req.Prompt, tmpl)
+		}
+		if code, r := chat(t, e, msgs(content)); code != http.StatusOK || r.Usage == nil || r.Usage.PromptTokens != len(tmpl) {
+			t.Errorf("%v: status %d %+v, want 200 with %d prompt tokens", content, code, r, len(tmpl))
+		}
+	}
+	b := msgs("x")
+	b["messages"] = []map[string]any{{"role": "user", "content": []map[string]any{{"type": "refusal", "refusal": "no"}}}}
+	if code, r := chat(t, e, b); code != http.StatusBadRequest || r.Error == nil {
+		t.Errorf("a user refusal part: status %d %+v, want 400", code, r)
+	}
+}

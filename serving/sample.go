@@ -9,9 +9,12 @@ import (
 // SamplingParams are the OpenAI sampling fields the engine honours.
 type SamplingParams struct {
 	Temperature float64 // 0: greedy (argmax, lowest id wins ties)
-	TopP        float64 // nucleus mass in (0, 1]; 1 disables
-	TopK        int     // 0 disables
-	Seed        *int64  // nil: a random seed
+	// TopP is the nucleus mass in (0, 1]; 1 (or 0, unset) disables. A
+	// request's top_p 0 arrives as math.SmallestNonzeroFloat64, which keeps
+	// only the most likely token.
+	TopP        float64
+	TopK        int    // 0 disables
+	Seed        *int64 // nil: a random seed
 	Stop        []string
 	MaxTokens   int // 0: up to the sequence's context
 	TopLogprobs int // alternatives returned per token when Logprobs

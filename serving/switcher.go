@@ -15,7 +15,7 @@ import (
 // reasoning and constraint cues — features known before prefill, as the
 // switcher of "Efficient Reasoning on the Edge" uses), compared with
 // ReasoningConfig.Threshold. An explicit reasoning_effort overrides it:
-// none/minimal keep the base without reasoning, low/medium/high take the
+// none/minimal keep the base without reasoning, low/medium/high/xhigh/max take the
 // adapter. A request naming an adapter is never switched.
 //
 // The decision is reported in the X-Molly-Reasoning response header, which

@@ -114,7 +114,7 @@ func planFor(body []byte) (*plan, string, error) {
 		}
 		found = found || name == forced
 		nameJSON, _ := json.Marshal(name)
-		calls = append(calls, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},"arguments":%s},"required":["name","arguments"]}`, nameJSON, params.Raw))
+		calls = append(calls, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},"arguments":%s},"required":["name","arguments"]}`, nameJSON, asResource(params.Raw, fmt.Sprintf("molly:tools/%d", i))))
 	}
 	if mode == "function" && !found {
 		return nil, "", badRequest("tool_choice", "tool_choice names the function %q, which is not in tools", forced)
@@ -138,13 +138,30 @@ func planFor(body []byte) (*plan, string, error) {
 			return nil, "", err
 		}
 		p.response = json.RawMessage(respSchema)
-		schema = `{"anyOf":[` + schema + `,{"type":"object","properties":{"response":` + respSchema + `},"required":["response"]}]}`
+		schema = `{"anyOf":[` + schema + `,{"type":"object","properties":{"response":` + asResource(respSchema, "molly:response") + `},"required":["response"]}]}`
 		sys += " or with `response` (your reply to the user)"
 	}
 	sys += ". The JSON must match this schema: " + schema
 	g, err := grammarFor(schema, "tools")
 	p.grammar = g
 	return p, sys, err
+}
+
+// asResource is the schema raw (JSON text) to embed in a larger schema: as
+// written, or, when it holds a $ref and has no $id, with "$id": id added
+// first, so that its local $refs ("#/$defs/…") keep resolving in it
+// (SchemaToGBNF resolves them in the nearest schema with an $id).
+func asResource(raw, id string) string {
+	v := gjson.Parse(raw)
+	if !v.IsObject() || !strings.Contains(raw, `"$ref"`) || v.Get("$id").Exists() {
+		return raw
+	}
+	idJSON, _ := json.Marshal(id)
+	rest := strings.TrimSpace(strings.TrimSpace(raw)[1:])
+	if rest != "}" {
+		rest = "," + rest
+	}
+	return `{"$id":` + string(idJSON) + rest
 }
 
 func grammarFor(schema, param string) (string, error) {
@@ -251,13 +268,14 @@ func newToolCall(name, args string) toolCall {
 // decodePartialTools decodes a prefix of the generic tool-call JSON (what
 // the grammar allows, cut anywhere): {"tool_calls":[call…, {"tool_call":call
 // or {"response":value. Each whole call is decoded as decodeTools does; the
-// call being written when the text stopped is a call as soon as its object
-// opened: its name once the name's string is whole ("" before), its
-// arguments as the JSON text written so far. A cut
+// call being written when the text stopped is a call once its name's string
+// is whole, its arguments the JSON text written so far (as OpenAI returns a
+// call cut by max_tokens); before that it is dropped, since a call without
+// a name names no tool. A cut
 // response is its string decoded so far (or the raw JSON written of a
 // non-string response). Text that stops before it is known to be a call
 // (before the first member name is whole, or before the first call's
-// object opens) is neither: no calls and empty content.
+// name is whole) is neither: no calls and empty content.
 func decodePartialTools(text string) ([]toolCall, *string) {
 	empty := ""
 	i := skipWS(text, 0)
@@ -280,7 +298,7 @@ func decodePartialTools(text string) ([]toolCall, *string) {
 		}
 		return nil, &s
 	case "tool_call":
-		if c, ok := partialCall(text, i); ok {
+		if c, ok := partialCall(text, i); ok && c.Function.Name != "" {
 			return []toolCall{c}, nil
 		}
 		return nil, &empty
@@ -294,7 +312,9 @@ func decodePartialTools(text string) ([]toolCall, *string) {
 			if !ok {
 				break
 			}
-			calls = append(calls, c)
+			if c.Function.Name != "" {
+				calls = append(calls, c)
+			}
 			e, whole := valueEnd(text, i)
 			if !whole {
 				break

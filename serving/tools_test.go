@@ -2,12 +2,14 @@ package serving
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -78,7 +80,11 @@ func TestSchemaGrammarsParseInLlamaCpp(t *testing.T) {
 	for _, s := range []string{personSchema, `{}`, `true`, `{"type":"array"}`, `{"type":"object"}`,
 		`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}}}`,
 		`{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":4}`, `{"type":"string","minLength":3}`,
-		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`} {
+		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`,
+		pydanticSchema, `{"type":"object","properties":{"next":{"$ref":"#"}}}`,
+		// Definitions named as the primitive and start rules, escaped names.
+		`{"$defs":{"string":{"type":"integer"},"root":{"$ref":"#/$defs/string"},"space":{"type":"array","items":{"$ref":"#/$defs/root"}}},"$ref":"#/$defs/space"}`,
+		`{"type":"array","items":{"anyOf":[{"$ref":"#/$defs/a~1b"},{"$ref":"#/$defs/a%20c"}]},"$defs":{"a/b":{"type":"integer"},"a c":{"type":"null"}}}`} {
 		g, err := SchemaToGBNF([]byte(s))
 		if err != nil {
 			t.Fatalf("%s: %v", s, err)
@@ -100,9 +106,10 @@ func TestUnsupportedSchemaKeywordIs400(t *testing.T) {
 	e := newEngine(t, nil)
 	for kw, schema := range map[string]string{
 		"pattern":              `{"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}}`,
-		"$ref":                 `{"$ref":"#/$defs/a","$defs":{"a":{"type":"string"}}}`,
+		"$ref":                 `{"type":"object","properties":{"a":{"$ref":"https://example.com/a.json"}}}`,
 		"minimum":              `{"type":"integer","minimum":3}`,
-		"format":               `{"type":"string","format":"email"}`,
+		"type":                 `{"$ref":"#/$defs/a","type":"string","$defs":{"a":{"type":"string"}}}`,
+		"#/$defs/b":            `{"$ref":"#/$defs/b","$defs":{"a":{"type":"string"}}}`,
 		"additionalProperties": `{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":true}`,
 	} {
 		body := map[string]any{"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "hi"}},
@@ -144,6 +151,94 @@ func TestJSONSchemaOutputMatchesSchemaFor20Seeds(t *testing.T) {
 			t.Fatalf("seed %d: finish %q after %d tokens", seed, r.Choices[0].FinishReason, r.Usage.CompletionTokens)
 		}
 		validateJSON(t, oracle, r.Choices[0].Message.Content)
+	}
+}
+
+// pydanticSchema is shaped as pydantic writes a model with nested models:
+// the nested types in $defs (and, as pydantic v1 wrote them, definitions)
+// referenced by $ref, Optional as anyOf with null, a $ref beside a default,
+// a recursive model, and format annotations.
+const pydanticSchema = `{
+  "$defs": {
+    "Address": {"title": "Address", "type": "object",
+      "properties": {"street": {"title": "Street", "type": "string", "maxLength": 6}, "zip": {"title": "Zip", "type": "string", "format": "postal-code", "maxLength": 5}},
+      "required": ["street", "zip"]},
+    "Color": {"title": "Color", "enum": ["red", "green"], "type": "string"}
+  },
+  "definitions": {
+    "Node": {"title": "Node", "type": "object",
+      "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/definitions/Node"}, "maxItems": 1}},
+      "required": ["v"]}
+  },
+  "title": "Person", "type": "object",
+  "properties": {
+    "name": {"title": "Name", "type": "string", "maxLength": 6},
+    "home": {"$ref": "#/$defs/Address"},
+    "work": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}], "default": null},
+    "color": {"$ref": "#/$defs/Color", "default": "red"},
+    "born": {"title": "Born", "type": "string", "format": "date-time", "maxLength": 4},
+    "tree": {"$ref": "#/definitions/Node"}
+  },
+  "required": ["name", "home", "color", "tree"]
+}`
+
+// TestRefsToDefinitionsAndFormatAnnotations: a pydantic-shaped schema
+// ($defs, definitions, $ref, a recursive model, format) constrains
+// response_format json_schema output and a tool's arguments so that they
+// validate against it (the independent validator is the oracle; format is
+// an annotation in 2020-12, as for the converter).
+func TestRefsToDefinitionsAndFormatAnnotations(t *testing.T) {
+	// The schema is in the tool prompt twice, a byte-level token each.
+	e := newEngine(t, func(c *Config) { c.NSeqMax = 2; c.NCtx = 2 * 4096 })
+	oracle := compileSchema(t, pydanticSchema)
+	stopped := 0
+	check := func(what, finish, text string) {
+		t.Helper()
+		if finish == "stop" || finish == "tool_calls" {
+			stopped++
+			validateJSON(t, oracle, text)
+		} else if first, ok := jsonPrefix(text); !ok || first != json.Delim('{') {
+			t.Errorf("%s: finish %q and %q is not the start of an object", what, finish, text)
+		}
+	}
+	for seed := range 6 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500,
+			"messages":        []map[string]any{{"role": "user", "content": "describe someone"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "person", "schema": json.RawMessage(pydanticSchema)}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %s", seed, code, body)
+		}
+		var r chatResponse
+		_ = json.Unmarshal(body, &r)
+		check(fmt.Sprintf("response_format seed %d", seed), r.Choices[0].FinishReason, r.Choices[0].Message.Content)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(pydanticSchema)); err != nil {
+		t.Fatal(err)
+	}
+	tools := append([]map[string]any{{"type": "function", "function": map[string]any{"name": "save_person", "parameters": json.RawMessage(compact.Bytes())}}}, weatherTools...)
+	for seed := range 6 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500, "tools": tools, "parallel_tool_calls": false,
+			"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "save_person"}},
+			"messages":    []map[string]any{{"role": "user", "content": "save someone"}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("tool seed %d: %d %s", seed, code, body)
+		}
+		var r toolResponse
+		_ = json.Unmarshal(body, &r)
+		ch := r.Choices[0]
+		if len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "save_person" {
+			t.Fatalf("tool seed %d: %s", seed, body)
+		}
+		check(fmt.Sprintf("tool seed %d", seed), ch.FinishReason, ch.Message.ToolCalls[0].Function.Arguments)
+	}
+	t.Logf("%d of 12 ended", stopped)
+	if stopped < 8 {
+		t.Fatalf("only %d of 12 outputs ended before max_tokens: too few checked against the schema", stopped)
 	}
 }
 
@@ -423,14 +518,16 @@ func TestPartialToolCallsDecode(t *testing.T) {
 		{``, nil, ""},
 		{`{"tool_`, nil, ""},
 		{`{"tool_calls":[`, nil, ""},
-		{`{"tool_calls":[{"na`, []call{{"", ""}}, ""},
-		{`{"tool_calls":[{"name":"get_wea`, []call{{"", ""}}, ""},
+		{`{"tool_calls":[{"na`, nil, ""},
+		{`{"tool_calls":[{"name":"get_wea`, nil, ""},
+		{`{"tool_call":{"name":"get_wea`, nil, ""},
+		{`{"tool_calls":[{"arguments":{"city":"Paris"},"name":"get_wea`, nil, ""},
 		{`{"tool_calls":[{"name":"get_weather"`, []call{{"get_weather", ""}}, ""},
 		{`{"tool_calls":[{"name":"get_weather","arguments":{"city":"Par`, []call{{"get_weather", `{"city":"Par`}}, ""},
 		{`{"tool_calls": [{"name": "get_time", "arguments": {"zone": 12`, []call{{"get_time", `{"zone": 12`}}, ""},
 		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}},{"name":"get_weather","arguments":{"ci`,
 			[]call{{"get_time", `{"zone":1}`}, {"get_weather", `{"ci`}}, ""},
-		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}, {"na`, []call{{"get_time", `{"zone":1}`}, {"", ""}}, ""},
+		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}, {"na`, []call{{"get_time", `{"zone":1}`}}, ""},
 		{`{"tool_calls":[{"name":"get_time","arguments":{"zone":1}}`, []call{{"get_time", `{"zone":1}`}}, ""},
 		{`{"tool_call":{"name":"w","arguments":{"a":"x\"y`, []call{{"w", `{"a":"x\"y`}}, ""},
 		{`{"response":"Hello, wor`, nil, "Hello, wor"},
@@ -518,6 +615,108 @@ func TestToolCallCutByMaxTokens(t *testing.T) {
 	if finish != "length" || name != "get_weather" || content != "" {
 		t.Fatalf("streamed: finish %q name %q content %q\n%s", finish, name, content, w.Body)
 	}
+}
+
+// TestToolCallCutInItsNameIsDropped: with tool_choice "required" and two
+// tools, a choice cut by max_tokens while a call's name is being written
+// answers finish_reason "length" with only the calls whose names are whole
+// (no call with an empty name), whole and streamed. The oracle is the raw
+// text the engine generates for the same seed (Generate, one event per
+// token): at each cut, the calls whose "name" string is whole in it.
+func TestToolCallCutInItsNameIsDropped(t *testing.T) {
+	spec := openapitest.Load(t)
+	e := bigEngine(t)
+	body := func(maxTokens int, stream bool) map[string]any {
+		return map[string]any{"model": "molly-demo", "seed": 4, "max_tokens": maxTokens, "tools": weatherTools, "tool_choice": "required",
+			"stream": stream, "messages": []map[string]any{{"role": "user", "content": "weather in Paris and the time?"}}}
+	}
+	_, req, err := e.parse(mustJSON(t, body(1500, false)), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pieces []string
+	usage, err := e.Generate(context.Background(), req, func(ev Event) error {
+		if ev.Text != "" {
+			pieces = append(pieces, ev.Text)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pieces) != usage.CompletionTokens {
+		t.Fatalf("%d text events for %d tokens: the oracle needs one per token", len(pieces), usage.CompletionTokens)
+	}
+	callStart := regexp.MustCompile(`[\[,]\s*\{`)
+	wholeName := regexp.MustCompile(`"name"\s*:\s*"[^"]*"`)
+	// Four cuts in each call's name: the first call's, and a later one's
+	// when the model writes more than one.
+	cuts, perCall := 0, map[int]int{}
+	for k := 1; k < len(pieces); k++ {
+		prefix := strings.Join(pieces[:k], "")
+		if !strings.Contains(prefix, `"tool_calls"`) {
+			continue
+		}
+		opened, named := len(callStart.FindAllString(prefix, -1)), len(wholeName.FindAllString(prefix, -1))
+		if opened == named || perCall[opened] == 4 {
+			continue
+		}
+		cuts++
+		perCall[opened]++
+		code, raw := chatRaw(t, e, body(k, false))
+		if code != http.StatusOK {
+			t.Fatalf("max_tokens %d: %d %s", k, code, raw)
+		}
+		spec.Validate(t, "CreateChatCompletionResponse", raw)
+		var r toolResponse
+		_ = json.Unmarshal(raw, &r)
+		ch := r.Choices[0]
+		if ch.FinishReason != "length" || len(ch.Message.ToolCalls) != named {
+			t.Errorf("max_tokens %d (cut %q): finish %q, %d calls, want length and the %d named", k, prefix, ch.FinishReason, len(ch.Message.ToolCalls), named)
+		}
+		for _, c := range ch.Message.ToolCalls {
+			if c.Function.Name == "" {
+				t.Errorf("max_tokens %d: a call without a name: %s", k, raw)
+			}
+		}
+		w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", body(k, true))
+		var finish string
+		streamed := 0
+		for _, line := range strings.Split(w.Body.String(), "\n") {
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok || data == "[DONE]" {
+				continue
+			}
+			spec.Validate(t, "CreateChatCompletionStreamResponse", []byte(data))
+			var c struct {
+				Choices []struct {
+					Delta struct {
+						ToolCalls []toolCall `json:"tool_calls"`
+					} `json:"delta"`
+					FinishReason *string `json:"finish_reason"`
+				} `json:"choices"`
+			}
+			_ = json.Unmarshal([]byte(data), &c)
+			for _, ch := range c.Choices {
+				for _, tc := range ch.Delta.ToolCalls {
+					streamed++
+					if tc.Function.Name == "" {
+						t.Errorf("max_tokens %d streamed: a call without a name: %s", k, data)
+					}
+				}
+				if ch.FinishReason != nil {
+					finish = *ch.FinishReason
+				}
+			}
+		}
+		if finish != "length" || streamed != named {
+			t.Errorf("max_tokens %d streamed: finish %q, %d calls, want length and %d", k, finish, streamed, named)
+		}
+	}
+	if cuts == 0 {
+		t.Fatalf("no cut falls in a call's name: %q", strings.Join(pieces, ""))
+	}
+	t.Logf("%d cuts in the names of %d calls of %q", cuts, len(perCall), strings.Join(pieces, ""))
 }
 
 // TestJSONOutputEndsWithItsValue: a choice constrained to a JSON object
