@@ -14,8 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
