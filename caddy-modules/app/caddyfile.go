@@ -77,7 +77,7 @@ func init() {
 //			reasoning_adapter <adapter name>   # the reasoning switcher's adapter
 //			reasoning_threshold <0..1>         # difficulty at or above which it reasons
 //			reasoning_probe <json>             # linear probe on the prompt's hidden state (molly switcher train)
-//			reasoning_budget <low> <medium> <high>   # tokens per reasoning_effort
+//			reasoning_budget <low> <medium> <high> [<xhigh> [<max>]]   # tokens per reasoning_effort
 //			reasoning_delimiters <start> <end> # default: from the chat template
 //			n_chains <n> [<adapter>]           # default parallel chains voted on (base: no adapter)
 //			answer_regex <RE2>                 # a chain's answer: last match (first group)
@@ -685,11 +685,11 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 			}
 			c.Reasoning.Threshold = v
 		case "reasoning_budget":
-			var s [3]string
-			if !d.AllArgs(&s[0], &s[1], &s[2]) {
-				return nil, d.Err("molly: engine: reasoning_budget takes <low> <medium> <high> token counts")
+			s := d.RemainingArgs()
+			if len(s) < 3 || len(s) > 5 {
+				return nil, d.Err("molly: engine: reasoning_budget takes <low> <medium> <high> [<xhigh> [<max>]] token counts")
 			}
-			var n [3]int
+			n := make([]int, 5)
 			for i, x := range s {
 				v, err := strconv.Atoi(x)
 				if err != nil || v < 1 {
@@ -697,7 +697,7 @@ func parseEngine(d *caddyfile.Dispenser) (*serving.Config, error) {
 				}
 				n[i] = v
 			}
-			c.Reasoning.Low, c.Reasoning.Medium, c.Reasoning.High = n[0], n[1], n[2]
+			c.Reasoning.Low, c.Reasoning.Medium, c.Reasoning.High, c.Reasoning.XHigh, c.Reasoning.Max = n[0], n[1], n[2], n[3], n[4]
 		case "adapter":
 			var name, path string
 			if !d.AllArgs(&name, &path) {
