@@ -299,9 +299,14 @@ func (c *Classify) countTokens(w http.ResponseWriter, r *http.Request) {
 			body = b
 		}
 	}
-	chat, _, terr := translate.FromMessages(body)
+	chat, t, terr := translate.FromMessages(body)
 	if terr != nil {
 		terr.Write(tw)
+		return
+	}
+	if c.app != nil && c.app.Catalogue() != nil && !c.app.Catalogue().Serves(t.Model) {
+		(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("The model %q does not exist or you do not have access to it.", t.Model)}).Write(tw)
 		return
 	}
 	ann, err := c.classifier.Classify(classify.Input{Endpoint: openai.EndpointChat, API: string(openai.EndpointMessages), Path: r.URL.Path, Body: chat})

@@ -310,9 +310,11 @@ func TestMessagesAPI(t *testing.T) {
 		for _, c := range []struct {
 			method, body string
 			status       int
-		}{{"POST", `{"model":"chat"}`, 400}, {"POST", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}x`, 400}, {"GET", "", 405}} {
+			typ          string
+		}{{"POST", `{"model":"chat"}`, 400, "invalid_request_error"}, {"POST", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}x`, 400, "invalid_request_error"},
+			{"GET", "", 405, "invalid_request_error"}, {"POST", `{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error"}} {
 			resp, b := do(t, g, c.method, "/v1/messages/count_tokens", c.body)
-			if resp.StatusCode != c.status || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" {
+			if resp.StatusCode != c.status || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != c.typ {
 				t.Fatalf("%s %s: %d %s", c.method, c.body, resp.StatusCode, b)
 			}
 		}

@@ -390,6 +390,17 @@ func (c *Catalogue) Models(d *policies.Decision) []string {
 	return slices.Compact(out)
 }
 
+// Serves reports whether some target serves the client-facing model name,
+// whatever a policy would allow.
+func (c *Catalogue) Serves(model string) bool {
+	for _, t := range c.targets {
+		if slices.Contains(t.modelNames(), model) {
+			return true
+		}
+	}
+	return false
+}
+
 // RegionAllowed reports whether the decision's regions admit t.
 func RegionAllowed(d *policies.Decision, t *Target) bool {
 	regions := d.Regions()
