@@ -75,7 +75,20 @@ func TestTwoHandlesOnOneFileCannotOvershootTogether(t *testing.T) {
 // moves on. Whatever happens, the ledger — read here with SQL of its own,
 // the oracle — never shows a period's spend above the budget nor a trailing
 // minute's tokens above the TPM.
+//
+// It runs with the records committed by Record and with them journaled by
+// Journal (releases then journaled too, after them).
 func TestNoRequestShapeOvershootsTheBudgetOrTheTPM(t *testing.T) {
+	for _, journal := range []bool{false, true} {
+		name := "Record"
+		if journal {
+			name = "Journal"
+		}
+		t.Run(name, func(t *testing.T) { noRequestShapeOvershoots(t, journal) })
+	}
+}
+
+func noRequestShapeOvershoots(t *testing.T, journal bool) {
 	ctx := context.Background()
 	path := locate(t)
 	c := &clock{t: t0}
@@ -153,7 +166,13 @@ func TestNoRequestShapeOvershootsTheBudgetOrTheTPM(t *testing.T) {
 						u := Usage{Member: m.Name, DecisionID: fmt.Sprintf("c%d-r%d", client, req), Model: "m", Target: "t", Tier: "T3",
 							PromptTokens: prompt, CompletionTokens: rng.IntN(n*maxTokens + 1), Reservation: res.ID}
 						u.CostUSD = cost(u.PromptTokens, u.CompletionTokens)
-						if _, err := h.Record(ctx, u); err != nil {
+						var err error
+						if journal {
+							err = h.Journal(ctx, u)
+						} else {
+							_, err = h.Record(ctx, u)
+						}
+						if err != nil {
 							t.Error(err)
 						}
 						records.Add(1)
@@ -172,6 +191,15 @@ func TestNoRequestShapeOvershootsTheBudgetOrTheTPM(t *testing.T) {
 		admitted.Load(), overBudget.Load(), overTPM.Load(), tooLarge.Load(), records.Load())
 	if admitted.Load() == 0 || overBudget.Load() == 0 || overTPM.Load() == 0 || tooLarge.Load() == 0 {
 		t.Fatal("every kind of outcome must occur for the property to mean something")
+	}
+
+	for _, h := range handles { // the journals' entries committed
+		if err := h.syncJournal(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if journal && !handles[0].pg && handles[0].JournalStats().Applied == 0 {
+		t.Fatal("nothing went through the journal")
 	}
 
 	// The oracle: the ledger's rows, summed here.

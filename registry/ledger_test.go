@@ -141,7 +141,7 @@ func TestAVersionOneFileIsUpgraded(t *testing.T) {
 
 	r := open(t, path, &clock{t: t0})
 	versions, err := sqlite.Applied(ctx, r.db)
-	if err != nil || !reflect.DeepEqual(versions, []int{1, 2, 3, 4}) {
+	if err != nil || !reflect.DeepEqual(versions, []int{1, 2, 3, 4, 5}) {
 		t.Fatalf("versions %v, %v", versions, err)
 	}
 	list, _, err := r.UsageRecords(ctx, 0, 10)

@@ -49,6 +49,11 @@ func (r *Registry) Admit(ctx context.Context, m Member) (*Limited, error) {
 	if m.RPM <= 0 && m.TPM <= 0 {
 		return nil, nil
 	}
+	if m.TPM > 0 {
+		if err := r.syncJournal(ctx); err != nil { // this handle's records count first
+			return nil, err
+		}
+	}
 	var lim *Limited
 	err := r.txq(ctx, func(tx q) error {
 		if err := tx.lock(memberLock(m.Name)); err != nil {

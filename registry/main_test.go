@@ -8,6 +8,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(journalChildEnv) != "" {
+		journalChild() // a process of TestJournaledRecordsSurviveKill9; never returns
+	}
 	code := m.Run()
 	pgtest.Stop() // the PostgreSQL cluster of TestPostgres, if it started one
 	os.Exit(code)

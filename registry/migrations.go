@@ -20,8 +20,20 @@ func migrations() []sqlite.Migration {
 		{Version: 2, Name: "record ids, spend counters, reservations, rate windows, outbox, priors", SQL: schemaV2, Up: backfillSpend},
 		{Version: 3, Name: "stored responses (Responses API)", SQL: schemaV3},
 		{Version: 4, Name: "traces, curated sets, adapter versions, promotions (specialisation loop)", SQL: schemaV4},
+		{Version: 5, Name: "usage journals (records acknowledged before their commit)", SQL: schemaV5},
 	}
 }
+
+// schemaV5 keeps, per usage journal segment (journal.go), the byte offset
+// up to which its entries are committed in the ledger: set in the same
+// transaction as the entries, so a replay after a crash applies each entry
+// exactly once. Portable as written.
+const schemaV5 = `
+CREATE TABLE IF NOT EXISTS usage_journals (
+	name    TEXT PRIMARY KEY,
+	applied BIGINT NOT NULL
+);
+`
 
 // schemaV1 is the first schema (keys and budgets); IF NOT EXISTS so a
 // file made before migrations were versioned adopts it as version 1.

@@ -16,6 +16,7 @@ func pgMigrations() []postgres.Migration {
 		{Version: 2, Name: m[1].Name, SQL: pgSchemaV2, Up: m[1].Up},
 		{Version: 3, Name: m[2].Name, SQL: schemaV3}, // portable as written (TEXT, BIGINT)
 		{Version: 4, Name: m[3].Name, SQL: pgSchemaV4},
+		{Version: 5, Name: m[4].Name, SQL: schemaV5}, // portable as written
 	}
 }
 

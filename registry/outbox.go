@@ -72,6 +72,9 @@ type OutboxStats struct {
 // Outbox returns the counts of sink's outbox, for metrics and the admin API.
 func (r *Registry) Outbox(ctx context.Context, sink string) (OutboxStats, error) {
 	var s OutboxStats
+	if err := r.syncJournal(ctx); err != nil {
+		return s, err
+	}
 	rows, err := r.db.QueryContext(ctx, `SELECT state, COUNT(*), MIN(created) FROM outbox WHERE sink = ? GROUP BY state`, sink)
 	if err != nil {
 		return s, fmt.Errorf("registry: counting the outbox of %s: %w", sink, err)
@@ -99,6 +102,9 @@ func (r *Registry) Outbox(ctx context.Context, sink string) (OutboxStats, error)
 // FailedRecords returns up to limit records of sink the sink refused for
 // good, with the refusal, oldest first.
 func (r *Registry) FailedRecords(ctx context.Context, sink string, limit int) (ids, reasons []string, err error) {
+	if err := r.syncJournal(ctx); err != nil {
+		return nil, nil, err
+	}
 	rows, err := r.db.QueryContext(ctx, `SELECT record_id, last_error FROM outbox WHERE sink = ? AND state = 'failed' ORDER BY created, record_id LIMIT ?`, sink, limit)
 	if err != nil {
 		return nil, nil, fmt.Errorf("registry: listing failed deliveries of %s: %w", sink, err)

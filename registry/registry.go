@@ -92,6 +92,10 @@ type Registry struct {
 
 	group groupCommit // Record's group commit (SQLite)
 
+	jmu       sync.Mutex
+	journal   *journal // Journal's, from its first call (journal.go)
+	noJournal bool     // Journal is Record: PostgreSQL, synchronous=FULL, no journal files possible
+
 	wakeMu sync.Mutex
 	wake   map[chan struct{}]struct{} // deliverers to nudge after a record commits
 
@@ -141,6 +145,18 @@ func Open(path string, opts Options) (*Registry, error) {
 		db.Close()
 		return nil, fmt.Errorf("registry: %s: %w", path, err)
 	}
+	r.noJournal = pg || strings.EqualFold(opts.Synchronous, "FULL") || strings.EqualFold(opts.Synchronous, "EXTRA")
+	if !pg {
+		// Usage journals of processes that died (journal.go) go into the
+		// ledger before this handle serves anything.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := r.recoverJournals(ctx)
+		cancel()
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("registry: %s: %w", path, err)
+		}
+	}
 	go r.renewLeases()
 	return r, nil
 }
@@ -149,13 +165,21 @@ func Open(path string, opts Options) (*Registry, error) {
 // password).
 func (r *Registry) Path() string { return r.path }
 
-// Close stops renewing this handle's reservations and closes the file.
+// Close commits what the handle's usage journal holds and removes it,
+// stops renewing this handle's reservations and closes the file.
 // Reservations not released stay until their lease expires.
 func (r *Registry) Close() error {
+	r.jmu.Lock()
 	select {
 	case <-r.stop:
 	default:
 		close(r.stop)
+	}
+	j := r.journal
+	r.journal, r.noJournal = nil, true
+	r.jmu.Unlock()
+	if j != nil {
+		j.close()
 	}
 	<-r.done
 	return r.db.Close()
@@ -172,6 +196,12 @@ func (r *Registry) renewLeases() {
 		case <-r.stop:
 			return
 		case <-t.C:
+			if !r.pg {
+				// A process on the file that died meanwhile: its journal.
+				ctx, cancel := context.WithTimeout(context.Background(), r.lease/4)
+				_ = r.recoverJournals(ctx) // tried again on the next tick
+				cancel()
+			}
 			if r.live.Load() == 0 {
 				continue
 			}

@@ -68,6 +68,9 @@ func (r *Registry) Reserve(ctx context.Context, m Member, tokens int, usd float6
 	if m.BudgetUSD <= 0 && m.TPM <= 0 {
 		return res, nil // nothing to hold
 	}
+	if err := r.syncJournal(ctx); err != nil { // this handle's records and releases count first
+		return nil, fmt.Errorf("registry: reserving for %s: %w", m.Name, err)
+	}
 	exp, budget := nusd(usd), nusd(m.BudgetUSD)
 	var refusal error
 	err := r.txq(ctx, func(tx q) error {
@@ -137,6 +140,9 @@ func (res *Reservation) Release(ctx context.Context) error {
 		return nil
 	}
 	res.r.live.Add(-1)
+	if res.r.releaseJournaled(ctx, res.ID) {
+		return nil // after the records that settle it (journal.go)
+	}
 	if _, err := res.r.exec(ctx, qRelease, res.ID); err != nil {
 		return fmt.Errorf("registry: releasing reservation %d of %s: %w", res.ID, res.Member, err)
 	}
@@ -146,6 +152,9 @@ func (res *Reservation) Release(ctx context.Context) error {
 // Held returns what live (unexpired) reservations of member hold now:
 // cost in USD and tokens.
 func (r *Registry) Held(ctx context.Context, member string) (usdHeld float64, tokens int, err error) {
+	if err := r.syncJournal(ctx); err != nil {
+		return 0, 0, err
+	}
 	var n, t int64
 	err = r.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(nusd), 0), COALESCE(SUM(tokens), 0) FROM reservations WHERE member = ? AND expires > ?`,
 		member, ms(r.now())).Scan(&n, &t)

@@ -151,6 +151,9 @@ func (r *Registry) Remaining(ctx context.Context, m Member) (remaining float64, 
 	if m.BudgetUSD <= 0 {
 		return 0, false, nil
 	}
+	if err := r.syncJournal(ctx); err != nil {
+		return 0, true, err
+	}
 	spent, err := r.spent(r.row(ctx, spentQuery, m.Name, periodKey(&m, r.now())), m)
 	if err != nil {
 		return 0, true, err
@@ -192,6 +195,9 @@ type Summary struct {
 // counter) with up to recent latest entries. Errors: ErrNotFound for an
 // unknown member.
 func (r *Registry) Summarize(ctx context.Context, member string, recent int) (Summary, error) {
+	if err := r.syncJournal(ctx); err != nil {
+		return Summary{}, err
+	}
 	m, err := r.Member(ctx, member)
 	if err != nil {
 		return Summary{}, err
@@ -248,6 +254,9 @@ func scanUsage(row interface{ Scan(...any) error }) (Usage, error) {
 // next page). For audits and for comparing the ledger with the billing
 // tool's, record for record.
 func (r *Registry) UsageRecords(ctx context.Context, after int64, limit int) ([]Usage, int64, error) {
+	if err := r.syncJournal(ctx); err != nil {
+		return nil, after, err
+	}
 	rows, err := r.db.QueryContext(ctx, `SELECT `+usageCols+` FROM usage WHERE id > ? ORDER BY id LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, after, fmt.Errorf("registry: listing usage: %w", err)

@@ -102,8 +102,8 @@ type anonymousLedger struct{ reg *registry.Registry }
 
 func (l anonymousLedger) Record(ctx context.Context, u meter.Usage) error {
 	u.Member = AnonymousMember
-	_, err := l.reg.Record(ctx, RegistryUsage(u, 0))
-	return err
+	return l.reg.Journal(ctx, RegistryUsage(u, 0)) // durable on return; in the ledger a moment later
+
 }
 
 // AnonymousIdentity is the identity of a request that no molly_auth

@@ -195,8 +195,9 @@ func (l *Ledger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (
 	}, nil
 }
 
-// Record implements meter.Ledger: the usage goes to the registry, settling
-// the request's latest reservation.
+// Record implements meter.Ledger: the usage goes to the registry's usage
+// journal (registry.Registry.Journal: durable when Record returns, in the
+// ledger a moment later), settling the request's latest reservation.
 func (l *Ledger) Record(ctx context.Context, u meter.Usage) error {
 	var res int64
 	l.mu.Lock()
@@ -204,8 +205,7 @@ func (l *Ledger) Record(ctx context.Context, u meter.Usage) error {
 		res = l.held[n-1].ID
 	}
 	l.mu.Unlock()
-	_, err := l.Registry.Record(ctx, RegistryUsage(u, res))
-	return err
+	return l.Registry.Journal(ctx, RegistryUsage(u, res))
 }
 
 // RegistryUsage converts a router usage record for the registry; res, when

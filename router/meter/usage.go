@@ -37,9 +37,11 @@ type Usage struct {
 // Ledger is where usage is recorded (the registry, through the Caddy glue,
 // which keeps the router free of storage code).
 type Ledger interface {
-	// Record stores u durably and returns once it is committed: the
-	// pipeline acknowledges the request (the body, or the stream's [DONE])
-	// only afterwards.
+	// Record stores u durably — it survives a crash of the process once
+	// Record returns (the registry appends it to its usage journal and
+	// commits it in the ledger a moment later) — and the pipeline
+	// acknowledges the request (the body, or the stream's [DONE]) only
+	// afterwards.
 	Record(ctx context.Context, u Usage) error
 }
 

@@ -1,0 +1,728 @@
+package registry
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The usage journal takes the ledger's transaction off the request path.
+//
+// Journal appends a usage record to a file of this handle (one write(2) of
+// a checksummed frame, a few µs) and returns: the record is then as durable
+// as a commit in SQLite's WAL at synchronous=NORMAL — it survives kill -9
+// (it is in the kernel's page cache), not a power loss — so the caller may
+// acknowledge the request at once. A goroutine of the handle commits the
+// journal's entries into the ledger in order, as many per transaction as
+// are waiting (group commit: Gray & Reuter, "Transaction Processing",
+// §9.4.7), together with the byte offset they end at (table
+// usage_journals), so that every entry is committed exactly once even
+// across a crash in the middle. It is the write-ahead log of ARIES
+// (Mohan et al., 1992) at the level of ledger entries, redo only: entries
+// are idempotent once their offset is known.
+//
+// Files: <registry file>.journals/<owner>.lock (held with flock(2) for the
+// life of the handle) and <owner>.<n>.log, segments of up to
+// journalSegmentBytes. A handle whose process died leaves its lock file
+// unlocked: the next handle opened on the registry file, and every live one
+// on its lease-renewal tick, replays such segments from their committed
+// offset, then removes them. A torn last frame (a power loss during its
+// write) fails its checksum and is dropped: it was never acknowledged.
+//
+// Reads that must see this handle's records (Remaining, Reserve and Admit
+// of a member with a budget or TPM, Held, Summarize, UsageRecords, the
+// outbox counts) first wait until the journal's entries up to that moment
+// are committed, so a handle reads its own writes. Other handles see them
+// once committed (well under a millisecond after the append on an idle
+// file); budgets and TPM stay exact across handles because a reservation
+// is released through the journal too, after the records that settle it:
+// until their commit, the reservation still holds their worst case.
+
+// journalSegmentBytes is the size past which appends go to a new segment;
+// a segment is removed once its entries are committed.
+const journalSegmentBytes = 4 << 20
+
+// journalMaxPending bounds the entries appended and not yet committed;
+// past it Journal waits for the committer (the database is slower than the
+// requests, or failing).
+const journalMaxPending = 1 << 16
+
+// journalRetry bounds the wait between two tries of a failed commit.
+const journalRetry = 2 * time.Second
+
+// Entry kinds.
+const (
+	entryRecord  = 'u' // a Usage, settling its Reservation when not 0
+	entryRelease = 'r' // the release of a reservation
+)
+
+// entry is one journal entry: a record or a release.
+type entry struct {
+	kind byte
+	u    Usage // entryRecord
+	res  int64 // entryRelease
+	seg  int   // the segment it is in
+	end  int64 // the offset just past its frame there
+}
+
+// journal is a handle's usage journal, made by the first Journal call.
+type journal struct {
+	r     *Registry
+	dir   string
+	owner string
+	lock  *os.File // <owner>.lock, flock'd exclusively
+
+	mu      sync.Mutex
+	f       *os.File      // current segment
+	seg     int           // its number
+	size    int64         // its length
+	segs    []int         // segments not yet removed, oldest first (current last)
+	queue   []entry       // appended, not committed, in order
+	pending int           // len(queue)
+	written uint64        // entries appended since the journal opened
+	applied uint64        // entries committed since the journal opened
+	changed chan struct{} // closed (and replaced) whenever applied moves
+	err     error         // the last commit error, nil after a success
+	buf     []byte
+
+	kick chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+// JournalDir is the folder of the usage journals of the registry file at
+// path (journal.go).
+func JournalDir(path string) string { return path + ".journals" } // not -journal: SQLite's rollback journal
+
+// Journal records u like Record, but returns once u is appended to this
+// handle's usage journal, before the ledger's transaction (see the comment
+// at the top of journal.go): durable across a crash of the process, in the
+// ledger a moment later, and seen at once by this handle's reads of usage,
+// spend and reservations. The record's id is assigned at its commit, as
+// Record's. Errors: ErrInvalid as Record's; on PostgreSQL, at
+// synchronous=FULL, or when the journal cannot be written, Journal is
+// Record (its errors).
+func (r *Registry) Journal(ctx context.Context, u Usage) error {
+	if u.Member == "" || u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CostUSD < 0 {
+		return fmt.Errorf("usage for %q: member, non-negative tokens and cost are required: %w", u.Member, ErrInvalid)
+	}
+	j := r.openJournal()
+	if j == nil {
+		_, err := r.Record(ctx, u)
+		return err
+	}
+	if err := j.append(ctx, entry{kind: entryRecord, u: u}); err != nil {
+		// The journal cannot take it: the ledger directly, after what the
+		// journal holds (a settlement must not pass its reservation's).
+		if err := j.wait(ctx, j.mark()); err != nil {
+			return err
+		}
+		_, err := r.Record(ctx, u)
+		return err
+	}
+	return nil
+}
+
+// releaseJournaled releases reservation id through the journal when this
+// handle has one, after the records before it; false when it has none.
+func (r *Registry) releaseJournaled(ctx context.Context, id int64) bool {
+	r.jmu.Lock()
+	j := r.journal
+	r.jmu.Unlock()
+	if j == nil {
+		return false
+	}
+	if err := j.append(ctx, entry{kind: entryRelease, res: id}); err != nil {
+		_ = j.wait(ctx, j.mark()) // then directly (the caller)
+		return false
+	}
+	return true
+}
+
+// syncJournal waits until every entry this handle appended before the call
+// is committed (ctx's error otherwise). No journal: nil at once.
+func (r *Registry) syncJournal(ctx context.Context) error {
+	r.jmu.Lock()
+	j := r.journal
+	r.jmu.Unlock()
+	if j == nil {
+		return nil
+	}
+	return j.wait(ctx, j.mark())
+}
+
+// JournalStats are a journal's counts.
+type JournalStats struct {
+	Pending int    // entries appended, not yet committed
+	Written uint64 // entries appended since the handle opened
+	Applied uint64 // entries committed since the handle opened
+	Err     error  // the last commit's error while it keeps failing, else nil
+}
+
+// JournalStats returns this handle's journal counts (zero without one).
+func (r *Registry) JournalStats() JournalStats {
+	r.jmu.Lock()
+	j := r.journal
+	r.jmu.Unlock()
+	if j == nil {
+		return JournalStats{}
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return JournalStats{Pending: j.pending, Written: j.written, Applied: j.applied, Err: j.err}
+}
+
+// openJournal returns the handle's journal, opening it on first use; nil
+// when the handle journals nothing (PostgreSQL, synchronous=FULL, closed)
+// or its files cannot be made (then Journal is Record).
+func (r *Registry) openJournal() *journal {
+	r.jmu.Lock()
+	defer r.jmu.Unlock()
+	if r.journal != nil || r.noJournal {
+		return r.journal
+	}
+	select {
+	case <-r.stop:
+		return nil
+	default:
+	}
+	j, err := newJournal(r)
+	if err != nil {
+		r.noJournal = true // Record, from now on
+		return nil
+	}
+	r.journal = j
+	go j.run()
+	return j
+}
+
+func newJournal(r *Registry) (*journal, error) {
+	dir := JournalDir(r.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	// The lock is taken before the file has its name, so that no replay
+	// can take a live handle's lock file for an orphan's.
+	tmp := filepath.Join(dir, r.owner+".lock.tmp")
+	lf, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lf.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, r.owner+".lock")); err != nil {
+		lf.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	j := &journal{r: r, dir: dir, owner: r.owner, lock: lf, seg: -1, changed: make(chan struct{}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if err := j.rotate(); err != nil {
+		j.removeFiles()
+		return nil, err
+	}
+	return j, nil
+}
+
+// rotate starts the next segment (under mu, or before the journal runs).
+func (j *journal) rotate() error {
+	f, err := os.OpenFile(j.segPath(j.owner, j.seg+1), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	if j.f != nil {
+		j.f.Close()
+	}
+	j.seg++
+	j.f, j.size = f, 0
+	j.segs = append(j.segs, j.seg)
+	return nil
+}
+
+func (j *journal) segPath(owner string, seg int) string {
+	return filepath.Join(j.dir, owner+"."+strconv.Itoa(seg)+".log")
+}
+
+func segName(owner string, seg int) string { return owner + "." + strconv.Itoa(seg) }
+
+// mark is the count of entries appended so far.
+func (j *journal) mark() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.written
+}
+
+// wait returns once n entries are committed, or with ctx's error.
+func (j *journal) wait(ctx context.Context, n uint64) error {
+	for {
+		j.mu.Lock()
+		if j.applied >= n {
+			j.mu.Unlock()
+			return nil
+		}
+		ch := j.changed
+		j.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("registry: waiting for the usage journal: %w", ctx.Err())
+		case <-j.done:
+			j.mu.Lock()
+			ok := j.applied >= n
+			j.mu.Unlock()
+			if ok {
+				return nil
+			}
+			return errors.New("registry: the usage journal stopped before committing")
+		}
+	}
+}
+
+// append writes e as one frame and queues it for the committer.
+func (j *journal) append(ctx context.Context, e entry) error {
+	j.mu.Lock()
+	for j.pending >= journalMaxPending {
+		ch := j.changed
+		j.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("registry: the usage journal is full: %w", ctx.Err())
+		case <-j.done:
+			return errors.New("registry: the usage journal is closed")
+		}
+		j.mu.Lock()
+	}
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return errors.New("registry: the usage journal is closed")
+	}
+	if j.size >= journalSegmentBytes {
+		if err := j.rotate(); err != nil {
+			return err
+		}
+	}
+	j.buf = encodeEntry(j.buf[:0], e)
+	n, err := j.f.Write(j.buf)
+	if err != nil {
+		// A partial frame fails its checksum at replay; later frames would
+		// not be found after it, so the segment ends here.
+		if n > 0 {
+			j.size += int64(n)
+			_ = j.rotate()
+		}
+		return fmt.Errorf("registry: writing the usage journal: %w", err)
+	}
+	j.size += int64(n)
+	e.seg, e.end = j.seg, j.size
+	j.queue = append(j.queue, e)
+	j.pending++
+	j.written++
+	select {
+	case j.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// run commits queued entries until stop, then what is left.
+func (j *journal) run() {
+	defer close(j.done)
+	backoff := 10 * time.Millisecond
+	for {
+		select {
+		case <-j.kick:
+		case <-j.stop:
+			for j.commitQueued() == nil && j.queued() > 0 {
+			}
+			return
+		}
+		for j.queued() > 0 {
+			if err := j.commitQueued(); err != nil {
+				select {
+				case <-time.After(backoff):
+				case <-j.stop:
+					return // what is left is replayed by the next handle
+				}
+				backoff = min(2*backoff, journalRetry)
+				continue
+			}
+			backoff = 10 * time.Millisecond
+		}
+	}
+}
+
+func (j *journal) queued() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.pending
+}
+
+// commitQueued commits up to maxGroup queued entries in one transaction,
+// then removes the segments whose entries are all committed.
+func (j *journal) commitQueued() error {
+	j.mu.Lock()
+	batch := slices.Clone(j.queue[:min(len(j.queue), maxGroup)])
+	j.mu.Unlock()
+	if len(batch) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := j.r.applyEntries(ctx, j.owner, batch)
+	j.mu.Lock()
+	if err != nil {
+		j.err = err
+		j.mu.Unlock()
+		return err
+	}
+	j.err = nil
+	j.queue = j.queue[len(batch):]
+	if len(j.queue) == 0 {
+		j.queue = nil // let the backing array go
+	}
+	j.pending -= len(batch)
+	j.applied += uint64(len(batch))
+	close(j.changed)
+	j.changed = make(chan struct{})
+	// Segments older than the oldest queued entry's (and than the current
+	// one) are all committed.
+	oldest := j.seg
+	if len(j.queue) > 0 {
+		oldest = j.queue[0].seg
+	}
+	var done []int
+	for len(j.segs) > 0 && j.segs[0] < oldest {
+		done = append(done, j.segs[0])
+		j.segs = j.segs[1:]
+	}
+	j.mu.Unlock()
+	j.r.nudge()
+	for _, s := range done {
+		j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s))
+	}
+	return nil
+}
+
+// dropSegment removes a committed segment: the file first, then its row
+// (a row without its file is never read again; a file without its row
+// would be replayed from 0).
+func (r *Registry) dropSegment(ctx context.Context, path, name string) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	_, _ = r.db.ExecContext(ctx, `DELETE FROM usage_journals WHERE name = ?`, name)
+}
+
+// applyEntries commits entries (in order, of one owner's journal) in one
+// transaction with the offset each segment is committed to.
+func (r *Registry) applyEntries(ctx context.Context, owner string, entries []entry) error {
+	return r.txq(ctx, func(tx q) error {
+		for _, e := range entries {
+			switch e.kind {
+			case entryRecord:
+				if _, err := r.recordIn(tx, e.u); err != nil {
+					return fmt.Errorf("registry: recording usage for %s: %w", e.u.Member, err)
+				}
+			case entryRelease:
+				if _, err := tx.exec(qRelease, e.res); err != nil {
+					return fmt.Errorf("registry: releasing reservation %d: %w", e.res, err)
+				}
+			}
+		}
+		ends := map[int]int64{}
+		for _, e := range entries {
+			ends[e.seg] = e.end
+		}
+		for seg, end := range ends {
+			if _, err := tx.exec(`INSERT INTO usage_journals (name, applied) VALUES (?, ?)
+				ON CONFLICT (name) DO UPDATE SET applied = excluded.applied`, segName(owner, seg), end); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// close commits what is queued (unless the database keeps failing: the
+// next handle replays it), then removes the journal's files.
+func (j *journal) close() {
+	close(j.stop)
+	<-j.done
+	j.mu.Lock()
+	if j.f != nil {
+		j.f.Close()
+		j.f = nil
+	}
+	left := j.pending
+	j.mu.Unlock()
+	if left == 0 {
+		j.removeFiles()
+	} else {
+		j.lock.Close() // unlocked: an orphan for the next handle to replay
+	}
+}
+
+// removeFiles removes a journal with nothing left to commit.
+func (j *journal) removeFiles() {
+	if j.f != nil {
+		j.f.Close()
+		j.f = nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range j.segs {
+		j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s))
+	}
+	os.Remove(filepath.Join(j.dir, j.owner+".lock"))
+	j.lock.Close()
+}
+
+// recoverJournals replays the journals of handles that are gone (their
+// lock file unlocked) and removes them; a journal whose replay fails stays
+// for the next try. Errors are the first replay's failure.
+func (r *Registry) recoverJournals(ctx context.Context) error {
+	dir := JournalDir(r.path)
+	names, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var first error
+	for _, de := range names {
+		owner, ok := strings.CutSuffix(de.Name(), ".lock")
+		if !ok || owner == r.owner {
+			continue
+		}
+		if err := r.recoverJournal(ctx, dir, owner); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// recoverJournal replays owner's segments when its lock is free.
+func (r *Registry) recoverJournal(ctx context.Context, dir, owner string) error {
+	lp := filepath.Join(dir, owner+".lock")
+	lf, err := os.OpenFile(lp, os.O_RDWR, 0)
+	if err != nil {
+		return nil // gone meanwhile
+	}
+	defer lf.Close()
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return nil // alive
+	}
+	if fi, err := os.Stat(lp); err != nil || !os.SameFile(fi, mustStat(lf)) {
+		return nil // replayed and removed by another handle since we opened it
+	}
+	segs, err := filepath.Glob(filepath.Join(dir, owner+".*.log"))
+	if err != nil {
+		return err
+	}
+	nums := make([]int, 0, len(segs))
+	for _, s := range segs {
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(s), owner+"."), ".log"))
+		if err == nil {
+			nums = append(nums, n)
+		}
+	}
+	slices.Sort(nums)
+	for _, n := range nums {
+		if err := r.replaySegment(ctx, dir, owner, n); err != nil {
+			return fmt.Errorf("registry: replaying usage journal %s: %w", segName(owner, n), err)
+		}
+	}
+	if _, err := r.db.ExecContext(ctx, `DELETE FROM usage_journals WHERE name LIKE ? ESCAPE '\'`, likePrefix(owner)+".%"); err != nil {
+		return err
+	}
+	return os.Remove(lp)
+}
+
+func mustStat(f *os.File) os.FileInfo {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	return fi
+}
+
+func likePrefix(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(s)
+}
+
+// replaySegment commits a dead owner's segment from its committed offset
+// and removes it.
+func (r *Registry) replaySegment(ctx context.Context, dir, owner string, seg int) error {
+	path := filepath.Join(dir, owner+"."+strconv.Itoa(seg)+".log")
+	var applied int64
+	err := r.db.QueryRowContext(ctx, `SELECT applied FROM usage_journals WHERE name = ?`, segName(owner, seg)).Scan(&applied)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Seek(applied, io.SeekStart); err != nil {
+		return err
+	}
+	br := bufio.NewReader(f)
+	off := applied
+	var batch []entry
+	for {
+		e, n, err := decodeFrame(br)
+		if err != nil {
+			break // end of the segment, or a torn last frame (never acknowledged)
+		}
+		off += int64(n)
+		e.seg, e.end = seg, off
+		batch = append(batch, e)
+		if len(batch) == maxGroup {
+			if err := r.applyEntries(ctx, owner, batch); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		if err := r.applyEntries(ctx, owner, batch); err != nil {
+			return err
+		}
+	}
+	r.nudge()
+	r.dropSegment(ctx, path, segName(owner, seg))
+	return nil
+}
+
+// A frame is: payload length (uint32, little-endian), CRC-32C of the
+// payload (uint32, little-endian), payload. A record's payload is 'u',
+// then member, decision id, model, target, tier as uvarint-length-prefixed
+// bytes, then prompt tokens, completion tokens, estimated (0/1) and the
+// reservation as uvarints, the cost as the IEEE-754 bits of CostUSD
+// (uint64, little-endian) and the time in Unix nanoseconds (varint). A
+// release's payload is 'r' and the reservation id (uvarint).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// maxFrame bounds a frame's payload at replay (a corrupt length).
+const maxFrame = 1 << 20
+
+func encodeEntry(b []byte, e entry) []byte {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
+	b = append(b, e.kind)
+	switch e.kind {
+	case entryRecord:
+		for _, s := range []string{e.u.Member, e.u.DecisionID, e.u.Model, e.u.Target, e.u.Tier} {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
+		est := uint64(0)
+		if e.u.Estimated {
+			est = 1
+		}
+		b = binary.AppendUvarint(b, uint64(e.u.PromptTokens))
+		b = binary.AppendUvarint(b, uint64(e.u.CompletionTokens))
+		b = binary.AppendUvarint(b, est)
+		b = binary.AppendUvarint(b, uint64(e.u.Reservation))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.u.CostUSD))
+		b = binary.AppendVarint(b, e.u.Time.UnixNano())
+	case entryRelease:
+		b = binary.AppendUvarint(b, uint64(e.res))
+	}
+	payload := b[start+8:]
+	binary.LittleEndian.PutUint32(b[start:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(payload, castagnoli))
+	return b
+}
+
+var errFrame = errors.New("registry: bad usage journal frame")
+
+// decodeFrame reads one frame; n is its length in bytes. Any error ends the
+// segment (io.EOF at its clean end).
+func decodeFrame(br *bufio.Reader) (entry, int, error) {
+	var hdr [8]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return entry{}, 0, err
+	}
+	size := binary.LittleEndian.Uint32(hdr[0:4])
+	if size == 0 || size > maxFrame {
+		return entry{}, 0, errFrame
+	}
+	payload := make([]byte, size)
+	if _, err := io.ReadFull(br, payload); err != nil {
+		return entry{}, 0, err
+	}
+	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[4:8]) {
+		return entry{}, 0, errFrame
+	}
+	e, err := decodePayload(payload)
+	return e, 8 + int(size), err
+}
+
+func decodePayload(p []byte) (entry, error) {
+	e := entry{kind: p[0]}
+	p = p[1:]
+	uv := func() uint64 {
+		v, n := binary.Uvarint(p)
+		if n <= 0 {
+			p = nil
+			return 0
+		}
+		p = p[n:]
+		return v
+	}
+	switch e.kind {
+	case entryRecord:
+		var s [5]string
+		for i := range s {
+			n := uv()
+			if uint64(len(p)) < n {
+				return entry{}, errFrame
+			}
+			s[i], p = string(p[:n]), p[n:]
+		}
+		e.u.Member, e.u.DecisionID, e.u.Model, e.u.Target, e.u.Tier = s[0], s[1], s[2], s[3], s[4]
+		e.u.PromptTokens, e.u.CompletionTokens = int(uv()), int(uv())
+		e.u.Estimated = uv() == 1
+		e.u.Reservation = int64(uv())
+		if len(p) < 8 {
+			return entry{}, errFrame
+		}
+		e.u.CostUSD = math.Float64frombits(binary.LittleEndian.Uint64(p))
+		p = p[8:]
+		t, n := binary.Varint(p)
+		if n <= 0 {
+			return entry{}, errFrame
+		}
+		e.u.Time = time.Unix(0, t)
+	case entryRelease:
+		e.res = int64(uv())
+		if p == nil {
+			return entry{}, errFrame
+		}
+	default:
+		return entry{}, errFrame
+	}
+	return e, nil
+}
