@@ -69,6 +69,10 @@ const journalMaxPending = 1 << 16
 // against 325.
 const journalCommitDelay = time.Millisecond
 
+// journalFullWait bounds how long Journal waits for room in a full journal
+// before it fails.
+const journalFullWait = 30 * time.Second
+
 // journalRetry bounds the wait between two tries of a failed commit.
 const journalRetry = 2 * time.Second
 
@@ -122,9 +126,11 @@ func JournalDir(path string) string { return path + ".journals" } // not -journa
 // at the top of journal.go): durable across a crash of the process, in the
 // ledger a moment later, and seen at once by this handle's reads of usage,
 // spend and reservations. The record's id is assigned at its commit, as
-// Record's. Errors: ErrInvalid as Record's; on PostgreSQL, at
-// synchronous=FULL, or when the journal cannot be written, Journal is
-// Record (its errors).
+// Record's. Errors: ErrInvalid as Record's; the journal's file cannot be
+// written, or journalMaxPending records already wait for a ledger that
+// fails (for journalFullWait, or until ctx ends): nothing is recorded. On
+// PostgreSQL, at synchronous=FULL, or when the journal's folder cannot be
+// made, Journal is Record (its errors).
 func (r *Registry) Journal(ctx context.Context, u Usage) error {
 	if u.Member == "" || u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CostUSD < 0 {
 		return fmt.Errorf("usage for %q: member, non-negative tokens and cost are required: %w", u.Member, ErrInvalid)
@@ -134,16 +140,7 @@ func (r *Registry) Journal(ctx context.Context, u Usage) error {
 		_, err := r.Record(ctx, u)
 		return err
 	}
-	if err := j.append(ctx, entry{kind: entryRecord, u: u}); err != nil {
-		// The journal cannot take it: the ledger directly, after what the
-		// journal holds (a settlement must not pass its reservation's).
-		if err := j.wait(ctx, j.mark()); err != nil {
-			return err
-		}
-		_, err := r.Record(ctx, u)
-		return err
-	}
-	return nil
+	return j.append(ctx, entry{kind: entryRecord, u: u})
 }
 
 // releaseJournaled releases reservation id through the journal when this
@@ -155,11 +152,7 @@ func (r *Registry) releaseJournaled(ctx context.Context, id int64) bool {
 	if j == nil {
 		return false
 	}
-	if err := j.append(ctx, entry{kind: entryRelease, res: id}); err != nil {
-		_ = j.wait(ctx, j.mark()) // then directly (the caller)
-		return false
-	}
-	return true
+	return j.append(ctx, entry{kind: entryRelease, res: id}) == nil // else directly (the caller)
 }
 
 // syncJournal waits until every entry this handle appended before the call
@@ -311,13 +304,21 @@ func (j *journal) wait(ctx context.Context, n uint64) error {
 // append writes e as one frame and queues it for the committer.
 func (j *journal) append(ctx context.Context, e entry) error {
 	j.mu.Lock()
+	var full <-chan time.Time
 	for j.pending >= journalMaxPending {
-		ch := j.changed
+		if full == nil {
+			t := time.NewTimer(journalFullWait)
+			defer t.Stop()
+			full = t.C
+		}
+		ch, last := j.changed, j.err
 		j.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("registry: the usage journal is full: %w", ctx.Err())
+		case <-full:
+			return fmt.Errorf("registry: the usage journal is full: %d records wait for the ledger (last commit error: %v)", journalMaxPending, last)
 		case <-j.done:
 			return errors.New("registry: the usage journal is closed")
 		}

@@ -28,7 +28,28 @@ var (
 		Help: "Usage records committed in the registry and not yet acknowledged by the usage tool."}, func() float64 { return outboxCount(false) })
 	usageFailed = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "molly_usage_outbox_failed",
 		Help: "Usage records the usage tool refused for good (see the log; requeue once fixed)."}, func() float64 { return outboxCount(true) })
+	usageJournal = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "molly_usage_journal_pending",
+		Help: "Usage records durable in this process's usage journal and not yet committed in the registry's ledger (normally 0 or a few; growing: the registry fails, see molly_usage_journal_failing)."},
+		func() float64 { return journalStat(false) })
+	usageJournalFailing = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "molly_usage_journal_failing",
+		Help: "1 while the usage journal's commits into the registry fail (they are retried; nothing is lost), else 0."},
+		func() float64 { return journalStat(true) })
 )
+
+func journalStat(failing bool) float64 {
+	a := Current()
+	if a == nil || a.registry == nil {
+		return 0
+	}
+	s := a.registry.JournalStats()
+	if failing {
+		if s.Err != nil {
+			return 1
+		}
+		return 0
+	}
+	return float64(s.Pending)
+}
 
 func outboxCount(failed bool) float64 {
 	a := Current()
@@ -48,7 +69,7 @@ func outboxCount(failed bool) float64 {
 }
 
 func registerUsageMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{usageDeliveries, usageOutbox, usageFailed} {
+	for _, c := range []prometheus.Collector{usageDeliveries, usageOutbox, usageFailed, usageJournal, usageJournalFailing} {
 		if err := reg.Register(c); err != nil {
 			if _, ok := err.(prometheus.AlreadyRegisteredError); !ok {
 				return err
