@@ -114,7 +114,7 @@ type journal struct {
 	kick  chan struct{} // an entry was appended
 	hurry chan struct{} // a reader waits: commit now
 	stop  chan struct{}
-	done chan struct{}
+	done  chan struct{}
 }
 
 // JournalDir is the folder of the usage journals of the registry file at
