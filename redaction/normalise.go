@@ -145,6 +145,17 @@ var specialASCII = func() (t [256]bool) {
 	return t
 }()
 
+// plain8 reports whether none of the eight bytes of w (see le64) is >= 0x80
+// or marked in specialASCII: a SWAR test of the eight bytes at once (see
+// inRange).
+func plain8(w uint64) bool {
+	if w&msb != 0 {
+		return false
+	}
+	controls := inRange(w, 0, 0x1F) &^ inRange(w, '\t', '\r')
+	return controls|eqByte(w, 0x7F)|inRange(w, '%', '&')|eqByte(w, '\\') == 0
+}
+
 // hexVal returns the value of a hex digit, or -1.
 func hexVal(c byte) int {
 	switch {
@@ -360,6 +371,10 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 		if c < 0x80 {
 			if !specialASCII[c] {
 				i++
+				// Most text is plain ASCII: skip it eight bytes at a time.
+				for i+8 <= len(text) && plain8(le64(text[i:])) {
+					i += 8
+				}
 				continue
 			}
 			switch c {

@@ -58,6 +58,7 @@
 package redaction
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -579,19 +580,111 @@ func rangeTaken(bits []uint64, s, e int) bool {
 	return false
 }
 
-// resolve keeps a maximal set of non-overlapping findings, preferring longer
-// ones, and returns it sorted by Start.
+// resolve keeps a maximal set of non-overlapping findings, preferring
+// longer ones, and returns it sorted by Start (cand: Start < End each).
+// The choice is greedy: in the order longer first, then the type's
+// priority, then earlier, then as detected, a candidate is kept when it
+// overlaps no kept one. Whether a candidate is kept depends only on the
+// candidates it overlaps, so resolve sorts the candidates by start, cuts
+// them into clusters (runs in which each candidate starts before the end
+// of one before it) and makes the greedy choice inside each cluster of
+// two or more; a lone candidate is kept. That is the greedy choice over
+// all the candidates, in time O(n log n) for the sort plus the cluster
+// sizes and spans. The result is cand itself when cand is already sorted
+// and disjoint (the common case), else a new slice.
 func (s *Scanner) resolve(cand []Finding) []Finding {
 	if len(cand) <= 1 {
 		return cand
 	}
-	// The order: longer first, then the type's priority, then earlier,
-	// then as detected (a stable sort's order). Each candidate's key is
-	// computed once (the priority is a map look-up), then sorted as
-	// integers.
-	keys := make([]resolveKey, len(cand))
+	order := startOrder(cand)
+	var out []Finding
+	if order != nil {
+		out = make([]Finding, 0, len(cand))
+	}
+	var taken []uint64 // reused by the clusters
+	for c := 0; c < len(cand); {
+		end := cand[rank(order, c)].End
+		e := c + 1
+		for ; e < len(cand) && cand[rank(order, e)].Start < end; e++ {
+			end = max(end, cand[rank(order, e)].End)
+		}
+		switch {
+		case e > c+1 && out == nil:
+			// The first cluster in an already sorted cand: what came
+			// before it is kept as it is.
+			out = append(make([]Finding, 0, len(cand)), cand[:c]...)
+			fallthrough
+		case e > c+1:
+			out, taken = s.resolveCluster(cand, order, c, e, out, taken)
+		case out != nil:
+			out = append(out, cand[rank(order, c)])
+		}
+		c = e
+	}
+	if out == nil {
+		return cand // sorted, and no candidate overlaps another
+	}
+	return out
+}
+
+// startOrder returns the indices of cand by Start, then by index, or nil
+// when that is the identity.
+func startOrder(cand []Finding) []uint64 {
+	sorted := true
+	for i := 1; i < len(cand); i++ {
+		if cand[i].Start <= cand[i-1].Start {
+			sorted = false
+			break
+		}
+	}
+	if sorted {
+		return nil
+	}
+	// Start and index packed into one integer (a plain integer sort is
+	// much faster than a sort by a comparison function), while they fit.
+	keys := make([]uint64, len(cand))
 	for i, f := range cand {
-		keys[i] = resolveKey{length: f.End - f.Start, prio: s.prio[f.Type], start: f.Start, idx: i}
+		if f.Start < 0 || f.Start >= 1<<32 || i >= 1<<32 {
+			for k := range keys {
+				keys[k] = uint64(k)
+			}
+			slices.SortFunc(keys, func(a, b uint64) int {
+				return cmp.Or(cmp.Compare(cand[a].Start, cand[b].Start), cmp.Compare(a, b))
+			})
+			return keys
+		}
+		keys[i] = uint64(f.Start)<<32 | uint64(i)
+	}
+	slices.Sort(keys)
+	for k := range keys {
+		keys[k] &= 1<<32 - 1
+	}
+	return keys
+}
+
+// rank returns the index of the candidate of rank r in order (see
+// startOrder).
+func rank(order []uint64, r int) int {
+	if order == nil {
+		return r
+	}
+	return int(order[r])
+}
+
+// resolveCluster appends to out, sorted by Start, the greedy choice (see
+// resolve) among the candidates of ranks c to e-1 in order, which span
+// cand[rank(order, c)].Start up to their largest End. taken is scratch memory,
+// returned for reuse.
+func (s *Scanner) resolveCluster(cand []Finding, order []uint64, c, e int, out []Finding, taken []uint64) ([]Finding, []uint64) {
+	// Each candidate's key is computed once (the priority is a map
+	// look-up), then sorted.
+	keys := make([]resolveKey, 0, e-c)
+	base, end := cand[rank(order, c)].Start, 0
+	for r := c; r < e; r++ {
+		i := rank(order, r)
+		f := cand[i]
+		keys = append(keys, resolveKey{length: f.End - f.Start, prio: s.prio[f.Type], start: f.Start, idx: i})
+		end = max(end, f.End)
 	}
 	slices.SortFunc(keys, func(a, b resolveKey) int {
 		switch {
@@ -605,26 +698,24 @@ func (s *Scanner) resolve(cand []Finding) []Finding {
 		return a.idx - b.idx
 	})
 	// Longest first, keep a finding when none of its bytes is taken; a
-	// bitmap of taken bytes makes each test proportional to the finding.
-	end := 0
-	for _, f := range cand {
-		end = max(end, f.End)
-	}
-	taken := make([]uint64, end/64+1)
-	out := make([]Finding, 0, len(cand))
+	// bitmap of the cluster's taken bytes makes each test proportional
+	// to the finding.
+	taken = slices.Grow(taken[:0], (end-base)/64+1)[:(end-base)/64+1]
+	clear(taken)
+	first := len(out)
 	for _, key := range keys {
 		f := cand[key.idx]
-		if rangeTaken(taken, f.Start, f.End) {
+		if rangeTaken(taken, f.Start-base, f.End-base) {
 			continue
 		}
-		for k := f.Start; k < f.End; k++ {
+		for k := f.Start - base; k < f.End-base; k++ {
 			taken[k>>6] |= 1 << (k & 63)
 		}
 		out = append(out, f)
 	}
 	// Kept findings do not overlap, so their starts differ.
-	slices.SortFunc(out, func(a, b Finding) int { return a.Start - b.Start })
-	return out
+	slices.SortFunc(out[first:], func(a, b Finding) int { return a.Start - b.Start })
+	return out, taken
 }
 
 // resolveKey is a candidate's place in resolve's order.
