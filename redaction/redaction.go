@@ -212,6 +212,8 @@ type scanState struct {
 	view   []byte     // the normalised view's bytes
 	marks  []viewMark // and its map
 	breaks []int32    // view offsets of dropped invisible characters
+	num    numScan    // detectNumbers' buffers
+	res    resolveScratch
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
@@ -451,11 +453,13 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
 		}
 	}
-	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 {
-		st.view, st.marks = []byte{}, []viewMark{} // keep the pool small after a huge text
+	cand = s.resolveWith(cand, &st.res)
+	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 {
+		// Keep the pool small after a huge text.
+		st.view, st.marks, st.res = []byte{}, []viewMark{}, resolveScratch{}
 	}
 	s.states.Put(st)
-	return s.resolve(cand)
+	return cand
 }
 
 // detect runs every enabled detector on the candidates of text.
@@ -463,7 +467,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 	var cand []Finding
 	a := &st.a
 	if s.en.CreditCard || s.en.IBAN || s.en.USSSN || s.en.Phone || s.en.IPAddress {
-		cand = s.detectNumbers(text, a, cand, b)
+		cand = s.detectNumbers(text, a, cand, b, &st.num)
 	}
 	if s.en.Email {
 		cand = s.detectEmails(text, a, st.breaks, cand)
@@ -522,7 +526,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 // replaced inside the encoding), with the type and subtype of the
 // highest-priority value inside.
 func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int) []Finding {
-	segs := encodedSegments(text, slices.Clone(runs), slices.Clone(hex2), b)
+	segs := encodedSegments(text, runs, hex2, b)
 	if len(segs) == 0 {
 		return dst
 	}
@@ -581,27 +585,38 @@ func rangeTaken(bits []uint64, s, e int) bool {
 }
 
 // resolve keeps a maximal set of non-overlapping findings, preferring
-// longer ones, and returns it sorted by Start (cand: Start < End each).
-// The choice is greedy: in the order longer first, then the type's
-// priority, then earlier, then as detected, a candidate is kept when it
-// overlaps no kept one. Whether a candidate is kept depends only on the
-// candidates it overlaps, so resolve sorts the candidates by start, cuts
-// them into clusters (runs in which each candidate starts before the end
-// of one before it) and makes the greedy choice inside each cluster of
-// two or more; a lone candidate is kept. That is the greedy choice over
-// all the candidates, in time O(n log n) for the sort plus the cluster
-// sizes and spans. The result is cand itself when cand is already sorted
-// and disjoint (the common case), else a new slice.
-func (s *Scanner) resolve(cand []Finding) []Finding {
+// longer ones, and returns it sorted by Start (cand: Start < End each),
+// in cand's memory. The choice is greedy: in the order longer first,
+// then the type's priority, then earlier, then as detected, a candidate
+// is kept when it overlaps no kept one. Whether a candidate is kept
+// depends only on the candidates it overlaps, so resolve sorts the
+// candidates by start, cuts them into clusters (runs in which each
+// candidate starts before the end of one before it) and makes the greedy
+// choice inside each cluster of two or more; a lone candidate is kept.
+// That is the greedy choice over all the candidates, in time O(n log n)
+// for the sort plus the cluster sizes and spans.
+func (s *Scanner) resolve(cand []Finding) []Finding { return s.resolveWith(cand, &resolveScratch{}) }
+
+// resolveScratch is resolve's reusable memory.
+type resolveScratch struct {
+	order []uint64
+	out   []Finding
+	taken []uint64
+}
+
+// resolveWith is resolve with scratch memory sc.
+func (s *Scanner) resolveWith(cand []Finding, sc *resolveScratch) []Finding {
 	if len(cand) <= 1 {
 		return cand
 	}
-	order := startOrder(cand)
-	var out []Finding
-	if order != nil {
-		out = make([]Finding, 0, len(cand))
+	sc.order = startOrder(cand, sc.order[:0])
+	order := sc.order
+	if len(order) == 0 {
+		order = nil // cand is sorted
 	}
-	var taken []uint64 // reused by the clusters
+	// The kept candidates go to sc.out, then back into cand; while cand is
+	// sorted and nothing overlaps, they are cand[:c] and stay there.
+	out, copied := sc.out[:0], order != nil
 	for c := 0; c < len(cand); {
 		end := cand[rank(order, c)].End
 		e := c + 1
@@ -609,27 +624,28 @@ func (s *Scanner) resolve(cand []Finding) []Finding {
 			end = max(end, cand[rank(order, e)].End)
 		}
 		switch {
-		case e > c+1 && out == nil:
-			// The first cluster in an already sorted cand: what came
-			// before it is kept as it is.
-			out = append(make([]Finding, 0, len(cand)), cand[:c]...)
+		case e > c+1 && !copied:
+			out, copied = append(out, cand[:c]...), true
 			fallthrough
 		case e > c+1:
-			out, taken = s.resolveCluster(cand, order, c, e, out, taken)
-		case out != nil:
+			out, sc.taken = s.resolveCluster(cand, order, c, e, out, sc.taken)
+		case copied:
 			out = append(out, cand[rank(order, c)])
 		}
 		c = e
 	}
-	if out == nil {
+	if !copied {
 		return cand // sorted, and no candidate overlaps another
 	}
-	return out
+	cand = cand[:copy(cand, out)]
+	clear(out) // drop the strings
+	sc.out = out[:0]
+	return cand
 }
 
-// startOrder returns the indices of cand by Start, then by index, or nil
-// when that is the identity.
-func startOrder(cand []Finding) []uint64 {
+// startOrder appends to buf the indices of cand by Start, then by index,
+// and returns it; it returns buf empty when that order is the identity.
+func startOrder(cand []Finding, buf []uint64) []uint64 {
 	sorted := true
 	for i := 1; i < len(cand); i++ {
 		if cand[i].Start <= cand[i-1].Start {
@@ -638,11 +654,11 @@ func startOrder(cand []Finding) []uint64 {
 		}
 	}
 	if sorted {
-		return nil
+		return buf
 	}
 	// Start and index packed into one integer (a plain integer sort is
 	// much faster than a sort by a comparison function), while they fit.
-	keys := make([]uint64, len(cand))
+	keys := slices.Grow(buf, len(cand))[:len(cand)]
 	for i, f := range cand {
 		if f.Start < 0 || f.Start >= 1<<32 || i >= 1<<32 {
 			for k := range keys {
