@@ -1,10 +1,12 @@
 package redaction
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -177,26 +179,33 @@ func TestPrefilterMatchesReference(t *testing.T) {
 		}
 		var got anchors
 		for _, text := range prefilterTexts(t, &s.index) {
-			s.index.prefilter(text, &got)
-			want := refAnchors(&s.index, text)
-			for _, c := range []struct {
-				name      string
-				got, want []int32
-			}{
-				{"digits", got.digits, want.digits}, {"ats", got.ats, want.ats}, {"colons", got.colons, want.colons},
-				{"tok16", got.tok16, want.tok16}, {"caps", got.caps, want.caps}, {"hex2", got.hex2, want.hex2},
-			} {
-				if !slices.Equal(c.got, c.want) {
-					t.Fatalf("%s of %q:\n got %v\nwant %v", c.name, text, c.got, c.want)
-				}
-			}
-			if !slices.Equal(got.runs, want.runs) {
-				t.Fatalf("runs of %q:\n got %v\nwant %v", text, got.runs, want.runs)
-			}
-			if !slices.Equal(got.kw, want.kw) {
-				t.Fatalf("keyword hits of %q:\n got %v\nwant %v", text, got.kw, want.kw)
-			}
+			checkAnchors(t, &s.index, text, &got)
 		}
+	}
+}
+
+// checkAnchors compares prefilter's anchors of text (into got) with
+// refAnchors'.
+func checkAnchors(t *testing.T, ix *keywordIndex, text string, got *anchors) {
+	t.Helper()
+	ix.prefilter(text, got)
+	want := refAnchors(ix, text)
+	for _, c := range []struct {
+		name      string
+		got, want []int32
+	}{
+		{"digits", got.digits, want.digits}, {"ats", got.ats, want.ats}, {"colons", got.colons, want.colons},
+		{"tok16", got.tok16, want.tok16}, {"caps", got.caps, want.caps}, {"hex2", got.hex2, want.hex2},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Fatalf("%s of %q:\n got %v\nwant %v", c.name, text, c.got, c.want)
+		}
+	}
+	if !slices.Equal(got.runs, want.runs) {
+		t.Fatalf("runs of %q:\n got %v\nwant %v", text, got.runs, want.runs)
+	}
+	if !slices.Equal(got.kw, want.kw) {
+		t.Fatalf("keyword hits of %q:\n got %v\nwant %v", text, got.kw, want.kw)
 	}
 }
 
@@ -216,5 +225,61 @@ func TestPlain8MatchesTable(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// FuzzPrefilter checks prefilter against refAnchors on any input.
+func FuzzPrefilter(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	f.Add(densePara)
+	f.Add("api_key = \"QUJDREVGR0hJSktMTU5PUA==\" de ad be ef 00 11 22 https://u:p@h.io Mr. Rossi")
+	s, err := NewScanner(Config{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		var got anchors
+		checkAnchors(t, &s.index, text, &got)
+	})
+}
+
+// TestScanConcurrentMatchesSequential scans texts of every shape from
+// several goroutines at once with one Scanner (its pooled per-scan memory
+// is then shared out) and checks each result against a scan of the same
+// text alone.
+func TestScanConcurrentMatchesSequential(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := []string{prosePara, densePara, codePara, mixedPara, gatewayMixed(8 << 10)}
+	for _, c := range adversarial {
+		texts = append(texts, repeatTo(c.unit, 2000))
+	}
+	want := make([][]Finding, len(texts))
+	for i, text := range texts {
+		want[i] = s.Scan(text)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8*len(texts))
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range 3 * len(texts) {
+				i := (g + r) % len(texts)
+				if got := s.Scan(texts[i]); !slices.Equal(got, want[i]) {
+					errs <- fmt.Sprintf("text %d: got %v, want %v", i, got, want[i])
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }
