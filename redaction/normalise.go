@@ -1,6 +1,7 @@
 package redaction
 
 import (
+	"math/bits"
 	"sort"
 	"strings"
 	"sync"
@@ -145,15 +146,15 @@ var specialASCII = func() (t [256]bool) {
 	return t
 }()
 
-// plain8 reports whether none of the eight bytes of w (see le64) is >= 0x80
-// or marked in specialASCII: a SWAR test of the eight bytes at once (see
-// inRange).
-func plain8(w uint64) bool {
-	if w&msb != 0 {
-		return false
-	}
-	controls := inRange(w, 0, 0x1F) &^ inRange(w, '\t', '\r')
-	return controls|eqByte(w, 0x7F)|inRange(w, '%', '&')|eqByte(w, '\\') == 0
+// special8 flags (bit 7 of each byte, see inRange) the bytes of w (see
+// le64) that are >= 0x80 or marked in specialASCII: a SWAR test of the
+// eight bytes at once, on their low seven bits (so no carry crosses a
+// byte).
+func special8(w uint64) uint64 {
+	high := w & msb
+	x := w &^ msb
+	controls := inRange(x, 0, 0x1F) &^ inRange(x, '\t', '\r')
+	return high | controls | eqByte(x, 0x7F) | inRange(x, '%', '&') | eqByte(x, '\\')
 }
 
 // hexVal returns the value of a hex digit, or -1.
@@ -371,8 +372,13 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 		if c < 0x80 {
 			if !specialASCII[c] {
 				i++
-				// Most text is plain ASCII: skip it eight bytes at a time.
-				for i+8 <= len(text) && plain8(le64(text[i:])) {
+				// Most text is plain ASCII: skip it eight bytes at a time,
+				// up to the first byte that is not.
+				for i+8 <= len(text) {
+					if m := special8(le64(text[i:])); m != 0 {
+						i += bits.TrailingZeros64(m) >> 3
+						break
+					}
 					i += 8
 				}
 				continue
