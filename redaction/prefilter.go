@@ -1,7 +1,6 @@
 package redaction
 
 import (
-	"cmp"
 	"math/bits"
 	"slices"
 	"strings"
@@ -31,7 +30,12 @@ var lowerByte = func() (t [256]byte) {
 type kwHit struct{ id, pos int32 }
 
 // cmpHit orders hits by offset, then by keyword id.
-func cmpHit(a, b kwHit) int { return cmp.Or(cmp.Compare(a.pos, b.pos), cmp.Compare(a.id, b.id)) }
+func cmpHit(a, b kwHit) int {
+	if a.pos != b.pos {
+		return int(a.pos - b.pos)
+	}
+	return int(a.id - b.id)
+}
 
 // anchors are the candidates of one text.
 type anchors struct {
@@ -42,11 +46,13 @@ type anchors struct {
 	tok16  []int32    // alphanumeric tokens of exactly 16 bytes (fiscal codes)
 	caps   []int32    // word starts with an upper-case ASCII letter or a non-ASCII byte
 	kw     []kwHit    // keyword occurrences, by offset
+	kwOut  bool       // kw was appended out of order (prefilter sorts it)
 	hex2   []int32    // two hex digits followed by ' ' or ':' and another hex digit (spaced hex)
 }
 
 func (a *anchors) reset() {
 	a.digits, a.ats, a.colons, a.runs, a.tok16, a.caps, a.kw, a.hex2 = a.digits[:0], a.ats[:0], a.colons[:0], a.runs[:0], a.tok16[:0], a.caps[:0], a.kw[:0], a.hex2[:0]
+	a.kwOut = false
 }
 
 // keywordIndex finds every occurrence of a set of lower-case keywords (at
@@ -260,7 +266,11 @@ func (ix *keywordIndex) verify(text string, i int, cand, cKey, nKey uint64, a *a
 			if int(id) < len(ix.keep) && ix.keep[id] != nil && !ix.keep[id](text, p) {
 				continue
 			}
-			a.kw = append(a.kw, kwHit{id, int32(p)})
+			h := kwHit{id, int32(p)}
+			if n := len(a.kw); n > 0 && cmpHit(a.kw[n-1], h) > 0 {
+				a.kwOut = true
+			}
+			a.kw = append(a.kw, h)
 		}
 	}
 }
@@ -413,7 +423,7 @@ func (ix *keywordIndex) prefilter(text string, a *anchors) {
 	}
 	// A keyword is found where its filter bytes are, up to a few bytes
 	// after its start: the hits come nearly in order.
-	if !slices.IsSortedFunc(a.kw, cmpHit) {
+	if a.kwOut {
 		slices.SortFunc(a.kw, cmpHit)
 	}
 	if tok == 16 {
