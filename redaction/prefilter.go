@@ -75,10 +75,21 @@ type keywordIndex struct {
 	words    []string
 	wordOnly []bool
 	gramOff  []int32 // by id: the offset in the keyword of the bytes the filter keys on
+	// thirds, when set for a two-byte keyword, are the bytes that may
+	// follow it in a hit that matters (end: its hit may end the text),
+	// a necessary condition read off keep; the filter lets only those
+	// through.
+	thirds []*thirdBytes
 	// keep, when set for a keyword id, is a necessary condition for a hit
 	// of that keyword to matter (every consumer of the keyword rejects a
 	// hit it fails), checked before the hit is recorded.
 	keep []func(text string, p int) bool
+}
+
+// thirdBytes is a set of bytes, and whether the end of the text is in it.
+type thirdBytes struct {
+	in  [256]bool
+	end bool
 }
 
 // kwEntry is one key of one keyword in a bucket: the key of the
@@ -133,22 +144,29 @@ func (ix *keywordIndex) addKW(kw string, wordOnly bool) int32 {
 	kw = strings.ToLower(kw)
 	for i, w := range ix.words {
 		if w == kw {
-			if !wordOnly && ix.wordOnly[i] {
-				ix.wordOnly[i] = false
-				ix.addKeys(kw, int32(i), false)
-			}
+			ix.wordOnly[i] = ix.wordOnly[i] && wordOnly
 			return int32(i)
 		}
 	}
-	id := int32(len(ix.words))
 	ix.words = append(ix.words, kw)
 	ix.wordOnly = append(ix.wordOnly, wordOnly)
-	ix.gramOff = append(ix.gramOff, gramOffset(kw, wordOnly))
-	ix.addKeys(kw, id, true)
-	if !wordOnly {
-		ix.addKeys(kw, id, false)
+	return int32(len(ix.words) - 1)
+}
+
+// build computes the filter and the buckets of the keywords: call it once
+// all are added and keep and thirds are set (before it, prefilter finds
+// no keyword).
+func (ix *keywordIndex) build() {
+	clear(ix.filter[:])
+	ix.buckets = make([][]kwEntry, 1<<(kwFilterBits-kwBucketShift))
+	ix.gramOff = ix.gramOff[:0]
+	for id, kw := range ix.words {
+		ix.gramOff = append(ix.gramOff, gramOffset(kw, ix.wordOnly[id]))
+		ix.addKeys(kw, int32(id), true)
+		if !ix.wordOnly[id] {
+			ix.addKeys(kw, int32(id), false)
+		}
 	}
-	return id
 }
 
 // gramOffset returns the offset of the three bytes of kw that the filter
@@ -198,9 +216,6 @@ func byteShare(c byte) float64 {
 // addKeys enters into the filter and the buckets the keys of kw at
 // offsets of text that do (wordStart) or do not start a word.
 func (ix *keywordIndex) addKeys(kw string, id int32, wordStart bool) {
-	if ix.buckets == nil {
-		ix.buckets = make([][]kwEntry, 1<<(kwFilterBits-kwBucketShift))
-	}
 	d := int(ix.gramOff[id])
 	if d > 0 {
 		// Whether the bytes at d start a word is kw's own: one key.
@@ -208,9 +223,16 @@ func (ix *keywordIndex) addKeys(kw string, id int32, wordStart bool) {
 	}
 	thirds := []byte{at(kw, d+2)}
 	if len(kw) == 2 {
-		thirds = make([]byte, 256)
-		for c := range thirds {
-			thirds[c] = byte(c)
+		// Every byte that may follow (the end of the text reads as 0).
+		thirds = thirds[:0]
+		var t *thirdBytes
+		if int(id) < len(ix.thirds) {
+			t = ix.thirds[id]
+		}
+		for c := range 256 {
+			if t == nil || t.in[c] || c == 0 && t.end {
+				thirds = append(thirds, byte(c))
+			}
 		}
 	}
 	for _, c := range thirds {

@@ -288,3 +288,60 @@ func TestScanConcurrentMatchesSequential(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+// TestThirdBytesCoverAdmits checks the third bytes read off start filters
+// against the filters themselves: every byte c such that the filter
+// admits kw, c and some continuation (a run of c, of letters, digits or
+// '_') is in the set, and the end of the text is when the filter admits
+// kw alone. On the synthetic filters the set must also be exactly those
+// bytes; on the rule set's two-byte keywords it may hold more.
+func TestThirdBytesCoverAdmits(t *testing.T) {
+	admitted := func(f *startFilter, kw string, c byte) bool {
+		for _, tail := range []string{strings.Repeat(string(c), 40), strings.Repeat("A", 40), strings.Repeat("a", 40), strings.Repeat("0", 40), strings.Repeat("_", 40)} {
+			if f.admits(kw+string(c)+tail, 0) {
+				return true
+			}
+		}
+		return false
+	}
+	check := func(name string, f *startFilter, kw string, tb *thirdBytes, tight bool) {
+		t.Helper()
+		for c := range 256 {
+			if a := admitted(f, kw, byte(c)); a && !tb.in[c] || tight && !a && tb.in[c] {
+				t.Fatalf("%s: byte %#x after %q: admitted %v, in the set %v", name, c, kw, a, tb.in[c])
+			}
+		}
+		if e := f.admits(kw, 0); e && !tb.end || tight && !e && tb.end {
+			t.Fatalf("%s: end after %q: admitted %v, in the set %v", name, kw, e, tb.end)
+		}
+	}
+	for _, c := range []struct{ src, kw string }{
+		{`(?i)eyj[a-z0-9]{10}`, "ey"}, {`eyJ[a-z0-9]{10}`, "ey"}, {`ey[A-Z0-9_]{4,}`, "ey"}, {`sk(?:-[a-z]+)?`, "sk"},
+		{`(?:sk_live|sk-proj)[a-z0-9]{8}`, "sk"}, {`s\.[a-zA-Z0-9]{24}`, "s."}, {`ey\d+`, "ey"},
+	} {
+		f, ok := newStartFilter(c.src, []string{c.kw})
+		if !ok {
+			t.Fatalf("%s: no start filter", c.src)
+		}
+		var tb thirdBytes
+		f.addThirds(c.kw, &tb)
+		check(c.src, f, c.kw, &tb, true)
+	}
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for id, w := range s.index.words {
+		if len(w) != 2 || id >= len(s.index.thirds) || s.index.thirds[id] == nil {
+			continue
+		}
+		for _, ri := range s.kwRules[id] {
+			check(w, s.secrets.rules[ri].start, w, s.index.thirds[id], false)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no two-byte keyword has a third-byte set")
+	}
+}

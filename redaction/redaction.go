@@ -312,8 +312,15 @@ func NewScanner(cfg Config) (*Scanner, error) {
 		cue := s.person != nil && s.person.cues[int32(id)] != 0
 		if s.secrets != nil && len(rules) > 0 && !at && !cue && int32(id) != s.schemeKW {
 			s.index.keep[id] = s.secrets.hitFilter(rules)
+			if w := s.index.words[id]; len(w) == 2 {
+				for len(s.index.thirds) <= id {
+					s.index.thirds = append(s.index.thirds, nil)
+				}
+				s.index.thirds[id] = s.secrets.thirdBytes(rules, w)
+			}
 		}
 	}
+	s.index.build()
 	s.atWord = make([]atWordInfo, len(s.index.words))
 	for id, w := range atIDs {
 		s.atWord[id] = w

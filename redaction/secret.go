@@ -632,6 +632,21 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 	}
 }
 
+// thirdBytes returns the bytes that may follow the two-byte keyword kw at
+// a hit hitFilter(rules) admits (see startFilter.addThirds), or nil when
+// hitFilter sets no condition.
+func (d *secretDetector) thirdBytes(rules []int32, kw string) *thirdBytes {
+	var t thirdBytes
+	for _, ri := range rules {
+		r := &d.rules[ri]
+		if r.start == nil {
+			return nil
+		}
+		r.start.addThirds(kw, &t)
+	}
+	return &t
+}
+
 // assignmentNear reports whether an assignment operator byte follows the
 // keyword hit at p within n bytes, with only identifier, space and quote
 // bytes between: the shape every semi-generic match has. runs, when not
