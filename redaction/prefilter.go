@@ -62,10 +62,11 @@ func (a *anchors) reset() {
 // searching", 1994) without its SHIFT table, which keywords of two bytes
 // would leave with nothing to skip: the three bytes at every offset are
 // read as a key (see kwKey) that folds ASCII case and says whether the
-// offset starts a word, and a bitmap holds the hashes of the keys every
-// keyword can show at its start (a two-byte keyword with every third
-// byte). One multiply and one bit test reject almost every offset; at the
-// few left, the keywords of the key are compared in full.
+// offset starts a word, and a bitmap holds the hashes of the keys of each
+// keyword's least likely three bytes (see gramOffset; a two-byte keyword
+// with each byte that may follow it, see thirds). One multiply and one
+// bit test reject almost every offset; at the few left, the keywords of
+// the key are compared in full where they would start.
 //
 // Keywords added with addWord only match at word starts (after a byte
 // that is not an ASCII letter).
