@@ -167,3 +167,43 @@ func BenchmarkScanAcross(b *testing.B) {
 		s.ScanAcross(segs)
 	}
 }
+
+// gatewayDensePara is the dense paragraph of the gateway's `make bench`
+// detector table (cmd/molly/bench_test.go): densePara without its last
+// line.
+const gatewayDensePara = `Hi, I'm writing about my order ORD-2024-118734 placed on 2024-03-15 (version 1.4.2 of the app).
+Please refund card 4111 1111 1111 1111 or send the money to IBAN IT60 X054 2811 1010 0000 0123 456.
+You can reach me at mario.rossi@example.it or +39 333 123 4567; my colleague is on (415) 555-2671.
+Il mio codice fiscale è RSSMRA85T10A562S e il server è 192.168.1.10. The API key is sk-proj-Zx8kQ2mP9vLr4TfW7yBn3HcJ5dGs1aE6 — please keep it safe.
+`
+
+// gatewayMixed is the gateway table's mixed prompt: prose, prose, dense,
+// prose, repeated and cut to size bytes.
+func gatewayMixed(size int) string {
+	return repeatTo(prosePara+prosePara+gatewayDensePara+prosePara, size)
+}
+
+// BenchmarkScanGateway measures Scan (no budget, as the gateway table
+// does) on the gateway table's inputs: its 1 MB mixed prompt, a 2 KB
+// request of it (allocations per request), 256 KB of prose and each
+// adversarial shape at 256 KB, so that the table's figures and its
+// "within 3x of prose" goal can be followed without the gateway.
+func BenchmarkScanGateway(b *testing.B) {
+	run := func(b *testing.B, text string) {
+		s, err := NewScanner(Config{}) // the gateway table's scanner
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(int64(len(text)))
+		b.ReportAllocs()
+		for b.Loop() {
+			s.Scan(text)
+		}
+	}
+	b.Run("mixed-1MB", func(b *testing.B) { run(b, gatewayMixed(1<<20)) })
+	b.Run("mixed-2KB", func(b *testing.B) { run(b, gatewayMixed(2<<10)) })
+	b.Run("prose-256KB", func(b *testing.B) { run(b, repeatTo(prosePara, 256<<10)) })
+	for _, c := range adversarial {
+		b.Run("adversarial-"+c.name+"-256KB", func(b *testing.B) { run(b, repeatTo(c.unit, 256<<10)) })
+	}
+}

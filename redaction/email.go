@@ -36,9 +36,14 @@ import (
 // atext per RFC 5322 §3.2.3, minus the apostrophe, backquote, '{' and '|',
 // which in prose quote or delimit an address far more often than they
 // belong to it.
-func isAtext(c byte) bool {
-	return isAlnum(c) || strings.IndexByte("!#$%&*+/=?^_}~-", c) >= 0
-}
+func isAtext(c byte) bool { return atextTable[c] }
+
+var atextTable = func() (t [256]bool) {
+	for c := range t {
+		t[c] = isAlnum(byte(c)) || strings.IndexByte("!#$%&*+/=?^_}~-", byte(c)) >= 0
+	}
+	return t
+}()
 
 // emailRune reports the non-ASCII characters of an internationalised
 // address: letters, digits and marks, which RFC 6531 §3.3 admits in the
@@ -69,6 +74,12 @@ func gluedAfter(text string, e int) bool {
 // it ("a@b.com@c.org" is one finding), so that no part of a run of
 // address characters is left out.
 func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
+	// The domain first: it is the cheaper test, and what fails most often
+	// ("@" in code, mentions, floods of them); both tests only read text.
+	e, ok := domainAt(text, a+1)
+	if !ok {
+		return 0, 0, false
+	}
 	// Local part: atext runs (and non-ASCII letters) separated by single
 	// dots, ≤ 64 bytes.
 	s := localStart(text, a)
@@ -96,10 +107,6 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 	}
 	if gluedBefore(text, s) || before(text, s) == '.' && isAtext(before(text, s-1)) {
 		return 0, 0, false // glued to a longer word, or a dot run
-	}
-	e, ok := domainAt(text, a+1)
-	if !ok {
-		return 0, 0, false
 	}
 	// Prefer the address that ends at a dropped character: "x@acme.com" of
 	// "x@acme.com\x00more".

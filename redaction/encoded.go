@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // minEncodedLen is the shortest base64 or hex run worth decoding: 12
@@ -155,7 +156,14 @@ func maybeText(c byte) bool {
 	return true
 }
 
+// decodeRun decodes a run of hex or base64 (RFC 4648 §4 or §5 alphabet,
+// padding optional) and returns the decoded text when it reads as text
+// (see printableText).
 func decodeRun(run string) (string, bool) {
+	// Decoded into a buffer on the stack (the run itself is read in
+	// place): only a decoded text that is kept is allocated.
+	var buf [256]byte
+	src := unsafe.Slice(unsafe.StringData(run), len(run))
 	var raw []byte
 	var err error
 	switch {
@@ -163,7 +171,7 @@ func decodeRun(run string) (string, bool) {
 		if !maybeText(byte(hexVal(run[0])<<4 | hexVal(run[1]))) {
 			return "", false
 		}
-		raw, err = hex.DecodeString(run)
+		raw, err = hex.AppendDecode(buf[:0], src)
 	default:
 		body := strings.TrimRight(run, "=")
 		if strings.IndexByte(body, '=') >= 0 {
@@ -183,7 +191,7 @@ func decodeRun(run string) (string, bool) {
 		if n, _ := enc.Decode(first[:], []byte(body[:4])); n < 1 || !maybeText(first[0]) {
 			return "", false
 		}
-		raw, err = enc.DecodeString(body)
+		raw, err = enc.AppendDecode(buf[:0], src[:len(body)])
 	}
 	if err != nil || len(raw) < 6 || !printableText(raw) {
 		return "", false

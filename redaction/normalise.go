@@ -1,6 +1,7 @@
 package redaction
 
 import (
+	"math/bits"
 	"sort"
 	"strings"
 	"sync"
@@ -144,6 +145,17 @@ var specialASCII = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// special8 flags (bit 7 of each byte, see inRange) the bytes of w (see
+// le64) that are >= 0x80 or marked in specialASCII: a SWAR test of the
+// eight bytes at once, on their low seven bits (so no carry crosses a
+// byte).
+func special8(w uint64) uint64 {
+	high := w & msb
+	x := w &^ msb
+	controls := inRange(x, 0, 0x1F) &^ inRange(x, '\t', '\r')
+	return high | controls | eqByte(x, 0x7F) | inRange(x, '%', '&') | eqByte(x, '\\')
+}
 
 // hexVal returns the value of a hex digit, or -1.
 func hexVal(c byte) int {
@@ -360,6 +372,15 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 		if c < 0x80 {
 			if !specialASCII[c] {
 				i++
+				// Most text is plain ASCII: skip it eight bytes at a time,
+				// up to the first byte that is not.
+				for i+8 <= len(text) {
+					if m := special8(le64(text[i:])); m != 0 {
+						i += bits.TrailingZeros64(m) >> 3
+						break
+					}
+					i += 8
+				}
 				continue
 			}
 			switch c {

@@ -136,8 +136,16 @@ func (ns *numScan) gapIDs() {
 	}
 }
 
-func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budget) []Finding {
-	ns := numScan{s: s, text: text, dst: dst}
+// detectNumbers runs the numeric validators over the digit clusters of
+// text, with ns's buffers (kept for the next scan).
+func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budget, ns *numScan) []Finding {
+	*ns = numScan{s: s, text: text, dst: dst, c: cluster{atoms: ns.c.atoms[:0]}, digits: ns.digits[:0],
+		lens: ns.lens[:0], gid: ns.gid[:0], off: ns.off[:0], gaps: ns.gaps[:0]}
+	defer func() {
+		// Nothing in the pool keeps the text or the findings.
+		clear(ns.gaps)
+		ns.text, ns.dst, ns.ds = "", nil, ""
+	}()
 	end := -1
 	for _, d := range a.digits {
 		i := int(d)
@@ -222,6 +230,10 @@ func rightGlued(text string, e int) bool {
 }
 
 func (ns *numScan) add(typ, sub string, s, e int) {
+	if ns.dst == nil {
+		// Room for a few findings at once, not one by one.
+		ns.dst = make([]Finding, 0, 8)
+	}
 	ns.dst = append(ns.dst, Finding{Type: typ, Subtype: sub, Start: s, End: e})
 }
 

@@ -222,8 +222,24 @@ func (d *personDetector) skipTitles(text string, i int, kind cueKind) int {
 		for j < len(text) && (isAlpha(text[j]) || text[j] == '.') {
 			j++
 		}
-		w := strings.ToLower(text[i:j])
-		if kd, ok := personCues[w]; ok && kd == cueTitle || personCues[w+" "] == cueTitle && j > i {
+		// The word is ASCII letters and dots: lower-cased into buf, and
+		// looked up as it is and with a space after (a map look-up of
+		// string(buf[:n]) does not allocate).
+		var buf [32]byte
+		if j-i >= len(buf) {
+			w := strings.ToLower(text[i:j])
+			if kd, ok := personCues[w]; ok && kd == cueTitle || personCues[w+" "] == cueTitle {
+				i = j
+				continue
+			}
+			break
+		}
+		n := copy(buf[:], text[i:j])
+		for k := range n {
+			buf[k] = lowerByte[buf[k]]
+		}
+		buf[n] = ' '
+		if kd, ok := personCues[string(buf[:n])]; ok && kd == cueTitle || personCues[string(buf[:n+1])] == cueTitle && j > i {
 			i = j
 			continue
 		}
@@ -301,6 +317,9 @@ func (d *personDetector) detect(text string, a *anchors, dst []Finding, b *budge
 
 // listAfter finds the names listed after a name ending at e: ", Name",
 // " and Name", " e Name", " et Name", " und Name", " y Name".
+// listConjunctions join names in a list ("Maria Rossi and Luca Bianchi").
+var listConjunctions = []string{"and ", "e ", "et ", "und ", "y ", "or ", "o "}
+
 func (d *personDetector) listAfter(text string, e int, dst []Finding) []Finding {
 	for k := 0; k < 16; k++ {
 		i := e
@@ -310,8 +329,8 @@ func (d *personDetector) listAfter(text string, e int, dst []Finding) []Finding 
 		default:
 			i = e
 		}
-		for _, conj := range []string{"and ", "e ", "et ", "und ", "y ", "or ", "o "} {
-			if strings.HasPrefix(text[i:], " "+conj) {
+		for _, conj := range listConjunctions {
+			if strings.HasPrefix(text[i:], " ") && strings.HasPrefix(text[i+1:], conj) {
 				i += 1 + len(conj)
 				break
 			}

@@ -20,14 +20,24 @@ import (
 // check costs a few anchored matches instead of a Parse.
 
 // phoneDesc is one number type of a region: possible lengths and the
-// anchored national number pattern.
+// anchored national number pattern, also as an automaton over digits
+// when it has one (see digitDFA).
 type phoneDesc struct {
 	lengths []int32
 	re      *regexp.Regexp
+	dfa     *digitDFA
 }
 
 func (d *phoneDesc) match(nsn string) bool {
-	return d != nil && slices.Contains(d.lengths, int32(len(nsn))) && d.re.MatchString(nsn)
+	if d == nil || !slices.Contains(d.lengths, int32(len(nsn))) {
+		return false
+	}
+	if d.dfa != nil {
+		if m, ok := d.dfa.match(nsn); ok {
+			return m
+		}
+	}
+	return d.re.MatchString(nsn)
 }
 
 // phoneRegion is the compiled metadata of one region.
@@ -98,7 +108,7 @@ func phoneRegionFor(id string) *phoneRegion {
 			if err != nil {
 				return nil
 			}
-			return &phoneDesc{lengths: lengths, re: re}
+			return &phoneDesc{lengths: lengths, re: re, dfa: newDigitDFA("(?:" + d.GetNationalNumberPattern() + ")")}
 		}
 		r.general = desc(general)
 		for _, d := range []*phonenumbers.PhoneNumberDesc{m.GetPremiumRate(), m.GetTollFree(), m.GetSharedCost(), m.GetVoip(),

@@ -632,6 +632,21 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 	}
 }
 
+// thirdBytes returns the bytes that may follow the two-byte keyword kw at
+// a hit hitFilter(rules) admits (see startFilter.addThirds), or nil when
+// hitFilter sets no condition.
+func (d *secretDetector) thirdBytes(rules []int32, kw string) *thirdBytes {
+	var t thirdBytes
+	for _, ri := range rules {
+		r := &d.rules[ri]
+		if r.start == nil {
+			return nil
+		}
+		r.start.addThirds(kw, &t)
+	}
+	return &t
+}
+
 // assignmentNear reports whether an assignment operator byte follows the
 // keyword hit at p within n bytes, with only identifier, space and quote
 // bytes between: the shape every semi-generic match has. runs, when not
@@ -639,19 +654,41 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 func assignmentNear(text string, p, n, minSec int, runs *runScan) bool {
 	e := min(len(text), p+n)
 	for k := p + 1; k < e; k++ {
-		switch c := text[k]; {
-		case c == '=' || c == '>' || c == ':' || c == '|' || c == '?' || c == ',':
+		switch assignClass[text[k]] {
+		case assignOp:
 			if runs != nil {
 				return runs.runAfter(text, k, minSec)
 			}
 			return secretRunAfter(text, k, minSec)
-		case isAlnum(c) || c == '_' || c == '.' || c == '-' || c == '\'' || c == '"' || isSpaceByte(c):
-		default:
+		case assignOther:
 			return false
 		}
 	}
 	return false
 }
+
+// Byte classes of assignmentNear: an assignment operator, a byte that may
+// come between a keyword and its operator (identifier, space and quote
+// bytes), anything else.
+const (
+	assignBetween = iota
+	assignOp
+	assignOther
+)
+
+var assignClass = func() (t [256]uint8) {
+	for c := range t {
+		switch b := byte(c); {
+		case b == '=' || b == '>' || b == ':' || b == '|' || b == '?' || b == ',':
+			t[c] = assignOp
+		case isAlnum(b) || b == '_' || b == '.' || b == '-' || b == '\'' || b == '"' || isSpaceByte(b):
+			t[c] = assignBetween
+		default:
+			t[c] = assignOther
+		}
+	}
+	return t
+}()
 
 // windows returns the sorted, disjoint byte ranges to scan for a rule whose
 // matches contain a keyword: [hit-256, hit+1024] around each keyword hit,

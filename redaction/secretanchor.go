@@ -168,6 +168,43 @@ func inRanges(r rune, cls []rune) bool {
 	return false
 }
 
+// addThirds adds to t the bytes that can follow the two-byte keyword kw
+// (lower case) at a position f admits: the byte after kw is then, by some
+// alternative, its literal's third byte (in either case when it folds),
+// or a byte of its class when the class starts there and must be read;
+// or anything, or the end of the text, when the alternative reads no more.
+func (f *startFilter) addThirds(kw string, t *thirdBytes) {
+	for _, a := range f.alts {
+		if len(a.lit) < 2 || lowerByte[a.lit[0]] != kw[0] || lowerByte[a.lit[1]] != kw[1] {
+			if len(a.lit) < 2 {
+				// Not one of the shapes below: anything may follow.
+				t.end = true
+				for c := range t.in {
+					t.in[c] = true
+				}
+			}
+			continue // the literal does not start with kw: it admits no hit of kw
+		}
+		switch k := 2 - len(a.lit); {
+		case len(a.lit) >= 3:
+			for c := range 256 {
+				if byte(c) == a.lit[2] || a.fold && lowerByte[c] == a.lit[2] {
+					t.in[c] = true
+				}
+			}
+		case k < a.min:
+			for c := range 256 {
+				t.in[c] = t.in[c] || c >= 0x80 && a.high || c < 0x80 && a.ascii[c>>6]>>(c&63)&1 != 0
+			}
+		default:
+			t.end = t.end || len(a.lit)+a.min <= 2
+			for c := range t.in {
+				t.in[c] = true
+			}
+		}
+	}
+}
+
 // admits reports whether a match may start at text[p:].
 func (f *startFilter) admits(text string, p int) bool {
 	for _, a := range f.alts {
