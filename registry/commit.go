@@ -165,11 +165,16 @@ func (r *Registry) commitGroup(group []*pending) {
 	// for its commit (the file's busy timeout bounds that).
 	ctx := context.WithoutCancel(group[0].ctx)
 	err := r.txq(ctx, func(tx q) error {
-		for _, p := range group {
-			var err error
-			if p.id, err = r.recordIn(tx, p.u); err != nil {
-				return err
-			}
+		us := make([]Usage, len(group))
+		for i, p := range group {
+			us[i] = p.u
+		}
+		ids, err := r.recordBatch(tx, us)
+		if err != nil {
+			return err
+		}
+		for i, p := range group {
+			p.id = ids[i]
 		}
 		return nil
 	})

@@ -463,17 +463,35 @@ func (r *Registry) dropSegment(ctx context.Context, path, name string) {
 // transaction with the offset each segment is committed to.
 func (r *Registry) applyEntries(ctx context.Context, owner string, entries []entry) error {
 	return r.txq(ctx, func(tx q) error {
+		// Runs of records are written together (recordBatch); a release
+		// comes after the records before it.
+		var run []Usage
+		flush := func() error {
+			if len(run) == 0 {
+				return nil
+			}
+			_, err := r.recordBatch(tx, run)
+			run = run[:0]
+			if err != nil {
+				return fmt.Errorf("registry: recording usage: %w", err)
+			}
+			return nil
+		}
 		for _, e := range entries {
 			switch e.kind {
 			case entryRecord:
-				if _, err := r.recordIn(tx, e.u); err != nil {
-					return fmt.Errorf("registry: recording usage for %s: %w", e.u.Member, err)
-				}
+				run = append(run, e.u)
 			case entryRelease:
+				if err := flush(); err != nil {
+					return err
+				}
 				if _, err := tx.exec(qRelease, e.res); err != nil {
 					return fmt.Errorf("registry: releasing reservation %d: %w", e.res, err)
 				}
 			}
+		}
+		if err := flush(); err != nil {
+			return err
 		}
 		ends := map[int]int64{}
 		for _, e := range entries {

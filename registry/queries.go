@@ -24,7 +24,16 @@ const (
 			ON CONFLICT (member, period_start) DO UPDATE SET spent_nusd = spend.spent_nusd + excluded.spent_nusd,
 				prompt_tokens = spend.prompt_tokens + excluded.prompt_tokens,
 				completion_tokens = spend.completion_tokens + excluded.completion_tokens, records = spend.records + 1`
-	qSettle = `UPDATE reservations SET
+	// qAddSpendN adds the sums of several records (the last argument: how
+	// many) to a spend counter (recordBatch).
+	qAddSpendN = `INSERT INTO spend (member, period_start, spent_nusd, prompt_tokens, completion_tokens, records)
+			VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (member, period_start) DO UPDATE SET spent_nusd = spend.spent_nusd + excluded.spent_nusd,
+				prompt_tokens = spend.prompt_tokens + excluded.prompt_tokens,
+				completion_tokens = spend.completion_tokens + excluded.completion_tokens, records = spend.records + excluded.records`
+	qMemberPeriod = `SELECT period, period_start FROM members WHERE name = ?`
+	qSinks        = `SELECT name FROM outbox_sinks ORDER BY name`
+	qSettle       = `UPDATE reservations SET
 				nusd = CASE WHEN nusd > ? THEN nusd - ? ELSE 0 END,
 				tokens = CASE WHEN tokens > ? THEN tokens - ? ELSE 0 END
 				WHERE id = ?`
@@ -56,4 +65,5 @@ var preparedQueries = []string{
 	qRPMPrune, qRPMCount, qRPMOldest, qRPMAdmit, qTokenWindow, // Admit
 	qExpire, qReserve, qRelease, // Reserve, Release
 	qInsertUsage, qInsertUsageNumbered, qAddSpend, qSettle, qQueue, // Record
+	qAddSpendN, qMemberPeriod, qSinks, // recordBatch
 }
