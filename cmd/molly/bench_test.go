@@ -36,6 +36,9 @@ import (
 // bench/latest.txt and, when that file exists from an earlier run, prints
 // each metric's ratio to it first (the regression guard).
 //
+// The process's collector is set as molly's main sets it (tuneGC: GOGC
+// 400 unless GOGC is set), for both paths alike.
+//
 // The machine it runs on is small and shared, so every figure is a median
 // over rounds whose requests alternate between the two paths (ABBA order):
 // noise from other processes falls on both alike. The load generator is a Go
@@ -134,6 +137,8 @@ func startBenchPair(b *testing.B) *benchPair {
 	b.Setenv("XDG_DATA_HOME", b.TempDir())
 	b.Setenv("XDG_CONFIG_HOME", b.TempDir())
 
+	// The collector runs as in the molly binary (tuneGC), for both paths.
+	b.Cleanup(tuneGC())
 	upHost := startStaticUpstream(b)
 	mport, pport := freePort(b), freePort(b)
 	// Molly's log lines (a policy decision and a route decision per

@@ -64,7 +64,31 @@ func Version() string {
 	return "devel"
 }
 
+// defaultGCPercent is the GOGC molly runs with when the environment sets
+// none. The gateway's live heap is small (about 25 MB without a T0 model;
+// the model's weights are C memory) while every request leaves tens of KB
+// of garbage, so at Go's default of 100 it collects every ~100 ms under
+// load, and the requests that meet a collection make the tail (the 99th
+// percentile of a 2 KB request at concurrency 1 rose from about 200 to
+// about 550 µs over bare Caddy in make bench). 400 lets the heap grow to
+// five times the live data between collections; the memory limit Caddy
+// sets from the cgroup or the machine (GOMEMLIMIT, 90%) still makes the
+// collector work harder when memory runs short. GOGC=100 restores Go's
+// default.
+const defaultGCPercent = 400
+
+// tuneGC applies defaultGCPercent unless GOGC is set; restore puts back
+// the previous setting.
+func tuneGC() (restore func()) {
+	if _, set := os.LookupEnv("GOGC"); set {
+		return func() {}
+	}
+	old := debug.SetGCPercent(defaultGCPercent)
+	return func() { debug.SetGCPercent(old) }
+}
+
 func main() {
+	tuneGC()
 	// Caddy prints CustomVersion before its own version in `version` (and
 	// its logs): "Molly v1.2.3; Caddy v2.11.9 h1:…".
 	caddy.CustomVersion = "Molly " + Version() + "; Caddy"
