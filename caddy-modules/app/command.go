@@ -35,7 +35,11 @@ func init() {
 					if t.State != "closed" && !t.Until.IsZero() {
 						until = t.Until.Format(time.RFC3339)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Target, t.Tier, t.State, t.ConsecutiveFailures, t.Ejections, until, t.Reason)
+					state, reason := t.State, t.Reason
+					if t.Excluded != "" { // never routed to, whatever its circuit
+						state, reason = "excluded", t.Excluded
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Target, t.Tier, state, t.ConsecutiveFailures, t.Ejections, until, reason)
 				}
 				return tw.Flush()
 			}

@@ -86,7 +86,8 @@ func parseOutlierDetection(d *caddyfile.Dispenser) (*health.Config, error) {
 //
 //	GET /molly/targets   every target with its circuit: [{"target", "tier", "kind", "state" (closed|open|half_open),
 //	                     "consecutive_failures", "interval_attempts", "interval_failures", "ejections",
-//	                     "ejected_at", "until", "reason", "last_failure", "ejections_total": {reason: n}}]
+//	                     "ejected_at", "until", "reason", "last_failure", "ejections_total": {reason: n},
+//	                     "excluded" (why routing never picks it, e.g. its API key is not set; absent otherwise)}]
 //
 // Like every Molly admin route it answers only on the Unix socket or the
 // mutual-TLS remote admin endpoint (admin.Guard).
@@ -108,6 +109,9 @@ type targetStatus struct {
 	health.Status
 	Tier string `json:"tier"`
 	Kind string `json:"kind"`
+	// Excluded, when set, is why routing never picks the target whatever
+	// its circuit (its API key is not set).
+	Excluded string `json:"excluded,omitempty"`
 }
 
 func serveTargets(w http.ResponseWriter, r *http.Request) error {
@@ -128,7 +132,11 @@ func serveTargets(w http.ResponseWriter, r *http.Request) error {
 		if !ok {
 			s = health.Status{Target: t.Name, State: health.StateClosed, EjectionsTotal: map[string]uint64{}}
 		}
-		out = append(out, targetStatus{Status: s, Tier: t.Tier, Kind: kindName(t.Kind)})
+		st := targetStatus{Status: s, Tier: t.Tier, Kind: kindName(t.Kind)}
+		if why := t.MissingKey(); why != "" {
+			st.Excluded = "no API key: " + why // as routing's X-Molly-Route says it
+		}
+		out = append(out, st)
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

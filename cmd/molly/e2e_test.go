@@ -267,12 +267,28 @@ func TestATargetWithoutItsKeyIsNeverSentRequests(t *testing.T) {
 			t.Fatalf("validate: %v\n%s", err, out)
 		}
 	})
-	g := startMolly(t, cfg)
+	admin := adminSocket(t)
+	g := startMolly(t, strings.Replace(cfg, "admin off", "admin "+admin+"|0600", 1))
 	c := client(g)
 	ctx := context.Background()
 	if !warned.MatchString(g.logs.String()) {
 		t.Fatalf("no warning at start:\n%s", g.logs.String())
 	}
+	t.Run("molly targets says it is excluded, and why", func(t *testing.T) {
+		code, body := adminCall(t, admin, http.MethodGet, "/molly/targets", nil)
+		ext := gjson.Get(body, `#(target=="external")`)
+		if code != http.StatusOK || ext.Get("excluded").Str != "no API key: api_key_env MOLLY_TEST_UNSET_KEY is not set" ||
+			gjson.Get(body, `#(target=="selfhosted").excluded`).Exists() {
+			t.Fatalf("GET /molly/targets: %d %s", code, body)
+		}
+		cmd := exec.Command(mollyBin, "targets", "--address", admin)
+		cmd.Env = mollyEnv(t)
+		out, err := cmd.CombinedOutput()
+		row := regexp.MustCompile(`(?m)^external\s+T3\s+excluded\s+0\s+0\s+-\s+no API key: api_key_env MOLLY_TEST_UNSET_KEY is not set$`)
+		if err != nil || !row.Match(out) {
+			t.Fatalf("molly targets: %v\n%s", err, out)
+		}
+	})
 	t.Run("a public prompt falls back from T3 to T2, saying why", func(t *testing.T) {
 		var resp *http.Response
 		out, err := c.Chat.Completions.New(ctx, chat("Write a haiku about autumn"), option.WithResponseInto(&resp))
