@@ -119,6 +119,10 @@ func TestEmailDetection(t *testing.T) {
 		{"curly quotes around the address are not part of it", "", "“anna@example.com”", []string{"EMAIL:anna@example.com"}},
 		{"accented prose without an @ is not an address", "", "él visitó exämple.de y über.com ayer", nil},
 		{"an accented host without a dot is not an address", "", "login als jürgen@müller", nil},
+		{"an address in a Chinese sentence ends where the Chinese starts", "", "请联系bob@example.com谢谢", []string{"EMAIL:bob@example.com"}},
+		{"an address in a Japanese sentence", "", "メールはtaro.yamada@example.co.jpです", []string{"EMAIL:taro.yamada@example.co.jp"}},
+		{"an address in a Korean sentence", "", "연락처는kim@example.kr입니다", []string{"EMAIL:kim@example.kr"}},
+		{"a Chinese local part takes the whole run before the @: nothing marks where it starts", "", "写信到用户@例子.中国", []string{"EMAIL:写信到用户@例子.中国"}},
 	})
 }
 

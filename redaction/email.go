@@ -54,15 +54,40 @@ func emailRune(r rune) bool {
 
 // gluedBefore and gluedAfter report whether the text around [s, e) goes on
 // with a letter or digit of any script: the match is then part of a
-// longer word.
+// longer word. Chinese, Japanese and Korean text is written without
+// spaces, so a CJK character next to an ASCII end of the match is a word
+// boundary, not glue ("请联系bob@example.com谢谢").
 func gluedBefore(text string, s int) bool {
 	r, _ := utf8.DecodeLastRuneInString(text[:s])
+	if cjk(r) && s < len(text) && text[s] < 0x80 {
+		return false
+	}
 	return emailRune(r)
 }
 
 func gluedAfter(text string, e int) bool {
 	r, _ := utf8.DecodeRuneInString(text[e:])
+	if cjk(r) && e > 0 && text[e-1] < 0x80 {
+		return false
+	}
 	return emailRune(r)
+}
+
+// emailRuneAt reports whether the character at i is a non-ASCII address
+// character (emailRune).
+func emailRuneAt(text string, i int) bool {
+	r, _ := utf8.DecodeRuneInString(text[min(i, len(text)):])
+	return emailRune(r)
+}
+
+// cjk reports the characters of scripts written without spaces between
+// words: Han, Hiragana, Katakana, Hangul. Where one meets ASCII inside a
+// run of address characters, the address ends (or starts) there: a
+// mixed-script local part or top-level label is far rarer than an
+// address written in a CJK sentence ("メールはtaro@example.co.jpです").
+func cjk(r rune) bool {
+	return r >= 0x1100 && (unicode.Is(unicode.Han, r) || unicode.Is(unicode.Hiragana, r) ||
+		unicode.Is(unicode.Katakana, r) || unicode.Is(unicode.Hangul, r))
 }
 
 // emailAt checks the address around the '@' at a and returns its span.
@@ -138,8 +163,8 @@ func localStart(text string, a int) int {
 		c := text[s-1]
 		if c >= 0x80 {
 			r, n := utf8.DecodeLastRuneInString(text[:s])
-			if !emailRune(r) {
-				break
+			if !emailRune(r) || cjk(r) && s < a && text[s] < 0x80 {
+				break // not an address character, or CJK before ASCII (cjk)
 			}
 			s -= n
 			continue
@@ -178,7 +203,7 @@ func domainAt(text string, i int) (int, bool) {
 			continue
 		}
 		if c >= 0x80 {
-			if r, n := utf8.DecodeRuneInString(text[e:]); emailRune(r) {
+			if r, n := utf8.DecodeRuneInString(text[e:]); emailRune(r) && !(cjk(r) && e > labelStart && text[e-1] < 0x80) {
 				e += n
 				continue
 			}
@@ -188,7 +213,7 @@ func domainAt(text string, i int) (int, bool) {
 			break
 		}
 		labels++
-		if c == '.' && (isAlnum(at(text, e+1)) || gluedAfter(text, e+1)) {
+		if c == '.' && (isAlnum(at(text, e+1)) || emailRuneAt(text, e+1)) {
 			e++
 			labelStart = e
 			continue
