@@ -18,10 +18,16 @@ import (
 // record. ids[i] is records[i]'s record id. It is what the group commit
 // and the usage journal's committer call; a batch of one is recordIn.
 func (r *Registry) recordBatch(tx q, records []Usage) (ids []string, err error) {
+	return r.recordBatchAs(tx, records, r.owner, false)
+}
+
+// recordBatchAs is recordBatch for the records of owner's reservations;
+// keepTime as recordAs's.
+func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime bool) (ids []string, err error) {
 	ids = make([]string, len(records))
 	if len(records) == 1 || r.pg || hasUndecided(records) {
 		for i, u := range records {
-			if ids[i], err = r.recordIn(tx, u); err != nil {
+			if ids[i], err = r.recordAs(tx, u, owner, keepTime); err != nil {
 				return nil, err
 			}
 		}
@@ -103,7 +109,7 @@ func (r *Registry) recordBatch(tx q, records []Usage) (ids []string, err error) 
 	args = args[:0]
 	b.WriteString(`INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts) VALUES `)
 	for i, u := range records {
-		if u.Time.Before(commit) {
+		if u.Time.Before(commit) && !(keepTime && !u.Time.IsZero()) {
 			u.Time = commit
 		}
 		est := 0
@@ -151,7 +157,7 @@ func (r *Registry) recordBatch(tx q, records []Usage) (ids []string, err error) 
 	}
 	for _, id := range settleOrder {
 		st := settles[id]
-		if _, err := tx.exec(qSettle, st.nusd, st.nusd, st.tokens, st.tokens, id); err != nil {
+		if _, err := tx.exec(qSettle, st.nusd, st.nusd, st.tokens, st.tokens, id, owner); err != nil {
 			return nil, err
 		}
 	}

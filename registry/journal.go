@@ -1,14 +1,12 @@
 package registry
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -102,18 +101,19 @@ type journal struct {
 	owner string
 	lock  *os.File // <owner>.lock, flock'd exclusively
 
-	mu      sync.Mutex
-	f       *os.File      // current segment
-	seg     int           // its number
-	size    int64         // its length
-	segs    []int         // segments not yet removed, oldest first (current last)
-	queue   []entry       // appended, not committed, in order
-	pending int           // len(queue)
-	written uint64        // entries appended since the journal opened
-	applied uint64        // entries committed since the journal opened
-	changed chan struct{} // closed (and replaced) whenever applied moves
-	err     error         // the last commit error, nil after a success
-	buf     []byte
+	mu        sync.Mutex
+	f         *os.File      // current segment
+	seg       int           // its number
+	size      int64         // its length
+	segs      []int         // segments not yet removed, oldest first (current last)
+	queue     []entry       // appended, not committed, in order
+	pending   int           // len(queue)
+	written   uint64        // entries appended since the journal opened
+	applied   uint64        // entries committed since the journal opened
+	changed   chan struct{} // closed (and replaced) whenever applied moves
+	err       error         // the last commit error, nil after a success
+	appendErr error         // the last append error, nil after a success
+	buf       []byte
 
 	kick  chan struct{} // an entry was appended
 	hurry chan struct{} // a reader waits: commit now
@@ -130,11 +130,12 @@ func JournalDir(path string) string { return path + ".journals" } // not -journa
 // at the top of journal.go): durable across a crash of the process, in the
 // ledger a moment later, and seen at once by this handle's reads of usage,
 // spend and reservations. The record's id is assigned at its commit, as
-// Record's. Errors: ErrInvalid as Record's; the journal's file cannot be
-// written, or journalMaxPending records already wait for a ledger that
-// fails (for journalFullWait, or until ctx ends): nothing is recorded. On
+// Record's. When the journal cannot take the record (its file system is
+// full or failing, journalMaxPending records already wait for a ledger
+// that fails), Journal is Record for it. Errors: ErrInvalid as Record's;
+// both the journal and Record failed (nothing is recorded). On
 // PostgreSQL, at synchronous=FULL, or when the journal's folder cannot be
-// made, Journal is Record (its errors).
+// made, Journal is Record.
 func (r *Registry) Journal(ctx context.Context, u Usage) error {
 	if u.Member == "" || u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CostUSD < 0 {
 		return fmt.Errorf("usage for %q: member, non-negative tokens and cost are required: %w", u.Member, ErrInvalid)
@@ -144,7 +145,16 @@ func (r *Registry) Journal(ctx context.Context, u Usage) error {
 		_, err := r.Record(ctx, u)
 		return err
 	}
-	return j.append(ctx, entry{kind: entryRecord, u: u})
+	if err := j.append(ctx, entry{kind: entryRecord, u: u}); err != nil {
+		// The journal cannot take it (its file system is full or gone):
+		// the ledger directly. Its settlement commutes with the journal's
+		// (sums); only its record id may come before an earlier record's
+		// of the same decision.
+		if _, rerr := r.Record(ctx, u); rerr != nil {
+			return fmt.Errorf("%w; and recording it directly: %w", err, rerr)
+		}
+	}
+	return nil
 }
 
 // releaseJournaled releases reservation id through the journal when this
@@ -156,11 +166,19 @@ func (r *Registry) releaseJournaled(ctx context.Context, id int64) bool {
 	if j == nil {
 		return false
 	}
-	return j.append(ctx, entry{kind: entryRelease, res: id}) == nil // else directly (the caller)
+	if j.append(ctx, entry{kind: entryRelease, res: id}) == nil {
+		return true
+	}
+	// Directly (the caller), once the records before it are committed, so
+	// that the reservation is not gone before they count.
+	_ = r.syncJournal(ctx)
+	return false
 }
 
 // syncJournal waits until every entry this handle appended before the call
-// is committed (ctx's error otherwise). No journal: nil at once.
+// is committed: at most journalSyncWait (the registry file's busy timeout),
+// then an error, as a transaction waiting for the file's lock fails; ctx's
+// error when it ends first. No journal: nil at once.
 func (r *Registry) syncJournal(ctx context.Context) error {
 	r.jmu.Lock()
 	j := r.journal
@@ -168,15 +186,32 @@ func (r *Registry) syncJournal(ctx context.Context) error {
 	if j == nil {
 		return nil
 	}
-	return j.wait(ctx, j.mark())
+	ctx, cancel := context.WithTimeoutCause(ctx, journalSyncWait, errJournalBehind)
+	defer cancel()
+	if err := j.wait(ctx, j.mark()); err != nil {
+		if c := context.Cause(ctx); errors.Is(c, errJournalBehind) {
+			j.mu.Lock()
+			last := j.err
+			j.mu.Unlock()
+			return fmt.Errorf("registry: %w (%d records wait; last commit error: %v)", errJournalBehind, j.queued(), last)
+		}
+		return err
+	}
+	return nil
 }
+
+// journalSyncWait bounds syncJournal, as the busy timeout bounds a
+// transaction's wait for the file's lock (a variable for tests).
+var journalSyncWait = 5 * time.Second
+
+var errJournalBehind = errors.New("the usage journal is not committed in time")
 
 // JournalStats are a journal's counts.
 type JournalStats struct {
 	Pending int    // entries appended, not yet committed
 	Written uint64 // entries appended since the handle opened
 	Applied uint64 // entries committed since the handle opened
-	Err     error  // the last commit's error while it keeps failing, else nil
+	Err     error  // the last commit's error while commits fail, else the last append's while appends fail, else nil
 }
 
 // JournalStats returns this handle's journal counts (zero without one).
@@ -189,7 +224,11 @@ func (r *Registry) JournalStats() JournalStats {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return JournalStats{Pending: j.pending, Written: j.written, Applied: j.applied, Err: j.err}
+	err := j.err
+	if err == nil {
+		err = j.appendErr
+	}
+	return JournalStats{Pending: j.pending, Written: j.written, Applied: j.applied, Err: err}
 }
 
 // openJournal returns the handle's journal, opening it on first use; nil
@@ -221,21 +260,8 @@ func newJournal(r *Registry) (*journal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	// The lock is taken before the file has its name, so that no replay
-	// can take a live handle's lock file for an orphan's.
-	tmp := filepath.Join(dir, r.owner+".lock.tmp")
-	lf, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	lf, err := takeLock(dir, r.owner)
 	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lf.Close()
-		os.Remove(tmp)
-		return nil, err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, r.owner+".lock")); err != nil {
-		lf.Close()
-		os.Remove(tmp)
 		return nil, err
 	}
 	j := &journal{r: r, dir: dir, owner: r.owner, lock: lf, seg: -1, changed: make(chan struct{}),
@@ -247,8 +273,45 @@ func newJournal(r *Registry) (*journal, error) {
 	return j, nil
 }
 
+// takeLock makes and flocks <owner>.lock in dir. The lock is taken before
+// the file has its name, so that no replay can take a live handle's lock
+// file for an orphan's.
+func takeLock(dir, owner string) (*os.File, error) {
+	tmp := filepath.Join(dir, owner+".lock.tmp")
+	lf, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lf.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, owner+".lock")); err != nil {
+		lf.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	return lf, nil
+}
+
 // rotate starts the next segment (under mu, or before the journal runs).
+// When the folder or the lock file was removed while running, it makes
+// them again, so that a crash leaves a journal the next handle replays.
 func (j *journal) rotate() error {
+	if err := os.MkdirAll(j.dir, 0o700); err != nil {
+		return err
+	}
+	if j.lock != nil {
+		if _, err := os.Stat(filepath.Join(j.dir, j.owner+".lock")); errors.Is(err, os.ErrNotExist) {
+			lf, err := takeLock(j.dir, j.owner)
+			if err != nil {
+				return err
+			}
+			j.lock.Close()
+			j.lock = lf
+		}
+	}
 	f, err := os.OpenFile(j.segPath(j.owner, j.seg+1), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -267,6 +330,20 @@ func (j *journal) segPath(owner string, seg int) string {
 }
 
 func segName(owner string, seg int) string { return owner + "." + strconv.Itoa(seg) }
+
+// gone reports whether the current segment's file was removed (its folder
+// deleted while running): what is appended there could not be replayed
+// after a crash. One fstat(2) per append (well under a microsecond).
+// Entries appended before the removal are still committed from memory;
+// only a crash before that commit loses them.
+func (j *journal) gone() bool {
+	fi, err := j.f.Stat()
+	if err != nil {
+		return true
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Nlink == 0
+}
 
 // mark is the count of entries appended so far.
 func (j *journal) mark() uint64 {
@@ -332,22 +409,26 @@ func (j *journal) append(ctx context.Context, e entry) error {
 	if j.f == nil {
 		return errors.New("registry: the usage journal is closed")
 	}
-	if j.size >= journalSegmentBytes {
+	if j.size >= journalSegmentBytes || j.gone() {
 		if err := j.rotate(); err != nil {
-			return err
+			j.appendErr = fmt.Errorf("registry: starting a usage journal segment: %w", err)
+			return j.appendErr
 		}
 	}
 	j.buf = encodeEntry(j.buf[:0], e)
+	if len(j.buf)-8 > maxFrame {
+		return fmt.Errorf("registry: a usage record of %d bytes is over the journal's %d", len(j.buf)-8, maxFrame)
+	}
 	n, err := j.f.Write(j.buf)
 	if err != nil {
-		// A partial frame fails its checksum at replay; later frames would
-		// not be found after it, so the segment ends here.
-		if n > 0 {
-			j.size += int64(n)
-			_ = j.rotate()
-		}
-		return fmt.Errorf("registry: writing the usage journal: %w", err)
+		// A partial frame fails its checksum at replay, which then looks
+		// for the next whole frame; the segment ends here anyway.
+		j.size += int64(n)
+		_ = j.rotate()
+		j.appendErr = fmt.Errorf("registry: writing the usage journal: %w", err)
+		return j.appendErr
 	}
+	j.appendErr = nil
 	j.size += int64(n)
 	e.seg, e.end = j.seg, j.size
 	j.queue = append(j.queue, e)
@@ -418,7 +499,7 @@ func (j *journal) commitQueued() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := j.r.applyEntries(ctx, j.owner, batch)
+	err := j.r.applyEntries(ctx, j.owner, batch, false)
 	j.mu.Lock()
 	if err != nil {
 		j.err = err
@@ -448,7 +529,7 @@ func (j *journal) commitQueued() error {
 	j.mu.Unlock()
 	j.r.nudge()
 	for _, s := range done {
-		j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s))
+		_ = j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s)) // what stays is not replayed twice (its row)
 	}
 	return nil
 }
@@ -456,16 +537,20 @@ func (j *journal) commitQueued() error {
 // dropSegment removes a committed segment: the file first, then its row
 // (a row without its file is never read again; a file without its row
 // would be replayed from 0).
-func (r *Registry) dropSegment(ctx context.Context, path, name string) {
+func (r *Registry) dropSegment(ctx context.Context, path, name string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return
+		return err // its row stays: it is not replayed again
 	}
-	_, _ = r.db.ExecContext(ctx, `DELETE FROM usage_journals WHERE name = ?`, name)
+	_, err := r.db.ExecContext(ctx, `DELETE FROM usage_journals WHERE name = ?`, name)
+	return err
 }
 
 // applyEntries commits entries (in order, of one owner's journal) in one
 // transaction with the offset each segment is committed to.
-func (r *Registry) applyEntries(ctx context.Context, owner string, entries []entry) error {
+//
+// replay: the entries are a dead handle's, replayed now: records keep
+// their time (recordAs).
+func (r *Registry) applyEntries(ctx context.Context, owner string, entries []entry, replay bool) error {
 	return r.txq(ctx, func(tx q) error {
 		// Runs of records are written together (recordBatch); a release
 		// comes after the records before it.
@@ -474,7 +559,7 @@ func (r *Registry) applyEntries(ctx context.Context, owner string, entries []ent
 			if len(run) == 0 {
 				return nil
 			}
-			_, err := r.recordBatch(tx, run)
+			_, err := r.recordBatchAs(tx, run, owner, replay)
 			run = run[:0]
 			if err != nil {
 				return fmt.Errorf("registry: recording usage: %w", err)
@@ -489,7 +574,7 @@ func (r *Registry) applyEntries(ctx context.Context, owner string, entries []ent
 				if err := flush(); err != nil {
 					return err
 				}
-				if _, err := tx.exec(qRelease, e.res); err != nil {
+				if _, err := tx.exec(qRelease, e.res, owner); err != nil {
 					return fmt.Errorf("registry: releasing reservation %d: %w", e.res, err)
 				}
 			}
@@ -539,7 +624,7 @@ func (j *journal) removeFiles() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, s := range j.segs {
-		j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s))
+		_ = j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s)) // what stays is not replayed twice (its row)
 	}
 	os.Remove(filepath.Join(j.dir, j.owner+".lock"))
 	j.lock.Close()
@@ -570,12 +655,21 @@ func (r *Registry) recoverJournals(ctx context.Context) error {
 	return first
 }
 
-// recoverJournal replays owner's segments when its lock is free.
+// recoverJournal replays owner's segments when its lock is free. A lock
+// or segment it cannot open or remove (another user's files, a read-only
+// file system) is an error naming it: Open fails rather than leave
+// acknowledged records out of the ledger unsaid.
 func (r *Registry) recoverJournal(ctx context.Context, dir, owner string) error {
 	lp := filepath.Join(dir, owner+".lock")
 	lf, err := os.OpenFile(lp, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // replayed and removed meanwhile
+	}
 	if err != nil {
-		return nil // gone meanwhile
+		if fi, serr := os.Stat(lp); serr == nil && fi.IsDir() {
+			return nil // not a lock file
+		}
+		return fmt.Errorf("registry: the usage journal %s of an earlier process cannot be opened, so its records cannot be replayed: %w", lp, err)
 	}
 	defer lf.Close()
 	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
@@ -598,13 +692,13 @@ func (r *Registry) recoverJournal(ctx context.Context, dir, owner string) error 
 	slices.Sort(nums)
 	for _, n := range nums {
 		if err := r.replaySegment(ctx, dir, owner, n); err != nil {
-			return fmt.Errorf("registry: replaying usage journal %s: %w", segName(owner, n), err)
+			return fmt.Errorf("registry: replaying usage journal %s: %w", filepath.Join(dir, segName(owner, n)+".log"), err)
 		}
 	}
-	if _, err := r.db.ExecContext(ctx, `DELETE FROM usage_journals WHERE name LIKE ? ESCAPE '\'`, likePrefix(owner)+".%"); err != nil {
-		return err
+	if err := os.Remove(lp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("registry: removing the replayed usage journal %s: %w", lp, err)
 	}
-	return os.Remove(lp)
+	return nil
 }
 
 func mustStat(f *os.File) os.FileInfo {
@@ -615,12 +709,13 @@ func mustStat(f *os.File) os.FileInfo {
 	return fi
 }
 
-func likePrefix(s string) string {
-	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(s)
-}
-
 // replaySegment commits a dead owner's segment from its committed offset
-// and removes it.
+// and removes it. A frame that fails its checksum with more of the file
+// after it (the disk damaged it) is skipped by looking for the next whole
+// frame at each following byte (a false match has odds of 2^-32 per
+// position); the segment is then kept, renamed <segment>.log.corrupt, as
+// the evidence. A damaged last frame is a write a crash cut short (never
+// acknowledged): dropped.
 func (r *Registry) replaySegment(ctx context.Context, dir, owner string, seg int) error {
 	path := filepath.Join(dir, owner+"."+strconv.Itoa(seg)+".log")
 	var applied int64
@@ -628,40 +723,42 @@ func (r *Registry) replaySegment(ctx context.Context, dir, owner string, seg int
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if _, err := f.Seek(applied, io.SeekStart); err != nil {
-		return err
-	}
-	br := bufio.NewReader(f)
-	off := applied
 	var batch []entry
-	for {
-		e, n, err := decodeFrame(br)
+	// bad: a frame did not decode; damaged: a whole frame came after one
+	// (a torn last frame is bad and not damaged).
+	bad, damaged := false, false
+	for off := min(applied, int64(len(data))); off < int64(len(data)); {
+		e, n, err := decodeFrame(data[off:])
 		if err != nil {
-			break // end of the segment, or a torn last frame (never acknowledged)
+			bad = true
+			off++ // look for the next whole frame
+			continue
 		}
+		damaged = damaged || bad
 		off += int64(n)
 		e.seg, e.end = seg, off
 		batch = append(batch, e)
 		if len(batch) == maxGroup {
-			if err := r.applyEntries(ctx, owner, batch); err != nil {
+			if err := r.applyEntries(ctx, owner, batch, true); err != nil {
 				return err
 			}
 			batch = batch[:0]
 		}
 	}
 	if len(batch) > 0 {
-		if err := r.applyEntries(ctx, owner, batch); err != nil {
+		if err := r.applyEntries(ctx, owner, batch, true); err != nil {
 			return err
 		}
 	}
 	r.nudge()
-	r.dropSegment(ctx, path, segName(owner, seg))
-	return nil
+	if damaged {
+		return os.Rename(path, path+".corrupt")
+	}
+	return r.dropSegment(ctx, path, segName(owner, seg))
 }
 
 // A frame is: payload length (uint32, little-endian), CRC-32C of the
@@ -673,8 +770,10 @@ func (r *Registry) replaySegment(ctx context.Context, dir, owner string, seg int
 // release's payload is 'r' and the reservation id (uvarint).
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// maxFrame bounds a frame's payload at replay (a corrupt length).
-const maxFrame = 1 << 20
+// maxFrame bounds a frame's payload (append refuses a larger entry, which
+// then goes to the ledger directly), so that a damaged length at replay
+// costs little.
+const maxFrame = 64 << 10
 
 func encodeEntry(b []byte, e entry) []byte {
 	start := len(b)
@@ -705,24 +804,27 @@ func encodeEntry(b []byte, e entry) []byte {
 	return b
 }
 
-var errFrame = errors.New("registry: bad usage journal frame")
+var (
+	errFrame = errors.New("registry: bad usage journal frame")
+	errShort = errors.New("registry: usage journal frame runs past the end")
+)
 
-// decodeFrame reads one frame; n is its length in bytes. Any error ends the
-// segment (io.EOF at its clean end).
-func decodeFrame(br *bufio.Reader) (entry, int, error) {
-	var hdr [8]byte
-	if _, err := io.ReadFull(br, hdr[:]); err != nil {
-		return entry{}, 0, err
+// decodeFrame decodes the frame at the start of b; n is its length in
+// bytes. errShort: b ends inside it (or is empty); errFrame: it is not a
+// whole, valid frame.
+func decodeFrame(b []byte) (entry, int, error) {
+	if len(b) < 8 {
+		return entry{}, 0, errShort
 	}
-	size := binary.LittleEndian.Uint32(hdr[0:4])
+	size := binary.LittleEndian.Uint32(b[0:4])
 	if size == 0 || size > maxFrame {
 		return entry{}, 0, errFrame
 	}
-	payload := make([]byte, size)
-	if _, err := io.ReadFull(br, payload); err != nil {
-		return entry{}, 0, err
+	if uint64(len(b)-8) < uint64(size) {
+		return entry{}, 0, errShort
 	}
-	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[4:8]) {
+	payload := b[8 : 8+size]
+	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(b[4:8]) {
 		return entry{}, 0, errFrame
 	}
 	e, err := decodePayload(payload)

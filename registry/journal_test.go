@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -317,26 +318,222 @@ func TestJournalFramesRoundTrip(t *testing.T) {
 	for _, e := range in {
 		buf = encodeEntry(buf, e)
 	}
-	br := bufio.NewReader(strings.NewReader(string(buf)))
+	off := 0
 	for i, want := range in {
-		got, n, err := decodeFrame(br)
+		got, n, err := decodeFrame(buf[off:])
 		if err != nil {
 			t.Fatal(i, err)
 		}
+		off += n
 		if n != len(encodeEntry(nil, want)) || got.kind != want.kind || got.res != want.res || got.u != want.u {
 			t.Fatalf("entry %d (%d bytes): %+v, want %+v", i, n, got, want)
 		}
 	}
-	if _, _, err := decodeFrame(br); err != io.EOF {
-		t.Fatalf("after the last frame: %v, want EOF", err)
+	if _, _, err := decodeFrame(buf[off:]); err != errShort {
+		t.Fatalf("after the last frame: %v, want errShort", err)
 	}
 	one := encodeEntry(nil, in[0])
 	for i := range one {
 		bad := slices.Clone(one)
 		bad[i] ^= 0x20
-		got, _, err := decodeFrame(bufio.NewReader(strings.NewReader(string(bad))))
+		got, _, err := decodeFrame(bad)
 		if err == nil { // CRC-32C detects every 1-bit error
 			t.Fatalf("byte %d changed: decoded %+v without an error", i, got)
 		}
 	}
+}
+
+// deadJournal writes, in dir, the journal of a handle that died: an
+// unlocked lock file and one segment holding frames.
+func deadJournal(t *testing.T, path, owner string, frames ...[]byte) string {
+	t.Helper()
+	dir := JournalDir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, owner+".lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	seg := filepath.Join(dir, owner+".0.log")
+	var data []byte
+	for _, f := range frames {
+		data = append(data, f...)
+	}
+	if err := os.WriteFile(seg, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return seg
+}
+
+// TestReplayKeepsTheUsagesTimeAndSkipsDamage: a dead journal replayed two
+// days later books its records at the time they happened (the period and
+// minute they belong to), not at the replay; a frame damaged in the middle
+// is skipped and the whole frames after it are still committed, the
+// segment kept as <name>.corrupt; a release naming a reservation of
+// another handle (its id reused) leaves that reservation alone.
+func TestReplayKeepsTheUsagesTimeAndSkipsDamage(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "molly.db")
+	c := &clock{t: t0}
+	live := open(t, path, c)
+	m := put(t, live, Member{Name: "dana", BudgetUSD: 10, Period: PeriodDay, TPM: 1 << 20})
+	other, err := live.Reserve(ctx, m, 100, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	happened := t0.Add(-48 * time.Hour)
+	var frames [][]byte
+	for i := range 10 {
+		frames = append(frames, encodeEntry(nil, entry{kind: entryRecord, u: Usage{Member: "dana", DecisionID: fmt.Sprintf("r%d", i),
+			Model: "m", Target: "t", Tier: "T3", PromptTokens: 10, CompletionTokens: 1, CostUSD: 0.001, Time: happened}}))
+	}
+	frames[3][12] ^= 0x40 // a bit flipped inside the 4th frame's payload
+	frames = append(frames, encodeEntry(nil, entry{kind: entryRelease, res: other.ID}))
+	seg := deadJournal(t, path, "deadbeef", frames...)
+
+	r, err := Open(path, Options{Now: c.now}) // replays the dead journal
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	list, _, err := r.UsageRecords(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 9 {
+		t.Fatalf("%d records replayed, want the 9 whole ones", len(list))
+	}
+	for _, u := range list {
+		if u.RecordID == "r3" || !u.Time.Equal(happened) {
+			t.Fatalf("replayed %s at %v, want the 9 undamaged records at %v", u.RecordID, u.Time, happened)
+		}
+	}
+	var then, today int64
+	dayStart := func(tm time.Time) int64 { s, _ := m.PeriodAt(tm); return ms(s) }
+	_ = r.db.QueryRow(`SELECT COALESCE(SUM(spent_nusd), 0) FROM spend WHERE member = 'dana' AND period_start = ?`, dayStart(happened)).Scan(&then)
+	_ = r.db.QueryRow(`SELECT COALESCE(SUM(spent_nusd), 0) FROM spend WHERE member = 'dana' AND period_start = ?`, dayStart(t0)).Scan(&today)
+	if then != 9*NanoUSD(0.001) || today != 0 {
+		t.Fatalf("spend %d nano-USD in the period it happened, %d today; want %d and 0", then, today, 9*NanoUSD(0.001))
+	}
+	if usdHeld, _, err := r.Held(ctx, "dana"); err != nil || usdHeld != 1 {
+		t.Fatalf("the live handle's reservation holds %v USD (%v) after a dead journal released its id; want 1", usdHeld, err)
+	}
+	if _, err := os.Stat(seg + ".corrupt"); err != nil {
+		t.Fatalf("the damaged segment is not kept: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(JournalDir(path), "deadbeef.lock")); !os.IsNotExist(err) {
+		t.Fatalf("the dead journal's lock is still there: %v", err)
+	}
+}
+
+// TestAJournalThatCannotBeReadFailsOpen: a dead journal whose lock cannot
+// be opened (here a symbolic link loop) makes Open fail naming it, instead
+// of starting without its records.
+func TestAJournalThatCannotBeReadFailsOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "molly.db")
+	setup, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup.Close()
+	dir := JournalDir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	lock := filepath.Join(dir, "feedface.lock")
+	if err := os.Symlink(lock, lock); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(path, Options{})
+	if err == nil {
+		r.Close()
+		t.Fatal("Open succeeded with a dead journal it cannot read")
+	}
+	if !strings.Contains(err.Error(), lock) || !strings.Contains(err.Error(), "cannot be opened") {
+		t.Fatalf("error %q does not name the journal", err)
+	}
+}
+
+// TestJournalFailuresLoseNothing: a journal whose folder is removed while
+// running makes it again (folder, lock, segment), so a crash still leaves
+// a journal to replay; an append that fails goes to the ledger directly
+// and shows in JournalStats; a read waiting for commits that cannot
+// happen (the file's write lock held elsewhere) fails after
+// journalSyncWait instead of hanging.
+func TestJournalFailuresLoseNothing(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "molly.db")
+	r, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := put(t, r, Member{Name: "eve", BudgetUSD: 100})
+	rec := func(i int) {
+		t.Helper()
+		if err := r.Journal(ctx, Usage{Member: "eve", DecisionID: fmt.Sprintf("f%d", i), PromptTokens: 1, CostUSD: 1e-6}); err != nil {
+			t.Fatal(i, err)
+		}
+	}
+	rec(0)
+	if err := os.RemoveAll(JournalDir(path)); err != nil {
+		t.Fatal(err)
+	}
+	rec(1)
+	for _, name := range []string{r.owner + ".lock", r.owner + ".1.log"} {
+		if _, err := os.Stat(filepath.Join(JournalDir(path), name)); err != nil {
+			t.Fatalf("after its folder was removed the journal lacks %s: %v", name, err)
+		}
+	}
+
+	j := r.openJournal()
+	j.mu.Lock()
+	j.f.Close()
+	j.f, _ = os.Open(os.DevNull) // read-only: every write fails
+	j.size = 0
+	j.mu.Unlock()
+	if err := os.Chmod(JournalDir(path), 0o500); err != nil { // and no new segment can be made
+		t.Fatal(err)
+	}
+	rec(2) // to the ledger directly
+	if err := os.Chmod(JournalDir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.JournalStats(); s.Err == nil {
+		t.Fatalf("stats %+v: no error after a failed append", s)
+	}
+	if s, err := r.Summarize(ctx, "eve", 10); err != nil || s.Requests != 3 {
+		t.Fatalf("summary %+v, %v; want the 3 records", s, err)
+	}
+
+	saved := journalSyncWait
+	journalSyncWait = 200 * time.Millisecond
+	defer func() { journalSyncWait = saved }()
+	db, err := sqlite.Open(path, sqlite.Options{}, migrations()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	j.mu.Lock()
+	j.f.Close()
+	j.f, _ = os.OpenFile(filepath.Join(JournalDir(path), r.owner+".9.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	j.mu.Unlock()
+	rec(3) // journaled; its commit waits for the lock
+	if _, _, err := r.Remaining(ctx, m); !errors.Is(err, errJournalBehind) {
+		t.Fatalf("Remaining with the ledger locked: %v, want errJournalBehind", err)
+	}
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if left, _, err := r.Remaining(ctx, m); err != nil || math.Abs(left-(100-4e-6)) > 1e-9 {
+		t.Fatalf("remaining %v, %v once the lock is gone; want 100 - 4e-6", left, err)
+	}
+	r.Close()
 }

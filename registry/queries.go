@@ -36,7 +36,7 @@ const (
 	qSettle       = `UPDATE reservations SET
 				nusd = CASE WHEN nusd > ? THEN nusd - ? ELSE 0 END,
 				tokens = CASE WHEN tokens > ? THEN tokens - ? ELSE 0 END
-				WHERE id = ?`
+				WHERE id = ? AND owner = ?`
 	qQueue  = `INSERT INTO outbox (sink, record_id, next_at, created) SELECT name, ?, ?, ? FROM outbox_sinks`
 	qExpire = `DELETE FROM reservations WHERE expires <= ?`
 	// qReserve: the CASTs because PostgreSQL types a parameter compared
@@ -49,7 +49,11 @@ const (
 			  AND (CAST(? AS BIGINT) = 0 OR COALESCE((SELECT SUM(prompt_tokens + completion_tokens) FROM usage WHERE member = ? AND ts > ?), 0)
 					+ COALESCE((SELECT SUM(tokens) FROM reservations WHERE member = ?), 0) + ? <= ?)
 			RETURNING id`
-	qRelease     = `DELETE FROM reservations WHERE id = ?`
+	// qRelease and qSettle name the reservation's owner too: ids are
+	// reused once the highest is deleted, and a late release or
+	// settlement (a dead process's journal replayed after its leases
+	// expired) must not touch another handle's reservation.
+	qRelease     = `DELETE FROM reservations WHERE id = ? AND owner = ?`
 	qRPMPrune    = `DELETE FROM rate_requests WHERE member = ? AND ts <= ?`
 	qRPMCount    = `SELECT COUNT(*) FROM rate_requests WHERE member = ?`
 	qRPMOldest   = `SELECT ts FROM rate_requests WHERE member = ? ORDER BY ts LIMIT 1 OFFSET ?`

@@ -143,7 +143,7 @@ func (res *Reservation) Release(ctx context.Context) error {
 	if res.r.releaseJournaled(ctx, res.ID) {
 		return nil // after the records that settle it (journal.go)
 	}
-	if _, err := res.r.exec(ctx, qRelease, res.ID); err != nil {
+	if _, err := res.r.exec(ctx, qRelease, res.ID, res.r.owner); err != nil {
 		return fmt.Errorf("registry: releasing reservation %d of %s: %w", res.ID, res.Member, err)
 	}
 	return nil

@@ -98,7 +98,13 @@ func (r *Registry) recordAlone(ctx context.Context, u Usage) (string, error) {
 // scheme, read in the same statement) and returns the member's period, so
 // that the spend counter of the period holding u.Time is the one charged;
 // then the spend counter, the settlement, the outbox rows.
-func (r *Registry) recordIn(tx q, u Usage) (string, error) {
+func (r *Registry) recordIn(tx q, u Usage) (string, error) { return r.recordAs(tx, u, r.owner, false) }
+
+// recordAs is recordIn for records of owner's reservations; keepTime keeps
+// u.Time even when it is before the commit (a dead process's journal,
+// replayed later: the usage belongs to when it happened, its period and
+// its minute).
+func (r *Registry) recordAs(tx q, u Usage, owner string, keepTime bool) (string, error) {
 	est := 0
 	if u.Estimated {
 		est = 1
@@ -107,7 +113,7 @@ func (r *Registry) recordIn(tx q, u Usage) (string, error) {
 	// The clock is read under the write lock, so that records and
 	// admissions of every process see time in their commit order.
 	commit := r.now()
-	if u.Time.Before(commit) {
+	if u.Time.Before(commit) && !(keepTime && !u.Time.IsZero()) {
 		u.Time = commit
 	}
 	at, now := ms(u.Time), ms(commit)
@@ -134,7 +140,7 @@ func (r *Registry) recordIn(tx q, u Usage) (string, error) {
 	}
 	if u.Reservation != 0 {
 		tokens := int64(u.PromptTokens) + int64(u.CompletionTokens)
-		if _, err := tx.exec(qSettle, cost, cost, tokens, tokens, u.Reservation); err != nil {
+		if _, err := tx.exec(qSettle, cost, cost, tokens, tokens, u.Reservation, owner); err != nil {
 			return "", err
 		}
 	}
