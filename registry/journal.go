@@ -123,7 +123,16 @@ type journal struct {
 
 // JournalDir is the folder of the usage journals of the registry file at
 // path (journal.go).
-func JournalDir(path string) string { return path + ".journals" } // not -journal: SQLite's rollback journal
+// The path's symbolic links are resolved (when it exists), so that every
+// process on the file finds the same folder however it names the file.
+func JournalDir(path string) string {
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		if abs, err := filepath.Abs(real); err == nil {
+			path = abs
+		}
+	}
+	return path + ".journals" // not -journal: SQLite's rollback journal
+}
 
 // Journal records u like Record, but returns once u is appended to this
 // handle's usage journal, before the ledger's transaction (see the comment
