@@ -184,6 +184,12 @@ func (r *Registry) releaseJournaled(ctx context.Context, id int64) bool {
 	return false
 }
 
+// CommitJournal returns once every usage record this handle journaled
+// before the call is committed in the ledger (at once when there is
+// none), asking the committer not to wait out its commit delay. Errors as
+// syncJournal's.
+func (r *Registry) CommitJournal(ctx context.Context) error { return r.syncJournal(ctx) }
+
 // syncJournal waits until every entry this handle appended before the call
 // is committed: at most journalSyncWait (the registry file's busy timeout),
 // then an error, as a transaction waiting for the file's lock fails; ctx's
