@@ -65,11 +65,14 @@ const journalMaxPending = 1 << 16
 // more before it commits, unless a reader of this handle waits for the
 // commit (then at once). A commit's cost is mostly per transaction
 // (BEGIN IMMEDIATE, the WAL frames of the pages it touches, COMMIT), so
-// the fewer the better: measured in make bench's gateway table on 2 cores
-// (2 KB requests, interleaved runs), 16 clients reached 0.36× bare
-// Caddy's throughput at 1 ms, 0.46× at 5 ms, 0.49–0.54× at 20 ms and
-// 50 ms alike. Other processes on the file see a record this much later;
-// its durability does not depend on it (the journal's write).
+// the fewer the better: in make bench's gateway table on 2 cores (2 KB
+// requests, Molly's turn timed until its records are committed,
+// interleaved runs), 16 clients reached 0.37–0.38× bare Caddy's
+// throughput at 1 ms and 0.49–0.51× at 20 ms, and one client's p50 added
+// 107–129 µs at 1 ms, 92–94 µs at 20 ms (5 and 50 ms, measured before the
+// table timed the commits: between, and as 20 ms). Other processes on the
+// file see a record this much later; its durability does not depend on it
+// (the journal's write).
 const journalCommitDelay = 20 * time.Millisecond
 
 // journalFullWait bounds how long Journal waits for room in a full journal
