@@ -69,8 +69,9 @@ const journalMaxPending = 1 << 16
 // requests, Molly's turn timed until its records are committed,
 // interleaved runs), 16 clients reached 0.37–0.38× bare Caddy's
 // throughput at 1 ms and 0.49–0.51× at 20 ms, and one client's p50 added
-// 107–129 µs at 1 ms, 92–94 µs at 20 ms (5 and 50 ms, measured before the
-// table timed the commits: between, and as 20 ms). Other processes on the
+// 107–129 µs at 1 ms, 92–94 µs at 20 ms. (5 and 50 ms were measured only
+// before the table timed the commits: 5 ms fell between, 50 ms level with
+// 20 ms.) Other processes on the
 // file see a record this much later; its durability does not depend on it
 // (the journal's write).
 const journalCommitDelay = 20 * time.Millisecond
