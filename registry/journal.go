@@ -27,9 +27,9 @@ import (
 // as a commit in SQLite's WAL at synchronous=NORMAL — it survives kill -9
 // (it is in the kernel's page cache), not a power loss — so the caller may
 // acknowledge the request at once. A goroutine of the handle commits the
-// journal's entries into the ledger in order, as many per transaction as
-// are waiting (group commit: Gray & Reuter, "Transaction Processing",
-// §9.4.7), together with the byte offset they end at (table
+// journal's entries into the ledger in order, journalCommitDelay after the
+// first, as many per transaction as have come (group commit: Gray &
+// Reuter, "Transaction Processing", §9.4.7; recordBatch), together with the byte offset they end at (table
 // usage_journals), so that every entry is committed exactly once even
 // across a crash in the middle. It is the write-ahead log of ARIES
 // (Mohan et al., 1992) at the level of ledger entries, redo only: entries
@@ -41,14 +41,17 @@ import (
 // unlocked: the next handle opened on the registry file, and every live one
 // on its lease-renewal tick, replays such segments from their committed
 // offset, then removes them. A torn last frame (a power loss during its
-// write) fails its checksum and is dropped: it was never acknowledged.
+// write) fails its checksum and is dropped: it was never acknowledged. A
+// frame damaged in the middle is skipped (replaySegment). Replayed records
+// keep the time they happened.
 //
 // Reads that must see this handle's records (Remaining, Reserve and Admit
 // of a member with a budget or TPM, Held, Summarize, UsageRecords, the
 // outbox counts) first wait until the journal's entries up to that moment
-// are committed, so a handle reads its own writes. Other handles see them
-// once committed (well under a millisecond after the append on an idle
-// file); budgets and TPM stay exact across handles because a reservation
+// are committed (at most journalSyncWait), so a handle reads its own
+// writes. Other handles see them once committed (journalCommitDelay after
+// the append, and the commit); budgets and TPM stay exact across handles
+// because a reservation
 // is released through the journal too, after the records that settle it:
 // until their commit, the reservation still holds their worst case.
 
@@ -58,7 +61,7 @@ const journalSegmentBytes = 4 << 20
 
 // journalMaxPending bounds the entries appended and not yet committed;
 // past it Journal waits for the committer (the database is slower than the
-// requests, or failing).
+// requests, or failing) for up to journalFullWait, then records directly.
 const journalMaxPending = 1 << 16
 
 // journalCommitDelay is how long the committer waits after an append for
