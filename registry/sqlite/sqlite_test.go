@@ -46,6 +46,9 @@ func TestOpenSetsThePragmasAndAPrivateFile(t *testing.T) {
 			if got := pragma(t, db, "foreign_keys"); got != "1" {
 				t.Errorf("foreign_keys %q, want 1", got)
 			}
+			if got := pragma(t, db, "temp_store"); got != "2" { // 2: MEMORY
+				t.Errorf("temp_store %q, want 2 (MEMORY)", got)
+			}
 			if _, err := db.Exec(`CREATE TABLE t (x INTEGER)`); err != nil { // makes the WAL file
 				t.Fatal(err)
 			}
