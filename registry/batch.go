@@ -11,9 +11,10 @@ import (
 // record ids, spend counters, settlements and outbox rows — in a few
 // statements for the whole batch instead of three or four per record:
 // one read of each member's period, one count of the decisions' earlier
-// records, one multi-row insert of the usage rows, one upsert per spend
+// records, multi-row inserts of the usage rows, one upsert per spend
 // counter touched, one settlement per reservation, one read of the sinks
-// and one multi-row insert of the outbox rows. A record without a decision
+// and multi-row inserts of the outbox rows (the multi-row statements in
+// chunks of batchChunks rows, prepared at Open). A record without a decision
 // id (numbered after the ledger's last row) makes the batch go record by
 // record. ids[i] is records[i]'s record id. It is what the group commit
 // and the usage journal's committer call; a batch of one is recordIn.
@@ -54,35 +55,31 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 	// "<decision id>:<n>" for its n-th, counting the ledger's rows and the
 	// batch's earlier ones.
 	seen := map[string]int{}
-	var b strings.Builder
-	args := make([]any, 0, len(records))
-	b.WriteString(`SELECT decision_id, COUNT(*) FROM usage WHERE decision_id IN (`)
+	var decisions []any
 	for _, u := range records {
 		if _, ok := seen[u.DecisionID]; ok {
 			continue
 		}
 		seen[u.DecisionID] = 0
-		if len(args) > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('?')
-		args = append(args, u.DecisionID)
+		decisions = append(decisions, u.DecisionID)
 	}
-	b.WriteString(`) GROUP BY decision_id`)
-	rows, err := tx.rows(b.String(), args...)
+	err = inChunks(len(decisions), func(off, n int) error {
+		rows, err := tx.rows(qDecisionCounts[n], decisions[off:off+n]...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var d string
+			var c int
+			if err := rows.Scan(&d, &c); err != nil {
+				rows.Close()
+				return err
+			}
+			seen[d] = c
+		}
+		return rows.Close()
+	})
 	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var d string
-		var n int
-		if err := rows.Scan(&d, &n); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		seen[d] = n
-	}
-	if err := rows.Close(); err != nil {
 		return nil, err
 	}
 	for i, u := range records {
@@ -105,9 +102,7 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 	settles := map[int64]*settle{}
 	var settleOrder []int64
 
-	b.Reset()
-	args = args[:0]
-	b.WriteString(`INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts) VALUES `)
+	args := make([]any, 0, usageColumns*len(records))
 	for i, u := range records {
 		if u.Time.Before(commit) && !(keepTime && !u.Time.IsZero()) {
 			u.Time = commit
@@ -117,10 +112,6 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 			est = 1
 		}
 		cost := nusd(u.CostUSD)
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`(?,?,?,?,?,?,?,?,?,?,?)`)
 		args = append(args, ids[i], u.Member, u.DecisionID, u.Model, u.Target, u.Tier, u.PromptTokens, u.CompletionTokens, est, cost, ms(u.Time))
 
 		k := spendKey{u.Member, periodKey(members[u.Member], u.Time)}
@@ -146,7 +137,11 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 			st.tokens += int64(u.PromptTokens) + int64(u.CompletionTokens)
 		}
 	}
-	if _, err := tx.exec(b.String(), args...); err != nil {
+	err = inChunks(len(records), func(off, n int) error {
+		_, err := tx.exec(qInsertUsageRows[n], args[off*usageColumns:(off+n)*usageColumns]...)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	for _, k := range spendOrder {
@@ -181,22 +176,68 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 	if len(sinks) == 0 {
 		return ids, nil
 	}
-	b.Reset()
 	args = args[:0]
-	b.WriteString(`INSERT INTO outbox (sink, record_id, next_at, created) VALUES `)
-	for i, id := range ids {
-		for j, s := range sinks {
-			if i > 0 || j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(`(?,?,?,?)`)
+	for _, id := range ids {
+		for _, s := range sinks {
 			args = append(args, s, id, now, now)
 		}
 	}
-	if _, err := tx.exec(b.String(), args...); err != nil {
+	err = inChunks(len(ids)*len(sinks), func(off, n int) error {
+		_, err := tx.exec(qInsertOutboxRows[n], args[off*outboxColumns:(off+n)*outboxColumns]...)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return ids, nil
+}
+
+// batchChunks are the row counts of recordBatch's multi-row statements,
+// largest first. A batch of n rows runs as chunks of these sizes, taken
+// greedily (n = 150: 64, 64, 16, 4, 1, 1), so that each statement is one of
+// a few texts prepared at Open: SQLite compiles a statement in about the
+// time it takes to run a small one, and a text per batch size would be
+// compiled per batch.
+var batchChunks = [...]int{64, 16, 4, 1}
+
+// The multi-row statements, by chunk size; prepared at Open (queries.go).
+var (
+	qDecisionCounts   = map[int]string{}
+	qInsertUsageRows  = map[int]string{}
+	qInsertOutboxRows = map[int]string{}
+)
+
+const (
+	usageColumns  = 11 // qInsertUsageRows' placeholders per row
+	outboxColumns = 4  // qInsertOutboxRows'
+)
+
+func init() {
+	list := func(n int, row string) string {
+		return strings.TrimSuffix(strings.Repeat(row+",", n), ",")
+	}
+	for _, n := range batchChunks {
+		qDecisionCounts[n] = `SELECT decision_id, COUNT(*) FROM usage WHERE decision_id IN (` + list(n, "?") + `) GROUP BY decision_id`
+		qInsertUsageRows[n] = `INSERT INTO usage (record_id, member, decision_id, model, target, tier, prompt_tokens, completion_tokens, estimated, cost_nusd, ts) VALUES ` +
+			list(n, "("+list(usageColumns, "?")+")")
+		qInsertOutboxRows[n] = `INSERT INTO outbox (sink, record_id, next_at, created) VALUES ` + list(n, "("+list(outboxColumns, "?")+")")
+		preparedQueries = append(preparedQueries, qDecisionCounts[n], qInsertUsageRows[n], qInsertOutboxRows[n])
+	}
+}
+
+// inChunks calls f(off, n) for consecutive chunks [off, off+n) of total
+// rows, n from batchChunks, in order; it stops at f's first error.
+func inChunks(total int, f func(off, n int) error) error {
+	off := 0
+	for _, n := range batchChunks {
+		for total-off >= n {
+			if err := f(off, n); err != nil {
+				return err
+			}
+			off += n
+		}
+	}
+	return nil
 }
 
 func hasUndecided(records []Usage) bool {

@@ -46,10 +46,13 @@ func TestRecordBatchIsRecordInOneByOne(t *testing.T) {
 	members := []string{"daily", "monthly", "plain", "unknown"}
 	for batch := range 40 {
 		n := 1 + rng.IntN(30)
+		if batch%3 == 2 { // past the largest multi-row chunk (64 rows), with more decisions than one IN list takes
+			n = 65 + rng.IntN(200)
+		}
 		us := make([]Usage, n)
 		held := make([]int, n) // the reservation each record settles, an index into res[file]; -1 none
 		for k := range us {
-			us[k] = Usage{Member: members[rng.IntN(len(members))], DecisionID: fmt.Sprintf("d%d", rng.IntN(25)),
+			us[k] = Usage{Member: members[rng.IntN(len(members))], DecisionID: fmt.Sprintf("d%d", rng.IntN(25+n/2)),
 				Model: "m", Target: "t", Tier: "T1", PromptTokens: rng.IntN(500), CompletionTokens: rng.IntN(500),
 				Estimated: rng.IntN(2) == 0, CostUSD: float64(rng.IntN(1000)) * 1e-6,
 				Time: c.now().Add(time.Duration(rng.IntN(5)-2) * time.Hour)}
