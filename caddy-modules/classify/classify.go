@@ -278,10 +278,13 @@ func (c *Classify) body(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 
 // countTokens answers POST /v1/messages/count_tokens (Anthropic's token
 // counting): the body is translated as a Messages request (max_tokens is
-// not required here) and classified, and the answer is {"input_tokens": n},
-// Molly's estimate of the prompt's tokens — the one admission and routing
-// use; a model's own count comes in each answer's usage. Nothing is sent
-// upstream, nothing is billed. Errors are Anthropic's error bodies.
+// not required here) and classified, and the answer is {"input_tokens": n}.
+// For a model only the in-process engine serves, n is the engine's exact
+// count (its chat template and tokenizer: the input_tokens the Messages
+// request's usage reports); for any other, Molly's estimate of the prompt's
+// tokens — the one admission and routing use (a model's own count comes in
+// each answer's usage). Nothing is sent upstream, nothing is billed.
+// Errors are Anthropic's error bodies.
 func (c *Classify) countTokens(w http.ResponseWriter, r *http.Request) {
 	tw := translate.NewWriter(w, r.Context(), translate.APIMessages)
 	defer tw.Finish()
@@ -314,11 +317,36 @@ func (c *Classify) countTokens(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(tw, err)
 		return
 	}
-	out := []byte(`{"input_tokens":` + strconv.Itoa(ann.PromptTokens()) + "}")
+	n := ann.PromptTokens()
+	if exact, ok := c.engineCount(t.Model, chat); ok {
+		n = exact
+	}
+	out := []byte(`{"input_tokens":` + strconv.Itoa(n) + "}")
 	tw.Header().Set("Content-Type", "application/json")
 	tw.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	tw.WriteHeader(http.StatusOK)
 	_, _ = tw.Write(out)
+}
+
+// engineCount is the in-process engine's count of chat's prompt tokens
+// (serving.Engine.ChatPromptTokens) when model is served by the engine
+// alone (route.Catalogue.EngineModel); ok is false otherwise, or when the
+// engine refuses the body (the Messages request itself then gets that
+// error).
+func (c *Classify) engineCount(model string, chat []byte) (n int, ok bool) {
+	if c.app == nil || c.app.Engine() == nil || c.app.Catalogue() == nil {
+		return 0, false
+	}
+	up, ok := c.app.Catalogue().EngineModel(model)
+	if !ok {
+		return 0, false
+	}
+	body, err := sjson.SetBytes(chat, "model", up)
+	if err != nil {
+		return 0, false
+	}
+	n, err = c.app.Engine().ChatPromptTokens(body)
+	return n, err == nil
 }
 
 // retrieveResponse answers GET /v1/responses/{id} with the caller's stored

@@ -552,3 +552,30 @@ func TestDescribe(t *testing.T) {
 		t.Fatal("Exclusion.String")
 	}
 }
+
+// EngineModel names the engine's model for a client model only the engine
+// serves: not for one a LAN target serves too, nor for one nobody serves.
+func TestEngineModelIsForModelsOnlyTheEngineServes(t *testing.T) {
+	eng := demoEngine(t)
+	cat, err := NewCatalogue([]*Target{
+		{Name: "device", Tier: "T0", Kind: KindEngine, Models: []string{"chat=molly-demo", "shared=molly-demo"}},
+		{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:1/v1", Models: []string{"shared", "remote"}},
+	}, eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		model, want string
+		ok          bool
+	}{
+		{"chat", "molly-demo", true},
+		{"molly-demo", "molly-demo", true}, // the engine's own name
+		{"shared", "", false},
+		{"remote", "", false},
+		{"nobody", "", false},
+	} {
+		if got, ok := cat.EngineModel(c.model); got != c.want || ok != c.ok {
+			t.Errorf("EngineModel(%q) = %q, %v; want %q, %v", c.model, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -401,6 +401,27 @@ func (c *Catalogue) Serves(model string) bool {
 	return false
 }
 
+// EngineModel reports the in-process engine's name for the client-facing
+// model when every target serving it is a kind engine target (the first
+// one's, in declaration order): then the engine's own token count is the
+// count of whichever target serves it. ok is false when no target serves
+// the model or another kind does.
+func (c *Catalogue) EngineModel(model string) (upstream string, ok bool) {
+	for _, t := range c.targets {
+		up, serves := t.upstream(model)
+		if !serves {
+			continue
+		}
+		if t.Kind != KindEngine || t.engine == nil {
+			return "", false
+		}
+		if !ok {
+			upstream, ok = up, true
+		}
+	}
+	return upstream, ok
+}
+
 // RegionAllowed reports whether the decision's regions admit t.
 func RegionAllowed(d *policies.Decision, t *Target) bool {
 	regions := d.Regions()

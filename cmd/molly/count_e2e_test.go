@@ -1,0 +1,65 @@
+package main
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// For a model only the T0 engine serves, /v1/messages/count_tokens is the
+// engine's own count: the input_tokens the same Messages request reports in
+// its usage (system prompt, several turns, tools); a prompt past the
+// context is still counted, past the window the refusal names.
+func TestCountTokensOnTheEngineIsTheMessagesUsage(t *testing.T) {
+	g := startEngineMolly(t, "tiny", 2048, "")
+	tools := `"tools":[{"name":"get_weather","description":"Weather of a city","input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}]`
+	bodies := []string{
+		`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"chat","system":"Be brief and exact.","messages":[{"role":"user","content":"What is the capital of France? Answer in one word."}]}`,
+		`{"model":"chat","messages":[{"role":"user","content":"Name a colour."},{"role":"assistant","content":"Blue."},{"role":"user","content":[{"type":"text","text":"Another one, "},{"type":"text","text":"please."}]}]}`,
+		`{"model":"chat",` + tools + `,"messages":[{"role":"user","content":"Weather in Oslo?"}]}`,
+	}
+	seen := map[int64]bool{}
+	for _, body := range bodies {
+		resp, b := do(t, g, "POST", "/v1/messages/count_tokens", body, "anthropic-version", "2023-06-01")
+		if resp.StatusCode != 200 {
+			t.Fatalf("count_tokens %s: %d %s", body, resp.StatusCode, b)
+		}
+		count := gjson.GetBytes(b, "input_tokens")
+		if count.Type != gjson.Number || count.Int() <= 0 {
+			t.Fatalf("count_tokens %s: %s", body, b)
+		}
+		msg := strings.Replace(body, `{"model":"chat",`, `{"model":"chat","max_tokens":1,`, 1)
+		resp, b = do(t, g, "POST", "/v1/messages", msg, "anthropic-version", "2023-06-01")
+		if resp.StatusCode != 200 {
+			t.Fatalf("messages %s: %d %s", msg, resp.StatusCode, b)
+		}
+		if used := gjson.GetBytes(b, "usage.input_tokens").Int(); used != count.Int() {
+			t.Errorf("%s: count_tokens %d, the answer's usage.input_tokens %d", body, count.Int(), used)
+		}
+		seen[count.Int()] = true
+	}
+	if len(seen) != len(bodies) {
+		t.Errorf("the four prompts got %d distinct counts", len(seen))
+	}
+
+	long := `{"model":"chat","messages":[{"role":"user","content":"` + strings.Repeat("tokens upon tokens ", 800) + `"}]}`
+	resp, b := do(t, g, "POST", "/v1/messages/count_tokens", long, "anthropic-version", "2023-06-01")
+	if resp.StatusCode != 200 {
+		t.Fatalf("count_tokens of a prompt past the context: %d %s", resp.StatusCode, b)
+	}
+	count := gjson.GetBytes(b, "input_tokens").Int()
+	// The router refuses it, naming the context window it does not fit.
+	msg := strings.Replace(long, `{"model":"chat",`, `{"model":"chat","max_tokens":1,`, 1)
+	resp, b = do(t, g, "POST", "/v1/messages", msg, "anthropic-version", "2023-06-01")
+	m := regexp.MustCompile(`context window (\d+) tokens`).FindSubmatch([]byte(gjson.GetBytes(b, "error.message").String()))
+	if resp.StatusCode != 400 || m == nil {
+		t.Fatalf("messages past the context: %d %s, want a 400 naming the context window", resp.StatusCode, b)
+	}
+	if window, _ := strconv.ParseInt(string(m[1]), 10, 64); count <= window {
+		t.Errorf("count_tokens %d for a prompt the %d-token window cannot hold", count, window)
+	}
+}
