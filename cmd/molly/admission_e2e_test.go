@@ -14,7 +14,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/tidwall/gjson"
@@ -23,9 +22,9 @@ import (
 // worstCase is an OpenAI-compatible model that always spends all it may:
 // every choice is max_tokens long (1000 tokens when the request sets no
 // limit, like a model that talks until its context ends), n and best_of
-// choices, usage reported honestly — prompt tokens one per 4 characters of
-// message content, as Molly's own estimate counts them (a tokenizer that
-// counts more than the estimate is beyond what an estimate can bound). A
+// choices, usage reported honestly by the worst tokenizer there is — a
+// prompt token per byte of message content, four times Molly's estimate for
+// English and twelve times for Chinese. A
 // chat request asking for logprobs gets -5 per token, so a cascade always
 // escalates. It keeps its own ledger of what it answered, by member (the
 // prompt's "<member>:" prefix): the test's oracle, independent of Molly's.
@@ -54,7 +53,8 @@ func startWorstCase(t *testing.T, priceIn, priceOut float64, failOn string) *wor
 
 func (m *worstCase) URL() string { return m.srv.URL + "/v1" }
 
-func quarter(s string) int { return (utf8.RuneCountInString(s) + 3) / 4 }
+// byteTokens is the most tokens a byte-level tokenizer gives s.
+func byteTokens(s string) int { return len(s) }
 
 func (m *worstCase) serve(w http.ResponseWriter, r *http.Request) {
 	var body json.RawMessage
@@ -66,10 +66,10 @@ func (m *worstCase) serve(w http.ResponseWriter, r *http.Request) {
 	text, prompt := "", 0
 	if r.URL.Path == "/v1/completions" {
 		text = gjson.GetBytes(b, "prompt").String()
-		prompt = quarter(text)
+		prompt = byteTokens(text)
 	} else {
 		for _, msg := range gjson.GetBytes(b, "messages").Array() {
-			prompt += quarter(msg.Get("content").String())
+			prompt += byteTokens(msg.Get("content").String())
 			if msg.Get("role").Str == "user" {
 				text = msg.Get("content").String()
 			}
@@ -162,7 +162,8 @@ func maxMinute(tokens []spent) int {
 // TestNoRequestShapeOvershootsABudgetOrATPM is the admission property
 // end to end: 50 concurrent clients (openai-go, no retries) send generated
 // request shapes — chat and completions, streamed or not, n up to 8,
-// best_of, max_tokens unset to 600, long and short prompts, some failing
+// best_of, max_tokens unset to 600, long and short prompts in English,
+// Chinese and emoji (counted by the upstreams a token per byte), some failing
 // on their first target — through the real gateway, whose non-streamed
 // chat requests cascade over two targets. Upstreams that always spend the
 // most they may count what they answered: alice's spend at the targets'
@@ -237,7 +238,9 @@ http://127.0.0.1:{PORT} {
 		go func() {
 			defer wg.Done()
 			for range each {
-				words := strings.Repeat("lorem ipsum ", 1+rng.IntN(60))
+				// English, Chinese and emoji: the estimate is several times short of
+				// what the upstream counts for the last two.
+				words := strings.Repeat([]string{"lorem ipsum ", "请联系客服 ", "😀👍🇫🇷 "}[rng.IntN(3)], 1+rng.IntN(60))
 				if rng.IntN(10) == 0 {
 					words += " FAIL500"
 				}

@@ -501,3 +501,15 @@ func runeCount(s string) int {
 func EstimateTokens(text string) int {
 	return (runeCount(text) + 3) / 4
 }
+
+// BoundTokens is an upper bound on the tokens any tokenizer of the byte
+// family gives text: its UTF-8 length in bytes. A byte-level BPE (GPT's
+// tiktoken encodings, Llama 3, Qwen, …) and a SentencePiece model with
+// byte fallback (Llama 2, Mistral, Gemma) make every token of at least one
+// byte, so no text has more tokens than bytes — whatever its script, digits
+// or punctuation, where EstimateTokens can be several times short (one CJK
+// character is 3 bytes and about one token, an emoji up to 4 bytes and
+// 2–3 tokens). Special tokens a chat template adds are not in text; the
+// caller adds them. Admission reserves with it (Annotation.PromptBound),
+// so that no prompt spends more than its reservation.
+func BoundTokens(text string) int { return len(text) }

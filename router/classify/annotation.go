@@ -67,26 +67,29 @@ type Unscanned struct {
 // Classifier.Classify, read-only afterwards (every accessor returns a copy
 // or a value), and travels in the request context (WithAnnotation).
 type Annotation struct {
-	req       openai.Request
-	path      string      // URL path (GET /v1/models/{model})
-	body      string      // the body as received, immutable
-	doc       *openai.Doc // the body's values, read once (nil for the model listing)
-	fields    []field
-	findings  []FieldFinding // sorted by field, then offset
-	counts    map[string]int // per entity type; a split value counts once
-	detected  Sensitivity    // from the findings alone
-	declared  Sensitivity    // X-Molly-Sensitivity; raises, never lowers
-	unscanned []Unscanned
-	failed    bool // a detector failed: findings are incomplete
-	residency string
-	tokens    int // estimated prompt tokens
-	task      string
-	diff      float64
-	entropy   float64
-	modal     []string
-	lastUser  string // the last user turn's text (or the prompts), what the estimator read
-	api       string // the client's API when the body was translated ("" for OpenAI's own)
-	stored    bool   // the body holds a conversation from Molly's store
+	req        openai.Request
+	path       string      // URL path (GET /v1/models/{model})
+	body       string      // the body as received, immutable
+	doc        *openai.Doc // the body's values, read once (nil for the model listing)
+	fields     []field
+	findings   []FieldFinding // sorted by field, then offset
+	counts     map[string]int // per entity type; a split value counts once
+	detected   Sensitivity    // from the findings alone
+	declared   Sensitivity    // X-Molly-Sensitivity; raises, never lowers
+	unscanned  []Unscanned
+	failed     bool // a detector failed: findings are incomplete
+	residency  string
+	tokens     int // estimated prompt tokens
+	bound      int // PromptBound
+	media      int // image, audio and file parts
+	mediaBytes int // the body's bytes of binary media (data URLs, audio, files)
+	task       string
+	diff       float64
+	entropy    float64
+	modal      []string
+	lastUser   string // the last user turn's text (or the prompts), what the estimator read
+	api        string // the client's API when the body was translated ("" for OpenAI's own)
+	stored     bool   // the body holds a conversation from Molly's store
 
 	classifier *Classifier
 	digest     policies.Digest
@@ -141,6 +144,37 @@ func (a *Annotation) DeclaresTools() bool { return len(a.req.Tools) > 0 }
 // PromptTokens is the estimated prompt size in tokens (capability.EstimateTokens
 // over every scanned field, plus 3 per chat message and 3 for the reply).
 func (a *Annotation) PromptTokens() int { return a.tokens }
+
+// Allowances of PromptBound, in tokens.
+const (
+	// BoundPerRequest covers the tokens a template adds once: BOS/EOS, the
+	// reply's primer, a default system prompt's markers.
+	BoundPerRequest = 16
+	// BoundPerMessage covers a chat template's role markers around a message.
+	BoundPerMessage = 8
+	// BoundPerFinding covers a redaction placeholder longer than the value
+	// it replaces.
+	BoundPerFinding = 16
+	// BoundPerMedia is each image, audio or file part: what vision models
+	// charge for the largest image (about 1,600 tokens for Anthropic's,
+	// 1,445 for GPT-4o at high detail), rounded up.
+	BoundPerMedia = 2048
+	// BoundToolsPreamble covers the tool-use instructions a template adds
+	// when the request declares tools.
+	BoundToolsPreamble = 1024
+)
+
+// PromptBound is an upper bound on the prompt tokens any target can count
+// for this request, what admission reserves (route.Plan.Reserve): the
+// body's bytes (capability.BoundTokens: every text, name, argument, tool
+// schema and token id the model sees is in them, with room to spare for
+// the JSON around them) less the bytes of binary media, plus
+// BoundPerRequest, BoundPerMessage per chat message, BoundPerMedia per
+// image, audio or file part, BoundToolsPreamble when tools are declared
+// and BoundPerFinding per redaction finding. It is at least PromptTokens;
+// for English prose about five times it. Audio longer than a few minutes
+// may count more than BoundPerMedia.
+func (a *Annotation) PromptBound() int { return max(a.bound, a.tokens) }
 
 // Task is the task category (capability.Estimator), "embedding" for
 // embeddings, "" for the model listing.

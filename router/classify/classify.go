@@ -188,8 +188,13 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 			a.tokens += capability.EstimateTokens(f.text)
 		}
 	}
+	a.bound = capability.BoundTokens(a.body) - a.mediaBytes + BoundPerRequest + BoundPerMedia*a.media
+	if len(req.Tools) > 0 {
+		a.bound += BoundToolsPreamble
+	}
 	if in.Endpoint == openai.EndpointChat {
 		a.tokens += 3 + 3*req.Messages
+		a.bound += BoundPerMessage * req.Messages
 	}
 	switch in.Endpoint {
 	case openai.EndpointEmbeddings:
@@ -205,6 +210,7 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 		a.task, a.diff, a.entropy = e.Task, e.Difficulty, e.Entropy()
 	}
 	c.sovereignty(a)
+	a.bound += BoundPerFinding * len(a.findings)
 	a.seal()
 	return a, nil
 }
@@ -451,10 +457,13 @@ func (w *walker) str(node int, s string) {
 		switch s {
 		case "image_url":
 			w.a.addModality("image")
+			w.a.media++
 		case "input_audio":
 			w.a.addModality("audio")
+			w.a.media++
 		case "file":
 			w.a.addModality("file")
+			w.a.media++
 		}
 	}
 	if w.enum(s) {
@@ -479,9 +488,11 @@ func (w *walker) str(node int, s string) {
 	case w.at("messages", "#", "content", "#", "input_audio", "data"):
 		w.a.addModality("audio")
 		w.unscanned(node, "audio data")
+		w.a.mediaBytes += len(s)
 	case w.at("messages", "#", "content", "#", "file", "file_data"):
 		w.a.addModality("file")
 		w.unscanned(node, "file data")
+		w.a.mediaBytes += len(s)
 	case w.at("prompt"), w.at("prompt", "#"), w.at("input"), w.at("input", "#"):
 		w.add(node, s, kindPrompt)
 		w.prompts.WriteString(s)
@@ -550,6 +561,7 @@ func (w *walker) dataURL(node int, s string) {
 	}
 	if !textMediaType(mt) {
 		w.unscanned(node, "binary "+strings.ToLower(mt)+" data URL")
+		w.a.mediaBytes += len(s)
 		return
 	}
 	var text string

@@ -42,32 +42,32 @@ func (rn *run) worstOn(model, ceiling string, prompt, out int) Cost {
 }
 
 // promptBound bounds the prompt of subtask s in tokens
-// (capability.EstimateTokens, as the classifier counts): the system
-// preamble and instruction, each input (the conversation's estimate, a
+// (capability.BoundTokens: bytes, what no tokenizer exceeds): the system
+// preamble and instruction, each input (the conversation's bound, a
 // part with the preamble, a message, a dependency's output at its full
 // budget, a tool's at the tool-result bound), 3 per message and 3 for
 // the reply; a refinement adds the previous answer and the critique.
 func (rn *run) promptBound(s *Subtask, refine bool) int {
-	n := capability.EstimateTokens(specialistSystem) + capability.EstimateTokens(s.Instruction) + 16 + 3*3 + 3
+	n := capability.BoundTokens(specialistSystem) + capability.BoundTokens(s.Instruction) + 16 + 3*3 + 3
 	preamble := false
 	for _, in := range s.Inputs {
 		switch {
 		case in == InputConversation:
-			n += rn.a.PromptTokens()
+			n += rn.a.PromptBound()
 		case in == InputLastUser:
-			n += capability.EstimateTokens(rn.a.LastUserText()) + 8
+			n += capability.BoundTokens(rn.a.LastUserText()) + 8
 		case strings.HasPrefix(in, inputPart):
 			i, _ := strconv.Atoi(strings.TrimPrefix(in, inputPart))
 			if i < len(rn.parts.Items) {
-				n += capability.EstimateTokens(rn.parts.Items[i]) + 8
+				n += capability.BoundTokens(rn.parts.Items[i]) + 8
 			} else {
-				n += capability.EstimateTokens(rn.a.LastUserText()) + 8
+				n += capability.BoundTokens(rn.a.LastUserText()) + 8
 			}
 			preamble = true
 		case strings.HasPrefix(in, inputMessage):
 			i, _ := strconv.Atoi(strings.TrimPrefix(in, inputMessage))
 			if i < len(rn.msgs) {
-				n += capability.EstimateTokens(messageText(rn.msgs[i])) + 8
+				n += capability.BoundTokens(messageText(rn.msgs[i])) + 8
 			}
 		case strings.HasPrefix(in, inputSubtask):
 			if d := rn.byID[strings.TrimPrefix(in, inputSubtask)]; d != nil {
@@ -76,7 +76,7 @@ func (rn *run) promptBound(s *Subtask, refine bool) int {
 		}
 	}
 	if preamble && rn.parts.Preamble != "" {
-		n += capability.EstimateTokens(rn.parts.Preamble) + 8
+		n += capability.BoundTokens(rn.parts.Preamble) + 8
 	}
 	if refine {
 		n += rn.outputBound(s) + critiqueTokens + 6

@@ -242,7 +242,7 @@ func (rn *run) controllerPlan() (*Plan, error) {
 		msgs = append(msgs, json.RawMessage(m.Raw))
 	}
 	msgs = append(msgs, map[string]any{"role": "user", "content": "Plan the request above. Reply with the plan as one JSON object."})
-	prompt := rn.a.PromptTokens() + capability.EstimateTokens(system) + 32
+	prompt := rn.a.PromptBound() + capability.BoundTokens(system) + 32
 	worst := rn.worstOn(cfg.Controller, cfg.ControllerTier, prompt+cfg.ControllerTokens+64, cfg.ControllerTokens)
 	worst.Tokens, worst.CostUSD = 2*worst.Tokens, 2*worst.CostUSD // the plan and one repair
 	release, err := rn.reserve(worst)

@@ -256,7 +256,7 @@ func (p *Pipeline) RunTool(ctx context.Context, parent Parent, tier, target, cal
 	decisionID := parent.Decided.Decision().ID()
 	res, _, te := p.callTool(ctx, p.log(), decisionID, callID, target, tier, parent.Identity, spec, string(args),
 		decisionID+":"+callID, parent.Annotation.Classifier())
-	if te == nil && capability.EstimateTokens(string(res)) > p.Strategies.ResultTokens() {
+	if te == nil && capability.BoundTokens(string(res)) > p.Strategies.ResultTokens() { // at its bound, as the plan reserved it
 		te = &ToolError{Code: "result_too_large", Message: fmt.Sprintf("the tool result is over %d tokens", p.Strategies.ResultTokens())}
 	}
 	if te != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"reflect"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/molly-gateway/molly/internal/policytest"
 	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/policies"
+	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/openai"
@@ -76,9 +78,12 @@ func TestServeExplainsLearnsAndCounts(t *testing.T) {
 		if got := f["candidates"]; !reflect.DeepEqual(got, want) || f["task"] != "chat" || f["decision_id"] != id || f["strategy"] != "single" {
 			t.Fatalf("log fields %v", f)
 		}
-		// One answer of 12 + 500 tokens at cloud's prices, the costlier candidate.
-		if f["reserve_tokens"] != int64(512) || f["reserve_usd"] != 0.00756 {
-			t.Fatalf("reservation %v tokens, %v USD; want 512, 0.00756", f["reserve_tokens"], f["reserve_usd"])
+		// One answer at cloud's prices, the costlier candidate: the prompt at
+		// its bound (the body's bytes, one request's and one message's
+		// allowance) and 500 completion tokens.
+		prompt := len(body) + classify.BoundPerRequest + classify.BoundPerMessage
+		if wantUSD := float64(prompt*5+500*15) / 1e6; f["reserve_tokens"] != int64(prompt+500) || math.Abs(f["reserve_usd"].(float64)-wantUSD) > 1e-12 {
+			t.Fatalf("reservation %v tokens, %v USD; want %d, %v", f["reserve_tokens"], f["reserve_usd"], prompt+500, wantUSD)
 		}
 	})
 

@@ -239,7 +239,7 @@ func argFindings(cl *classify.Classifier, text string) (map[string]any, string) 
 func (p *Pipeline) runTool(rq *request, c route.Candidate, spec ToolSpec, call gjson.Result, cl *classify.Classifier) []byte {
 	callID := call.Get("id").Str
 	res, _, te := p.callTool(rq.ctx, rq.log, rq.dec.ID(), callID, c.Target.Name, c.Target.Tier, rq.id, spec, call.Get("function.arguments").Str, rq.dec.ID()+":"+callID, cl)
-	if te == nil && capability.EstimateTokens(string(res)) > p.Strategies.ResultTokens() {
+	if te == nil && capability.BoundTokens(string(res)) > p.Strategies.ResultTokens() { // at its bound, as the plan reserved it
 		te = &ToolError{Code: "result_too_large", Message: fmt.Sprintf("the tool result is over %d tokens", p.Strategies.ResultTokens())}
 	}
 	if te != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/openai"
@@ -175,9 +176,12 @@ func TestReservesThePlansWorstCaseAndReleasesAfterRecording(t *testing.T) {
 		t.Fatalf("released with %d usages recorded, want after the 1", recorded)
 	}
 	ledger.mu.Lock()
-	// 8 prompt + DefaultCompletionTokens (256) = 264 tokens at 1000 USD/1M each.
-	if fmt.Sprint(ledger.tokens) != "[264]" || fmt.Sprintf("%.6f", ledger.usd[0]) != "0.264000" {
-		t.Fatalf("reserved %v tokens, %v USD", ledger.tokens, ledger.usd)
+	// The prompt at its bound (the body's bytes, one request's and one
+	// message's allowance) + DefaultCompletionTokens (256), at 1000 USD/1M
+	// tokens each.
+	want := len(body) + classify.BoundPerRequest + classify.BoundPerMessage + 256
+	if fmt.Sprint(ledger.tokens) != fmt.Sprintf("[%d]", want) || fmt.Sprintf("%.6f", ledger.usd[0]) != fmt.Sprintf("%.6f", float64(want)*1000/1e6) {
+		t.Fatalf("reserved %v tokens, %v USD; want %d", ledger.tokens, ledger.usd, want)
 	}
 	ledger.refuse = &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: "over budget"}
 	ledger.mu.Unlock()

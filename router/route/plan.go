@@ -37,8 +37,9 @@ const (
 const DefaultToolSteps = 4
 
 // DefaultToolResultTokens bounds the tokens one tool result may add to the
-// conversation (results longer are refused to the model as too large), so
-// the worst case of a tool conversation is known before it starts.
+// conversation, counted at their bound (capability.BoundTokens: its bytes;
+// results longer are refused to the model as too large), so the worst case
+// of a tool conversation is known before it starts.
 const DefaultToolResultTokens = 2048
 
 // SelfCheckTokens is the completion budget of one self-check follow-up.
@@ -73,8 +74,9 @@ func (c Config) ResultTokens() int {
 
 // Reservation is the worst case of a plan, held against the caller's
 // budget and token rate before the first upstream call: every answer the
-// strategy may obtain, each at its full completion budget, at the prices of
-// the costliest candidates it may reach.
+// strategy may obtain, each at its full completion budget and its prompt at
+// its bound (classify.Annotation.PromptBound: what no tokenizer exceeds),
+// at the prices of the costliest candidates it may reach.
 type Reservation struct {
 	Tokens  int     `json:"tokens"`
 	CostUSD float64 `json:"cost_usd"`
@@ -167,7 +169,9 @@ func reservation(a *classify.Annotation, p Plan, cfg Config) Reservation {
 	if len(p.Candidates) == 0 {
 		return Reservation{}
 	}
-	prompt, out := a.PromptTokens(), CompletionTokens(a)
+	// The prompt at its bound, not its estimate: a tokenizer may count
+	// several times the estimate (CJK, emoji, code), never more than the bound.
+	prompt, out := a.PromptBound(), CompletionTokens(a)
 	cost := func(c Candidate, prompt, out int) float64 { return c.Target.Cost(prompt, out) }
 	// costliest answers first: the worst case spends on the priciest targets
 	worst := func(n, prompt, out int, from []Candidate) (int, float64) {

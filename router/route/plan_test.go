@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -40,6 +41,10 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 func TestPlan(t *testing.T) {
 	cat := newCatalogue(t, planTargets()...)
+	// What one answer costs at y's and x's prices (z is free), for a prompt
+	// of p tokens and out completion tokens.
+	y := func(p, out int) float64 { return float64(p*5+out*15) / 1e6 }
+	x := func(p, out int) float64 { return float64(p*1+out*2) / 1e6 }
 	tests := []struct {
 		name    string
 		req     request
@@ -48,59 +53,68 @@ func TestPlan(t *testing.T) {
 		want    Strategy
 		cands   []string
 		members int
-		reserve Reservation
+		reserve func(p int) Reservation // p: the prompt's bound (Annotation.PromptBound)
 		reasons []string
 	}{
 		// Every plan reserves its worst case: each answer it may obtain at
-		// its full completion budget, at the prices of the costliest candidates.
+		// its full completion budget, its prompt at its bound, at the
+		// prices of the costliest candidates.
 		{"without strategies a request goes to the best candidate, the others in order after it",
 			request{maxTokens: 500}, Config{}, allTiers, StrategySingle, []string{"y", "x", "z"}, 0,
-			Reservation{1500, 0.0125}, []string{"2 fallbacks in order"}},
+			func(p int) Reservation { return Reservation{p + 500, y(p, 500)} }, []string{"2 fallbacks in order"}},
 		{"n choices reserve n completions",
 			request{maxTokens: 500, n: 2}, Config{}, allTiers, StrategySingle, []string{"y", "x", "z"}, 0,
-			Reservation{1000 + 1000, (1000*5 + 1000*15) / 1e6}, []string{"2 fallbacks in order"}},
+			func(p int) Reservation { return Reservation{p + 1000, y(p, 1000)} }, []string{"2 fallbacks in order"}},
 		{"a lone candidate has no fallback",
 			request{maxTokens: 500}, Config{}, []string{"T0"}, StrategySingle, []string{"z"}, 0,
-			Reservation{1500, 0}, nil},
+			func(p int) Reservation { return Reservation{p + 500, 0} }, nil},
 		{"no allowed candidate reserves nothing",
 			request{maxTokens: 500}, Config{}, []string{"T2"}, StrategySingle, nil, 0,
-			Reservation{}, []string{"no allowed candidate"}},
+			func(int) Reservation { return Reservation{} }, []string{"no allowed candidate"}},
 		{"a cascade tries the cheapest first and reserves every attempt",
 			request{maxTokens: 500}, Config{Cascade: &Cascade{Threshold: -1}}, allTiers, StrategyCascade, []string{"z", "x", "y"}, 0,
-			Reservation{2 * 1500, 0.0125 + 0.002}, nil},
+			func(p int) Reservation { return Reservation{2 * (p + 500), y(p, 500) + x(p, 500)} }, nil},
 		{"a cascade by score with three attempts",
 			request{maxTokens: 500}, Config{Cascade: &Cascade{Threshold: -1, MaxAttempts: 3, Order: OrderScore}}, allTiers, StrategyCascade, []string{"y", "x", "z"}, 0,
-			Reservation{3 * 1500, 0.0125 + 0.002 + 0}, nil},
-		// A self-check per answer: prompt 1000 + answer 500 + 32 for the
-		// question, 8 completion tokens; y (1532·5 + 8·15)/1e6 = 0.00778,
-		// x (1532·1 + 8·2)/1e6 = 0.001548.
+			func(p int) Reservation { return Reservation{3 * (p + 500), y(p, 500) + x(p, 500)} }, nil},
+		// A self-check per answer: the prompt, the answer (500) and 32 for
+		// the question, 8 completion tokens, at y's and x's prices.
 		{"a self-checking cascade reserves the follow-ups too",
 			request{maxTokens: 500}, Config{Cascade: &Cascade{Threshold: -1, SelfCheck: true}}, allTiers, StrategyCascade, []string{"z", "x", "y"}, 0,
-			Reservation{2*1500 + 2*(1532+8), 0.0125 + 0.002 + 0.00778 + 0.001548}, nil},
+			func(p int) Reservation {
+				return Reservation{2*(p+500) + 2*(p+532+8), y(p, 500) + x(p, 500) + y(p+532, 8) + x(p+532, 8)}
+			}, nil},
 		{"a stream is not cascaded without hold_tokens",
 			request{maxTokens: 500, stream: true}, Config{Cascade: &Cascade{Threshold: -1}}, allTiers, StrategySingle, []string{"y", "x", "z"}, 0,
-			Reservation{1500, 0.0125}, []string{"2 fallbacks in order"}},
+			func(p int) Reservation { return Reservation{p + 500, y(p, 500)} }, []string{"2 fallbacks in order"}},
 		{"a stream is cascaded with hold_tokens",
 			request{maxTokens: 500, stream: true}, Config{Cascade: &Cascade{Threshold: -1, HoldTokens: 4}}, allTiers, StrategyCascade, []string{"z", "x", "y"}, 0,
-			Reservation{2 * 1500, 0.0145}, nil},
+			func(p int) Reservation { return Reservation{2 * (p + 500), y(p, 500) + x(p, 500)} }, nil},
 		{"a mixture asks the best two at once and reserves both",
 			request{maxTokens: 500, text: flat}, Config{Mixture: &Mixture{}}, allTiers, StrategyMixture, []string{"y", "x", "z"}, 2,
-			Reservation{2 * 1500, 0.0145}, nil},
+			func(p int) Reservation { return Reservation{2 * (p + 500), y(p, 500) + x(p, 500)} }, nil},
 		{"a mixture is not made for a stream",
 			request{maxTokens: 500, text: flat, stream: true}, Config{Mixture: &Mixture{}}, allTiers, StrategySingle, []string{"y", "x", "z"}, 0,
-			Reservation{1500, 0.0125}, []string{"2 fallbacks in order"}},
+			func(p int) Reservation { return Reservation{p + 500, y(p, 500)} }, []string{"2 fallbacks in order"}},
 		// Round i's prompt holds the earlier rounds' answers and results:
-		// 1000 + i·(500 + 2048) for i = 0..4, 30480 prompt tokens in all,
-		// each round at y's prices: (30480·5 + 5·500·15)/1e6 = 0.1899.
+		// p + i·(500 + 2048) for i = 0..4, each round at y's prices.
 		{"a tool conversation reserves every round with results at their bound",
 			request{maxTokens: 500}, Config{Tools: true}, allTiers, StrategyTools, []string{"y", "x", "z"}, 0,
-			Reservation{30480 + 5*500, 0.1899}, []string{"governed tools may be offered (at most 4 rounds)"}},
+			func(p int) Reservation {
+				var r Reservation
+				for i := range 5 {
+					pi := p + i*(500+2048)
+					r.Tokens, r.CostUSD = r.Tokens+pi+500, r.CostUSD+y(pi, 500)
+				}
+				return r
+			}, []string{"governed tools may be offered (at most 4 rounds)"}},
 		{"tool rounds and result size are the operator's",
 			request{maxTokens: 500}, Config{Tools: true, ToolSteps: 1, ToolResultTokens: 100}, allTiers, StrategyTools, []string{"y", "x", "z"}, 0,
-			Reservation{1500 + 2100, (2600*5 + 2*500*15) / 1e6}, []string{"governed tools may be offered (at most 1 rounds)"}},
+			func(p int) Reservation { return Reservation{(p + 500) + (p + 600 + 500), y(p, 500) + y(p+600, 500)} },
+			[]string{"governed tools may be offered (at most 1 rounds)"}},
 		{"a streamed request gets no governed tools",
 			request{maxTokens: 500, stream: true}, Config{Tools: true}, allTiers, StrategySingle, []string{"y", "x", "z"}, 0,
-			Reservation{1500, 0.0125}, []string{"2 fallbacks in order"}},
+			func(p int) Reservation { return Reservation{p + 500, y(p, 500)} }, []string{"2 fallbacks in order"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,8 +126,8 @@ func TestPlan(t *testing.T) {
 			if p.Strategy != tt.want || !slices.Equal(names(p.Candidates), tt.cands) || p.Members != tt.members || !p.Known {
 				t.Fatalf("plan %s %v members %d known %v; want %s %v members %d", p.Strategy, names(p.Candidates), p.Members, p.Known, tt.want, tt.cands, tt.members)
 			}
-			if p.Reserve.Tokens != tt.reserve.Tokens || !near(p.Reserve.CostUSD, tt.reserve.CostUSD) {
-				t.Errorf("reserve %+v, want %+v", p.Reserve, tt.reserve)
+			if want := tt.reserve(a.PromptBound()); p.Reserve.Tokens != want.Tokens || !near(p.Reserve.CostUSD, want.CostUSD) {
+				t.Errorf("reserve %+v, want %+v (prompt bound %d)", p.Reserve, want, a.PromptBound())
 			}
 			if tt.reasons != nil && !slices.Equal(p.Reasons, tt.reasons) {
 				t.Errorf("reasons %q, want %q", p.Reasons, tt.reasons)
@@ -169,7 +183,8 @@ func TestPlan(t *testing.T) {
 			`{"target":"y","tier":"T3","model":"m","quality":0.9,"cost_usd":0.0125,"latency_s":0,"score":0.775},` +
 			`{"target":"x","tier":"T1","model":"m","quality":0.7,"cost_usd":0.002,"latency_s":0,"score":0.68},` +
 			`{"target":"z","tier":"T0","model":"m","quality":0.6,"cost_usd":0,"latency_s":0,"score":0.6}],` +
-			`"known":true,"reserve":{"tokens":1500,"cost_usd":0.0125},"reasons":["2 fallbacks in order"]}`
+			`"known":true,"reserve":{"tokens":` + strconv.Itoa(a.PromptBound()+500) + `,"cost_usd":` +
+			strconv.FormatFloat(float64(a.PromptBound()*5+500*15)/1e6, 'g', -1, 64) + `},"reasons":["2 fallbacks in order"]}`
 		if string(b) != want {
 			t.Fatalf("plan JSON\n%s\nwant\n%s", b, want)
 		}
