@@ -152,6 +152,9 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 	if n, set, err := optPositive(d, f.n, "n"); err != nil {
 		return nil, nil, err
 	} else if set {
+		if err := intRange("n", n, 1, 128); err != nil {
+			return nil, nil, err
+		}
 		r.N = n
 	}
 	if v := f.responseFormat; v >= 0 && d.Kind(v) != KindNull {
@@ -185,11 +188,18 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 		if n, set, e := optPositive(d, f.bestOf, "best_of"); e != nil {
 			return nil, nil, e
 		} else if set {
+			if err := intRange("best_of", n, 0, 20); err != nil {
+				return nil, nil, err
+			}
 			r.BestOf = n
 		}
 		if v := f.logprobs; v >= 0 && d.Kind(v) != KindNull {
-			if d.Kind(v) != KindNumber {
+			k, err := strconv.Atoi(d.Raw(v))
+			if d.Kind(v) != KindNumber || err != nil {
 				return nil, nil, wrongType("logprobs", "an integer", d, v)
+			}
+			if err := intRange("logprobs", k, 0, 5); err != nil {
+				return nil, nil, err
 			}
 			r.Logprobs = true
 		}
@@ -211,12 +221,12 @@ type rootMembers struct {
 	model, stream, streamOptions, maxCompletionTokens, maxTokens            int
 	temperature, topP, presencePenalty, frequencyPenalty, n, responseFormat int
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
-	toolChoice, logitBias, user                                             int
+	toolChoice, logitBias, user, topLogprobs                                int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -247,6 +257,8 @@ func (f *rootMembers) read(d *Doc) {
 			at = &f.bestOf
 		case "logprobs":
 			at = &f.logprobs
+		case "top_logprobs":
+			at = &f.topLogprobs
 		case "prompt":
 			at = &f.prompt
 		case "input":
@@ -289,6 +301,15 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			return wrongType("logprobs", "a boolean", d, v)
 		}
 		r.Logprobs = d.Kind(v) == KindTrue
+	}
+	if v := f.topLogprobs; v >= 0 && d.Kind(v) != KindNull {
+		k, err := strconv.Atoi(d.Raw(v))
+		if d.Kind(v) != KindNumber || err != nil {
+			return wrongType("top_logprobs", "an integer", d, v)
+		}
+		if err := intRange("top_logprobs", k, 0, 20); err != nil {
+			return err
+		}
 	}
 	if tc := f.toolChoice; tc >= 0 {
 		switch d.Kind(tc) {
@@ -510,6 +531,17 @@ func inRange(p, raw string, min, max float64) *Error {
 		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
 	case x < min:
 		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+	}
+	return nil
+}
+
+// intRange checks the integer n of parameter p against [min, max].
+func intRange(p string, n, min, max int) *Error {
+	switch {
+	case n > max:
+		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+	case n < min:
+		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
 	}
 	return nil
 }

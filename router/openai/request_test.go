@@ -199,6 +199,18 @@ var badBodies = []struct {
 	{"an object inside the prompt array", EndpointCompletions, `{"model":"m","prompt":["a",{}]}`, "prompt[1]", "expected a string or token ids"},
 	{"a fractional best_of", EndpointCompletions, `{"model":"m","prompt":"a","best_of":2.5}`, "best_of", "positive integer"},
 	{"a boolean completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":true}`, "logprobs", "expected an integer"},
+	// Integer ranges of the OpenAPI description: top_logprobs 0..20 (chat),
+	// logprobs 0..5 (completions), n 1..128, best_of 0..20.
+	{"a top_logprobs of 30", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":30,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "Expected a value <= 20, but got 30"},
+	{"a negative top_logprobs", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":-1,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "Expected a value >= 0, but got -1"},
+	{"a fractional top_logprobs", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":2.5,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "expected an integer, but got a number"},
+	{"a string top_logprobs", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":"3","messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "expected an integer, but got a string"},
+	{"a completions logprobs of 6", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":6}`, "logprobs", "Expected a value <= 5, but got 6"},
+	{"a negative completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":-1}`, "logprobs", "Expected a value >= 0, but got -1"},
+	{"a fractional completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":2.5}`, "logprobs", "expected an integer, but got a number"},
+	{"an n of 129", EndpointChat, `{"model":"m","n":129,"messages":[{"role":"user","content":"hi"}]}`, "n", "Expected a value <= 128, but got 129"},
+	{"a completions n of 200", EndpointCompletions, `{"model":"m","prompt":"a","n":200}`, "n", "Expected a value <= 128, but got 200"},
+	{"a best_of of 21", EndpointCompletions, `{"model":"m","prompt":"a","best_of":21}`, "best_of", "Expected a value <= 20, but got 21"},
 	{"a missing input", EndpointEmbeddings, `{"model":"m"}`, "input", "Missing required parameter: 'input'."},
 	{"a boolean input", EndpointEmbeddings, `{"model":"m","input":true}`, "input", "but got a boolean"},
 }
