@@ -107,6 +107,7 @@ func normalize(v []float32) []float32 {
 // be the base model.
 func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet {
+		w.Header().Set("Allow", http.MethodPost) // a 405 lists the path's methods (RFC 9110 §15.5.6)
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
 		return
 	}

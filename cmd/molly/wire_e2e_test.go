@@ -525,3 +525,55 @@ func TestWireHealthAndVersion(t *testing.T) {
 		t.Fatalf("molly version = %q, want Molly's version then Caddy %s", v, want)
 	}
 }
+
+// TestWireMethodsFollowHTTP checks the methods of every API path against
+// RFC 9110: a 405 carries Allow (§15.5.6), every method Allow lists is
+// served (is not itself a 405), and HEAD on a GET resource is GET without
+// the body, with the same status, Content-Type and Content-Length (§9.3.2).
+func TestWireMethodsFollowHTTP(t *testing.T) {
+	spec := openapitest.Load(t)
+	p := startProvider(t)
+	lan := upstreamtest.Start("lan")
+	t.Cleanup(lan.Close)
+	g := startMolly(t, wireCaddyfile(p, lan, ""))
+	paths := []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+		"/v1/messages/count_tokens", "/v1/models", "/v1/models/chat", "/v1/responses/resp_0123", "/healthz"}
+	for _, path := range paths {
+		for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
+			resp, b := do(t, g, m, path, `{}`)
+			if resp.StatusCode != http.StatusMethodNotAllowed {
+				continue
+			}
+			if strings.HasPrefix(path, "/v1/messages") {
+				if gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" {
+					t.Errorf("%s %s: not Anthropic's error: %s", m, path, b)
+				}
+			} else {
+				spec.Validate(t, "ErrorResponse", b)
+			}
+			allow := resp.Header.Get("Allow")
+			if allow == "" {
+				t.Errorf("%s %s: 405 without Allow", m, path)
+				continue
+			}
+			for _, a := range strings.Split(allow, ",") {
+				a = strings.TrimSpace(a)
+				if a == m {
+					t.Errorf("%s %s: 405, yet Allow %q lists it", m, path, allow)
+				}
+				if r, _ := do(t, g, a, path, `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`); r.StatusCode == http.StatusMethodNotAllowed {
+					t.Errorf("%s %s: Allow %q lists %s, which is a 405 too", m, path, allow, a)
+				}
+			}
+		}
+	}
+	for _, path := range []string{"/v1/models", "/v1/models/chat", "/healthz"} {
+		get, body := do(t, g, "GET", path, ``)
+		head, hb := do(t, g, "HEAD", path, ``)
+		if get.StatusCode != 200 || head.StatusCode != get.StatusCode || len(hb) != 0 ||
+			head.Header.Get("Content-Type") != get.Header.Get("Content-Type") || head.ContentLength != int64(len(body)) {
+			t.Errorf("HEAD %s: %d %q length %d body %q; GET: %d %q length %d", path, head.StatusCode, head.Header.Get("Content-Type"),
+				head.ContentLength, hb, get.StatusCode, get.Header.Get("Content-Type"), len(body))
+		}
+	}
+}

@@ -3,6 +3,7 @@ package openai
 import (
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -20,6 +21,8 @@ func TestEndpointOf(t *testing.T) {
 		{"completions without prefix", "POST", "/completions", EndpointCompletions, 0},
 		{"embeddings under a deeper prefix", "POST", "/openai/v1/embeddings", EndpointEmbeddings, 0},
 		{"models is a GET", "GET", "/v1/models", EndpointModels, 0},
+		{"HEAD on models is GET without the body", "HEAD", "/v1/models", EndpointModels, 0},
+		{"HEAD on one model", "HEAD", "/v1/models/gpt-4o", EndpointModels, 0},
 		{"models without prefix", "GET", "/models", EndpointModels, 0},
 		{"one model is a GET on its path", "GET", "/v1/models/gpt-4o", EndpointModels, 0},
 		{"GET on chat is 405", "GET", "/v1/chat/completions", "", http.StatusMethodNotAllowed},
@@ -44,6 +47,21 @@ func TestEndpointOf(t *testing.T) {
 	}
 	if _, err := EndpointOf("GET", "/v1/chat/completions"); err.Message != "Method GET is not allowed on /v1/chat/completions; use POST." {
 		t.Errorf("405 message = %q", err.Message)
+	}
+	// A 405 lists the path's methods (RFC 9110 §15.5.6), and Write sends them.
+	for _, c := range []struct{ method, path, allow string }{
+		{"GET", "/v1/chat/completions", "POST"}, {"DELETE", "/v1/embeddings", "POST"},
+		{"POST", "/v1/models", "GET, HEAD"}, {"PUT", "/v1/models/gpt-4o", "GET, HEAD"},
+	} {
+		_, err := EndpointOf(c.method, c.path)
+		if err == nil || err.Allow != c.allow {
+			t.Fatalf("EndpointOf(%s %s) = %+v, want Allow %q", c.method, c.path, err, c.allow)
+		}
+		w := httptest.NewRecorder()
+		err.Write(w)
+		if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != c.allow {
+			t.Errorf("written: %d Allow %q, want 405 Allow %q", w.Code, w.Header().Get("Allow"), c.allow)
+		}
 	}
 	if _, err := EndpointOf("POST", "/v1/nope"); err.Message != "Unknown request URL: POST /v1/nope." || err.Code != "unknown_url" {
 		t.Errorf("404 error = %+v", err)
