@@ -278,8 +278,14 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	if chat {
 		ep = openai.EndpointChat
 	}
-	if _, aerr := openai.ParseRequest(ep, body); aerr != nil {
+	view, aerr := openai.ParseRequest(ep, body)
+	if aerr != nil {
 		return nil, Request{}, &apiError{aerr.Status, aerr.Type, aerr.Param, aerr.Code, aerr.Message}
+	}
+	if view.AudioOut {
+		// The engine writes text only: a request for a spoken answer is
+		// refused rather than answered without the audio it asked for.
+		return nil, Request{}, badRequest("modalities", "audio output is not supported by this engine: it answers text only")
 	}
 	var cr completionRequest
 	if err := json.Unmarshal(body, &cr); err != nil {

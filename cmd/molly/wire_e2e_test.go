@@ -427,6 +427,21 @@ func TestWireErrorsClientsCanActOn(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("audio output goes only to a target with audio, else a 400 naming modalities", func(t *testing.T) {
+		params := func(model string) openai.ChatCompletionNewParams {
+			return openai.ChatCompletionNewParams{Model: model, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("say hi")},
+				Modalities: []string{"text", "audio"}, Audio: openai.ChatCompletionAudioParam{Voice: openai.ChatCompletionAudioParamVoiceUnion{OfString: openai.String("alloy")}, Format: "wav"}}
+		}
+		_, err := c.Chat.Completions.New(ctx, params("notools"))
+		e := apiErr(err)
+		if e.StatusCode != 400 || e.Code != "unsupported_parameter" || e.Param != "modalities" || !strings.Contains(e.Message, "basic: does not support audio") {
+			t.Fatalf("%d %s", e.StatusCode, e.RawJSON())
+		}
+		// A target declaring no capabilities has them all: it is asked.
+		if _, err := c.Chat.Completions.New(ctx, params("chat")); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("x-request-id: the client's, else Molly's, on every answer and upstream with traceparent", func(t *testing.T) {
 		const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 		resp, _ := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, "X-Request-Id", "client-req-1", "Traceparent", tp)

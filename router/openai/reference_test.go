@@ -179,6 +179,13 @@ func refChat(r *Request, root gjson.Result) *Error {
 		}
 		r.Logprobs = v.Bool()
 	}
+	if m := root.Get("modalities"); m.IsArray() {
+		for _, x := range m.Array() {
+			if x.Type == gjson.String && x.Str == "audio" {
+				r.AudioOut = true
+			}
+		}
+	}
 	if v := root.Get("top_logprobs"); v.Exists() && v.Type != gjson.Null {
 		if err := refIntIn(v, "top_logprobs", 0, 20); err != nil {
 			return err

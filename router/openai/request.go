@@ -53,6 +53,9 @@ type Request struct {
 	// TokenPrompts reports prompts or inputs given as token ids (arrays of
 	// integers), which no detector can read.
 	TokenPrompts bool
+	// AudioOut reports a chat request whose "modalities" lists "audio":
+	// it asks for a spoken answer, which only a target with audio serves.
+	AudioOut bool
 }
 
 // Choices is how many completions the request makes the model generate:
@@ -221,12 +224,12 @@ type rootMembers struct {
 	model, stream, streamOptions, maxCompletionTokens, maxTokens            int
 	temperature, topP, presencePenalty, frequencyPenalty, n, responseFormat int
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
-	toolChoice, logitBias, user, topLogprobs                                int
+	toolChoice, logitBias, user, topLogprobs, modalities                    int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -259,6 +262,8 @@ func (f *rootMembers) read(d *Doc) {
 			at = &f.logprobs
 		case "top_logprobs":
 			at = &f.topLogprobs
+		case "modalities":
+			at = &f.modalities
 		case "prompt":
 			at = &f.prompt
 		case "input":
@@ -301,6 +306,13 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			return wrongType("logprobs", "a boolean", d, v)
 		}
 		r.Logprobs = d.Kind(v) == KindTrue
+	}
+	if v := f.modalities; v >= 0 && d.Kind(v) == KindArray {
+		for c, end := v+1, d.Next(v); c < end; c = d.Next(c) {
+			if d.Kind(c) == KindString && d.Str(c) == "audio" {
+				r.AudioOut = true
+			}
+		}
 	}
 	if v := f.topLogprobs; v >= 0 && d.Kind(v) != KindNull {
 		k, err := strconv.Atoi(d.Raw(v))

@@ -94,6 +94,10 @@ func TestParseRequestReadsTheView(t *testing.T) {
 	}{
 		{"a plain chat request", EndpointChat, `{"model":"gpt-x","messages":[{"role":"user","content":"hello there"}]}`,
 			Request{Endpoint: EndpointChat, Model: "gpt-x", N: 1, Messages: 1}},
+		{"audio output asked for", EndpointChat, `{"model":"m","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1, AudioOut: true}},
+		{"text output only", EndpointChat, `{"model":"m","modalities":["text"],"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1}},
 		{"streaming with usage", EndpointChat, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
 			Request{Endpoint: EndpointChat, Model: "m", Stream: true, IncludeUsage: true, N: 1, Messages: 1}},
 		{"max_completion_tokens wins over max_tokens", EndpointChat, `{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
