@@ -60,7 +60,7 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(path, "/v1/chat/completions"), strings.HasSuffix(path, "/v1/completions"):
 		if r.Method == http.MethodGet {
 			w.Header().Set("Allow", http.MethodPost) // a 405 lists the path's methods (RFC 9110 §15.5.6)
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
 			return
 		}
 		e.serveCompletion(w, r, strings.HasSuffix(path, "/v1/chat/completions"))
