@@ -33,7 +33,8 @@ import (
 //     has no summaries); a stream asks for the usage chunk;
 //   - what chat completions cannot express is a 400 naming the parameter:
 //     hosted tools (web search, file search, …), item references, files by
-//     id, background mode, prompt templates.
+//     id, background mode, prompt templates; so is stream, store, tools,
+//     parallel_tool_calls or metadata of the wrong JSON type.
 //
 // The answer is stored when the request does not set store: false (and
 // store is not nil). Errors are *openai.Error: 400 for a bad request, 404
@@ -41,6 +42,10 @@ import (
 func FromResponses(ctx context.Context, body []byte, store Store, member string) ([]byte, *Translation, *openai.Error) {
 	root, aerr := object(body)
 	if aerr != nil {
+		return nil, nil, aerr
+	}
+	if aerr := checkKinds(root, [2]string{"stream", "a boolean"}, [2]string{"store", "a boolean"}, [2]string{"tools", "an array"},
+		[2]string{"parallel_tool_calls", "a boolean"}, [2]string{"metadata", "an object"}); aerr != nil {
 		return nil, nil, aerr
 	}
 	t := &Translation{API: APIResponses, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root,

@@ -119,6 +119,30 @@ func object(body []byte) (gjson.Result, *openai.Error) {
 	return root, nil
 }
 
+// kinds are the JSON kinds checkKinds checks, as its error names them.
+var kinds = map[string]func(gjson.Result) bool{
+	"a boolean": func(v gjson.Result) bool { return v.Type == gjson.True || v.Type == gjson.False },
+	"an array":  gjson.Result.IsArray,
+	"an object": gjson.Result.IsObject,
+	"a string":  func(v gjson.Result) bool { return v.Type == gjson.String },
+}
+
+// checkKinds refuses a top-level parameter of the wrong JSON type, as the
+// APIs' own validation does (rather than reading "true" as a boolean or
+// dropping an object where an array belongs): want maps each parameter to
+// its kind, a key of kinds. An absent or null parameter passes. The error is WrongType's 400 naming the first
+// offending parameter, in order.
+func checkKinds(root gjson.Result, want ...[2]string) *openai.Error {
+	for _, w := range want {
+		v := root.Get(w[0])
+		if !v.Exists() || v.Type == gjson.Null || kinds[w[1]](v) {
+			continue
+		}
+		return openai.WrongType(w[0], w[1], v)
+	}
+	return nil
+}
+
 // copyNumber copies the numeric parameter param of the client's request
 // as key.
 func copyNumber(dst map[string]any, key string, root gjson.Result, param string) *openai.Error {

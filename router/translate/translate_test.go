@@ -135,6 +135,12 @@ func TestFromResponses(t *testing.T) {
 		{"a reasoning effort of the wrong type", `{"model":"m","input":"x","reasoning":{"effort":1}}`, "reasoning.effort", 400},
 		{"an unknown reasoning summary", `{"model":"m","input":"x","reasoning":{"summary":"long"}}`, "reasoning.summary", 400},
 		{"a reasoning that is not an object", `{"model":"m","input":"x","reasoning":"low"}`, "reasoning", 400},
+		// Types of CreateResponse: a string is not a boolean, an object not an array.
+		{"a string stream", `{"model":"m","input":"x","stream":"true"}`, "stream", 400},
+		{"a numeric store", `{"model":"m","input":"x","store":0}`, "store", 400},
+		{"tools as an object", `{"model":"m","input":"x","tools":{}}`, "tools", 400},
+		{"a string parallel_tool_calls", `{"model":"m","input":"x","parallel_tool_calls":"no"}`, "parallel_tool_calls", 400},
+		{"a string metadata", `{"model":"m","input":"x","metadata":"x"}`, "metadata", 400},
 	}
 	for _, tt := range refusals {
 		t.Run("refuses "+tt.name, func(t *testing.T) {
@@ -570,6 +576,17 @@ func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
 		{"a server tool", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "tools.0"},
 		{"a document block", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}`, "messages.0.content.0.type"},
 		{"a system role in messages", `{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, "messages.0.role"},
+		// Anthropic's types and ranges (Messages API reference): stream a
+		// boolean, tools an array, tool_choice an object, stop_sequences
+		// strings, metadata an object, temperature 0 to 1.
+		{"a string stream", `{"model":"m","max_tokens":5,"stream":"true","messages":[{"role":"user","content":"x"}]}`, "stream"},
+		{"a numeric stream", `{"model":"m","max_tokens":5,"stream":1,"messages":[{"role":"user","content":"x"}]}`, "stream"},
+		{"tools as an object", `{"model":"m","max_tokens":5,"tools":{},"messages":[{"role":"user","content":"x"}]}`, "tools"},
+		{"a string tool_choice", `{"model":"m","max_tokens":5,"tool_choice":"auto","messages":[{"role":"user","content":"x"}]}`, "tool_choice"},
+		{"a string stop_sequences", `{"model":"m","max_tokens":5,"stop_sequences":"END","messages":[{"role":"user","content":"x"}]}`, "stop_sequences"},
+		{"a numeric stop sequence", `{"model":"m","max_tokens":5,"stop_sequences":["END",1],"messages":[{"role":"user","content":"x"}]}`, "stop_sequences.1"},
+		{"a string metadata", `{"model":"m","max_tokens":5,"metadata":"u","messages":[{"role":"user","content":"x"}]}`, "metadata"},
+		{"a temperature above 1", `{"model":"m","max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"x"}]}`, "temperature"},
 	} {
 		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
 			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
