@@ -672,8 +672,10 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 // NormaliseError rewrites the body of an upstream's error answer (status
 // ≥ 400) into OpenAI's ErrorResponse, {"error": {"message", "type",
 // "param", "code"}}: missing members are added (param and code null, type
-// from the status), a string "error" becomes the message, and a body that
-// is not such JSON becomes the message (its first 512 bytes).
+// from the status), a string "error" becomes the message, the flat
+// {"message", "type", "param", "code"} of vLLM and FastChat moves under
+// "error", and a body that is not such JSON becomes the message (its first
+// 512 bytes). A numeric code becomes a string, as the spec's code is.
 func NormaliseError(status int, body []byte) []byte {
 	typ := "invalid_request_error"
 	if status >= 500 {
@@ -705,6 +707,21 @@ func NormaliseError(status int, body []byte) []byte {
 		return e.b
 	case root.IsObject() && eo.Type == gjson.String:
 		return (&openai.Error{Status: status, Type: typ, Message: eo.Str}).Body()
+	case root.IsObject() && !eo.Exists() && root.Get("message").Type == gjson.String:
+		// The flat form of vLLM and FastChat, {"object": "error",
+		// "message", "type", "param", "code": 400}: the same members one
+		// level up.
+		e := &openai.Error{Status: status, Type: typ, Message: root.Get("message").Str}
+		if t := root.Get("type"); t.Type == gjson.String && t.Str != "" {
+			e.Type = t.Str
+		}
+		if p := root.Get("param"); p.Type == gjson.String {
+			e.Param = p.Str
+		}
+		if c := root.Get("code"); c.Type == gjson.String || c.Type == gjson.Number {
+			e.Code = c.String()
+		}
+		return e.Body()
 	}
 	msg := strings.TrimSpace(string(body))
 	if len(msg) > 512 {

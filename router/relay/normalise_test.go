@@ -77,12 +77,20 @@ func TestNormaliseErrorMakesErrorResponses(t *testing.T) {
 		`{"error":{"message":"x","type":"invalid_request_error","code":400}}`,
 		`<html>502 Bad Gateway</html>`,
 		``,
+		`{"object":"error","message":"flat","type":"BadRequestError","param":null,"code":400}`,
 	} {
 		out := NormaliseError(502, []byte(body))
 		spec.Validate(t, "ErrorResponse", out)
 	}
 	if got := gjson.GetBytes(NormaliseError(400, []byte(`{"error":"model overloaded"}`)), "error.message").Str; got != "model overloaded" {
 		t.Fatalf("message %q", got)
+	}
+	// vLLM's and FastChat's flat error (their ErrorResponse: object "error",
+	// message, type, param, code as an integer) keeps its message and type.
+	flat := NormaliseError(400, []byte(`{"object":"error","message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":"messages","code":400}`))
+	if e := gjson.GetBytes(flat, "error"); e.Get("message").Str != "This model's maximum context length is 4096 tokens." ||
+		e.Get("type").Str != "BadRequestError" || e.Get("param").Str != "messages" || e.Get("code").Raw != `"400"` {
+		t.Fatalf("flat error became %s", flat)
 	}
 }
 
