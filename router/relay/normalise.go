@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -90,6 +92,19 @@ func (e *edit) del(path string) {
 	}
 }
 
+// argsText is the arguments string of a tool call whose arguments are not
+// a string: an object or array (as Ollama and some other servers send
+// them) becomes its JSON text, compacted; anything else (absent, null) "{}".
+func argsText(a gjson.Result) string {
+	if a.IsObject() || a.IsArray() {
+		var b bytes.Buffer
+		if json.Compact(&b, []byte(a.Raw)) == nil {
+			return b.String()
+		}
+	}
+	return "{}"
+}
+
 // argsCut reports tool-call arguments that are not a complete JSON text
 // (an empty string is a call without arguments, not a cut one).
 func argsCut(args string) bool {
@@ -104,7 +119,8 @@ func argsCut(args string) bool {
 // a "system_fingerprint" that is not a string dropped, every choice's
 // "index", "logprobs" (null) and "finish_reason" (an alias mapped to the
 // enum; "length" when a tool call's arguments were cut off), a chat
-// message's "role", "content" and "refusal" (null), a tool call's "type",
+// message's "role", "content" and "refusal" (null), a tool call's "type"
+// and its "arguments" as a string (an object's JSON text, "{}" when absent),
 // and the usage's "total_tokens". A body that is not a JSON object, or an
 // error object, is returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
@@ -188,7 +204,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 				e.set(p+".id", NewID("call_"))
 			}
 			if a := tc.Get("function.arguments"); a.Type != gjson.String {
-				e.set(p+".function.arguments", "{}")
+				e.set(p+".function.arguments", argsText(a))
 			} else if argsCut(a.Str) {
 				cut = true
 			}
@@ -584,6 +600,9 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		}
 		if a := tc.Get("function.arguments"); a.Type == gjson.String {
 			st.args[given].WriteString(a.Str)
+		} else if a.IsObject() || a.IsArray() {
+			e.set(p+".function.arguments", argsText(a))
+			st.args[given].WriteString(argsText(a))
 		}
 		return true
 	})

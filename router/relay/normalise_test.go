@@ -36,6 +36,9 @@ func TestNormaliseBodyMakesSpecValidAnswers(t *testing.T) {
 		{"a tool call cut by max_tokens finishes with length", oai.EndpointChat, "CreateChatCompletionResponse",
 			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_a","function":{"name":"f","arguments":"{\"city\": \"Par"}}]}}]}`,
 			map[string]string{"choices.0.finish_reason": `"length"`, "choices.0.message.tool_calls.0.type": `"function"`}},
+		{"tool-call arguments sent as an object (Ollama-style) become its JSON text, not an empty object", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_a","type":"function","function":{"name":"f","arguments":{"city": "Rome", "days": 2}}}]}}]}`,
+			map[string]string{"choices.0.message.tool_calls.0.function.arguments": `"{\"city\":\"Rome\",\"days\":2}"`, "choices.0.finish_reason": `"tool_calls"`}},
 		{"a logprobs object gets its refusal member", oai.EndpointChat, "CreateChatCompletionResponse",
 			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.1,"bytes":[97],"top_logprobs":[]}]}}]}`,
 			map[string]string{"choices.0.logprobs.refusal": "null"}},
@@ -200,6 +203,28 @@ func TestStreamToolCallCutByMaxTokensFinishesWithLength(t *testing.T) {
 	fin := s.Chunk([]byte(`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`))
 	if got := gjson.GetBytes(fin, "choices.0.finish_reason").Str; got != "length" {
 		t.Fatalf("finish_reason %q: %s", got, fin)
+	}
+}
+
+// A stream whose tool call carries its arguments as an object (as Ollama
+// sends them) gives the SDK's accumulator the object's JSON text.
+func TestStreamToolCallArgumentsAsAnObject(t *testing.T) {
+	spec := openapitest.Load(t)
+	in := []string{
+		`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":{"city": "Rome"}}}]},"finish_reason":null}]}`,
+		`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+	}
+	var acc openai.ChatCompletionAccumulator
+	for _, c := range runStream(t, NewStream(chatAnswer(false)), in) {
+		spec.Validate(t, "CreateChatCompletionStreamResponse", c)
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(c, &chunk); err != nil {
+			t.Fatal(err)
+		}
+		acc.AddChunk(chunk)
+	}
+	if calls := acc.Choices[0].Message.ToolCalls; len(calls) != 1 || calls[0].Function.Arguments != `{"city":"Rome"}` || acc.Choices[0].FinishReason != "tool_calls" {
+		t.Fatalf("accumulated %+v, finish %q", calls, acc.Choices[0].FinishReason)
 	}
 }
 
