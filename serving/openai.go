@@ -426,10 +426,20 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 		}
 		if err := json.Unmarshal(cr.Prompt, &text); err != nil {
 			var arr []string
-			if err := json.Unmarshal(cr.Prompt, &arr); err != nil || len(arr) != 1 {
-				return nil, r, badRequest("prompt", "prompt must be a string or an array of one string")
+			var ids []int64
+			var idss [][]int64
+			switch {
+			case json.Unmarshal(cr.Prompt, &arr) == nil && len(arr) == 1:
+				text = arr[0]
+			case json.Unmarshal(cr.Prompt, &ids) == nil && len(ids) > 0:
+				toks, err := e.promptIDs(ids)
+				return e.withPrompt(&cr, r, toks, err)
+			case json.Unmarshal(cr.Prompt, &idss) == nil && len(idss) == 1 && len(idss[0]) > 0:
+				toks, err := e.promptIDs(idss[0])
+				return e.withPrompt(&cr, r, toks, err)
+			default:
+				return nil, r, badRequest("prompt", "prompt must be a string, an array of token ids, or an array of one of them: this engine completes one prompt per request")
 			}
-			text = arr[0]
 		}
 	}
 	if err := e.checkBytes(len(text)); err != nil {
@@ -437,6 +447,21 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	}
 	toks, err := e.Tokenize(text)
 	return e.withPrompt(&cr, r, toks, err)
+}
+
+// promptIDs is a prompt given as token ids (CreateCompletionRequest's
+// prompt as an array of integers), each checked against the vocabulary:
+// an id outside [0, n_vocab) is a 400 naming prompt.
+func (e *Engine) promptIDs(ids []int64) ([]int32, error) {
+	nv := int64(e.model.NVocab())
+	toks := make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= nv {
+			return nil, badRequest("prompt", "prompt token ids must be integers in [0, %d), got %d", nv, id)
+		}
+		toks[i] = int32(id)
+	}
+	return toks, nil
 }
 
 // withPrompt sets the tokenized prompt on r and checks r against the engine.
