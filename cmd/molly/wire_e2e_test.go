@@ -254,8 +254,13 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 		}
 	})
 	t.Run("a relayed stream with every quirk, and usage asked for", func(t *testing.T) {
-		_, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","stream":true,"stream_options":{"include_usage":true},`+tools+`,"messages":[{"role":"user","content":"weather?"}]}`)
+		resp, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","stream":true,"stream_options":{"include_usage":true},`+tools+`,"messages":[{"role":"user","content":"weather?"}]}`)
 		chunks := validateChatStream(t, spec, b)
+		// The provider sends no Cache-Control; an event stream must not be
+		// cached or buffered on the way (the engine's streams say so too).
+		if cc := resp.Header.Get("Cache-Control"); cc != "no-cache" {
+			t.Fatalf("a relayed stream with Cache-Control %q, want no-cache", cc)
+		}
 		if !strings.HasPrefix(string(b), ": OPENROUTER PROCESSING\n") {
 			t.Fatalf("the provider's comment did not pass: %q", b[:min(len(b), 80)])
 		}
