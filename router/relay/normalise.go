@@ -367,8 +367,9 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 // into the spec's CreateChatCompletionStreamResponse (or
 // CreateCompletionResponse) shape, chunk by chunk:
 //
-//   - every chunk gets the first chunk's id and created (the spec: "each
-//     chunk has the same ID", "the same timestamp"), the client's model
+//   - every chunk gets the id and created of the first chunk with choices
+//     (the spec: "each chunk has the same ID", "the same timestamp"; a
+//     created that is not a positive integer is the answer's start), the client's model
 //     name, the object name; a system_fingerprint that is not a string is
 //     dropped;
 //   - every choice gets its index, a delta, and finish_reason (null until
@@ -465,20 +466,6 @@ func (s *Stream) Chunk(data []byte) []byte {
 		return data
 	}
 	e := &edit{b: data}
-	if !s.started {
-		s.started = true
-		s.id = id.Str
-		if s.id == "" {
-			s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
-		}
-		s.created = s.ans.Created
-		if created.Type == gjson.Number && created.Raw == strconv.FormatInt(created.Int(), 10) {
-			s.created = created.Int()
-		}
-		if fp.Type == gjson.String {
-			s.fingerprint = fp.Raw
-		}
-	}
 	if usage.IsObject() {
 		s.usage.seen = true
 		s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
@@ -487,6 +474,24 @@ func (s *Stream) Chunk(data []byte) []byte {
 	}
 	if !choices.IsArray() || len(choices.Raw) <= 2 || choices.Get("#").Int() == 0 {
 		return nil
+	}
+	// The stream's id, created and fingerprint are those of the first chunk
+	// the client gets: one with choices. A chunk without (Azure's first,
+	// with prompt_filter_results, "id": "" and "created": 0) is not sent,
+	// and its placeholders are not the answer's.
+	if !s.started {
+		s.started = true
+		s.id = id.Str
+		if s.id == "" {
+			s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
+		}
+		s.created = s.ans.Created
+		if created.Type == gjson.Number && created.Raw == strconv.FormatInt(created.Int(), 10) && created.Int() > 0 {
+			s.created = created.Int()
+		}
+		if fp.Type == gjson.String {
+			s.fingerprint = fp.Raw
+		}
 	}
 	switch {
 	case s.ans.IncludeUsage && usage.Raw != "null":

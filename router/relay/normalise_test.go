@@ -206,6 +206,30 @@ func TestStreamToolCallCutByMaxTokensFinishesWithLength(t *testing.T) {
 	}
 }
 
+// Azure OpenAI opens a stream with a chunk of prompt_filter_results, no
+// choices, "id": "" and "created": 0; the client's chunks carry the id and
+// timestamp of the answer's own chunks, as the spec's "each chunk has the
+// same ID / timestamp" means, not those placeholders.
+func TestStreamSkipsAzuresPromptFilterChunkHeader(t *testing.T) {
+	spec := openapitest.Load(t)
+	in := []string{
+		`{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}`,
+		`{"id":"chatcmpl-az","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o","system_fingerprint":"fp_az","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null,"logprobs":null,"content_filter_results":{}}]}`,
+		`{"id":"chatcmpl-az","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o","system_fingerprint":"fp_az","choices":[{"index":0,"delta":{},"finish_reason":"stop","logprobs":null}]}`,
+		`{"id":"chatcmpl-az","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o","system_fingerprint":"fp_az","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`,
+	}
+	out := runStream(t, NewStream(chatAnswer(true)), in)
+	if len(out) != 3 {
+		t.Fatalf("%d chunks, want the two with choices and the usage chunk", len(out))
+	}
+	for _, c := range out {
+		spec.Validate(t, "CreateChatCompletionStreamResponse", c)
+		if gjson.GetBytes(c, "id").Str != "chatcmpl-az" || gjson.GetBytes(c, "created").Int() != 1700000000 || gjson.GetBytes(c, "system_fingerprint").Str != "fp_az" {
+			t.Errorf("chunk header: %s", c)
+		}
+	}
+}
+
 // A stream whose tool call carries its arguments as an object (as Ollama
 // sends them) gives the SDK's accumulator the object's JSON text.
 func TestStreamToolCallArgumentsAsAnObject(t *testing.T) {
