@@ -33,7 +33,8 @@ import (
 // reported on the first chunk and completion tokens on the finish chunk,
 // keep-alive event frames, id:/retry: lines, CRLF line ends and a frame
 // that is not JSON. A prompt holding RATE is answered 429 with
-// Retry-After: 7; one holding SLOW waits until the caller gives up.
+// Retry-After: 7; one holding SLOW waits until the caller gives up; one
+// holding FAILIN200 is answered 200 with an error object.
 type provider struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
@@ -66,6 +67,11 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
 		_, _ = io.WriteString(w, `{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit_exceeded"}}`)
+		return
+	case bytes.Contains(body, []byte("FAILIN200")):
+		// A router relaying a provider's failure with HTTP 200.
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"error":{"message":"provider returned error","code":502}}`)
 		return
 	case bytes.Contains(body, []byte("SLOW")):
 		select {
@@ -409,6 +415,16 @@ func TestWireErrorsClientsCanActOn(t *testing.T) {
 		e := apiErr(err)
 		if e.StatusCode != 429 || e.Code != "rate_limit_exceeded" || e.Response.Header.Get("Retry-After") != "7" {
 			t.Fatalf("%d %s Retry-After %q", e.StatusCode, e.RawJSON(), e.Response.Header.Get("Retry-After"))
+		}
+	})
+	t.Run("an error object in a 200 is a failed attempt, not an answer", func(t *testing.T) {
+		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("FAILIN200")}})
+		if e := apiErr(err); e.StatusCode != 503 || e.Code != "no_target_available" {
+			t.Fatalf("%d %s", e.StatusCode, e.RawJSON())
+		}
+		resp, b := do(t, g, "POST", "/v1/messages", `{"model":"chat","max_tokens":5,"messages":[{"role":"user","content":"FAILIN200"}]}`)
+		if resp.StatusCode != 503 || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "overloaded_error" {
+			t.Fatalf("messages: %d %s", resp.StatusCode, b)
 		}
 	})
 	t.Run("an upstream that does not answer in time is a 504", func(t *testing.T) {
