@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/serving/llama"
 )
@@ -281,6 +283,13 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	view, aerr := openai.ParseRequest(ep, body)
 	if aerr != nil {
 		return nil, Request{}, &apiError{aerr.Status, aerr.Type, aerr.Param, aerr.Code, aerr.Message}
+	}
+	for _, p := range []string{"functions", "function_call"} {
+		// The deprecated functions API would need a function_call answer;
+		// refused, rather than answered as if no function were declared.
+		if v := gjson.GetBytes(body, p); v.Exists() && v.Type != gjson.Null {
+			return nil, Request{}, badRequest(p, "%s (deprecated) is not supported by this engine; declare tools and tool_choice instead", p)
+		}
 	}
 	if view.AudioOut {
 		// The engine writes text only: a request for a spoken answer is
