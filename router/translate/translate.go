@@ -83,6 +83,9 @@ type Translation struct {
 	store   Store             // nil: nothing is stored
 	member  string            // the caller, owner of what is stored
 	history []json.RawMessage // chat messages sent, without instructions
+	// logprobs: include lists message.output_text.logprobs, so output_text
+	// parts carry the chat answer's token logprobs.
+	logprobs bool
 }
 
 // ResponseID is the id of the Response being made ("" for Messages).

@@ -330,6 +330,48 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 			t.Fatalf("response %s", rec.Body)
 		}
 	})
+	t.Run("include message.output_text.logprobs returns the tokens' logprobs, whole and streamed", func(t *testing.T) {
+		lp := `{"token":"Hi","logprob":-0.25,"bytes":[72,105],"top_logprobs":[{"token":"Hi","logprob":-0.25,"bytes":[72,105]},{"token":"Yo","logprob":-1.5,"bytes":[89,111]}]}`
+		lp2 := `{"token":"!","logprob":-0.5,"bytes":[33],"top_logprobs":[{"token":"!","logprob":-0.5,"bytes":[33]}]}`
+		req := `{"model":"m","input":"hi","top_logprobs":2,"include":["message.output_text.logprobs"]}`
+		chat, tr, aerr := FromResponses(ctx, []byte(req), nil, "ana")
+		if aerr != nil || !gjson.GetBytes(chat, "logprobs").Bool() || gjson.GetBytes(chat, "top_logprobs").Int() != 2 {
+			t.Fatalf("chat request %s, %v", chat, aerr)
+		}
+		answer := `{"id":"c","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"stop",
+	"logprobs":{"content":[` + lp + `,` + lp2 + `],"refusal":null},"message":{"role":"assistant","content":"Hi!","refusal":null}}],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}`
+		rec := serve(t, APIResponses, tr, writeJSON(200, answer))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		sameJSON(t, []byte(gjson.GetBytes(rec.Body.Bytes(), "output.0.content.0.logprobs").Raw), `[`+lp+`,`+lp2+`]`)
+
+		_, tr, _ = FromResponses(ctx, []byte(strings.Replace(req, `"input"`, `"stream":true,"input"`, 1)), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeSSE(
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":{"content":[`+lp+`],"refusal":null},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":{"content":[`+lp2+`],"refusal":null},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			`[DONE]`))
+		var deltas []string
+		for _, ev := range events(t, rec.Body.Bytes()) {
+			spec.Validate(t, "ResponseStreamEvent", ev.Data)
+			switch ev.Type {
+			case "response.output_text.delta":
+				deltas = append(deltas, gjson.GetBytes(ev.Data, "logprobs.0.token").Str)
+			case "response.output_text.done":
+				sameJSON(t, []byte(gjson.GetBytes(ev.Data, "logprobs").Raw), `[`+lp+`,`+lp2+`]`)
+			case "response.completed":
+				sameJSON(t, []byte(gjson.GetBytes(ev.Data, "response.output.0.content.0.logprobs").Raw), `[`+lp+`,`+lp2+`]`)
+			}
+		}
+		if !reflect.DeepEqual(deltas, []string{"Hi", "!"}) {
+			t.Fatalf("delta logprobs %v", deltas)
+		}
+		// Without include, none (OpenAI's include is what asks for them).
+		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","input":"hi","top_logprobs":2}`), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeJSON(200, answer))
+		if got := gjson.GetBytes(rec.Body.Bytes(), "output.0.content.0.logprobs").Raw; got != "[]" {
+			t.Fatalf("logprobs without include: %s", got)
+		}
+	})
 	t.Run("a stream cut short ends with an error event", func(t *testing.T) {
 		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"x"}`), nil, "ana")
 		rec := serve(t, APIResponses, tr, writeSSE(chatStream[0], `{"error":{"message":"cut","type":"upstream_error","param":null,"code":"stream_truncated"}}`))
