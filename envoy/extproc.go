@@ -455,6 +455,9 @@ func (x *exchange) immediate(err error, extra http.Header) error {
 	if ae.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(ae.RetryAfter))
 	}
+	if ae.Allow != "" {
+		h.Set("Allow", ae.Allow)
+	}
 	details := "molly_" + ae.Code
 	if ae.Code == "" {
 		details = "molly_" + ae.Type

@@ -104,9 +104,11 @@ func normalize(v []float32) []float32 {
 // strings, an array of token ids or an array of such arrays;
 // encoding_format float (default) or base64 (little-endian float32, as
 // OpenAI sends); dimensions, if given, must be the model's. The model must
-// be the base model.
+// be the base model. An empty string input is a 400 (OpenAI's spec: it
+// "cannot be an empty string"), as is an empty token array.
 func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet {
+		w.Header().Set("Allow", http.MethodPost) // a 405 lists the path's methods (RFC 9110 §15.5.6)
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
 		return
 	}
@@ -187,6 +189,11 @@ func (e *Engine) parseEmbeddings(body []byte) (string, [][]int32, string, error)
 	for i, it := range items {
 		switch {
 		case it.Type == gjson.String:
+			if it.Str == "" {
+				// OpenAI's CreateEmbeddingRequest: the input "cannot be an
+				// empty string" (it would embed the BOS token alone).
+				return "", nil, "", badRequest("input", "input %d is an empty string", i)
+			}
 			if err := e.checkBytes(len(it.Str)); err != nil {
 				return "", nil, "", err
 			}

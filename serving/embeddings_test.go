@@ -185,6 +185,9 @@ func TestEmbeddings(t *testing.T) {
 		{map[string]any{"model": "molly-demo", "input": []int{1, 1 << 30}}, 400, "input", "token ids"},
 		{map[string]any{"model": "molly-demo", "input": "x", "dimensions": dim - 1}, 400, "dimensions", ""},
 		{map[string]any{"model": "molly-demo", "input": "x", "encoding_format": "hex"}, 400, "encoding_format", ""},
+		// The input "cannot be an empty string" (CreateEmbeddingRequest.input).
+		{map[string]any{"model": "molly-demo", "input": ""}, 400, "input", "empty"},
+		{map[string]any{"model": "molly-demo", "input": []string{"x", ""}}, 400, "input", "input 1"},
 	} {
 		code, body, _ := embed(t, e, tc.body)
 		var er chatResponse

@@ -630,7 +630,10 @@ func TestErrorsUseOpenAIShapeAndStatus(t *testing.T) {
 		{"a prompt longer than the context is 400 context_length_exceeded", "POST", "/v1/chat/completions", greedy("molly-demo", long, 1), 400, "context_length_exceeded", "messages"},
 		{"n beyond the sequences is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "n": 99}, 400, "", "n"},
 		{"temperature above 2 is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "temperature": 3}, 400, "", "temperature"},
+		{"the deprecated functions are 400, not ignored", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "functions": []any{map[string]any{"name": "f", "parameters": map[string]any{"type": "object"}}}, "function_call": map[string]any{"name": "f"}}, 400, "", "functions"},
+		{"audio output is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "modalities": []string{"text", "audio"}, "audio": map[string]any{"voice": "alloy", "format": "wav"}}, 400, "", "modalities"},
 		{"GET on completions is 405", "GET", "/v1/chat/completions", nil, 405, "method_not_allowed", ""},
+		{"GET on embeddings is 405", "GET", "/v1/embeddings", nil, 405, "method_not_allowed", ""},
 		{"an unknown path is 404", "POST", "/v1/audio/speech", nil, 404, "not_found", ""},
 		{"embeddings without a body is 400", "POST", "/v1/embeddings", nil, 400, "", ""},
 	}
@@ -650,6 +653,10 @@ func TestErrorsUseOpenAIShapeAndStatus(t *testing.T) {
 			}
 			if w.Code != tc.status || code != tc.code || param != tc.param || r.Error.Message == "" || r.Error.Type == "" {
 				t.Errorf("status %d code %q param %q (%s), want %d %q %q", w.Code, code, param, r.Error.Message, tc.status, tc.code, tc.param)
+			}
+			// A 405 must list the methods the path serves (RFC 9110 §15.5.6).
+			if allow := w.Header().Get("Allow"); tc.status == http.StatusMethodNotAllowed && allow != http.MethodPost {
+				t.Errorf("405 with Allow %q, want POST", allow)
 			}
 		})
 	}

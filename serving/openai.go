@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/serving/llama"
 )
@@ -59,6 +61,7 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.serveVerify(w, r)
 	case strings.HasSuffix(path, "/v1/chat/completions"), strings.HasSuffix(path, "/v1/completions"):
 		if r.Method == http.MethodGet {
+			w.Header().Set("Allow", http.MethodPost) // a 405 lists the path's methods (RFC 9110 §15.5.6)
 			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", "use POST for "+r.URL.Path)
 			return
 		}
@@ -277,8 +280,21 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	if chat {
 		ep = openai.EndpointChat
 	}
-	if _, aerr := openai.ParseRequest(ep, body); aerr != nil {
+	view, aerr := openai.ParseRequest(ep, body)
+	if aerr != nil {
 		return nil, Request{}, &apiError{aerr.Status, aerr.Type, aerr.Param, aerr.Code, aerr.Message}
+	}
+	for _, p := range []string{"functions", "function_call"} {
+		// The deprecated functions API would need a function_call answer;
+		// refused, rather than answered as if no function were declared.
+		if v := gjson.GetBytes(body, p); v.Exists() && v.Type != gjson.Null {
+			return nil, Request{}, badRequest(p, "%s (deprecated) is not supported by this engine; declare tools and tool_choice instead", p)
+		}
+	}
+	if view.AudioOut {
+		// The engine writes text only: a request for a spoken answer is
+		// refused rather than answered without the audio it asked for.
+		return nil, Request{}, badRequest("modalities", "audio output is not supported by this engine: it answers text only")
 	}
 	var cr completionRequest
 	if err := json.Unmarshal(body, &cr); err != nil {
@@ -419,10 +435,20 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 		}
 		if err := json.Unmarshal(cr.Prompt, &text); err != nil {
 			var arr []string
-			if err := json.Unmarshal(cr.Prompt, &arr); err != nil || len(arr) != 1 {
-				return nil, r, badRequest("prompt", "prompt must be a string or an array of one string")
+			var ids []int64
+			var idss [][]int64
+			switch {
+			case json.Unmarshal(cr.Prompt, &arr) == nil && len(arr) == 1:
+				text = arr[0]
+			case json.Unmarshal(cr.Prompt, &ids) == nil && len(ids) > 0:
+				toks, err := e.promptIDs(ids)
+				return e.withPrompt(&cr, r, toks, err)
+			case json.Unmarshal(cr.Prompt, &idss) == nil && len(idss) == 1 && len(idss[0]) > 0:
+				toks, err := e.promptIDs(idss[0])
+				return e.withPrompt(&cr, r, toks, err)
+			default:
+				return nil, r, badRequest("prompt", "prompt must be a string, an array of token ids, or an array of one of them: this engine completes one prompt per request")
 			}
-			text = arr[0]
 		}
 	}
 	if err := e.checkBytes(len(text)); err != nil {
@@ -430,6 +456,21 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 	}
 	toks, err := e.Tokenize(text)
 	return e.withPrompt(&cr, r, toks, err)
+}
+
+// promptIDs is a prompt given as token ids (CreateCompletionRequest's
+// prompt as an array of integers), each checked against the vocabulary:
+// an id outside [0, n_vocab) is a 400 naming prompt.
+func (e *Engine) promptIDs(ids []int64) ([]int32, error) {
+	nv := int64(e.model.NVocab())
+	toks := make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= nv {
+			return nil, badRequest("prompt", "prompt token ids must be integers in [0, %d), got %d", nv, id)
+		}
+		toks[i] = int32(id)
+	}
+	return toks, nil
 }
 
 // withPrompt sets the tokenized prompt on r and checks r against the engine.

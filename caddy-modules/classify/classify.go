@@ -175,8 +175,13 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	openai.RequestID(w, r)
 	_, span := tracing.Start(r.Context(), "molly.classify", trace.SpanKindInternal)
 	defer span.End() // a no-op once ended below
-	if id := openai.ResponsePathID(r.URL.Path); id != "" && (r.Method == http.MethodGet || r.Method == http.MethodDelete) {
-		c.retrieveResponse(w, r, id)
+	if id := openai.ResponsePathID(r.URL.Path); id != "" {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodDelete:
+			c.retrieveResponse(w, r, id)
+		default:
+			openai.MethodNotAllowed(r.Method, r.URL.Path, "GET, HEAD, DELETE").Write(w)
+		}
 		return nil
 	}
 	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages/count_tokens") {
@@ -289,8 +294,7 @@ func (c *Classify) countTokens(w http.ResponseWriter, r *http.Request) {
 	tw := translate.NewWriter(w, r.Context(), translate.APIMessages)
 	defer tw.Finish()
 	if r.Method != http.MethodPost {
-		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
-			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use POST."}).Write(tw)
+		openai.MethodNotAllowed(r.Method, r.URL.Path, http.MethodPost).Write(tw)
 		return
 	}
 	body, ok := c.body(tw, r)

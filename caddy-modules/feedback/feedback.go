@@ -70,8 +70,7 @@ func (f *Feedback) Provision(ctx caddy.Context) error {
 func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	openai.RequestID(w, r)
 	if r.Method != http.MethodPost {
-		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
-			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use POST."}).Write(w)
+		openai.MethodNotAllowed(r.Method, r.URL.Path, http.MethodPost).Write(w)
 		return nil
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))

@@ -105,9 +105,7 @@ func (m *Health) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	openai.RequestID(w, r)
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
-			Message: "Method " + r.Method + " is not allowed on " + r.URL.Path + "; use GET."}).Write(w)
+		openai.MethodNotAllowed(r.Method, r.URL.Path, "GET, HEAD").Write(w)
 		return nil
 	}
 	w.Header().Set("Content-Type", "application/json")

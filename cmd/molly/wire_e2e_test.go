@@ -33,7 +33,8 @@ import (
 // reported on the first chunk and completion tokens on the finish chunk,
 // keep-alive event frames, id:/retry: lines, CRLF line ends and a frame
 // that is not JSON. A prompt holding RATE is answered 429 with
-// Retry-After: 7; one holding SLOW waits until the caller gives up.
+// Retry-After: 7; one holding SLOW waits until the caller gives up; one
+// holding FAILIN200 is answered 200 with an error object.
 type provider struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
@@ -66,6 +67,11 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
 		_, _ = io.WriteString(w, `{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit_exceeded"}}`)
+		return
+	case bytes.Contains(body, []byte("FAILIN200")):
+		// A router relaying a provider's failure with HTTP 200.
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"error":{"message":"provider returned error","code":502}}`)
 		return
 	case bytes.Contains(body, []byte("SLOW")):
 		select {
@@ -254,8 +260,13 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 		}
 	})
 	t.Run("a relayed stream with every quirk, and usage asked for", func(t *testing.T) {
-		_, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","stream":true,"stream_options":{"include_usage":true},`+tools+`,"messages":[{"role":"user","content":"weather?"}]}`)
+		resp, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","stream":true,"stream_options":{"include_usage":true},`+tools+`,"messages":[{"role":"user","content":"weather?"}]}`)
 		chunks := validateChatStream(t, spec, b)
+		// The provider sends no Cache-Control; an event stream must not be
+		// cached or buffered on the way (the engine's streams say so too).
+		if cc := resp.Header.Get("Cache-Control"); cc != "no-cache" {
+			t.Fatalf("a relayed stream with Cache-Control %q, want no-cache", cc)
+		}
 		if !strings.HasPrefix(string(b), ": OPENROUTER PROCESSING\n") {
 			t.Fatalf("the provider's comment did not pass: %q", b[:min(len(b), 80)])
 		}
@@ -406,6 +417,16 @@ func TestWireErrorsClientsCanActOn(t *testing.T) {
 			t.Fatalf("%d %s Retry-After %q", e.StatusCode, e.RawJSON(), e.Response.Header.Get("Retry-After"))
 		}
 	})
+	t.Run("an error object in a 200 is a failed attempt, not an answer", func(t *testing.T) {
+		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("FAILIN200")}})
+		if e := apiErr(err); e.StatusCode != 503 || e.Code != "no_target_available" {
+			t.Fatalf("%d %s", e.StatusCode, e.RawJSON())
+		}
+		resp, b := do(t, g, "POST", "/v1/messages", `{"model":"chat","max_tokens":5,"messages":[{"role":"user","content":"FAILIN200"}]}`)
+		if resp.StatusCode != 503 || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "overloaded_error" {
+			t.Fatalf("messages: %d %s", resp.StatusCode, b)
+		}
+	})
 	t.Run("an upstream that does not answer in time is a 504", func(t *testing.T) {
 		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "slow", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("SLOW please")}})
 		if e := apiErr(err); e.StatusCode != 504 || e.Code != "upstream_timeout" || e.Response.Header.Get("Retry-After") != "" {
@@ -424,6 +445,21 @@ func TestWireErrorsClientsCanActOn(t *testing.T) {
 		}
 		// Without tools the same target serves.
 		if _, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "notools", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("audio output goes only to a target with audio, else a 400 naming modalities", func(t *testing.T) {
+		params := func(model string) openai.ChatCompletionNewParams {
+			return openai.ChatCompletionNewParams{Model: model, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("say hi")},
+				Modalities: []string{"text", "audio"}, Audio: openai.ChatCompletionAudioParam{Voice: openai.ChatCompletionAudioParamVoiceUnion{OfString: openai.String("alloy")}, Format: "wav"}}
+		}
+		_, err := c.Chat.Completions.New(ctx, params("notools"))
+		e := apiErr(err)
+		if e.StatusCode != 400 || e.Code != "unsupported_parameter" || e.Param != "modalities" || !strings.Contains(e.Message, "basic: does not support audio") {
+			t.Fatalf("%d %s", e.StatusCode, e.RawJSON())
+		}
+		// A target declaring no capabilities has them all: it is asked.
+		if _, err := c.Chat.Completions.New(ctx, params("chat")); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -523,5 +559,57 @@ func TestWireHealthAndVersion(t *testing.T) {
 	}
 	if v := string(out); !strings.HasPrefix(v, "Molly ") || !strings.Contains(v, "; Caddy "+strings.TrimSpace(string(want))) {
 		t.Fatalf("molly version = %q, want Molly's version then Caddy %s", v, want)
+	}
+}
+
+// TestWireMethodsFollowHTTP checks the methods of every API path against
+// RFC 9110: a 405 carries Allow (§15.5.6), every method Allow lists is
+// served (is not itself a 405), and HEAD on a GET resource is GET without
+// the body, with the same status, Content-Type and Content-Length (§9.3.2).
+func TestWireMethodsFollowHTTP(t *testing.T) {
+	spec := openapitest.Load(t)
+	p := startProvider(t)
+	lan := upstreamtest.Start("lan")
+	t.Cleanup(lan.Close)
+	g := startMolly(t, wireCaddyfile(p, lan, ""))
+	paths := []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+		"/v1/messages/count_tokens", "/v1/models", "/v1/models/chat", "/v1/responses/resp_0123", "/healthz"}
+	for _, path := range paths {
+		for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
+			resp, b := do(t, g, m, path, `{}`)
+			if resp.StatusCode != http.StatusMethodNotAllowed {
+				continue
+			}
+			if strings.HasPrefix(path, "/v1/messages") {
+				if gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" {
+					t.Errorf("%s %s: not Anthropic's error: %s", m, path, b)
+				}
+			} else {
+				spec.Validate(t, "ErrorResponse", b)
+			}
+			allow := resp.Header.Get("Allow")
+			if allow == "" {
+				t.Errorf("%s %s: 405 without Allow", m, path)
+				continue
+			}
+			for _, a := range strings.Split(allow, ",") {
+				a = strings.TrimSpace(a)
+				if a == m {
+					t.Errorf("%s %s: 405, yet Allow %q lists it", m, path, allow)
+				}
+				if r, _ := do(t, g, a, path, `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`); r.StatusCode == http.StatusMethodNotAllowed {
+					t.Errorf("%s %s: Allow %q lists %s, which is a 405 too", m, path, allow, a)
+				}
+			}
+		}
+	}
+	for _, path := range []string{"/v1/models", "/v1/models/chat", "/healthz"} {
+		get, body := do(t, g, "GET", path, ``)
+		head, hb := do(t, g, "HEAD", path, ``)
+		if get.StatusCode != 200 || head.StatusCode != get.StatusCode || len(hb) != 0 ||
+			head.Header.Get("Content-Type") != get.Header.Get("Content-Type") || head.ContentLength != int64(len(body)) {
+			t.Errorf("HEAD %s: %d %q length %d body %q; GET: %d %q length %d", path, head.StatusCode, head.Header.Get("Content-Type"),
+				head.ContentLength, hb, get.StatusCode, get.Header.Get("Content-Type"), len(body))
+		}
 	}
 }

@@ -54,8 +54,10 @@ func (e Endpoint) Operation() string {
 }
 
 // EndpointOf maps method and path to the endpoint. The path may carry any
-// prefix (clients use base URLs ending in /v1 or not). Errors are OpenAI
-// errors: 404 unknown URL, 405 wrong method.
+// prefix (clients use base URLs ending in /v1 or not). The models paths
+// answer GET and HEAD (RFC 9110 §9.3.2: HEAD is GET without the body), the
+// others POST. Errors are OpenAI errors: 404 unknown URL, 405 wrong method
+// with Allow listing the path's methods.
 func EndpointOf(method, path string) (Endpoint, *Error) {
 	shown := path
 	if len(shown) > 200 {
@@ -82,15 +84,25 @@ func EndpointOf(method, path string) (Endpoint, *Error) {
 		return "", &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "Unknown request URL: " + method + " " + shown + "."}
 	}
-	want := http.MethodPost
+	want, allow := http.MethodPost, http.MethodPost
 	if ep == EndpointModels {
-		want = http.MethodGet
+		want, allow = http.MethodGet, "GET, HEAD"
+		if method == http.MethodHead {
+			return ep, nil
+		}
 	}
 	if method != want {
-		return "", &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
-			Message: "Method " + method + " is not allowed on " + path + "; use " + want + "."}
+		return "", MethodNotAllowed(method, path, allow)
 	}
 	return ep, nil
+}
+
+// MethodNotAllowed is the 405 for method on path, whose methods are allow
+// (an Allow header value, e.g. "GET, HEAD"; the message names the first).
+func MethodNotAllowed(method, path, allow string) *Error {
+	use, _, _ := strings.Cut(allow, ",")
+	return &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_supported",
+		Message: "Method " + method + " is not allowed on " + path + "; use " + use + ".", Allow: allow}
 }
 
 // ModelPathID returns {model} of a path ending in /models/{model}, or "".

@@ -30,6 +30,9 @@ type Error struct {
 	// over their own retry rules: for an answer (a spent budget) that no
 	// retry can change although its status (429) is one they retry.
 	NoRetry bool
+	// Allow, when set, is sent as the Allow header: the methods the path
+	// serves, which a 405 must list (RFC 9110 §15.5.6).
+	Allow string
 	// Extra fields added inside the "error" object (e.g. "reasons" of a policy denial).
 	Extra map[string]any
 }
@@ -64,6 +67,9 @@ func (e *Error) Write(w http.ResponseWriter) {
 	}
 	if e.NoRetry {
 		h.Set(HeaderShouldRetry, "false")
+	}
+	if e.Allow != "" {
+		h.Set("Allow", e.Allow)
 	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(e.Body())

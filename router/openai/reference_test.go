@@ -109,6 +109,9 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 	if n, set, err := refOptPositive(root, "n"); err != nil {
 		return nil, err
 	} else if set {
+		if n > 128 {
+			return nil, InvalidRequest("n", "Invalid 'n': integer above maximum value. Expected a value <= 128, but got %d instead.", n)
+		}
 		r.N = n
 	}
 	if v := root.Get("response_format"); v.Exists() && v.Type != gjson.Null {
@@ -141,11 +144,14 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		if n, set, e := refOptPositive(root, "best_of"); e != nil {
 			return nil, e
 		} else if set {
+			if n > 20 {
+				return nil, InvalidRequest("best_of", "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got %d instead.", n)
+			}
 			r.BestOf = n
 		}
 		if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
-			if v.Type != gjson.Number {
-				return nil, WrongType("logprobs", "an integer", v)
+			if err := refIntIn(v, "logprobs", 0, 5); err != nil {
+				return nil, err
 			}
 			r.Logprobs = true
 		}
@@ -172,6 +178,18 @@ func refChat(r *Request, root gjson.Result) *Error {
 			return WrongType("logprobs", "a boolean", v)
 		}
 		r.Logprobs = v.Bool()
+	}
+	if m := root.Get("modalities"); m.IsArray() {
+		for _, x := range m.Array() {
+			if x.Type == gjson.String && x.Str == "audio" {
+				r.AudioOut = true
+			}
+		}
+	}
+	if v := root.Get("top_logprobs"); v.Exists() && v.Type != gjson.Null {
+		if err := refIntIn(v, "top_logprobs", 0, 20); err != nil {
+			return err
+		}
 	}
 	for _, list := range []struct{ path, name string }{{"tools", "function.name"}, {"functions", "name"}} {
 		t := root.Get(list.path)
@@ -359,6 +377,21 @@ func refRange(p, raw string, min, max float64) *Error {
 	}
 	if x < min {
 		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+	}
+	return nil
+}
+
+// refIntIn checks that v is an integer in [min, max].
+func refIntIn(v gjson.Result, p string, min, max int64) *Error {
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	if v.Type != gjson.Number || err != nil || strconv.IntSize == 32 && int64(int32(n)) != n {
+		return WrongType(p, "an integer", v)
+	}
+	if n > max {
+		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+	}
+	if n < min {
+		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
 	}
 	return nil
 }

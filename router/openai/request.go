@@ -53,6 +53,9 @@ type Request struct {
 	// TokenPrompts reports prompts or inputs given as token ids (arrays of
 	// integers), which no detector can read.
 	TokenPrompts bool
+	// AudioOut reports a chat request whose "modalities" lists "audio":
+	// it asks for a spoken answer, which only a target with audio serves.
+	AudioOut bool
 }
 
 // Choices is how many completions the request makes the model generate:
@@ -152,6 +155,9 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 	if n, set, err := optPositive(d, f.n, "n"); err != nil {
 		return nil, nil, err
 	} else if set {
+		if err := intRange("n", n, 1, 128); err != nil {
+			return nil, nil, err
+		}
 		r.N = n
 	}
 	if v := f.responseFormat; v >= 0 && d.Kind(v) != KindNull {
@@ -185,11 +191,18 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 		if n, set, e := optPositive(d, f.bestOf, "best_of"); e != nil {
 			return nil, nil, e
 		} else if set {
+			if err := intRange("best_of", n, 0, 20); err != nil {
+				return nil, nil, err
+			}
 			r.BestOf = n
 		}
 		if v := f.logprobs; v >= 0 && d.Kind(v) != KindNull {
-			if d.Kind(v) != KindNumber {
+			k, err := strconv.Atoi(d.Raw(v))
+			if d.Kind(v) != KindNumber || err != nil {
 				return nil, nil, wrongType("logprobs", "an integer", d, v)
+			}
+			if err := intRange("logprobs", k, 0, 5); err != nil {
+				return nil, nil, err
 			}
 			r.Logprobs = true
 		}
@@ -211,12 +224,12 @@ type rootMembers struct {
 	model, stream, streamOptions, maxCompletionTokens, maxTokens            int
 	temperature, topP, presencePenalty, frequencyPenalty, n, responseFormat int
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
-	toolChoice, logitBias, user                                             int
+	toolChoice, logitBias, user, topLogprobs, modalities                    int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -247,6 +260,10 @@ func (f *rootMembers) read(d *Doc) {
 			at = &f.bestOf
 		case "logprobs":
 			at = &f.logprobs
+		case "top_logprobs":
+			at = &f.topLogprobs
+		case "modalities":
+			at = &f.modalities
 		case "prompt":
 			at = &f.prompt
 		case "input":
@@ -289,6 +306,22 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			return wrongType("logprobs", "a boolean", d, v)
 		}
 		r.Logprobs = d.Kind(v) == KindTrue
+	}
+	if v := f.modalities; v >= 0 && d.Kind(v) == KindArray {
+		for c, end := v+1, d.Next(v); c < end; c = d.Next(c) {
+			if d.Kind(c) == KindString && d.Str(c) == "audio" {
+				r.AudioOut = true
+			}
+		}
+	}
+	if v := f.topLogprobs; v >= 0 && d.Kind(v) != KindNull {
+		k, err := strconv.Atoi(d.Raw(v))
+		if d.Kind(v) != KindNumber || err != nil {
+			return wrongType("top_logprobs", "an integer", d, v)
+		}
+		if err := intRange("top_logprobs", k, 0, 20); err != nil {
+			return err
+		}
 	}
 	if tc := f.toolChoice; tc >= 0 {
 		switch d.Kind(tc) {
@@ -510,6 +543,17 @@ func inRange(p, raw string, min, max float64) *Error {
 		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
 	case x < min:
 		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+	}
+	return nil
+}
+
+// intRange checks the integer n of parameter p against [min, max].
+func intRange(p string, n, min, max int) *Error {
+	switch {
+	case n > max:
+		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+	case n < min:
+		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
 	}
 	return nil
 }

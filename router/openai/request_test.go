@@ -3,6 +3,7 @@ package openai
 import (
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -20,6 +21,8 @@ func TestEndpointOf(t *testing.T) {
 		{"completions without prefix", "POST", "/completions", EndpointCompletions, 0},
 		{"embeddings under a deeper prefix", "POST", "/openai/v1/embeddings", EndpointEmbeddings, 0},
 		{"models is a GET", "GET", "/v1/models", EndpointModels, 0},
+		{"HEAD on models is GET without the body", "HEAD", "/v1/models", EndpointModels, 0},
+		{"HEAD on one model", "HEAD", "/v1/models/gpt-4o", EndpointModels, 0},
 		{"models without prefix", "GET", "/models", EndpointModels, 0},
 		{"one model is a GET on its path", "GET", "/v1/models/gpt-4o", EndpointModels, 0},
 		{"GET on chat is 405", "GET", "/v1/chat/completions", "", http.StatusMethodNotAllowed},
@@ -44,6 +47,21 @@ func TestEndpointOf(t *testing.T) {
 	}
 	if _, err := EndpointOf("GET", "/v1/chat/completions"); err.Message != "Method GET is not allowed on /v1/chat/completions; use POST." {
 		t.Errorf("405 message = %q", err.Message)
+	}
+	// A 405 lists the path's methods (RFC 9110 §15.5.6), and Write sends them.
+	for _, c := range []struct{ method, path, allow string }{
+		{"GET", "/v1/chat/completions", "POST"}, {"DELETE", "/v1/embeddings", "POST"},
+		{"POST", "/v1/models", "GET, HEAD"}, {"PUT", "/v1/models/gpt-4o", "GET, HEAD"},
+	} {
+		_, err := EndpointOf(c.method, c.path)
+		if err == nil || err.Allow != c.allow {
+			t.Fatalf("EndpointOf(%s %s) = %+v, want Allow %q", c.method, c.path, err, c.allow)
+		}
+		w := httptest.NewRecorder()
+		err.Write(w)
+		if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != c.allow {
+			t.Errorf("written: %d Allow %q, want 405 Allow %q", w.Code, w.Header().Get("Allow"), c.allow)
+		}
 	}
 	if _, err := EndpointOf("POST", "/v1/nope"); err.Message != "Unknown request URL: POST /v1/nope." || err.Code != "unknown_url" {
 		t.Errorf("404 error = %+v", err)
@@ -76,6 +94,10 @@ func TestParseRequestReadsTheView(t *testing.T) {
 	}{
 		{"a plain chat request", EndpointChat, `{"model":"gpt-x","messages":[{"role":"user","content":"hello there"}]}`,
 			Request{Endpoint: EndpointChat, Model: "gpt-x", N: 1, Messages: 1}},
+		{"audio output asked for", EndpointChat, `{"model":"m","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1, AudioOut: true}},
+		{"text output only", EndpointChat, `{"model":"m","modalities":["text"],"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1}},
 		{"streaming with usage", EndpointChat, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
 			Request{Endpoint: EndpointChat, Model: "m", Stream: true, IncludeUsage: true, N: 1, Messages: 1}},
 		{"max_completion_tokens wins over max_tokens", EndpointChat, `{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
@@ -199,6 +221,18 @@ var badBodies = []struct {
 	{"an object inside the prompt array", EndpointCompletions, `{"model":"m","prompt":["a",{}]}`, "prompt[1]", "expected a string or token ids"},
 	{"a fractional best_of", EndpointCompletions, `{"model":"m","prompt":"a","best_of":2.5}`, "best_of", "positive integer"},
 	{"a boolean completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":true}`, "logprobs", "expected an integer"},
+	// Integer ranges of the OpenAPI description: top_logprobs 0..20 (chat),
+	// logprobs 0..5 (completions), n 1..128, best_of 0..20.
+	{"a top_logprobs of 30", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":30,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "Expected a value <= 20, but got 30"},
+	{"a negative top_logprobs", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":-1,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "Expected a value >= 0, but got -1"},
+	{"a fractional top_logprobs", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":2.5,"messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "expected an integer, but got a number"},
+	{"a string top_logprobs", EndpointChat, `{"model":"m","logprobs":true,"top_logprobs":"3","messages":[{"role":"user","content":"hi"}]}`, "top_logprobs", "expected an integer, but got a string"},
+	{"a completions logprobs of 6", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":6}`, "logprobs", "Expected a value <= 5, but got 6"},
+	{"a negative completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":-1}`, "logprobs", "Expected a value >= 0, but got -1"},
+	{"a fractional completions logprobs", EndpointCompletions, `{"model":"m","prompt":"a","logprobs":2.5}`, "logprobs", "expected an integer, but got a number"},
+	{"an n of 129", EndpointChat, `{"model":"m","n":129,"messages":[{"role":"user","content":"hi"}]}`, "n", "Expected a value <= 128, but got 129"},
+	{"a completions n of 200", EndpointCompletions, `{"model":"m","prompt":"a","n":200}`, "n", "Expected a value <= 128, but got 200"},
+	{"a best_of of 21", EndpointCompletions, `{"model":"m","prompt":"a","best_of":21}`, "best_of", "Expected a value <= 20, but got 21"},
 	{"a missing input", EndpointEmbeddings, `{"model":"m"}`, "input", "Missing required parameter: 'input'."},
 	{"a boolean input", EndpointEmbeddings, `{"model":"m","input":true}`, "input", "but got a boolean"},
 }

@@ -30,7 +30,7 @@ const (
 	failConnect     failure = "connect"      // the upstream could not be reached
 	failTimeout     failure = "timeout"      // connect, headers or first event took too long
 	failRateLimited failure = "rate_limited" // 429, or a rate-limit error inside a 200 stream
-	failServer      failure = "server_error" // 5xx, or an error object inside a 200 stream
+	failServer      failure = "server_error" // 5xx, or an error object inside a 200 answer or stream
 	failRead        failure = "read"         // the answer broke off while being read
 	failTooLarge    failure = "too_large"    // the answer is over MaxUpstreamBody
 	failBadAnswer   failure = "bad_answer"   // a 200 that is not JSON, or not SSE when streaming was asked
@@ -150,6 +150,17 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	case resp.StatusCode/100 == 2 && !gjson.ValidBytes(body):
 		o.kind, o.failure = failBadAnswer, "a 200 answer that is not JSON ("+contentType(resp)+")"
 		return o
+	case resp.StatusCode/100 == 2:
+		// An error object in a 200 (as some routers send a provider's
+		// failure) is no answer: a failed attempt, as inside a stream.
+		if e := gjson.GetBytes(body, "error"); e.Exists() && e.Type != gjson.Null {
+			o.kind = failServer
+			if strings.Contains(e.Get("code").String()+e.Get("type").String(), "rate_limit") || e.Get("code").Int() == 429 {
+				o.kind = failRateLimited
+			}
+			o.failure = "an error object in a 200 answer: " + truncate(e.Get("message").String(), 200)
+			return o
+		}
 	}
 	o.body = body
 	if resp.StatusCode/100 == 2 {

@@ -116,6 +116,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	w := rq.w
 	w.Header().Del("Content-Length")
 	w.Header().Set("Content-Type", "text/event-stream")
+	// As the engine's and the translated streams: no cache or proxy may
+	// keep (or hold back) an event stream.
+	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()

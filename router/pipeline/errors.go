@@ -75,7 +75,7 @@ func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Er
 // can act on before one of the policy's:
 //
 //	context window      400 context_length_exceeded (param messages)
-//	missing capability  400 unsupported_parameter (param tools, response_format or logprobs)
+//	missing capability  400 unsupported_parameter (param tools, response_format, modalities or logprobs)
 //	input modality      400 unsupported_modality (param messages)
 //	endpoint            400 unsupported_endpoint
 //	X-Molly-Max-Cost    400 max_cost_exceeded
@@ -133,7 +133,7 @@ func unroutable(msg string, excluded []route.Exclusion) *openai.Error {
 }
 
 // capabilityParam is the request parameter that needs a capability.
-var capabilityParam = map[string]string{route.CapTools: "tools", route.CapJSONSchema: "response_format", route.CapLogprobs: "logprobs"}
+var capabilityParam = map[string]string{route.CapTools: "tools", route.CapJSONSchema: "response_format", route.CapAudio: "modalities", route.CapLogprobs: "logprobs"}
 
 // retryAfter reads a Retry-After value (RFC 9110 §10.2.3: delay-seconds or
 // an HTTP-date) as whole seconds from now, 0 when absent or unreadable.

@@ -34,6 +34,7 @@ func TestNoTargetSaysWhetherRetryingCanHelp(t *testing.T) {
 		{"a context window beats a policy exclusion: 400 the client can act on",
 			[]route.Exclusion{{Target: "a", Kind: route.ExcludedPolicy}, {Target: "b", Kind: route.ExcludedContext}}, nil, 400, "context_length_exceeded", "messages", 0, false},
 		{"a missing capability names its parameter", []route.Exclusion{{Target: "a", Kind: route.ExcludedCapability, Need: route.CapJSONSchema}}, nil, 400, "unsupported_parameter", "response_format", 0, false},
+		{"missing audio output names modalities", []route.Exclusion{{Target: "a", Kind: route.ExcludedCapability, Need: route.CapAudio}}, nil, 400, "unsupported_parameter", "modalities", 0, false},
 		{"a modality", []route.Exclusion{{Target: "a", Kind: route.ExcludedModality}}, nil, 400, "unsupported_modality", "messages", 0, false},
 		{"an endpoint", []route.Exclusion{{Target: "a", Kind: route.ExcludedEndpoint}}, nil, 400, "unsupported_endpoint", "", 0, false},
 		{"the client's cost cap", []route.Exclusion{{Target: "a", Kind: route.ExcludedCost}}, nil, 400, "max_cost_exceeded", route.HeaderMaxCost, 0, false},

@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -90,6 +92,19 @@ func (e *edit) del(path string) {
 	}
 }
 
+// argsText is the arguments string of a tool call whose arguments are not
+// a string: an object or array (as Ollama and some other servers send
+// them) becomes its JSON text, compacted; anything else (absent, null) "{}".
+func argsText(a gjson.Result) string {
+	if a.IsObject() || a.IsArray() {
+		var b bytes.Buffer
+		if json.Compact(&b, []byte(a.Raw)) == nil {
+			return b.String()
+		}
+	}
+	return "{}"
+}
+
 // argsCut reports tool-call arguments that are not a complete JSON text
 // (an empty string is a call without arguments, not a cut one).
 func argsCut(args string) bool {
@@ -104,7 +119,8 @@ func argsCut(args string) bool {
 // a "system_fingerprint" that is not a string dropped, every choice's
 // "index", "logprobs" (null) and "finish_reason" (an alias mapped to the
 // enum; "length" when a tool call's arguments were cut off), a chat
-// message's "role", "content" and "refusal" (null), a tool call's "type",
+// message's "role", "content" and "refusal" (null), a tool call's "type"
+// and its "arguments" as a string (an object's JSON text, "{}" when absent),
 // and the usage's "total_tokens". A body that is not a JSON object, or an
 // error object, is returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
@@ -188,7 +204,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 				e.set(p+".id", NewID("call_"))
 			}
 			if a := tc.Get("function.arguments"); a.Type != gjson.String {
-				e.set(p+".function.arguments", "{}")
+				e.set(p+".function.arguments", argsText(a))
 			} else if argsCut(a.Str) {
 				cut = true
 			}
@@ -351,8 +367,9 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 // into the spec's CreateChatCompletionStreamResponse (or
 // CreateCompletionResponse) shape, chunk by chunk:
 //
-//   - every chunk gets the first chunk's id and created (the spec: "each
-//     chunk has the same ID", "the same timestamp"), the client's model
+//   - every chunk gets the id and created of the first chunk with choices
+//     (the spec: "each chunk has the same ID", "the same timestamp"; a
+//     created that is not a positive integer is the answer's start), the client's model
 //     name, the object name; a system_fingerprint that is not a string is
 //     dropped;
 //   - every choice gets its index, a delta, and finish_reason (null until
@@ -449,20 +466,6 @@ func (s *Stream) Chunk(data []byte) []byte {
 		return data
 	}
 	e := &edit{b: data}
-	if !s.started {
-		s.started = true
-		s.id = id.Str
-		if s.id == "" {
-			s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
-		}
-		s.created = s.ans.Created
-		if created.Type == gjson.Number && created.Raw == strconv.FormatInt(created.Int(), 10) {
-			s.created = created.Int()
-		}
-		if fp.Type == gjson.String {
-			s.fingerprint = fp.Raw
-		}
-	}
 	if usage.IsObject() {
 		s.usage.seen = true
 		s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
@@ -471,6 +474,24 @@ func (s *Stream) Chunk(data []byte) []byte {
 	}
 	if !choices.IsArray() || len(choices.Raw) <= 2 || choices.Get("#").Int() == 0 {
 		return nil
+	}
+	// The stream's id, created and fingerprint are those of the first chunk
+	// the client gets: one with choices. A chunk without (Azure's first,
+	// with prompt_filter_results, "id": "" and "created": 0) is not sent,
+	// and its placeholders are not the answer's.
+	if !s.started {
+		s.started = true
+		s.id = id.Str
+		if s.id == "" {
+			s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
+		}
+		s.created = s.ans.Created
+		if created.Type == gjson.Number && created.Raw == strconv.FormatInt(created.Int(), 10) && created.Int() > 0 {
+			s.created = created.Int()
+		}
+		if fp.Type == gjson.String {
+			s.fingerprint = fp.Raw
+		}
 	}
 	switch {
 	case s.ans.IncludeUsage && usage.Raw != "null":
@@ -584,6 +605,9 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		}
 		if a := tc.Get("function.arguments"); a.Type == gjson.String {
 			st.args[given].WriteString(a.Str)
+		} else if a.IsObject() || a.IsArray() {
+			e.set(p+".function.arguments", argsText(a))
+			st.args[given].WriteString(argsText(a))
 		}
 		return true
 	})
@@ -672,8 +696,10 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 // NormaliseError rewrites the body of an upstream's error answer (status
 // ≥ 400) into OpenAI's ErrorResponse, {"error": {"message", "type",
 // "param", "code"}}: missing members are added (param and code null, type
-// from the status), a string "error" becomes the message, and a body that
-// is not such JSON becomes the message (its first 512 bytes).
+// from the status), a string "error" becomes the message, the flat
+// {"message", "type", "param", "code"} of vLLM and FastChat moves under
+// "error", and a body that is not such JSON becomes the message (its first
+// 512 bytes). A numeric code becomes a string, as the spec's code is.
 func NormaliseError(status int, body []byte) []byte {
 	typ := "invalid_request_error"
 	if status >= 500 {
@@ -705,6 +731,21 @@ func NormaliseError(status int, body []byte) []byte {
 		return e.b
 	case root.IsObject() && eo.Type == gjson.String:
 		return (&openai.Error{Status: status, Type: typ, Message: eo.Str}).Body()
+	case root.IsObject() && !eo.Exists() && root.Get("message").Type == gjson.String:
+		// The flat form of vLLM and FastChat, {"object": "error",
+		// "message", "type", "param", "code": 400}: the same members one
+		// level up.
+		e := &openai.Error{Status: status, Type: typ, Message: root.Get("message").Str}
+		if t := root.Get("type"); t.Type == gjson.String && t.Str != "" {
+			e.Type = t.Str
+		}
+		if p := root.Get("param"); p.Type == gjson.String {
+			e.Param = p.Str
+		}
+		if c := root.Get("code"); c.Type == gjson.String || c.Type == gjson.Number {
+			e.Code = c.String()
+		}
+		return e.Body()
 	}
 	msg := strings.TrimSpace(string(body))
 	if len(msg) > 512 {

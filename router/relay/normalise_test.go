@@ -36,6 +36,9 @@ func TestNormaliseBodyMakesSpecValidAnswers(t *testing.T) {
 		{"a tool call cut by max_tokens finishes with length", oai.EndpointChat, "CreateChatCompletionResponse",
 			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_a","function":{"name":"f","arguments":"{\"city\": \"Par"}}]}}]}`,
 			map[string]string{"choices.0.finish_reason": `"length"`, "choices.0.message.tool_calls.0.type": `"function"`}},
+		{"tool-call arguments sent as an object (Ollama-style) become its JSON text, not an empty object", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_a","type":"function","function":{"name":"f","arguments":{"city": "Rome", "days": 2}}}]}}]}`,
+			map[string]string{"choices.0.message.tool_calls.0.function.arguments": `"{\"city\":\"Rome\",\"days\":2}"`, "choices.0.finish_reason": `"tool_calls"`}},
 		{"a logprobs object gets its refusal member", oai.EndpointChat, "CreateChatCompletionResponse",
 			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.1,"bytes":[97],"top_logprobs":[]}]}}]}`,
 			map[string]string{"choices.0.logprobs.refusal": "null"}},
@@ -77,12 +80,20 @@ func TestNormaliseErrorMakesErrorResponses(t *testing.T) {
 		`{"error":{"message":"x","type":"invalid_request_error","code":400}}`,
 		`<html>502 Bad Gateway</html>`,
 		``,
+		`{"object":"error","message":"flat","type":"BadRequestError","param":null,"code":400}`,
 	} {
 		out := NormaliseError(502, []byte(body))
 		spec.Validate(t, "ErrorResponse", out)
 	}
 	if got := gjson.GetBytes(NormaliseError(400, []byte(`{"error":"model overloaded"}`)), "error.message").Str; got != "model overloaded" {
 		t.Fatalf("message %q", got)
+	}
+	// vLLM's and FastChat's flat error (their ErrorResponse: object "error",
+	// message, type, param, code as an integer) keeps its message and type.
+	flat := NormaliseError(400, []byte(`{"object":"error","message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":"messages","code":400}`))
+	if e := gjson.GetBytes(flat, "error"); e.Get("message").Str != "This model's maximum context length is 4096 tokens." ||
+		e.Get("type").Str != "BadRequestError" || e.Get("param").Str != "messages" || e.Get("code").Raw != `"400"` {
+		t.Fatalf("flat error became %s", flat)
 	}
 }
 
@@ -192,6 +203,52 @@ func TestStreamToolCallCutByMaxTokensFinishesWithLength(t *testing.T) {
 	fin := s.Chunk([]byte(`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`))
 	if got := gjson.GetBytes(fin, "choices.0.finish_reason").Str; got != "length" {
 		t.Fatalf("finish_reason %q: %s", got, fin)
+	}
+}
+
+// Azure OpenAI opens a stream with a chunk of prompt_filter_results, no
+// choices, "id": "" and "created": 0; the client's chunks carry the id and
+// timestamp of the answer's own chunks, as the spec's "each chunk has the
+// same ID / timestamp" means, not those placeholders.
+func TestStreamSkipsAzuresPromptFilterChunkHeader(t *testing.T) {
+	spec := openapitest.Load(t)
+	in := []string{
+		`{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}`,
+		`{"id":"chatcmpl-az","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o","system_fingerprint":"fp_az","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null,"logprobs":null,"content_filter_results":{}}]}`,
+		`{"id":"chatcmpl-az","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o","system_fingerprint":"fp_az","choices":[{"index":0,"delta":{},"finish_reason":"stop","logprobs":null}]}`,
+		`{"id":"chatcmpl-az","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o","system_fingerprint":"fp_az","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`,
+	}
+	out := runStream(t, NewStream(chatAnswer(true)), in)
+	if len(out) != 3 {
+		t.Fatalf("%d chunks, want the two with choices and the usage chunk", len(out))
+	}
+	for _, c := range out {
+		spec.Validate(t, "CreateChatCompletionStreamResponse", c)
+		if gjson.GetBytes(c, "id").Str != "chatcmpl-az" || gjson.GetBytes(c, "created").Int() != 1700000000 || gjson.GetBytes(c, "system_fingerprint").Str != "fp_az" {
+			t.Errorf("chunk header: %s", c)
+		}
+	}
+}
+
+// A stream whose tool call carries its arguments as an object (as Ollama
+// sends them) gives the SDK's accumulator the object's JSON text.
+func TestStreamToolCallArgumentsAsAnObject(t *testing.T) {
+	spec := openapitest.Load(t)
+	in := []string{
+		`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":{"city": "Rome"}}}]},"finish_reason":null}]}`,
+		`{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+	}
+	var acc openai.ChatCompletionAccumulator
+	for _, c := range runStream(t, NewStream(chatAnswer(false)), in) {
+		spec.Validate(t, "CreateChatCompletionStreamResponse", c)
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(c, &chunk); err != nil {
+			t.Fatal(err)
+		}
+		acc.AddChunk(chunk)
+	}
+	if calls := acc.Choices[0].Message.ToolCalls; len(calls) != 1 || calls[0].Function.Arguments != `{"city":"Rome"}` || acc.Choices[0].FinishReason != "tool_calls" {
+		t.Fatalf("accumulated %+v, finish %q", calls, acc.Choices[0].FinishReason)
 	}
 }
 

@@ -31,6 +31,8 @@ func TestNeeds(t *testing.T) {
 		{"json_schema needs structured output", `{"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"x"}},"messages":[{"role":"user","content":"hi"}]}`, []string{CapJSONSchema}},
 		{"json_object needs structured output", `{"model":"m","response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi"}]}`, []string{CapJSONSchema}},
 		{"text format needs nothing", `{"model":"m","response_format":{"type":"text"},"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"audio output needs audio", `{"model":"m","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"messages":[{"role":"user","content":"hi"}]}`, []string{CapAudio}},
+		{"text output needs nothing", `{"model":"m","modalities":["text"],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"logprobs need logprobs, in order", `{"model":"m","logprobs":true,` + tool + `,"messages":[{"role":"user","content":"hi"}]}`, []string{CapTools, CapLogprobs}},
 	}
 	for _, tt := range tests {

@@ -71,7 +71,8 @@ const (
 // Needs lists the capabilities request a needs from a target, in
 // AllCapabilities order: CapTools for declared tools (unless tool_choice
 // is "none") and for tool turns in the conversation, CapJSONSchema for
-// response_format json_schema or json_object, CapLogprobs for logprobs.
+// response_format json_schema or json_object, CapAudio for "modalities"
+// listing "audio" (a spoken answer), CapLogprobs for logprobs.
 // Modalities and endpoints are checked on their own (Target.Modalities,
 // Target.Endpoints).
 func Needs(a *classify.Annotation) []string {
@@ -83,6 +84,9 @@ func Needs(a *classify.Annotation) []string {
 	if r.ResponseFormat == "json_schema" || r.ResponseFormat == "json_object" {
 		out = append(out, CapJSONSchema)
 	}
+	if r.AudioOut {
+		out = append(out, CapAudio)
+	}
 	if r.Logprobs {
 		out = append(out, CapLogprobs)
 	}
@@ -93,6 +97,7 @@ func Needs(a *classify.Annotation) []string {
 var needWhy = map[string]string{
 	CapTools:      "the request uses tools",
 	CapJSONSchema: "the request sets response_format",
+	CapAudio:      "the request asks for audio output",
 	CapLogprobs:   "the request asks for logprobs",
 }
 

@@ -26,11 +26,18 @@ import (
 //     false; max_tokens, stop_sequences (as stop), temperature, top_p and
 //     metadata.user_id (as user) map to their chat parameters (top_k has
 //     no chat equivalent and is dropped); a stream asks for the usage chunk;
+//   - stream, tools, tool_choice, stop_sequences (strings) and metadata of
+//     the wrong JSON type, and a temperature or top_p above 1 (Anthropic's
+//     range), are a 400 naming the parameter;
 //   - max_tokens is required, as in Anthropic's API; server tools (no
 //     input_schema) and document blocks are a 400 naming the parameter.
 func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	root, aerr := object(body)
 	if aerr != nil {
+		return nil, nil, aerr
+	}
+	if aerr := checkKinds(root, [2]string{"stream", "a boolean"}, [2]string{"tools", "an array"}, [2]string{"tool_choice", "an object"},
+		[2]string{"stop_sequences", "an array"}, [2]string{"metadata", "an object"}); aerr != nil {
 		return nil, nil, aerr
 	}
 	t := &Translation{API: APIMessages, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root}
@@ -78,8 +85,18 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 		if aerr := copyNumber(chat, p, root, p); aerr != nil {
 			return nil, nil, aerr
 		}
+		// Anthropic's temperature ranges from 0 to 1 (chat's to 2).
+		if v := root.Get(p); v.Type == gjson.Number && v.Float() > 1 {
+			return nil, nil, openai.InvalidRequest(p, "%s: Input should be less than or equal to 1, got %s.", p, v.Raw)
+		}
 	}
-	if st := root.Get("stop_sequences"); st.IsArray() && len(st.Array()) > 0 {
+	st := root.Get("stop_sequences")
+	for i, s := range st.Array() {
+		if s.Type != gjson.String {
+			return nil, nil, openai.WrongType("stop_sequences."+strconv.Itoa(i), "a string", s)
+		}
+	}
+	if st.IsArray() && len(st.Array()) > 0 {
 		chat["stop"] = json.RawMessage(st.Raw)
 	}
 	if u := root.Get("metadata.user_id"); u.Type == gjson.String {

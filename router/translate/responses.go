@@ -30,10 +30,14 @@ import (
 //     top_logprobs, user, text.format (as response_format) and
 //     reasoning.effort (as reasoning_effort) map to their chat parameters;
 //     reasoning.summary is echoed but asks for nothing (chat completions
-//     has no summaries); a stream asks for the usage chunk;
+//     has no summaries); a stream asks for the usage chunk; include
+//     message.output_text.logprobs asks for logprobs, returned in each
+//     output_text part and text delta (the chat logprobs' items, which
+//     have LogProb's members);
 //   - what chat completions cannot express is a 400 naming the parameter:
 //     hosted tools (web search, file search, …), item references, files by
-//     id, background mode, prompt templates.
+//     id, background mode, prompt templates; so is stream, store, tools,
+//     parallel_tool_calls or metadata of the wrong JSON type.
 //
 // The answer is stored when the request does not set store: false (and
 // store is not nil). Errors are *openai.Error: 400 for a bad request, 404
@@ -41,6 +45,10 @@ import (
 func FromResponses(ctx context.Context, body []byte, store Store, member string) ([]byte, *Translation, *openai.Error) {
 	root, aerr := object(body)
 	if aerr != nil {
+		return nil, nil, aerr
+	}
+	if aerr := checkKinds(root, [2]string{"stream", "a boolean"}, [2]string{"store", "a boolean"}, [2]string{"tools", "an array"},
+		[2]string{"parallel_tool_calls", "a boolean"}, [2]string{"metadata", "an object"}, [2]string{"include", "an array"}); aerr != nil {
 		return nil, nil, aerr
 	}
 	t := &Translation{API: APIResponses, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root,
@@ -114,6 +122,11 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	}
 	if v := root.Get("top_logprobs"); v.Type == gjson.Number {
 		chat["logprobs"], chat["top_logprobs"] = true, json.RawMessage(v.Raw)
+	}
+	for _, v := range root.Get("include").Array() {
+		if v.Str == "message.output_text.logprobs" {
+			t.logprobs, chat["logprobs"] = true, true
+		}
 	}
 	if v := root.Get("user"); v.Type == gjson.String {
 		chat["user"] = v.Str
@@ -433,9 +446,28 @@ func statusOf(finish string) (string, any) {
 	return "completed", nil
 }
 
-// outputText is an output_text content part.
-func outputText(text string) map[string]any {
-	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+// outputText is an output_text content part; lps are its tokens'
+// logprobs (LogProb items: the chat answer's logprobs.content, whose items
+// have the same members), none when nil.
+func outputText(text string, lps []any) map[string]any {
+	if lps == nil {
+		lps = []any{}
+	}
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": lps}
+}
+
+// chatLogprobs are the token logprobs of a chat choice (or chunk choice)
+// ch, as raw items, when t's request included them; nil otherwise.
+func (t *Translation) chatLogprobs(ch gjson.Result) []any {
+	if !t.logprobs {
+		return nil
+	}
+	var lps []any
+	ch.Get("logprobs.content").ForEach(func(_, l gjson.Result) bool {
+		lps = append(lps, json.RawMessage(l.Raw))
+		return true
+	})
+	return lps
 }
 
 // reasoningItem is a reasoning output item (ReasoningItem) holding the
@@ -472,7 +504,7 @@ func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[
 	}
 	if c := msg.Get("content"); c.Type == gjson.String && c.Str != "" {
 		output = append(output, map[string]any{"type": "message", "id": relay.NewID("msg_"), "status": "completed", "role": "assistant",
-			"content": []any{outputText(c.Str)}})
+			"content": []any{outputText(c.Str, t.chatLogprobs(ch))}})
 		assistant["content"] = c.Str
 	}
 	if rf := msg.Get("refusal"); rf.Type == gjson.String && rf.Str != "" {

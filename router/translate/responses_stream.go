@@ -37,6 +37,7 @@ type responsesStream struct {
 	msg     *outItem // the message item, once text or a refusal came
 	part    string   // "output_text" or "refusal": the open content part
 	refusal strings.Builder
+	lps     []any // the output_text's token logprobs, when included
 
 	reason *outItem // the reasoning item being written, if any
 
@@ -109,10 +110,10 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		out = s.reasoningDelta(out, rc.Str)
 	}
 	if c := d.Get("content"); c.Type == gjson.String && c.Str != "" {
-		out = s.textDelta(out, "output_text", c.Str)
+		out = s.textDelta(out, "output_text", c.Str, s.t.chatLogprobs(ch))
 	}
 	if r := d.Get("refusal"); r.Type == gjson.String && r.Str != "" {
-		out = s.textDelta(out, "refusal", r.Str)
+		out = s.textDelta(out, "refusal", r.Str, nil)
 	}
 	d.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
 		idx := tc.Get("index").Int()
@@ -176,7 +177,7 @@ func (s *responsesStream) closeReasoning(out []byte, status string) []byte {
 // textDelta appends text of kind ("output_text" or "refusal") to the
 // message item, opening it and its content part first (after closing the
 // reasoning item).
-func (s *responsesStream) textDelta(out []byte, kind, text string) []byte {
+func (s *responsesStream) textDelta(out []byte, kind, text string, lps []any) []byte {
 	out = s.closeReasoning(out, "completed")
 	if s.msg == nil {
 		s.msg = &outItem{index: s.next, id: relay.NewID("msg_")}
@@ -188,7 +189,7 @@ func (s *responsesStream) textDelta(out []byte, kind, text string) []byte {
 	if s.part != kind {
 		out = s.closePart(out)
 		s.part = kind
-		part := outputText("")
+		part := outputText("", nil)
 		if kind == "refusal" {
 			part = map[string]any{"type": "refusal", "refusal": ""}
 		}
@@ -201,8 +202,12 @@ func (s *responsesStream) textDelta(out []byte, kind, text string) []byte {
 			"content_index": s.contentIndex(), "delta": text})
 	}
 	s.text.WriteString(text)
+	s.lps = append(s.lps, lps...)
+	if lps == nil {
+		lps = []any{}
+	}
 	return s.emit(out, "response.output_text.delta", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
-		"content_index": s.contentIndex(), "delta": text, "logprobs": []any{}})
+		"content_index": s.contentIndex(), "delta": text, "logprobs": lps})
 }
 
 // contentIndex is the index of the open content part.
@@ -217,7 +222,7 @@ func (s *responsesStream) contentIndex() int {
 func (s *responsesStream) parts() []any {
 	var parts []any
 	if s.text.Len() > 0 {
-		parts = append(parts, outputText(s.text.String()))
+		parts = append(parts, outputText(s.text.String(), s.lps))
 	}
 	if s.refusal.Len() > 0 {
 		parts = append(parts, map[string]any{"type": "refusal", "refusal": s.refusal.String()})
@@ -232,9 +237,9 @@ func (s *responsesStream) closePart(out []byte) []byte {
 	switch s.part {
 	case "output_text":
 		out = s.emit(out, "response.output_text.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
-			"content_index": s.contentIndex(), "text": s.text.String(), "logprobs": []any{}})
+			"content_index": s.contentIndex(), "text": s.text.String(), "logprobs": outputText("", s.lps)["logprobs"]})
 		out = s.emit(out, "response.content_part.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
-			"content_index": s.contentIndex(), "part": outputText(s.text.String())})
+			"content_index": s.contentIndex(), "part": outputText(s.text.String(), s.lps)})
 	case "refusal":
 		out = s.emit(out, "response.refusal.done", map[string]any{"item_id": s.msg.id, "output_index": s.msg.index,
 			"content_index": s.contentIndex(), "refusal": s.refusal.String()})

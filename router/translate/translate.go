@@ -83,6 +83,9 @@ type Translation struct {
 	store   Store             // nil: nothing is stored
 	member  string            // the caller, owner of what is stored
 	history []json.RawMessage // chat messages sent, without instructions
+	// logprobs: include lists message.output_text.logprobs, so output_text
+	// parts carry the chat answer's token logprobs.
+	logprobs bool
 }
 
 // ResponseID is the id of the Response being made ("" for Messages).
@@ -117,6 +120,30 @@ func object(body []byte) (gjson.Result, *openai.Error) {
 		return gjson.Result{}, openai.InvalidRequest("model", "You must provide a model parameter (a non-empty string).")
 	}
 	return root, nil
+}
+
+// kinds are the JSON kinds checkKinds checks, as its error names them.
+var kinds = map[string]func(gjson.Result) bool{
+	"a boolean": func(v gjson.Result) bool { return v.Type == gjson.True || v.Type == gjson.False },
+	"an array":  gjson.Result.IsArray,
+	"an object": gjson.Result.IsObject,
+	"a string":  func(v gjson.Result) bool { return v.Type == gjson.String },
+}
+
+// checkKinds refuses a top-level parameter of the wrong JSON type, as the
+// APIs' own validation does (rather than reading "true" as a boolean or
+// dropping an object where an array belongs): want maps each parameter to
+// its kind, a key of kinds. An absent or null parameter passes. The error is WrongType's 400 naming the first
+// offending parameter, in order.
+func checkKinds(root gjson.Result, want ...[2]string) *openai.Error {
+	for _, w := range want {
+		v := root.Get(w[0])
+		if !v.Exists() || v.Type == gjson.Null || kinds[w[1]](v) {
+			continue
+		}
+		return openai.WrongType(w[0], w[1], v)
+	}
+	return nil
 }
 
 // copyNumber copies the numeric parameter param of the client's request

@@ -135,6 +135,12 @@ func TestFromResponses(t *testing.T) {
 		{"a reasoning effort of the wrong type", `{"model":"m","input":"x","reasoning":{"effort":1}}`, "reasoning.effort", 400},
 		{"an unknown reasoning summary", `{"model":"m","input":"x","reasoning":{"summary":"long"}}`, "reasoning.summary", 400},
 		{"a reasoning that is not an object", `{"model":"m","input":"x","reasoning":"low"}`, "reasoning", 400},
+		// Types of CreateResponse: a string is not a boolean, an object not an array.
+		{"a string stream", `{"model":"m","input":"x","stream":"true"}`, "stream", 400},
+		{"a numeric store", `{"model":"m","input":"x","store":0}`, "store", 400},
+		{"tools as an object", `{"model":"m","input":"x","tools":{}}`, "tools", 400},
+		{"a string parallel_tool_calls", `{"model":"m","input":"x","parallel_tool_calls":"no"}`, "parallel_tool_calls", 400},
+		{"a string metadata", `{"model":"m","input":"x","metadata":"x"}`, "metadata", 400},
 	}
 	for _, tt := range refusals {
 		t.Run("refuses "+tt.name, func(t *testing.T) {
@@ -322,6 +328,48 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 		spec.Validate(t, "Response", rec.Body.Bytes())
 		if r := gjson.ParseBytes(rec.Body.Bytes()); r.Get("output.0.status").Str != "completed" || r.Get("output.1.status").Str != "incomplete" || r.Get("status").Str != "incomplete" {
 			t.Fatalf("response %s", rec.Body)
+		}
+	})
+	t.Run("include message.output_text.logprobs returns the tokens' logprobs, whole and streamed", func(t *testing.T) {
+		lp := `{"token":"Hi","logprob":-0.25,"bytes":[72,105],"top_logprobs":[{"token":"Hi","logprob":-0.25,"bytes":[72,105]},{"token":"Yo","logprob":-1.5,"bytes":[89,111]}]}`
+		lp2 := `{"token":"!","logprob":-0.5,"bytes":[33],"top_logprobs":[{"token":"!","logprob":-0.5,"bytes":[33]}]}`
+		req := `{"model":"m","input":"hi","top_logprobs":2,"include":["message.output_text.logprobs"]}`
+		chat, tr, aerr := FromResponses(ctx, []byte(req), nil, "ana")
+		if aerr != nil || !gjson.GetBytes(chat, "logprobs").Bool() || gjson.GetBytes(chat, "top_logprobs").Int() != 2 {
+			t.Fatalf("chat request %s, %v", chat, aerr)
+		}
+		answer := `{"id":"c","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"stop",
+	"logprobs":{"content":[` + lp + `,` + lp2 + `],"refusal":null},"message":{"role":"assistant","content":"Hi!","refusal":null}}],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}`
+		rec := serve(t, APIResponses, tr, writeJSON(200, answer))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		sameJSON(t, []byte(gjson.GetBytes(rec.Body.Bytes(), "output.0.content.0.logprobs").Raw), `[`+lp+`,`+lp2+`]`)
+
+		_, tr, _ = FromResponses(ctx, []byte(strings.Replace(req, `"input"`, `"stream":true,"input"`, 1)), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeSSE(
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":{"content":[`+lp+`],"refusal":null},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":{"content":[`+lp2+`],"refusal":null},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			`[DONE]`))
+		var deltas []string
+		for _, ev := range events(t, rec.Body.Bytes()) {
+			spec.Validate(t, "ResponseStreamEvent", ev.Data)
+			switch ev.Type {
+			case "response.output_text.delta":
+				deltas = append(deltas, gjson.GetBytes(ev.Data, "logprobs.0.token").Str)
+			case "response.output_text.done":
+				sameJSON(t, []byte(gjson.GetBytes(ev.Data, "logprobs").Raw), `[`+lp+`,`+lp2+`]`)
+			case "response.completed":
+				sameJSON(t, []byte(gjson.GetBytes(ev.Data, "response.output.0.content.0.logprobs").Raw), `[`+lp+`,`+lp2+`]`)
+			}
+		}
+		if !reflect.DeepEqual(deltas, []string{"Hi", "!"}) {
+			t.Fatalf("delta logprobs %v", deltas)
+		}
+		// Without include, none (OpenAI's include is what asks for them).
+		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","input":"hi","top_logprobs":2}`), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeJSON(200, answer))
+		if got := gjson.GetBytes(rec.Body.Bytes(), "output.0.content.0.logprobs").Raw; got != "[]" {
+			t.Fatalf("logprobs without include: %s", got)
 		}
 	})
 	t.Run("a stream cut short ends with an error event", func(t *testing.T) {
@@ -570,6 +618,17 @@ func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
 		{"a server tool", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "tools.0"},
 		{"a document block", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}`, "messages.0.content.0.type"},
 		{"a system role in messages", `{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, "messages.0.role"},
+		// Anthropic's types and ranges (Messages API reference): stream a
+		// boolean, tools an array, tool_choice an object, stop_sequences
+		// strings, metadata an object, temperature 0 to 1.
+		{"a string stream", `{"model":"m","max_tokens":5,"stream":"true","messages":[{"role":"user","content":"x"}]}`, "stream"},
+		{"a numeric stream", `{"model":"m","max_tokens":5,"stream":1,"messages":[{"role":"user","content":"x"}]}`, "stream"},
+		{"tools as an object", `{"model":"m","max_tokens":5,"tools":{},"messages":[{"role":"user","content":"x"}]}`, "tools"},
+		{"a string tool_choice", `{"model":"m","max_tokens":5,"tool_choice":"auto","messages":[{"role":"user","content":"x"}]}`, "tool_choice"},
+		{"a string stop_sequences", `{"model":"m","max_tokens":5,"stop_sequences":"END","messages":[{"role":"user","content":"x"}]}`, "stop_sequences"},
+		{"a numeric stop sequence", `{"model":"m","max_tokens":5,"stop_sequences":["END",1],"messages":[{"role":"user","content":"x"}]}`, "stop_sequences.1"},
+		{"a string metadata", `{"model":"m","max_tokens":5,"metadata":"u","messages":[{"role":"user","content":"x"}]}`, "metadata"},
+		{"a temperature above 1", `{"model":"m","max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"x"}]}`, "temperature"},
 	} {
 		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
 			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
