@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
+	"math/big"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,10 +53,15 @@ import (
 type UnsupportedSchemaError struct {
 	Keyword string
 	Pointer string
+	Reason  string // why, where the keyword is supported elsewhere; may be ""
 }
 
 func (e *UnsupportedSchemaError) Error() string {
-	return fmt.Sprintf("JSON Schema keyword %q (at %q) is not supported by this engine's grammar sampler", e.Keyword, e.Pointer)
+	msg := fmt.Sprintf("JSON Schema keyword %q (at %q) is not supported by this engine's grammar sampler", e.Keyword, e.Pointer)
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	return msg
 }
 
 // MaxSchemaRepetition is the largest minLength, maxLength, minItems or
@@ -104,14 +112,21 @@ var gbnfPrimitives = map[string]struct {
 var gbnfAnnotations = map[string]bool{
 	"title": true, "description": true, "default": true, "examples": true,
 	"$schema": true, "$id": true, "$comment": true, "strict": true, "format": true,
+	"deprecated": true, "readOnly": true, "writeOnly": true,
+	// OpenAPI's (pydantic writes it beside a tagged union's oneOf):
+	// validators ignore it.
+	"discriminator": true,
 	// Definitions apply only where a $ref names them.
 	"$defs": true, "definitions": true,
 }
 
 var gbnfKeywords = map[string]bool{
 	"type": true, "properties": true, "required": true, "additionalProperties": true,
-	"items": true, "minItems": true, "maxItems": true, "enum": true, "const": true,
-	"anyOf": true, "oneOf": true, "minLength": true, "maxLength": true, "$ref": true,
+	"minProperties": true, "maxProperties": true,
+	"items": true, "prefixItems": true, "minItems": true, "maxItems": true, "uniqueItems": true,
+	"enum": true, "const": true, "anyOf": true, "oneOf": true, "allOf": true,
+	"minLength": true, "maxLength": true, "pattern": true, "$ref": true,
+	"minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "multipleOf": true,
 }
 
 var gbnfInvalidRuleChars = regexp.MustCompile(`[^a-zA-Z0-9-]+`)
@@ -227,6 +242,15 @@ func formatLiteral(s string) string {
 	return b.String()
 }
 
+// jsonString is s as a JSON string literal.
+func jsonString(s string) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s)
+	return strings.TrimSuffix(buf.String(), "\n")
+}
+
 // jsonLiteral is the GBNF literal of a JSON value in compact form.
 func jsonLiteral(v gjson.Result) string {
 	var buf bytes.Buffer
@@ -287,6 +311,92 @@ func escapePointer(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
 
+// ofType reports whether the JSON value v is of the type keyword t (a
+// name or a list of names; absent: any).
+func ofType(v, t gjson.Result) bool {
+	if !t.Exists() {
+		return true
+	}
+	names := []gjson.Result{t}
+	if t.IsArray() {
+		names = t.Array()
+	}
+	for _, n := range names {
+		switch n.Str {
+		case "string":
+			if v.Type == gjson.String {
+				return true
+			}
+		case "number":
+			if v.Type == gjson.Number {
+				return true
+			}
+		case "integer":
+			if r, ok := new(big.Rat).SetString(v.Raw); v.Type == gjson.Number && ok && r.IsInt() {
+				return true
+			}
+		case "boolean":
+			if v.IsBool() {
+				return true
+			}
+		case "null":
+			if v.Type == gjson.Null {
+				return true
+			}
+		case "object":
+			if v.IsObject() {
+				return true
+			}
+		case "array":
+			if v.IsArray() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// schemaTypeKeywords are the keywords that constrain values of one JSON
+// type only: a schema without "type" that has them is converted as that
+// type (the values of other types it also allows are left out, a subset).
+var schemaTypeKeywords = []struct {
+	typ      string
+	keywords []string
+}{
+	{"object", []string{"properties", "additionalProperties", "required", "minProperties", "maxProperties"}},
+	{"array", []string{"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}},
+	{"string", []string{"minLength", "maxLength", "pattern"}},
+	{"number", []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
+}
+
+// beside returns the first keyword of s, other than the annotations and
+// the keywords in ok, or "".
+func beside(s gjson.Result, ok ...string) string {
+	var bad string
+	s.ForEach(func(k, _ gjson.Result) bool {
+		if !gbnfAnnotations[k.Str] && !slices.Contains(ok, k.Str) {
+			bad = k.Str
+			return false
+		}
+		return true
+	})
+	return bad
+}
+
+// unknownKeyword returns the first keyword of s that is neither an
+// annotation nor in gbnfKeywords, or "".
+func unknownKeyword(s gjson.Result) string {
+	var bad string
+	s.ForEach(func(k, _ gjson.Result) bool {
+		if !gbnfKeywords[k.Str] && !gbnfAnnotations[k.Str] {
+			bad = k.Str
+			return false
+		}
+		return true
+	})
+	return bad
+}
+
 // visit adds the rules of schema s under name and returns the rule to use.
 func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error) {
 	ruleName := name
@@ -304,26 +414,11 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		c.res = schemaResource{root: s, ptr: ptr}
 		defer func() { c.res = outer }()
 	}
-	var bad string
-	s.ForEach(func(k, _ gjson.Result) bool {
-		if !gbnfKeywords[k.Str] && !gbnfAnnotations[k.Str] {
-			bad = k.Str
-			return false
-		}
-		return true
-	})
-	if bad != "" {
+	if bad := unknownKeyword(s); bad != "" {
 		return "", &UnsupportedSchemaError{Keyword: bad, Pointer: ptr + "/" + escapePointer(bad)}
 	}
 	if ref := s.Get("$ref"); ref.Exists() {
-		s.ForEach(func(k, _ gjson.Result) bool {
-			if k.Str != "$ref" && !gbnfAnnotations[k.Str] {
-				bad = k.Str
-				return false
-			}
-			return true
-		})
-		if bad != "" {
+		if bad := beside(s, "$ref"); bad != "" {
 			return "", fmt.Errorf("JSON Schema keyword %q at %q sits beside a $ref; only annotations may", bad, ptr+"/"+escapePointer(bad))
 		}
 		r, err := c.ref(ref, ptr+"/$ref")
@@ -332,10 +427,18 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		}
 		return c.addRule(ruleName, r), nil
 	}
+	if s.Get("allOf").Exists() {
+		return c.allOf(s, name, ptr)
+	}
 	if alts := s.Get("anyOf"); alts.Exists() || s.Get("oneOf").Exists() {
 		key := "anyOf"
 		if !alts.Exists() {
 			key, alts = "oneOf", s.Get("oneOf")
+		}
+		// The alternatives alone make the rule: a keyword beside them
+		// would constrain each, which the rule would not.
+		if bad := beside(s, key); bad != "" {
+			return "", &UnsupportedSchemaError{Keyword: bad, Pointer: ptr + "/" + escapePointer(bad), Reason: "beside " + key + " only annotations may sit (move it into each alternative)"}
 		}
 		var parts []string
 		for i, a := range alts.Array() {
@@ -350,16 +453,34 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		}
 		return c.addRule(ruleName, strings.Join(parts, " | ")), nil
 	}
-	if v := s.Get("const"); v.Exists() {
-		return c.addRule(ruleName, jsonLiteral(v)+" space"), nil
-	}
-	if v := s.Get("enum"); v.Exists() {
+	if v, key := s.Get("const"), "const"; v.Exists() || s.Get("enum").Exists() {
+		if !v.Exists() {
+			v, key = s.Get("enum"), "enum"
+		}
+		// The values are written as they are: a constraint beside them
+		// that some value might break is refused.
+		if bad := beside(s, key, "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "minLength", "maxLength"); bad != "" {
+			return "", &UnsupportedSchemaError{Keyword: bad, Pointer: ptr + "/" + escapePointer(bad), Reason: "beside " + key + " (list only the values that satisfy it)"}
+		}
+		vals := []gjson.Result{v}
+		if key == "enum" {
+			vals = v.Array()
+			if len(vals) == 0 {
+				return "", fmt.Errorf("enum at %q must not be empty", ptr)
+			}
+		}
+		// Only the values of the schema's type.
 		var parts []string
-		for _, x := range v.Array() {
-			parts = append(parts, jsonLiteral(x))
+		for _, x := range vals {
+			if ofType(x, s.Get("type")) {
+				parts = append(parts, jsonLiteral(x))
+			}
 		}
 		if len(parts) == 0 {
-			return "", fmt.Errorf("enum at %q must not be empty", ptr)
+			return "", fmt.Errorf("%s at %q: no value is of the schema's type", key, ptr)
+		}
+		if key == "const" {
+			return c.addRule(ruleName, parts[0]+" space"), nil
 		}
 		return c.addRule(ruleName, "("+strings.Join(parts, " | ")+") space"), nil
 	}
@@ -380,47 +501,23 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		return c.addRule(ruleName, strings.Join(parts, " | ")), nil
 	}
 	typ := t.Str
-	if typ == "" && (s.Get("properties").Exists() || s.Get("additionalProperties").Exists()) {
-		typ = "object"
-	}
-	if typ == "" && s.Get("items").Exists() {
-		typ = "array"
+	for _, tk := range schemaTypeKeywords {
+		for _, k := range tk.keywords {
+			if typ == "" && s.Get(k).Exists() {
+				typ = tk.typ
+			}
+		}
 	}
 	switch typ {
 	case "object":
 		return c.object(s, name, ruleName, ptr)
 	case "array":
-		item := c.primitive("value")
-		if it := s.Get("items"); it.Exists() {
-			var err error
-			if item, err = c.visit(it, nameOr(name)+"-item", ptr+"/items"); err != nil {
-				return "", err
-			}
-		}
-		lo, err := intKeyword(s, "minItems", ptr)
-		if err != nil {
-			return "", err
-		}
-		hi, err := intKeyword(s, "maxItems", ptr)
-		if err != nil {
-			return "", err
-		}
-		return c.addRule(ruleName, `"[" space `+repetition(item, max(lo, 0), hi, `"," space`)+` "]" space`), nil
+		return c.array(s, name, ruleName, ptr)
 	case "string":
-		lo, err := intKeyword(s, "minLength", ptr)
-		if err != nil {
-			return "", err
-		}
-		hi, err := intKeyword(s, "maxLength", ptr)
-		if err != nil {
-			return "", err
-		}
-		if lo <= 0 && hi < 0 {
-			return c.addRule(ruleName, c.primitive("string")), nil
-		}
-		ch := c.primitive("char")
-		return c.addRule(ruleName, `"\"" `+repetition(ch, max(lo, 0), hi, "")+` "\"" space`), nil
-	case "number", "integer", "boolean", "null":
+		return c.str(s, ruleName, ptr)
+	case "number", "integer":
+		return c.numeric(s, typ, ruleName, ptr)
+	case "boolean", "null":
 		return c.addRule(ruleName, c.primitive(typ)), nil
 	case "":
 		return c.addRule(ruleName, c.primitive("value")), nil
@@ -428,27 +525,137 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 	return "", &UnsupportedSchemaError{Keyword: "type", Pointer: ptr + "/type"}
 }
 
-// ref returns the rule of the $ref value ref (at ptr), converting its
-// target the first time. Errors: a $ref that is not a string, a $ref to
-// another document (*UnsupportedSchemaError), a fragment that is not a
-// JSON pointer or names nothing in the resource.
-func (c *schemaConverter) ref(ref gjson.Result, ptr string) (string, error) {
+// bounds returns the minLength/maxLength (or minItems/maxItems) pair of s,
+// -1 where absent. Errors: a bad value, one over MaxSchemaRepetition
+// (*SchemaLimitError), a minimum above the maximum (no value satisfies).
+func bounds(s gjson.Result, minKey, maxKey, ptr string) (lo, hi int, err error) {
+	if lo, err = intKeyword(s, minKey, ptr); err != nil {
+		return 0, 0, err
+	}
+	if hi, err = intKeyword(s, maxKey, ptr); err != nil {
+		return 0, 0, err
+	}
+	if hi >= 0 && lo > hi {
+		return 0, 0, fmt.Errorf("%s %d above %s %d at %q: no value satisfies the schema", minKey, lo, maxKey, hi, ptr)
+	}
+	return max(lo, 0), hi, nil
+}
+
+// str is a string schema: minLength/maxLength as a repetition of char,
+// or pattern (patternRule), not both.
+func (c *schemaConverter) str(s gjson.Result, ruleName, ptr string) (string, error) {
+	lo, hi, err := bounds(s, "minLength", "maxLength", ptr)
+	if err != nil {
+		return "", err
+	}
+	if p := s.Get("pattern"); p.Exists() {
+		if p.Type != gjson.String {
+			return "", fmt.Errorf("pattern at %q must be a string", ptr)
+		}
+		for _, k := range []string{"minLength", "maxLength"} {
+			if s.Get(k).Exists() && (k == "maxLength" || lo > 0) {
+				return "", &UnsupportedSchemaError{Keyword: k, Pointer: ptr + "/" + k, Reason: "beside pattern (a grammar cannot intersect the two; bound the pattern's own repetitions instead)"}
+			}
+		}
+		r, err := c.patternRule(p.Str)
+		if err != nil {
+			return "", &UnsupportedSchemaError{Keyword: "pattern", Pointer: ptr + "/pattern", Reason: err.Error()}
+		}
+		return c.addRule(ruleName, r), nil
+	}
+	if lo == 0 && hi < 0 {
+		return c.addRule(ruleName, c.primitive("string")), nil
+	}
+	ch := c.primitive("char")
+	return c.addRule(ruleName, `"\"" `+repetition(ch, lo, hi, "")+` "\"" space`), nil
+}
+
+// array is an array schema: prefixItems (a tuple) then items, within
+// minItems/maxItems, as llama.cpp's tuple and item rules. A tuple's items
+// are all written, and items after them only where "items" is a schema
+// (JSON Schema allows a shorter tuple, and, without "items", any items
+// after it: a subset, as llama.cpp). uniqueItems true is refused unless
+// the array holds at most one item: a grammar cannot compare items.
+func (c *schemaConverter) array(s gjson.Result, name, ruleName, ptr string) (string, error) {
+	lo, hi, err := bounds(s, "minItems", "maxItems", ptr)
+	if err != nil {
+		return "", err
+	}
+	var prefix []string
+	pi := s.Get("prefixItems")
+	if pi.Exists() && !pi.IsArray() {
+		return "", fmt.Errorf("prefixItems at %q must be an array", ptr)
+	}
+	for i, it := range pi.Array() {
+		r, err := c.visit(it, fmt.Sprintf("%s-tuple-%d", nameOr(name), i), fmt.Sprintf("%s/prefixItems/%d", ptr, i))
+		if err != nil {
+			return "", err
+		}
+		prefix = append(prefix, r)
+	}
+	tail := ""
+	switch it := s.Get("items"); {
+	case it.Type == gjson.False:
+	case it.Exists():
+		if tail, err = c.visit(it, nameOr(name)+"-item", ptr+"/items"); err != nil {
+			return "", err
+		}
+	case len(prefix) == 0:
+		tail = c.primitive("value")
+	}
+	if hi >= 0 && hi < len(prefix) {
+		prefix = prefix[:hi]
+	}
+	n := len(prefix)
+	tlo, thi := max(lo-n, 0), -1
+	if hi >= 0 {
+		thi = hi - n
+	}
+	if tail == "" {
+		thi = 0
+	}
+	if tlo > 0 && thi == 0 {
+		return "", fmt.Errorf("minItems %d at %q: the tuple holds %d items and none may follow", lo, ptr, n)
+	}
+	if u := s.Get("uniqueItems"); u.Exists() {
+		if !u.IsBool() {
+			return "", fmt.Errorf("uniqueItems at %q must be a boolean", ptr)
+		}
+		if u.Type == gjson.True && (thi < 0 || n+thi > 1) {
+			return "", &UnsupportedSchemaError{Keyword: "uniqueItems", Pointer: ptr + "/uniqueItems", Reason: "a grammar cannot keep items distinct; only an array of at most one item (maxItems 1) takes uniqueItems true"}
+		}
+	}
+	rule := `"[" space `
+	if n > 0 {
+		rule += strings.Join(prefix, ` "," space `)
+		if thi != 0 {
+			rule += " " + repetition(`( "," space `+tail+` )`, tlo, thi, "")
+		}
+	} else {
+		rule += repetition(tail, tlo, thi, `"," space`)
+	}
+	return c.addRule(ruleName, rule+` "]" space`), nil
+}
+
+// resolve finds the target of the $ref value ref (at ptr) in the current
+// schema resource: the target, its JSON pointer from the converted
+// schema's root, and the last token of the fragment ("ref" for "#").
+// Errors: a $ref that is not a string, a $ref to another document
+// (*UnsupportedSchemaError), a fragment that is not a JSON pointer or
+// names nothing in the resource.
+func (c *schemaConverter) resolve(ref gjson.Result, ptr string) (target gjson.Result, tptr, base string, err error) {
 	if ref.Type != gjson.String {
-		return "", fmt.Errorf("$ref at %q must be a string", ptr)
+		return target, "", "", fmt.Errorf("$ref at %q must be a string", ptr)
 	}
 	frag, local := strings.CutPrefix(ref.Str, "#")
 	if !local {
-		return "", &UnsupportedSchemaError{Keyword: "$ref", Pointer: ptr}
+		return target, "", "", &UnsupportedSchemaError{Keyword: "$ref", Pointer: ptr}
 	}
-	frag, err := url.PathUnescape(frag)
+	frag, err = url.PathUnescape(frag)
 	if err != nil || (frag != "" && frag[0] != '/') {
-		return "", fmt.Errorf("$ref %q at %q is not a JSON pointer fragment (\"#/$defs/Name\")", ref.Str, ptr)
+		return target, "", "", fmt.Errorf("$ref %q at %q is not a JSON pointer fragment (\"#/$defs/Name\")", ref.Str, ptr)
 	}
-	key := c.res.ptr + "#" + frag
-	if r, ok := c.refs[key]; ok {
-		return r, nil
-	}
-	target, base := c.res.root, "ref"
+	target, base = c.res.root, "ref"
 	if frag != "" {
 		for _, tok := range strings.Split(frag[1:], "/") {
 			tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
@@ -466,10 +673,24 @@ func (c *schemaConverter) ref(ref gjson.Result, ptr string) (string, error) {
 				target = gjson.Result{}
 			}
 			if !target.Exists() {
-				return "", fmt.Errorf("$ref %q at %q names nothing in its schema", ref.Str, ptr)
+				return target, "", "", fmt.Errorf("$ref %q at %q names nothing in its schema", ref.Str, ptr)
 			}
 			base = tok
 		}
+	}
+	return target, c.res.ptr + frag, base, nil
+}
+
+// ref returns the rule of the $ref value ref (at ptr), converting its
+// target the first time. Errors: those of resolve.
+func (c *schemaConverter) ref(ref gjson.Result, ptr string) (string, error) {
+	target, tptr, base, err := c.resolve(ref, ptr)
+	if err != nil {
+		return "", err
+	}
+	key := c.res.ptr + "#" + strings.TrimPrefix(tptr, c.res.ptr)
+	if r, ok := c.refs[key]; ok {
+		return r, nil
 	}
 	// A fresh name, never the start rule's or a primitive's (primitives
 	// are added when first used, under their own names).
@@ -484,7 +705,7 @@ func (c *schemaConverter) ref(ref gjson.Result, ptr string) (string, error) {
 		name = base + strconv.Itoa(i)
 	}
 	c.rules[name], c.refs[key] = pendingRule, name
-	r, err := c.visit(target, name, c.res.ptr+frag)
+	r, err := c.visit(target, name, tptr)
 	if err != nil {
 		return "", err
 	}
@@ -511,60 +732,454 @@ func withType(raw, typ string) (string, error) {
 	return string(b), err
 }
 
-// object is llama.cpp's _build_object_rule without additional properties.
+// gbnfIntCap is the largest integer magnitude the primitives write:
+// integral-part has at most 16 digits.
+const gbnfIntCap = 9_999_999_999_999_999
+
+// numBound is the value of the bound keyword key of s (nil where absent).
+func numBound(s gjson.Result, key, ptr string) (*big.Rat, error) {
+	v := s.Get(key)
+	if !v.Exists() {
+		return nil, nil
+	}
+	r, ok := new(big.Rat).SetString(v.Raw)
+	if v.Type != gjson.Number || !ok {
+		return nil, fmt.Errorf("JSON Schema keyword %q at %q must be a number", key, ptr)
+	}
+	return r, nil
+}
+
+// ratFloor and ratCeil round r to an integer.
+func ratFloor(r *big.Rat) *big.Int {
+	q, _ := new(big.Int).DivMod(r.Num(), r.Denom(), new(big.Int))
+	return q // Euclidean division by a positive denominator floors
+}
+
+func ratCeil(r *big.Rat) *big.Int {
+	f := ratFloor(r)
+	if !r.IsInt() {
+		f.Add(f, big.NewInt(1))
+	}
+	return f
+}
+
+// clampInt is v within [-gbnfIntCap, gbnfIntCap].
+func clampInt(v *big.Int) int64 {
+	if v.Cmp(big.NewInt(gbnfIntCap)) > 0 {
+		return gbnfIntCap
+	}
+	if v.Cmp(big.NewInt(-gbnfIntCap)) < 0 {
+		return -gbnfIntCap
+	}
+	return v.Int64()
+}
+
+// numeric is an integer or number schema. minimum, maximum,
+// exclusiveMinimum and exclusiveMaximum on an integer become the exact
+// range as llama.cpp's _build_min_max_int writes it for two bounds; a
+// missing bound is the primitive's own (16 digits), so that only that
+// construction is used (llama.cpp's one-bound variant lets through values
+// below a minimum such as 100: "15"). On a number, integer-valued bounds
+// are written exactly over decimals without an exponent (numberRange); a
+// bound with a fraction is refused. multipleOf 1 makes a number an
+// integer; any other multipleOf is refused.
+func (c *schemaConverter) numeric(s gjson.Result, typ, ruleName, ptr string) (string, error) {
+	if m := s.Get("multipleOf"); m.Exists() {
+		r, err := numBound(s, "multipleOf", ptr)
+		if err != nil {
+			return "", err
+		}
+		if r.Sign() <= 0 {
+			return "", fmt.Errorf("multipleOf at %q must be above 0", ptr)
+		}
+		if r.Cmp(big.NewRat(1, 1)) != 0 {
+			return "", &UnsupportedSchemaError{Keyword: "multipleOf", Pointer: ptr + "/multipleOf", Reason: "only multipleOf 1 (any integer) is expressed"}
+		}
+		typ = "integer"
+	}
+	var b [4]*big.Rat
+	for i, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+		r, err := numBound(s, k, ptr)
+		if err != nil {
+			return "", err
+		}
+		b[i] = r
+	}
+	minB, exMin, maxB, exMax := b[0], b[1], b[2], b[3]
+	if minB == nil && exMin == nil && maxB == nil && exMax == nil {
+		return c.addRule(ruleName, c.primitive(typ)), nil
+	}
+	empty := fmt.Errorf("the bounds at %q leave no %s of at most 16 digits", ptr, typ)
+	if typ == "integer" {
+		lo, hi := big.NewInt(-gbnfIntCap), big.NewInt(gbnfIntCap)
+		if minB != nil {
+			if v := ratCeil(minB); v.Cmp(lo) > 0 {
+				lo = v
+			}
+		}
+		if exMin != nil {
+			if v := ratFloor(exMin); v.Add(v, big.NewInt(1)).Cmp(lo) > 0 {
+				lo = v
+			}
+		}
+		if maxB != nil {
+			if v := ratFloor(maxB); v.Cmp(hi) < 0 {
+				hi = v
+			}
+		}
+		if exMax != nil {
+			if v := ratCeil(exMax); v.Sub(v, big.NewInt(1)).Cmp(hi) < 0 {
+				hi = v
+			}
+		}
+		if lo.Cmp(hi) > 0 {
+			return "", empty
+		}
+		var out strings.Builder
+		out.WriteString("(")
+		buildMinMaxInt(clampInt(lo), clampInt(hi), &out)
+		out.WriteString(") space")
+		return c.addRule(ruleName, out.String()), nil
+	}
+	for i, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+		if b[i] != nil && !b[i].IsInt() {
+			return "", &UnsupportedSchemaError{Keyword: k, Pointer: ptr + "/" + k, Reason: "on a number only an integer bound is expressed (use an integer bound, or type integer)"}
+		}
+	}
+	// The tightest lower and upper bound, each with its exclusiveness.
+	var lo, hi *big.Int
+	loEx, hiEx := false, false
+	if minB != nil {
+		lo = minB.Num()
+	}
+	if exMin != nil && (lo == nil || exMin.Num().Cmp(lo) >= 0) {
+		lo, loEx = exMin.Num(), true
+	}
+	if maxB != nil {
+		hi = maxB.Num()
+	}
+	if exMax != nil && (hi == nil || exMax.Num().Cmp(hi) <= 0) {
+		hi, hiEx = exMax.Num(), true
+	}
+	limit := big.NewInt(gbnfIntCap)
+	if lo != nil && lo.Cmp(new(big.Int).Neg(limit)) < 0 {
+		lo, loEx = nil, false
+	}
+	if hi != nil && hi.Cmp(limit) > 0 {
+		hi, hiEx = nil, false
+	}
+	if lo != nil && lo.Cmp(limit) > 0 || hi != nil && hi.Cmp(new(big.Int).Neg(limit)) < 0 {
+		return "", empty
+	}
+	r := numberRange(lo, loEx, hi, hiEx)
+	if r == "" {
+		return "", empty
+	}
+	return c.addRule(ruleName, "("+r+") space"), nil
+}
+
+// numberRange is the GBNF of the decimals -?I(.F)? (I of at most 16
+// digits, F of 1 to 16, no exponent) in the range from lo to hi (nil:
+// unbounded; ex: the bound excluded), "" if there is none. Non-negative
+// values are written without a sign, negative ones with "-" and a
+// non-zero magnitude; each sign's magnitudes are magnitudeRange.
+func numberRange(lo *big.Int, loEx bool, hi *big.Int, hiEx bool) string {
+	var alts []string
+	if hi == nil || hi.Sign() > 0 || hi.Sign() == 0 && !hiEx {
+		a, aEx := int64(0), false
+		if lo != nil && lo.Sign() >= 0 {
+			a, aEx = lo.Int64(), loEx
+		}
+		var b *int64
+		if hi != nil {
+			v := hi.Int64()
+			b = &v
+		}
+		if m := magnitudeRange(a, aEx, b, hiEx); m != "" {
+			alts = append(alts, m)
+		}
+	}
+	if lo == nil || lo.Sign() < 0 {
+		// x = -m, m > 0: x <= hi is m >= -hi, x >= lo is m <= -lo.
+		a, aEx := int64(0), true
+		if hi != nil && hi.Sign() < 0 {
+			a, aEx = -hi.Int64(), hiEx
+		}
+		var b *int64
+		if lo != nil {
+			v := -lo.Int64()
+			b = &v
+		}
+		if m := magnitudeRange(a, aEx, b, loEx); m != "" {
+			alts = append(alts, `"-" (`+m+`)`)
+		}
+	}
+	return strings.Join(alts, " | ")
+}
+
+// magnitudeRange is the GBNF of the unsigned decimals I(.F)? from a to b
+// (b nil: any; aEx, bEx: excluded), "" if none: the integer parts
+// strictly inside with any fraction, b itself with a zero fraction when
+// included, a itself with a non-zero fraction when excluded.
+func magnitudeRange(a int64, aEx bool, b *int64, bEx bool) string {
+	const frac, zero, nonZero = `("." [0-9]{1,16})?`, `("." [0]{1,16})?`, `"." [0]{0,15} [1-9] [0-9]{0,15}`
+	full, top := a, int64(gbnfIntCap)
+	if aEx {
+		full = a + 1
+	}
+	if b != nil {
+		top = *b - 1
+	}
+	var alts []string
+	if full <= top {
+		var out strings.Builder
+		buildMinMaxInt(full, top, &out)
+		alts = append(alts, "("+out.String()+") "+frac)
+	}
+	if b != nil && !bEx && *b >= full {
+		alts = append(alts, fmt.Sprintf(`"%d" %s`, *b, zero))
+	}
+	if aEx && (b == nil || a < *b) {
+		alts = append(alts, fmt.Sprintf(`"%d" %s`, a, nonZero))
+	}
+	return strings.Join(alts, " | ")
+}
+
+// buildMinMaxInt writes the GBNF of the integers from lo to hi (lo <= hi)
+// to out: llama.cpp's _build_min_max_int for two bounds (a sign, then per
+// digit count a uniform range of equal-length digit strings).
+func buildMinMaxInt(lo, hi int64, out *strings.Builder) {
+	if lo < 0 && hi < 0 {
+		out.WriteString(`"-" (`)
+		buildMinMaxInt(-hi, -lo, out)
+		out.WriteString(")")
+		return
+	}
+	if lo < 0 {
+		out.WriteString(`"-" (`)
+		buildMinMaxInt(0, -lo, out)
+		out.WriteString(") | ")
+		lo = 0
+	}
+	digitRange := func(from, to byte) {
+		if from == to {
+			fmt.Fprintf(out, "[%c]", from)
+		} else {
+			fmt.Fprintf(out, "[%c-%c]", from, to)
+		}
+	}
+	moreDigits := func(n int) {
+		out.WriteString("[0-9]")
+		if n != 1 {
+			fmt.Fprintf(out, "{%d}", n)
+		}
+	}
+	var uniform func(from, to string)
+	uniform = func(from, to string) {
+		i := 0
+		for i < len(from) && i < len(to) && from[i] == to[i] {
+			i++
+		}
+		if i > 0 {
+			out.WriteString(`"` + from[:i] + `"`)
+		}
+		if i >= len(from) || i >= len(to) {
+			return
+		}
+		if i > 0 {
+			out.WriteString(" ")
+		}
+		subLen := len(from) - i - 1
+		if subLen == 0 {
+			digitRange(from[i], to[i])
+			return
+		}
+		fromSub, toSub := from[i+1:], to[i+1:]
+		zeros, nines := strings.Repeat("0", subLen), strings.Repeat("9", subLen)
+		out.WriteString("(")
+		toReached := false
+		switch {
+		case fromSub == zeros && toSub == nines:
+			// Every string of the length (not in llama.cpp, which writes
+			// the last digit's range as a nested uniform range).
+			digitRange(from[i], to[i])
+			out.WriteString(" ")
+			moreDigits(subLen)
+			toReached = true
+		case fromSub == zeros:
+			digitRange(from[i], to[i]-1)
+			out.WriteString(" ")
+			moreDigits(subLen)
+		default:
+			fmt.Fprintf(out, "[%c] (", from[i])
+			uniform(fromSub, nines)
+			out.WriteString(")")
+			if from[i] < to[i]-1 {
+				out.WriteString(" | ")
+				if toSub == nines {
+					digitRange(from[i]+1, to[i])
+					toReached = true
+				} else {
+					digitRange(from[i]+1, to[i]-1)
+				}
+				out.WriteString(" ")
+				moreDigits(subLen)
+			}
+		}
+		if !toReached {
+			out.WriteString(" | ")
+			digitRange(to[i], to[i])
+			out.WriteString(" ")
+			uniform(zeros, toSub)
+		}
+		out.WriteString(")")
+	}
+	minS, maxS := strconv.FormatInt(lo, 10), strconv.FormatInt(hi, 10)
+	for digits := len(minS); digits < len(maxS); digits++ {
+		uniform(minS, strings.Repeat("9", digits))
+		minS = "1" + strings.Repeat("0", digits)
+		out.WriteString(" | ")
+	}
+	uniform(minS, maxS)
+}
+
+// nonNegInt is the value of the count keyword key of s, -1 where absent.
+func nonNegInt(s gjson.Result, key, ptr string) (int, error) {
+	v := s.Get(key)
+	if !v.Exists() {
+		return -1, nil
+	}
+	if v.Type != gjson.Number || v.Num < 0 || v.Num != math.Trunc(v.Num) {
+		return 0, fmt.Errorf("JSON Schema keyword %q at %q must be a non-negative integer", key, ptr)
+	}
+	return int(min(v.Num, math.MaxInt32)), nil
+}
+
+// objectKV is one member of an object rule: a property's key-value rule,
+// or (star) the additional properties'.
+type objectKV struct {
+	key, rule string
+	star      bool
+}
+
+// object is llama.cpp's _build_object_rule: the required properties in
+// order, then the optional ones, each may be left out, then, where
+// additionalProperties is true or a schema, any number of other members
+// (their keys none of the properties', written without escapes so that
+// an escaped key cannot spell a property's name). Without additional
+// properties, minProperties up to the number of required properties and
+// maxProperties from the number of properties hold anyway; a map (no
+// properties, additional ones) takes maxProperties as the bound of its
+// members and minProperties 0 or 1; any other count is refused, since a
+// grammar cannot keep keys distinct.
 func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (string, error) {
-	if ap := s.Get("additionalProperties"); ap.Exists() && ap.Type != gjson.False {
-		return "", &UnsupportedSchemaError{Keyword: "additionalProperties", Pointer: ptr + "/additionalProperties"}
+	ap := s.Get("additionalProperties")
+	if ap.Exists() && !ap.IsBool() && !ap.IsObject() {
+		return "", fmt.Errorf("additionalProperties at %q must be a boolean or a schema", ptr)
+	}
+	minP, err := nonNegInt(s, "minProperties", ptr)
+	if err != nil {
+		return "", err
+	}
+	maxP, err := nonNegInt(s, "maxProperties", ptr)
+	if err != nil {
+		return "", err
 	}
 	props := s.Get("properties")
-	if !props.Exists() && !s.Get("additionalProperties").Exists() {
-		return c.addRule(ruleName, c.primitive("object")), nil
-	}
 	required := map[string]bool{}
 	for _, r := range s.Get("required").Array() {
 		required[r.Str] = true
 	}
-	var req, opt []string
-	kv := map[string]string{}
-	var err error
+	if !props.Exists() && len(required) == 0 && (!ap.Exists() || ap.Type == gjson.True) && minP <= 0 && maxP < 0 {
+		return c.addRule(ruleName, c.primitive("object")), nil
+	}
+	var req, opt []objectKV
+	var names []string
 	props.ForEach(func(k, v gjson.Result) bool {
 		var r string
 		if r, err = c.visit(v, nameOr(name)+"-"+k.Str, ptr+"/properties/"+escapePointer(k.Str)); err != nil {
 			return false
 		}
-		kv[k.Str] = c.addRule(nameOr(name)+"-"+k.Str+"-kv", formatLiteral(strconv.Quote(k.Str))+` space ":" space `+r)
+		kv := objectKV{key: k.Str, rule: c.addRule(nameOr(name)+"-"+k.Str+"-kv", formatLiteral(jsonString(k.Str))+` space ":" space `+r)}
 		if required[k.Str] {
-			req = append(req, k.Str)
+			req = append(req, kv)
 		} else {
-			opt = append(opt, k.Str)
+			opt = append(opt, kv)
 		}
+		names = append(names, k.Str)
 		return true
 	})
 	if err != nil {
 		return "", err
 	}
 	for k := range required {
-		if _, ok := kv[k]; !ok {
+		if !slices.Contains(names, k) {
 			return "", fmt.Errorf("required property %q at %q is not in properties", k, ptr)
 		}
 	}
-	var recursive func(ks []string, firstOptional bool) string
-	recursive = func(ks []string, firstOptional bool) string {
+	// Without properties, a missing additionalProperties allows any (JSON
+	// Schema's default); beside properties none (llama.cpp's, a subset).
+	additional := ap.Type == gjson.True || ap.IsObject() || !ap.Exists() && !props.Exists()
+	if !additional && maxP >= 0 && maxP < len(req) || minP > len(names) && !additional {
+		return "", fmt.Errorf("minProperties/maxProperties at %q: no object of the properties satisfies them", ptr)
+	}
+	countErr := func(k string) error {
+		return &UnsupportedSchemaError{Keyword: k, Pointer: ptr + "/" + k, Reason: "a grammar cannot count distinct keys; it holds only up to the required properties (minProperties), from all properties without additional ones (maxProperties), or as the bounds of a map's members (maxProperties, minProperties up to 1)"}
+	}
+	var addKV string
+	if additional {
+		sub := nameOr(name) + "-additional"
+		value := c.primitive("value")
+		if ap.IsObject() {
+			if value, err = c.visit(ap, sub+"-value", ptr+"/additionalProperties"); err != nil {
+				return "", err
+			}
+		}
+		key := c.primitive("string")
+		if len(names) > 0 {
+			key = c.addRule(sub+"-k", notStrings(names))
+		}
+		addKV = c.addRule(sub+"-kv", key+` ":" space `+value)
+		if len(names) == 0 {
+			if minP > 1 {
+				return "", countErr("minProperties")
+			}
+			if maxP > MaxSchemaRepetition {
+				return "", &SchemaLimitError{Keyword: "maxProperties", Pointer: ptr + "/maxProperties", Value: s.Get("maxProperties").Raw, Limit: MaxSchemaRepetition}
+			}
+			return c.addRule(ruleName, `"{" space `+repetition(addKV, max(minP, 0), maxP, `"," space`)+` "}" space`), nil
+		}
+		opt = append(opt, objectKV{key: "*", rule: addKV, star: true})
+	}
+	if minP > len(req) {
+		return "", countErr("minProperties")
+	}
+	if maxP >= 0 && (additional || maxP < len(names)) {
+		return "", countErr("maxProperties")
+	}
+	var recursive func(ks []objectKV, firstOptional bool) string
+	recursive = func(ks []objectKV, firstOptional bool) string {
 		k, rest := ks[0], ks[1:]
+		comma := `( "," space ` + k.rule + ` )`
 		var res string
-		if firstOptional {
-			res = `( "," space ` + kv[k] + ` )?`
-		} else {
-			res = kv[k]
+		switch {
+		case firstOptional && k.star:
+			res = comma + "*"
+		case firstOptional:
+			res = comma + "?"
+		case k.star:
+			res = k.rule + " " + comma + "*"
+		default:
+			res = k.rule
 		}
 		if len(rest) > 0 {
-			res += " " + c.addRule(nameOr(name)+"-"+k+"-rest", recursive(rest, true))
+			res += " " + c.addRule(nameOr(name)+"-"+k.key+"-rest", recursive(rest, true))
 		}
 		return res
 	}
 	var parts []string
 	for _, k := range req {
-		parts = append(parts, kv[k])
+		parts = append(parts, k.rule)
 	}
 	rule := `"{" space ` + strings.Join(parts, ` "," space `)
 	if len(opt) > 0 {
@@ -584,4 +1199,388 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 	}
 	rule += ` "}" space`
 	return c.addRule(ruleName, rule), nil
+}
+
+// gbnfKeyChar is a character of an additional property's key: any JSON
+// string character but an escape, so the key's text is its value.
+const gbnfKeyChar = `[^"\\\x7F\x00-\x1F]`
+
+// notStrings is the GBNF of the JSON strings without escapes that are none
+// of names: llama.cpp's _not_strings (a trie of the names), over
+// characters rather than bytes, and exact where a name is a prefix of
+// another or a prefix of a name is not one (llama.cpp leaves out the
+// latter: "a" where only "ab" is a name).
+func notStrings(names []string) string {
+	type node struct {
+		kids map[rune]*node
+		end  bool
+	}
+	root := &node{kids: map[rune]*node{}}
+	for _, n := range names {
+		at := root
+		for _, r := range n {
+			k, ok := at.kids[r]
+			if !ok {
+				k = &node{kids: map[rune]*node{}}
+				at.kids[r] = k
+			}
+			at = k
+		}
+		at.end = true
+	}
+	var visit func(n *node) string
+	visit = func(n *node) string {
+		keys := slices.Sorted(maps.Keys(n.kids))
+		var alts []string
+		rejects := ""
+		for _, r := range keys {
+			k := n.kids[r]
+			rejects += classChar(r)
+			alt := "[" + classChar(r) + "]"
+			switch {
+			case len(k.kids) > 0:
+				alt += " (" + visit(k) + ")"
+				if !k.end {
+					alt += "?"
+				}
+			default:
+				alt += " " + gbnfKeyChar + "+"
+			}
+			alts = append(alts, alt)
+		}
+		alts = append(alts, `[^"\\\x7F\x00-\x1F`+rejects+"] "+gbnfKeyChar+"*")
+		return strings.Join(alts, " | ")
+	}
+	q := ""
+	if !root.end {
+		q = "?"
+	}
+	return `"\"" ( ` + visit(root) + ` )` + q + ` "\"" space`
+}
+
+// allOf is a schema with allOf: its members (and its own keywords beside
+// allOf) with $refs followed and nested allOfs flattened, less the ones
+// every value satisfies. One left is converted as it is. Several are
+// merged into one schema keyword by keyword, as llama.cpp merges the
+// properties of allOf's members, but exactly (each keyword is a
+// conjunct): the types intersected (integer within number), of each
+// bound the tightest (minimum, maximum, exclusiveMinimum,
+// exclusiveMaximum, minLength, maxLength, minItems, maxItems,
+// minProperties, maxProperties), uniqueItems if any, const and enum
+// intersected, items as the allOf of the members' items; for objects every
+// property of any member with the allOf of its schemas and of the
+// additionalProperties schemas of members without it (one a member's
+// additionalProperties false forbids is left out), the required
+// properties of all, and other properties only as every member allows
+// them. pattern, multipleOf and prefixItems in more than one member,
+// anyOf and oneOf in any, are an *UnsupportedSchemaError naming allOf.
+// Errors inside the merged schema point at the allOf's schema.
+func (c *schemaConverter) allOf(s gjson.Result, name, ptr string) (string, error) {
+	type member = struct {
+		orig, res    gjson.Result
+		ptr, origPtr string
+	}
+	var members []member
+	var collect func(x, orig gjson.Result, xptr, origPtr string, depth int) error
+	collect = func(x, orig gjson.Result, xptr, origPtr string, depth int) error {
+		if depth > 64 {
+			return fmt.Errorf("allOf at %q nests or refers too deep", xptr)
+		}
+		if x.Type == gjson.True || x.IsObject() && beside(x) == "" {
+			return nil
+		}
+		if !x.IsObject() {
+			return fmt.Errorf("the allOf member at %q must be an object or true", xptr)
+		}
+		if bad := unknownKeyword(x); bad != "" {
+			return &UnsupportedSchemaError{Keyword: bad, Pointer: xptr + "/" + escapePointer(bad)}
+		}
+		if ref := x.Get("$ref"); ref.Exists() {
+			if bad := beside(x, "$ref"); bad != "" {
+				return fmt.Errorf("JSON Schema keyword %q at %q sits beside a $ref; only annotations may", bad, xptr+"/"+escapePointer(bad))
+			}
+			target, tptr, _, err := c.resolve(ref, xptr+"/$ref")
+			if err != nil {
+				return err
+			}
+			return collect(target, orig, tptr, origPtr, depth+1)
+		}
+		all := x.Get("allOf")
+		if !all.Exists() {
+			members = append(members, member{orig: orig, res: x, ptr: xptr, origPtr: origPtr})
+			return nil
+		}
+		if !all.IsArray() || len(all.Array()) == 0 {
+			return fmt.Errorf("allOf at %q must be a non-empty array", xptr)
+		}
+		rest, err := withoutKey(x.Raw, "allOf")
+		if err != nil {
+			return err
+		}
+		if err := collect(rest, rest, xptr, xptr, depth+1); err != nil {
+			return err
+		}
+		for i, m := range all.Array() {
+			mptr := fmt.Sprintf("%s/allOf/%d", xptr, i)
+			if err := collect(m, m, mptr, mptr, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := collect(s, s, ptr, ptr, 0); err != nil {
+		return "", err
+	}
+	switch len(members) {
+	case 0:
+		return c.visit(gjson.Parse(`true`), name, ptr)
+	case 1:
+		return c.visit(members[0].orig, name, members[0].origPtr)
+	}
+	merged, err := mergeAllOf(members, ptr)
+	if err != nil {
+		return "", err
+	}
+	return c.visit(gjson.Parse(merged), name, ptr)
+}
+
+// mergeKeep says, for each keyword mergeAllOf combines as a bound, which
+// value of several it keeps: +1 the largest, -1 the smallest.
+var mergeKeep = map[string]int{
+	"minimum": 1, "exclusiveMinimum": 1, "minLength": 1, "minItems": 1, "minProperties": 1,
+	"maximum": -1, "exclusiveMaximum": -1, "maxLength": -1, "maxItems": -1, "maxProperties": -1,
+}
+
+// mergeAllOf is the schema (JSON text) of the values that satisfy every
+// member of members (allOf's doc comment), from the allOf at ptr.
+func mergeAllOf(members []struct {
+	orig, res    gjson.Result
+	ptr, origPtr string
+}, ptr string) (string, error) {
+	out := map[string]string{}
+	refuse := func(m string, k string) error {
+		return &UnsupportedSchemaError{Keyword: "allOf", Pointer: ptr + "/allOf", Reason: fmt.Sprintf("its members cannot be merged into one schema: %q at %q", k, m)}
+	}
+	var types []string
+	typed := false
+	var values []string // const and enum, intersected
+	valued := false
+	var items []string
+	var order []string
+	schemas := map[string][]string{}
+	required := map[string]bool{}
+	var aps []string // additionalProperties schemas
+	forbidExtra := false
+	for _, m := range members {
+		var err error
+		m.res.ForEach(func(k, v gjson.Result) bool {
+			switch key := k.Str; {
+			case gbnfAnnotations[key]:
+			case key == "type":
+				var ts []string
+				if v.IsArray() {
+					for _, t := range v.Array() {
+						ts = append(ts, t.Str)
+					}
+				} else {
+					ts = []string{v.Str}
+				}
+				if !typed {
+					types, typed = ts, true
+					break
+				}
+				var both []string
+				for _, t := range types {
+					switch {
+					case slices.Contains(ts, t):
+						both = append(both, t)
+					case t == "integer" && slices.Contains(ts, "number"), t == "number" && slices.Contains(ts, "integer"):
+						both = append(both, "integer")
+					}
+				}
+				types = both
+			case mergeKeep[key] != 0:
+				r, ok := new(big.Rat).SetString(v.Raw)
+				if v.Type != gjson.Number || !ok {
+					err = fmt.Errorf("JSON Schema keyword %q at %q must be a number", key, m.ptr)
+					return false
+				}
+				if old, ok := out[key]; ok {
+					o, _ := new(big.Rat).SetString(old)
+					if r.Cmp(o)*mergeKeep[key] <= 0 {
+						break
+					}
+				}
+				out[key] = v.Raw
+			case key == "uniqueItems":
+				if old := out[key]; old != "true" {
+					out[key] = v.Raw
+				}
+			case key == "const" || key == "enum":
+				vs := []string{v.Raw}
+				if key == "enum" {
+					vs = nil
+					for _, x := range v.Array() {
+						vs = append(vs, x.Raw)
+					}
+				}
+				vs = compactAll(vs)
+				if !valued {
+					values, valued = vs, true
+					break
+				}
+				values = slices.DeleteFunc(values, func(x string) bool { return !slices.Contains(vs, x) })
+			case key == "items":
+				items = appendSchema(items, v.Raw)
+			case key == "pattern" || key == "multipleOf" || key == "prefixItems":
+				if old, ok := out[key]; ok && compactAll([]string{old})[0] != compactAll([]string{v.Raw})[0] {
+					err = refuse(m.ptr, key)
+					return false
+				}
+				out[key] = v.Raw
+			case key == "properties":
+				v.ForEach(func(pk, pv gjson.Result) bool {
+					if _, ok := schemas[pk.Str]; !ok {
+						order = append(order, pk.Str)
+					}
+					schemas[pk.Str] = appendSchema(schemas[pk.Str], pv.Raw)
+					return true
+				})
+			case key == "required":
+				for _, r := range v.Array() {
+					required[r.Str] = true
+				}
+			case key == "additionalProperties":
+				switch {
+				case v.Type == gjson.False:
+					forbidExtra = true
+				case v.IsObject():
+					aps = appendSchema(aps, v.Raw)
+				}
+			default:
+				err = refuse(m.ptr, key)
+				return false
+			}
+			return true
+		})
+		if err != nil {
+			return "", err
+		}
+	}
+	if typed && len(types) == 0 || valued && len(values) == 0 {
+		return "", fmt.Errorf("the allOf at %q: no value satisfies all its members (their types or values do not meet)", ptr)
+	}
+	// A property a member lacks is one of its additional properties.
+	dropped := map[string]bool{}
+	for _, m := range members {
+		ap := m.res.Get("additionalProperties")
+		props := m.res.Get("properties").Map()
+		for _, k := range order {
+			if _, ok := props[k]; ok {
+				continue
+			}
+			switch {
+			case ap.Type == gjson.False:
+				dropped[k] = true
+			case ap.IsObject():
+				schemas[k] = appendSchema(schemas[k], ap.Raw)
+			}
+		}
+	}
+	oneOrAll := func(list []string) string {
+		if len(list) == 1 {
+			return list[0]
+		}
+		return `{"allOf":[` + strings.Join(list, ",") + `]}`
+	}
+	if typed {
+		tj, _ := json.Marshal(types)
+		out["type"] = string(tj)
+	}
+	if valued {
+		out["enum"] = "[" + strings.Join(values, ",") + "]"
+	}
+	if len(items) > 0 {
+		out["items"] = oneOrAll(items)
+	}
+	if len(order) > 0 {
+		var b strings.Builder
+		b.WriteString("{")
+		for _, k := range order {
+			if dropped[k] {
+				if required[k] {
+					return "", fmt.Errorf("the allOf at %q requires %q, which a member's additionalProperties false forbids: no value satisfies it", ptr, k)
+				}
+				continue
+			}
+			if b.Len() > 1 {
+				b.WriteString(",")
+			}
+			b.WriteString(jsonString(k) + ":" + oneOrAll(schemas[k]))
+		}
+		out["properties"] = b.String() + "}"
+	}
+	if len(required) > 0 {
+		var rs []string
+		for _, k := range slices.Sorted(maps.Keys(required)) {
+			if !slices.Contains(order, k) {
+				return "", fmt.Errorf("required property %q of the allOf at %q is in no member's properties", k, ptr)
+			}
+			rs = append(rs, jsonString(k))
+		}
+		out["required"] = "[" + strings.Join(rs, ",") + "]"
+	}
+	switch {
+	case forbidExtra:
+		out["additionalProperties"] = "false"
+	case len(aps) > 0:
+		out["additionalProperties"] = oneOrAll(aps)
+	}
+	var b strings.Builder
+	b.WriteString("{")
+	for _, k := range slices.Sorted(maps.Keys(out)) {
+		if b.Len() > 1 {
+			b.WriteString(",")
+		}
+		b.WriteString(jsonString(k) + ":" + out[k])
+	}
+	return b.String() + "}", nil
+}
+
+// compactAll is each JSON text of list in compact form.
+func compactAll(list []string) []string {
+	res := make([]string, len(list))
+	for i, raw := range list {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, []byte(raw)); err != nil {
+			res[i] = raw
+		} else {
+			res[i] = buf.String()
+		}
+	}
+	return res
+}
+
+// appendSchema adds the schema raw to list unless an equal one (as
+// compact JSON) is there.
+func appendSchema(list []string, raw string) []string {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, []byte(raw)); err == nil {
+		raw = buf.String()
+	}
+	if slices.Contains(list, raw) {
+		return list
+	}
+	return append(list, raw)
+}
+
+// withoutKey is the JSON object raw without its member key.
+func withoutKey(raw, key string) (gjson.Result, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		return gjson.Result{}, err
+	}
+	delete(m, key)
+	b, err := json.Marshal(m)
+	return gjson.ParseBytes(b), err
 }
