@@ -122,7 +122,7 @@ var gbnfAnnotations = map[string]bool{
 
 var gbnfKeywords = map[string]bool{
 	"type": true, "properties": true, "required": true, "additionalProperties": true,
-	"minProperties": true, "maxProperties": true,
+	"minProperties": true, "maxProperties": true, "propertyNames": true,
 	"items": true, "prefixItems": true, "minItems": true, "maxItems": true, "uniqueItems": true,
 	"enum": true, "const": true, "anyOf": true, "oneOf": true, "allOf": true,
 	"minLength": true, "maxLength": true, "pattern": true, "$ref": true,
@@ -363,7 +363,7 @@ var schemaTypeKeywords = []struct {
 	typ      string
 	keywords []string
 }{
-	{"object", []string{"properties", "additionalProperties", "required", "minProperties", "maxProperties"}},
+	{"object", []string{"properties", "additionalProperties", "required", "minProperties", "maxProperties", "propertyNames"}},
 	{"array", []string{"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}},
 	{"string", []string{"minLength", "maxLength", "pattern"}},
 	{"number", []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
@@ -1066,7 +1066,9 @@ type objectKV struct {
 // order, then the optional ones, each may be left out, then, where
 // additionalProperties is true or a schema, any number of other members
 // (their keys none of the properties', written without escapes so that
-// an escaped key cannot spell a property's name). Without additional
+// an escaped key cannot spell a property's name). A map (additional
+// properties, no properties) takes propertyNames as its keys' string
+// schema; beside properties it is refused. Without additional
 // properties, minProperties up to the number of required properties and
 // maxProperties from the number of properties hold anyway; a map (no
 // properties, additional ones) takes maxProperties as the bound of its
@@ -1090,7 +1092,7 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 	for _, r := range s.Get("required").Array() {
 		required[r.Str] = true
 	}
-	if !props.Exists() && len(required) == 0 && (!ap.Exists() || ap.Type == gjson.True) && minP <= 0 && maxP < 0 {
+	if !props.Exists() && len(required) == 0 && (!ap.Exists() || ap.Type == gjson.True) && minP <= 0 && maxP < 0 && !s.Get("propertyNames").Exists() {
 		return c.addRule(ruleName, c.primitive("object")), nil
 	}
 	var req, opt []objectKV
@@ -1120,6 +1122,9 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 	// Without properties, a missing additionalProperties allows any (JSON
 	// Schema's default); beside properties none (llama.cpp's, a subset).
 	additional := ap.Type == gjson.True || ap.IsObject() || !ap.Exists() && !props.Exists()
+	if pn := s.Get("propertyNames"); pn.Exists() && !additional {
+		return "", &UnsupportedSchemaError{Keyword: "propertyNames", Pointer: ptr + "/propertyNames", Reason: "only on a map (additionalProperties without properties)"}
+	}
 	if !additional && maxP >= 0 && maxP < len(req) || minP > len(names) && !additional {
 		return "", fmt.Errorf("minProperties/maxProperties at %q: no object of the properties satisfies them", ptr)
 	}
@@ -1138,6 +1143,21 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 		key := c.primitive("string")
 		if len(names) > 0 {
 			key = c.addRule(sub+"-k", notStrings(names))
+		}
+		if pn := s.Get("propertyNames"); pn.Exists() && pn.Type != gjson.True && !(pn.IsObject() && len(pn.Map()) == 0) {
+			if len(names) > 0 {
+				return "", &UnsupportedSchemaError{Keyword: "propertyNames", Pointer: ptr + "/propertyNames", Reason: "only on a map (additionalProperties without properties)"}
+			}
+			if !pn.IsObject() {
+				return "", fmt.Errorf("propertyNames at %q must be a schema", ptr)
+			}
+			one, err := withType(pn.Raw, "string")
+			if err != nil {
+				return "", err
+			}
+			if key, err = c.visit(gjson.Parse(one), sub+"-k", ptr+"/propertyNames"); err != nil {
+				return "", err
+			}
 		}
 		addKV = c.addRule(sub+"-kv", key+` ":" space `+value)
 		if len(names) == 0 {

@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -126,6 +127,10 @@ var keywordCases = []struct {
 		[]string{`"a@b.io"`, `"x.y@z.com"`}, []string{`"a b@c.io"`, `"a@b"`, `"@b.io"`}, nil},
 	{`{"type":"string","pattern":"^[^a-z]$"}`,
 		[]string{`"A"`, `"\""`, `"\n"`, `"\\"`, `"é"`}, []string{`"a"`, `"AB"`, `"""`, `"\"`, "\"\t\""}, []string{`"😀"`}},
+	// zod's uuid: an anchored group of alternatives.
+	{`{"type":"string","format":"uuid","pattern":"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"}`,
+		[]string{`"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"`, `"00000000-0000-0000-0000-000000000000"`},
+		[]string{`"0190a1b2-c3d4-9e5f-8a9b-0c1d2e3f4a5b"`, `"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5"`, `"x0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"`}, nil},
 	{`{"type":"string","pattern":"^(red|green)$|^x"}`,
 		[]string{`"red"`, `"green"`, `"x"`, `"xyz"`}, []string{`"blue"`, `"redx"`, `"ax"`}, nil},
 	{`{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":{"type":"string","maxLength":2}}`,
@@ -135,6 +140,10 @@ var keywordCases = []struct {
 		[]string{`{}`, `{"a":true}`, `{"abcd":false}`, `{"ab":null,"x":true}`}, []string{`{"ab":true}`, `{"abc":false}`, `{"a":null}`}, []string{`{"\u0061b":null}`}},
 	{`{"type":"object","additionalProperties":{"type":"integer","minimum":1,"maximum":9},"maxProperties":2}`,
 		[]string{`{}`, `{"x":1}`, `{"x":1,"y":9}`, `{"\u00e9":3}`}, []string{`{"x":0}`, `{"x":1,"y":2,"z":3}`, `{"x":"1"}`}, nil},
+	{`{"type":"object","additionalProperties":{"type":"null"},"propertyNames":{"pattern":"^[a-z]{2}$"}}`,
+		[]string{`{}`, `{"ab":null}`, `{"ab":null,"cd":null}`}, []string{`{"a":null}`, `{"abc":null}`, `{"AB":null}`, `{"ab":1}`}, nil},
+	{`{"type":"object","propertyNames":{"enum":["x","y",3]}}`,
+		[]string{`{}`, `{"x":1}`, `{"y":[],"x":"s"}`}, []string{`{"z":1}`, `{"3":1}`}, nil},
 	{`{"additionalProperties":true,"minProperties":1}`,
 		[]string{`{"x":[1]}`, `{"y":null,"z":{}}`}, []string{`{}`}, []string{`3`, `[]`}},
 	{`{"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":true}`,
@@ -254,6 +263,7 @@ func TestStillUnsupportedKeywordsAreRefused(t *testing.T) {
 		{`{"anyOf":[{"type":"integer"},{"type":"null"}],"minimum":3}`, "minimum", "/minimum"},
 		{`{"enum":[1,5,200],"maximum":100}`, "maximum", "/maximum"},
 		{`{"type":"object","patternProperties":{"^x":{}}}`, "patternProperties", "/patternProperties"},
+		{`{"type":"object","properties":{"a":{}},"additionalProperties":true,"propertyNames":{"maxLength":3}}`, "propertyNames", "/propertyNames"},
 	} {
 		_, err := SchemaToGBNF([]byte(c.schema))
 		var ue *UnsupportedSchemaError
@@ -275,5 +285,103 @@ func TestStillUnsupportedKeywordsAreRefused(t *testing.T) {
 		if _, err := SchemaToGBNF([]byte(s)); err == nil {
 			t.Errorf("%s: converted, want an error", s)
 		}
+	}
+}
+
+// keywordSchema is shaped as pydantic, zod and OpenAI structured outputs
+// write constrained models: an allOf with a $ref to a base model beside
+// the model's own properties, integer and number bounds (inclusive and
+// exclusive), patterns, a tuple (prefixItems, items false), a map
+// (additionalProperties with propertyNames and maxProperties, as zod
+// writes a record), uniqueItems false and an Optional of a bounded
+// integer. Strings and keys are bounded so a random model ends (the
+// demo model rarely closes an unbounded string: additional properties
+// beside properties, whose keys are any other string, are checked by
+// TestSchemaKeywordGrammarsAgreeWithTheValidator instead).
+const keywordSchema = `{
+  "$defs": {
+    "Base": {"title": "Base", "type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999}}, "required": ["id"]},
+    "Level": {"type": "integer", "minimum": -3, "exclusiveMaximum": 4}
+  },
+  "allOf": [{"$ref": "#/$defs/Base"}],
+  "title": "Reading", "type": "object",
+  "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+    "email": {"type": "string", "pattern": "^[a-z]{1,5}@[a-z]{1,5}\\.(com|org)$"},
+    "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+    "temp": {"type": "number", "exclusiveMinimum": -40, "exclusiveMaximum": 60},
+    "level": {"$ref": "#/$defs/Level"},
+    "point": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "pattern": "^[xy]$"}], "items": false},
+    "labels": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 5}, "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "maxProperties": 2},
+    "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}$"}, "uniqueItems": false, "maxItems": 3},
+    "limit": {"anyOf": [{"type": "integer", "exclusiveMinimum": 0, "maximum": 50}, {"type": "null"}], "default": null}
+  },
+  "required": ["code", "ratio", "level", "point", "labels"]
+}`
+
+// TestKeywordSchemaOutputsValidateFor20Seeds: the real engine's
+// response_format json_schema output under keywordSchema validates
+// against it (the independent validator is the oracle) for 20 seeds, and
+// so do a forced tool's arguments with it as the parameters for 6; an
+// output cut by max_tokens is still the start of an object.
+func TestKeywordSchemaOutputsValidateFor20Seeds(t *testing.T) {
+	// The tool's schema is in its prompt twice, a byte-level token each.
+	e := newEngine(t, func(c *Config) { c.NSeqMax = 2; c.NCtx = 2 * 4096 })
+	oracle := compileSchema(t, keywordSchema)
+	ended := 0
+	for seed := range 20 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500,
+			"messages":        []map[string]any{{"role": "user", "content": "a reading"}},
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "reading", "strict": true, "schema": json.RawMessage(keywordSchema)}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("seed %d: %d %s", seed, code, body)
+		}
+		var r chatResponse
+		_ = json.Unmarshal(body, &r)
+		text := r.Choices[0].Message.Content
+		if r.Choices[0].FinishReason != "stop" {
+			if first, ok := jsonPrefix(text); !ok || first != json.Delim('{') {
+				t.Errorf("seed %d: finish %q and %q is not the start of an object", seed, r.Choices[0].FinishReason, text)
+			}
+			continue
+		}
+		ended++
+		validateJSON(t, oracle, text)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(keywordSchema)); err != nil {
+		t.Fatal(err)
+	}
+	tools := []map[string]any{{"type": "function", "function": map[string]any{"name": "save_reading", "parameters": json.RawMessage(compact.Bytes())}}}
+	for seed := range 6 {
+		code, body := chatRaw(t, e, map[string]any{
+			"model": "molly-demo", "seed": seed, "max_tokens": 1500, "tools": tools, "parallel_tool_calls": false,
+			"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "save_reading"}},
+			"messages":    []map[string]any{{"role": "user", "content": "save a reading"}},
+		})
+		if code != http.StatusOK {
+			t.Fatalf("tool seed %d: %d %s", seed, code, body)
+		}
+		var r toolResponse
+		_ = json.Unmarshal(body, &r)
+		ch := r.Choices[0]
+		if len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "save_reading" {
+			t.Fatalf("tool seed %d: %s", seed, body)
+		}
+		args := ch.Message.ToolCalls[0].Function.Arguments
+		if ch.FinishReason != "tool_calls" {
+			if first, ok := jsonPrefix(args); !ok || first != json.Delim('{') {
+				t.Errorf("tool seed %d: finish %q and %q is not the start of an object", seed, ch.FinishReason, args)
+			}
+			continue
+		}
+		ended++
+		validateJSON(t, oracle, args)
+	}
+	t.Logf("%d of 26 ended", ended)
+	if ended < 20 {
+		t.Fatalf("only %d of 26 outputs ended before max_tokens: too few checked against the schema", ended)
 	}
 }

@@ -81,7 +81,7 @@ func TestSchemaGrammarsParseInLlamaCpp(t *testing.T) {
 		`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}}}`,
 		`{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":4}`, `{"type":"string","minLength":3}`,
 		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`,
-		pydanticSchema, `{"type":"object","properties":{"next":{"$ref":"#"}}}`,
+		pydanticSchema, keywordSchema, `{"type":"object","properties":{"next":{"$ref":"#"}}}`,
 		// Definitions named as the primitive and start rules, escaped names.
 		`{"$defs":{"string":{"type":"integer"},"root":{"$ref":"#/$defs/string"},"space":{"type":"array","items":{"$ref":"#/$defs/root"}}},"$ref":"#/$defs/space"}`,
 		`{"type":"array","items":{"anyOf":[{"$ref":"#/$defs/a~1b"},{"$ref":"#/$defs/a%20c"}]},"$defs":{"a/b":{"type":"integer"},"a c":{"type":"null"}}}`} {
