@@ -27,26 +27,47 @@ import (
 // folders).
 //
 // Supported: type (one or a list), properties, required,
-// additionalProperties false (the default, as in llama.cpp), items,
-// minItems, maxItems, enum, const, anyOf, oneOf (treated as anyOf),
-// minLength, maxLength, local $ref with $defs / definitions, and the
-// annotations title, description, default, examples, $schema, $id,
-// $comment, strict and format (JSON Schema 2020-12 treats format as an
-// annotation unless a validator opts in to asserting it; the grammar does
-// not constrain it). A $ref is a JSON pointer fragment ("#/$defs/Item",
-// "#/definitions/Item", "#" or any other "#/…") into its schema resource:
-// the document, or the nearest enclosing schema with an $id (how the
-// engine embeds each tool's parameters in its tool-call schema). Each
-// target becomes one rule, shared by all references to it, so recursive
-// definitions (a pydantic model with a list of itself) give recursive
-// rules, as llama.cpp's _resolve_ref does; only annotations may sit beside
-// a $ref, other keywords there are refused, and a $ref to another document
-// is an *UnsupportedSchemaError. Anything else is refused with
-// an *UnsupportedSchemaError naming the keyword, since a grammar that
-// ignored it would let through values the schema rejects. minLength,
-// maxLength, minItems and maxItems above MaxSchemaRepetition are refused
-// with a *SchemaLimitError: they become GBNF repetitions x{m,n}, and
-// llama.cpp's grammar parser refuses any m or n above that bound.
+// additionalProperties (false, the default beside properties as in
+// llama.cpp; true or a schema: other members, keys none of the
+// properties'), propertyNames (on a map), minProperties/maxProperties
+// where a grammar holds them (object), items, prefixItems, minItems,
+// maxItems, uniqueItems (false; true for at most one item) (array),
+// minLength, maxLength, pattern (string; gbnf_pattern.go), minimum,
+// maximum, exclusiveMinimum, exclusiveMaximum (exact integer ranges;
+// integer bounds on a number), multipleOf 1, enum, const, anyOf, oneOf
+// (treated as anyOf), allOf (its members merged into one schema),
+// local $ref with $defs / definitions, and the annotations title,
+// description, default, examples, $schema, $id, $comment, strict,
+// deprecated, readOnly, writeOnly, discriminator and format (JSON Schema
+// 2020-12 treats format as an annotation unless a validator opts in to
+// asserting it; the grammar does not constrain it). A schema without
+// type that has keywords of one type (minimum, pattern, items, …) is
+// converted as that type. A $ref is a JSON pointer fragment
+// ("#/$defs/Item", "#/definitions/Item", "#" or any other "#/…") into its
+// schema resource: the document, or the nearest enclosing schema with an
+// $id (how the engine embeds each tool's parameters in its tool-call
+// schema). Each target becomes one rule, shared by all references to it,
+// so recursive definitions (a pydantic model with a list of itself) give
+// recursive rules, as llama.cpp's _resolve_ref does; only annotations may
+// sit beside a $ref, other keywords there are refused, and a $ref to
+// another document is an *UnsupportedSchemaError.
+//
+// The rule: a grammar never lets through a value the schema rejects. It
+// may keep to a subset of the valid values, as llama.cpp does (no
+// properties beside the declared ones unless additionalProperties says
+// so, properties in declaration order, at most 16 integer digits, no
+// exponent on a bounded number, a tuple written whole), but what it
+// cannot express exactly is refused: any other keyword, and the cases
+// each function's comment names (uniqueItems true, multipleOf other than
+// 1, a bound with a fraction on a number, a pattern with lookarounds or
+// backreferences, pattern beside minLength/maxLength, counts of distinct
+// keys, an allOf whose members do not merge, constraints beside anyOf or
+// enum), each as an *UnsupportedSchemaError naming the keyword and its
+// JSON pointer; a schema no value satisfies (a minimum above its
+// maximum) is an error too. minLength, maxLength, minItems, maxItems and
+// a map's maxProperties above MaxSchemaRepetition are refused with a
+// *SchemaLimitError: they become GBNF repetitions x{m,n}, and llama.cpp's
+// grammar parser refuses any m or n above that bound.
 
 // UnsupportedSchemaError names a JSON Schema keyword the converter cannot
 // express as a grammar and where it was found (a JSON pointer).
@@ -154,7 +175,8 @@ const pendingRule = ""
 
 // SchemaToGBNF converts a JSON Schema (the subset above) to a GBNF grammar
 // whose start rule is "root". Errors: *UnsupportedSchemaError,
-// *SchemaLimitError, or a schema that is not a JSON object/boolean.
+// *SchemaLimitError, a schema that is not a JSON object/boolean, or one
+// no value satisfies (a minimum above its maximum, say).
 func SchemaToGBNF(schema []byte) (string, error) {
 	if !gjson.ValidBytes(schema) {
 		return "", fmt.Errorf("the schema is not valid JSON")

@@ -119,7 +119,7 @@ func isHex(s string) bool {
 }
 
 // patternRule returns the GBNF of the JSON strings whose text matches the
-// JSON Schema pattern p (the package comment of gbnf_pattern.go).
+// JSON Schema pattern p (the comment at the top of gbnf_pattern.go).
 func (c *schemaConverter) patternRule(p string) (string, error) {
 	src, err := ecmaPattern(p)
 	if err != nil {
