@@ -1144,7 +1144,7 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 	// Without properties, a missing additionalProperties allows any (JSON
 	// Schema's default); beside properties none (llama.cpp's, a subset).
 	additional := ap.Type == gjson.True || ap.IsObject() || !ap.Exists() && !props.Exists()
-	if pn := s.Get("propertyNames"); pn.Exists() && !additional {
+	if pn := s.Get("propertyNames"); pn.Exists() && !additional && pn.Type != gjson.True && !(pn.IsObject() && len(pn.Map()) == 0) {
 		return "", &UnsupportedSchemaError{Keyword: "propertyNames", Pointer: ptr + "/propertyNames", Reason: "only on a map (additionalProperties without properties)"}
 	}
 	if !additional && maxP >= 0 && maxP < len(req) || minP > len(names) && !additional {
