@@ -163,6 +163,8 @@ var keywordCases = []struct {
 		[]string{`[]`, `[1,1]`}, []string{`[1,2,3]`}, nil},
 	{`{"type":"array","items":{"type":"integer"},"uniqueItems":true,"maxItems":1}`,
 		[]string{`[]`, `[4]`}, []string{`[1,2]`}, nil},
+	{`{"type":"string","enum":["ab","abcd",3,"é"],"maxLength":2}`,
+		[]string{`"ab"`, `"é"`}, []string{`"abcd"`, `3`}, nil},
 	{`{"anyOf":[{"type":"integer","minimum":10,"maximum":20},{"type":"null"}],"default":null,"title":"Optional[conint]"}`,
 		[]string{`10`, `20`, `null`}, []string{`9`, `21`, `"x"`}, nil},
 }
