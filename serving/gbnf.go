@@ -3,6 +3,7 @@ package serving
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -36,8 +37,13 @@ import (
 // minLength, maxLength, pattern (string; gbnf_pattern.go), minimum,
 // maximum, exclusiveMinimum, exclusiveMaximum (exact integer ranges;
 // integer bounds on a number), multipleOf 1, enum, const, anyOf, oneOf
-// (treated as anyOf), allOf (its members merged into one schema),
-// local $ref with $defs / definitions, and the annotations title,
+// (treated as anyOf: a value several alternatives take is let through),
+// allOf (its members merged into one schema), keywords beside anyOf or
+// oneOf (merged into each alternative, as allOf merges: JSON Schema's
+// {A, anyOf [B, C]} is exactly anyOf [allOf [A, B], allOf [A, C]]; an
+// alternative no value satisfies is left out, as is an optional property
+// or a type of a type list no value satisfies), local $ref with $defs /
+// definitions, and the annotations title,
 // description, default, examples, $schema, $id, $comment, strict,
 // deprecated, readOnly, writeOnly, discriminator and format (JSON Schema
 // 2020-12 treats format as an annotation unless a validator opts in to
@@ -62,13 +68,16 @@ import (
 // each function's comment names (uniqueItems true, multipleOf other than
 // 1, a bound with a fraction on a number, a pattern with lookarounds or
 // backreferences, pattern beside minLength/maxLength, counts of distinct
-// keys, an allOf whose members do not merge, constraints beside anyOf or
-// enum), each as an *UnsupportedSchemaError naming the keyword and its
-// JSON pointer; a schema no value satisfies (a minimum above its
-// maximum) is an error too. minLength, maxLength, minItems, maxItems and
-// a map's maxProperties above MaxSchemaRepetition are refused with a
-// *SchemaLimitError: they become GBNF repetitions x{m,n}, and llama.cpp's
-// grammar parser refuses any m or n above that bound.
+// keys, an allOf whose members do not merge or an anyOf alternative that
+// does not merge with the keywords beside it, constraints beside enum,
+// more than maxDistributed alternatives from such merges), each as an
+// *UnsupportedSchemaError naming the keyword and its JSON pointer; a
+// schema no value satisfies (a minimum above its maximum, an anyOf none
+// of whose alternatives is left) is an error too. minLength, maxLength,
+// minItems, maxItems and a map's maxProperties above MaxSchemaRepetition
+// are refused with a *SchemaLimitError: they become GBNF repetitions
+// x{m,n}, and llama.cpp's grammar parser refuses any m or n above that
+// bound.
 
 // UnsupportedSchemaError names a JSON Schema keyword the converter cannot
 // express as a grammar and where it was found (a JSON pointer).
@@ -84,6 +93,30 @@ func (e *UnsupportedSchemaError) Error() string {
 		msg += ": " + e.Reason
 	}
 	return msg
+}
+
+// noValueError is a schema, or a part of one every value must satisfy,
+// that no value satisfies (a minimum above its maximum, types that do
+// not meet), or none the grammar writes (a required property outside
+// properties, where the grammar writes only the declared ones): an
+// anyOf/oneOf alternative that is one is left out of the rule.
+type noValueError struct{ msg string }
+
+func (e *noValueError) Error() string { return e.msg }
+
+func noValue(format string, a ...any) error { return &noValueError{fmt.Sprintf(format, a...)} }
+
+// tentatively runs f and, where it fails with a *noValueError, takes back
+// the rules and $ref targets it added, so that a left-out alternative
+// leaves no rule behind (a $ref target's pending rule among them).
+func (c *schemaConverter) tentatively(f func() (string, error)) (string, error) {
+	rules, refs := maps.Clone(c.rules), maps.Clone(c.refs)
+	r, err := f()
+	var nv *noValueError
+	if errors.As(err, &nv) {
+		c.rules, c.refs = rules, refs
+	}
+	return r, err
 }
 
 // MaxSchemaRepetition is the largest minLength, maxLength, minItems or
@@ -159,6 +192,9 @@ type schemaConverter struct {
 	// to its rule; res is the schema resource $refs resolve in.
 	refs map[string]string
 	res  schemaResource
+	// distributed counts the alternatives conjunctions were distributed
+	// into (maxDistributed).
+	distributed int
 }
 
 // schemaResource is a schema document or an embedded schema with an $id:
@@ -445,6 +481,9 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 	if s.Type == gjson.True || (s.IsObject() && len(s.Map()) == 0) {
 		return c.addRule(ruleName, c.primitive("value")), nil
 	}
+	if s.Type == gjson.False {
+		return "", noValue("the schema at %q is false: no value satisfies it", ptr)
+	}
 	if !s.IsObject() {
 		return "", fmt.Errorf("the schema at %q must be an object or true", ptr)
 	}
@@ -474,21 +513,34 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		if !alts.Exists() {
 			key, alts = "oneOf", s.Get("oneOf")
 		}
-		// The alternatives alone make the rule: a keyword beside them
-		// would constrain each, which the rule would not.
-		if bad := beside(s, key); bad != "" {
-			return "", &UnsupportedSchemaError{Keyword: bad, Pointer: ptr + "/" + escapePointer(bad), Reason: "beside " + key + " only annotations may sit (move it into each alternative)"}
+		// Keywords beside the alternatives constrain each: they are
+		// merged into each one (conjunction).
+		if beside(s, key) != "" {
+			return c.conjunction([]allOfMember{{orig: s, res: s, ptr: ptr, origPtr: ptr}}, name, ptr, mergeSite{})
+		}
+		if !alts.IsArray() || len(alts.Array()) == 0 {
+			return "", fmt.Errorf("%s at %q must be a non-empty array", key, ptr)
 		}
 		var parts []string
+		var first error
 		for i, a := range alts.Array() {
-			r, err := c.visit(a, fmt.Sprintf("%s%d", nameOr(name), i), fmt.Sprintf("%s/%s/%d", ptr, key, i))
-			if err != nil {
+			r, err := c.tentatively(func() (string, error) {
+				return c.visit(a, fmt.Sprintf("%s%d", nameOr(name), i), fmt.Sprintf("%s/%s/%d", ptr, key, i))
+			})
+			var nv *noValueError
+			switch {
+			case errors.As(err, &nv):
+				if first == nil {
+					first = err
+				}
+			case err != nil:
 				return "", err
+			default:
+				parts = append(parts, r)
 			}
-			parts = append(parts, r)
 		}
 		if len(parts) == 0 {
-			return "", fmt.Errorf("%s at %q must not be empty", key, ptr)
+			return "", noValue("no value satisfies any alternative of %s at %q (the first: %v)", key, ptr, first)
 		}
 		return c.addRule(ruleName, strings.Join(parts, " | ")), nil
 	}
@@ -516,7 +568,7 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 			}
 		}
 		if len(parts) == 0 {
-			return "", fmt.Errorf("%s at %q: no value is of the schema's type and lengths", key, ptr)
+			return "", noValue("%s at %q: no value is of the schema's type and lengths", key, ptr)
 		}
 		if key == "const" {
 			return c.addRule(ruleName, parts[0]+" space"), nil
@@ -525,17 +577,34 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 	}
 	t := s.Get("type")
 	if t.IsArray() {
+		// One alternative per type; one no value satisfies is left out.
 		var parts []string
+		var first error
 		for i, x := range t.Array() {
 			one, err := withType(s.Raw, x.Str)
 			if err != nil {
 				return "", err
 			}
-			r, err := c.visit(gjson.Parse(one), fmt.Sprintf("%s-%d", ruleName, i), ptr)
-			if err != nil {
+			r, err := c.tentatively(func() (string, error) {
+				return c.visit(gjson.Parse(one), fmt.Sprintf("%s-%d", ruleName, i), ptr)
+			})
+			var nv *noValueError
+			switch {
+			case errors.As(err, &nv):
+				if first == nil {
+					first = err
+				}
+			case err != nil:
 				return "", err
+			default:
+				parts = append(parts, r)
 			}
-			parts = append(parts, r)
+		}
+		if len(parts) == 0 {
+			if first == nil {
+				return "", noValue("type at %q is an empty list: no value satisfies it", ptr)
+			}
+			return "", first
 		}
 		return c.addRule(ruleName, strings.Join(parts, " | ")), nil
 	}
@@ -575,7 +644,7 @@ func bounds(s gjson.Result, minKey, maxKey, ptr string) (lo, hi int, err error) 
 		return 0, 0, err
 	}
 	if hi >= 0 && lo > hi {
-		return 0, 0, fmt.Errorf("%s %d above %s %d at %q: no value satisfies the schema", minKey, lo, maxKey, hi, ptr)
+		return 0, 0, noValue("%s %d above %s %d at %q: no value satisfies the schema", minKey, lo, maxKey, hi, ptr)
 	}
 	return max(lo, 0), hi, nil
 }
@@ -654,7 +723,7 @@ func (c *schemaConverter) array(s gjson.Result, name, ruleName, ptr string) (str
 		thi = 0
 	}
 	if tlo > 0 && thi == 0 {
-		return "", fmt.Errorf("minItems %d at %q: the tuple holds %d items and none may follow", lo, ptr, n)
+		return "", noValue("minItems %d at %q: the tuple holds %d items and none may follow", lo, ptr, n)
 	}
 	if u := s.Get("uniqueItems"); u.Exists() {
 		if !u.IsBool() {
@@ -801,7 +870,9 @@ type objectKV struct {
 // maxProperties from the number of properties hold anyway; a map (no
 // properties, additional ones) takes maxProperties as the bound of its
 // members and minProperties 0 or 1; any other count is refused, since a
-// grammar cannot keep keys distinct.
+// grammar cannot keep keys distinct. An optional property no value
+// satisfies (false, say) is left out; a required one makes the object a
+// *noValueError.
 func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (string, error) {
 	ap := s.Get("additionalProperties")
 	if ap.Exists() && !ap.IsBool() && !ap.IsObject() {
@@ -827,7 +898,18 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 	var names []string
 	props.ForEach(func(k, v gjson.Result) bool {
 		var r string
-		if r, err = c.visit(v, nameOr(name)+"-"+k.Str, ptr+"/properties/"+escapePointer(k.Str)); err != nil {
+		r, err = c.tentatively(func() (string, error) {
+			return c.visit(v, nameOr(name)+"-"+k.Str, ptr+"/properties/"+escapePointer(k.Str))
+		})
+		// A property no value satisfies cannot be present: an optional
+		// one is left out (its key stays a property's, not an
+		// additional one's).
+		if nv := (*noValueError)(nil); errors.As(err, &nv) && !required[k.Str] {
+			err = nil
+			names = append(names, k.Str)
+			return true
+		}
+		if err != nil {
 			return false
 		}
 		kv := objectKV{key: k.Str, rule: c.addRule(nameOr(name)+"-"+k.Str+"-kv", formatLiteral(jsonString(k.Str))+` space ":" space `+r)}
@@ -844,7 +926,7 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 	}
 	for k := range required {
 		if !slices.Contains(names, k) {
-			return "", fmt.Errorf("required property %q at %q is not in properties", k, ptr)
+			return "", noValue("required property %q at %q is not in properties (the grammar writes only the declared ones)", k, ptr)
 		}
 	}
 	// Without properties, a missing additionalProperties allows any (JSON
@@ -854,7 +936,7 @@ func (c *schemaConverter) object(s gjson.Result, name, ruleName, ptr string) (st
 		return "", &UnsupportedSchemaError{Keyword: "propertyNames", Pointer: ptr + "/propertyNames", Reason: "only on a map (additionalProperties without properties)"}
 	}
 	if !additional && maxP >= 0 && maxP < len(req) || minP > len(names) && !additional {
-		return "", fmt.Errorf("minProperties/maxProperties at %q: no object of the properties satisfies them", ptr)
+		return "", noValue("minProperties/maxProperties at %q: no object of the properties satisfies them", ptr)
 	}
 	countErr := func(k string) error {
 		return &UnsupportedSchemaError{Keyword: k, Pointer: ptr + "/" + k, Reason: "a grammar cannot count distinct keys; it holds only up to the required properties (minProperties), from all properties without additional ones (maxProperties), or as the bounds of a map's members (maxProperties, minProperties up to 1)"}
@@ -1006,86 +1088,189 @@ func notStrings(names []string) string {
 	return `"\"" ( ` + visit(root) + ` )` + q + ` "\"" space`
 }
 
-// allOf is a schema with allOf: its members (and its own keywords beside
-// allOf) with $refs followed and nested allOfs flattened, less the ones
-// every value satisfies. One left is converted as it is. Several are
-// merged into one schema keyword by keyword, as llama.cpp merges the
-// properties of allOf's members, but exactly (each keyword is a
-// conjunct): the types intersected (integer within number), of each
+// allOfMember is one conjunct of an allOf: res, the schema with its
+// $refs followed, at ptr; orig, the schema as written (a $ref), at origPtr.
+type allOfMember struct {
+	orig, res    gjson.Result
+	ptr, origPtr string
+}
+
+// mergeSite names, in mergeAllOf's errors, the conjunction merged: an
+// allOf (keyword "allOf" at its pointer), or an anyOf/oneOf alternative
+// with the keywords beside it (keyword "anyOf" at the alternative's
+// pointer); what is its name in a sentence, parts its members'.
+type mergeSite struct {
+	keyword, pointer, what, parts string
+}
+
+// maxDistributed bounds the alternatives a schema's conjunctions are
+// distributed into, all together (each copies the keywords beside its
+// anyOf, so nested distributions multiply; a $ref inlined into its own
+// alternative would recurse without end): beyond it the schema is an
+// *UnsupportedSchemaError.
+const maxDistributed = 1024
+
+// conjuncts appends to ms the conjuncts of the schema x at xptr (orig as
+// written, at origPtr): $refs followed and nested allOfs flattened, less
+// the ones every value satisfies. Errors: an unknown keyword
+// (*UnsupportedSchemaError), a keyword beside a $ref, those of resolve,
+// false (*noValueError), a chain of over 64 $refs and allOfs.
+func (c *schemaConverter) conjuncts(ms []allOfMember, x, orig gjson.Result, xptr, origPtr string, depth int) ([]allOfMember, error) {
+	if depth > 64 {
+		return nil, fmt.Errorf("allOf at %q nests or refers too deep", xptr)
+	}
+	if x.Type == gjson.True || x.IsObject() && beside(x) == "" {
+		return ms, nil
+	}
+	if x.Type == gjson.False {
+		return nil, noValue("the schema at %q is false: no value satisfies it", xptr)
+	}
+	if !x.IsObject() {
+		return nil, fmt.Errorf("the allOf member at %q must be an object or true", xptr)
+	}
+	if bad := unknownKeyword(x); bad != "" {
+		return nil, &UnsupportedSchemaError{Keyword: bad, Pointer: xptr + "/" + escapePointer(bad)}
+	}
+	if ref := x.Get("$ref"); ref.Exists() {
+		if bad := beside(x, "$ref"); bad != "" {
+			return nil, fmt.Errorf("JSON Schema keyword %q at %q sits beside a $ref; only annotations may", bad, xptr+"/"+escapePointer(bad))
+		}
+		target, tptr, _, err := c.resolve(ref, xptr+"/$ref")
+		if err != nil {
+			return nil, err
+		}
+		return c.conjuncts(ms, target, orig, tptr, origPtr, depth+1)
+	}
+	all := x.Get("allOf")
+	if !all.Exists() {
+		return append(ms, allOfMember{orig: orig, res: x, ptr: xptr, origPtr: origPtr}), nil
+	}
+	if !all.IsArray() || len(all.Array()) == 0 {
+		return nil, fmt.Errorf("allOf at %q must be a non-empty array", xptr)
+	}
+	rest, err := withoutKey(x.Raw, "allOf")
+	if err != nil {
+		return nil, err
+	}
+	if ms, err = c.conjuncts(ms, rest, rest, xptr, xptr, depth+1); err != nil {
+		return nil, err
+	}
+	for i, m := range all.Array() {
+		mptr := fmt.Sprintf("%s/allOf/%d", xptr, i)
+		if ms, err = c.conjuncts(ms, m, m, mptr, mptr, depth+1); err != nil {
+			return nil, err
+		}
+	}
+	return ms, nil
+}
+
+// allOf is a schema with allOf: its conjuncts (conjuncts: its members and
+// its own keywords beside allOf) converted as one schema (conjunction).
+func (c *schemaConverter) allOf(s gjson.Result, name, ptr string) (string, error) {
+	ms, err := c.conjuncts(nil, s, s, ptr, ptr, 0)
+	if err != nil {
+		return "", err
+	}
+	site := mergeSite{keyword: "allOf", pointer: ptr + "/allOf", what: fmt.Sprintf("the allOf at %q", ptr), parts: "its members"}
+	return c.conjunction(ms, name, ptr, site)
+}
+
+// conjunction adds the rules of the schema of the values that satisfy
+// every member of ms, under name, and returns the rule to use. No member
+// left: any value; one: converted as it is. A member with anyOf or oneOf
+// (treated as anyOf) beside other members or keywords is distributed, as
+// JSON Schema's semantics have it exactly: allOf [A, {B, anyOf [C1, C2]}]
+// is anyOf [allOf [A, B, C1], allOf [A, B, C2]], each alternative's
+// conjunction converted in turn (its $refs followed), one alternative of
+// the rule each; an alternative no value satisfies (*noValueError, the
+// keywords beside it excluding it, say) is left out, and with none left
+// the conjunction is a *noValueError. Without anyOf, several members are
+// merged keyword by keyword into one schema (mergeAllOf), as llama.cpp
+// merges the properties of allOf's members, but exactly (each keyword is
+// a conjunct): the types intersected (integer within number), of each
 // bound the tightest (minimum, maximum, exclusiveMinimum,
 // exclusiveMaximum, minLength, maxLength, minItems, maxItems,
 // minProperties, maxProperties), uniqueItems if any, const and enum
-// intersected, items as the allOf of the members' items; for objects every
-// property of any member with the allOf of its schemas and of the
+// intersected, items as the allOf of the members' items; for objects
+// every property of any member with the allOf of its schemas and of the
 // additionalProperties schemas of members without it (one a member's
 // additionalProperties false forbids is left out), the required
 // properties of all, and other properties only as every member allows
-// them. pattern, multipleOf and prefixItems in more than one member,
-// anyOf and oneOf in any, are an *UnsupportedSchemaError naming allOf.
-// Errors inside the merged schema point at the allOf's schema.
-func (c *schemaConverter) allOf(s gjson.Result, name, ptr string) (string, error) {
-	type member = struct {
-		orig, res    gjson.Result
-		ptr, origPtr string
-	}
-	var members []member
-	var collect func(x, orig gjson.Result, xptr, origPtr string, depth int) error
-	collect = func(x, orig gjson.Result, xptr, origPtr string, depth int) error {
-		if depth > 64 {
-			return fmt.Errorf("allOf at %q nests or refers too deep", xptr)
+// them. pattern, multipleOf and prefixItems that differ between members
+// are an *UnsupportedSchemaError naming site's keyword and pointer (the
+// allOf, or the anyOf alternative whose merge it is; site zero: the
+// distribution starts at an anyOf with keywords beside it, and each
+// alternative names itself). Errors inside the merged schema point at
+// ptr: the allOf's schema, or the alternative. More than maxDistributed
+// alternatives distributed into in one schema are refused.
+func (c *schemaConverter) conjunction(ms []allOfMember, name, ptr string, site mergeSite) (string, error) {
+	for j, m := range ms {
+		key := "anyOf"
+		alts := m.res.Get(key)
+		if !alts.Exists() {
+			key, alts = "oneOf", m.res.Get("oneOf")
 		}
-		if x.Type == gjson.True || x.IsObject() && beside(x) == "" {
-			return nil
+		if !alts.Exists() || len(ms) == 1 && beside(m.res, key) == "" {
+			continue
 		}
-		if !x.IsObject() {
-			return fmt.Errorf("the allOf member at %q must be an object or true", xptr)
+		if !alts.IsArray() || len(alts.Array()) == 0 {
+			return "", fmt.Errorf("%s at %q must be a non-empty array", key, m.ptr)
 		}
-		if bad := unknownKeyword(x); bad != "" {
-			return &UnsupportedSchemaError{Keyword: bad, Pointer: xptr + "/" + escapePointer(bad)}
-		}
-		if ref := x.Get("$ref"); ref.Exists() {
-			if bad := beside(x, "$ref"); bad != "" {
-				return fmt.Errorf("JSON Schema keyword %q at %q sits beside a $ref; only annotations may", bad, xptr+"/"+escapePointer(bad))
-			}
-			target, tptr, _, err := c.resolve(ref, xptr+"/$ref")
-			if err != nil {
-				return err
-			}
-			return collect(target, orig, tptr, origPtr, depth+1)
-		}
-		all := x.Get("allOf")
-		if !all.Exists() {
-			members = append(members, member{orig: orig, res: x, ptr: xptr, origPtr: origPtr})
-			return nil
-		}
-		if !all.IsArray() || len(all.Array()) == 0 {
-			return fmt.Errorf("allOf at %q must be a non-empty array", xptr)
-		}
-		rest, err := withoutKey(x.Raw, "allOf")
+		rest, err := withoutKey(m.res.Raw, key)
 		if err != nil {
-			return err
+			return "", err
 		}
-		if err := collect(rest, rest, xptr, xptr, depth+1); err != nil {
-			return err
+		head := slices.Clone(ms[:j])
+		if beside(rest) != "" {
+			head = append(head, allOfMember{orig: rest, res: rest, ptr: m.ptr, origPtr: m.ptr})
 		}
-		for i, m := range all.Array() {
-			mptr := fmt.Sprintf("%s/allOf/%d", xptr, i)
-			if err := collect(m, m, mptr, mptr, depth+1); err != nil {
-				return err
+		tail := ms[j+1:]
+		var parts []string
+		var first error
+		for i, a := range alts.Array() {
+			aptr := fmt.Sprintf("%s/%s/%d", m.ptr, key, i)
+			if c.distributed++; c.distributed > maxDistributed {
+				kw, p := site.keyword, site.pointer
+				if kw == "" {
+					kw, p = key, m.ptr+"/"+key
+				}
+				return "", &UnsupportedSchemaError{Keyword: kw, Pointer: p, Reason: fmt.Sprintf("distributed over anyOf/oneOf alternatives the schema gives more than %d alternatives", maxDistributed)}
+			}
+			s := site
+			if s.keyword == "" {
+				s = mergeSite{keyword: key, pointer: aptr, what: fmt.Sprintf("the %s alternative at %q (with the keywords beside %s)", key, aptr, key), parts: "it and the keywords beside " + key}
+			}
+			r, err := c.tentatively(func() (string, error) {
+				ams, err := c.conjuncts(slices.Clone(head), a, a, aptr, aptr, 0)
+				if err != nil {
+					return "", err
+				}
+				return c.conjunction(append(ams, tail...), fmt.Sprintf("%s%d", nameOr(name), i), aptr, s)
+			})
+			var nv *noValueError
+			switch {
+			case errors.As(err, &nv):
+				if first == nil {
+					first = err
+				}
+			case err != nil:
+				return "", err
+			default:
+				parts = append(parts, r)
 			}
 		}
-		return nil
+		if len(parts) == 0 {
+			return "", noValue("no value satisfies any alternative of %s at %q together with the schemas beside it (the first: %v)", key, m.ptr, first)
+		}
+		return c.addRule(nameOr(name), strings.Join(parts, " | ")), nil
 	}
-	if err := collect(s, s, ptr, ptr, 0); err != nil {
-		return "", err
-	}
-	switch len(members) {
+	switch len(ms) {
 	case 0:
 		return c.visit(gjson.Parse(`true`), name, ptr)
 	case 1:
-		return c.visit(members[0].orig, name, members[0].origPtr)
+		return c.visit(ms[0].orig, name, ms[0].origPtr)
 	}
-	merged, err := mergeAllOf(members, ptr)
+	merged, err := mergeAllOf(ms, site)
 	if err != nil {
 		return "", err
 	}
@@ -1100,14 +1285,14 @@ var mergeKeep = map[string]int{
 }
 
 // mergeAllOf is the schema (JSON text) of the values that satisfy every
-// member of members (allOf's doc comment), from the allOf at ptr.
-func mergeAllOf(members []struct {
-	orig, res    gjson.Result
-	ptr, origPtr string
-}, ptr string) (string, error) {
+// member of members (conjunction's doc comment), none with anyOf or
+// oneOf; site names the conjunction in errors. Errors: members no value
+// satisfies together (*noValueError), keywords it cannot merge
+// (*UnsupportedSchemaError naming site's keyword and pointer).
+func mergeAllOf(members []allOfMember, site mergeSite) (string, error) {
 	out := map[string]string{}
 	refuse := func(m string, k string) error {
-		return &UnsupportedSchemaError{Keyword: "allOf", Pointer: ptr + "/allOf", Reason: fmt.Sprintf("its members cannot be merged into one schema: %q at %q", k, m)}
+		return &UnsupportedSchemaError{Keyword: site.keyword, Pointer: site.pointer, Reason: fmt.Sprintf("%s cannot be merged into one schema: %q at %q", site.parts, k, m)}
 	}
 	var types []string
 	typed := false
@@ -1216,8 +1401,11 @@ func mergeAllOf(members []struct {
 		}
 	}
 	if typed && len(types) == 0 || valued && len(values) == 0 {
-		return "", fmt.Errorf("the allOf at %q: no value satisfies all its members (their types or values do not meet)", ptr)
+		return "", noValue("%s: no value satisfies all its members (their types or values do not meet)", site.what)
 	}
+	// Object keywords constrain objects only: where the types leave out
+	// objects, they are no conjunct.
+	objects := !typed || slices.Contains(types, "object")
 	// A property a member lacks is one of its additional properties.
 	dropped := map[string]bool{}
 	for _, m := range members {
@@ -1256,8 +1444,8 @@ func mergeAllOf(members []struct {
 		b.WriteString("{")
 		for _, k := range order {
 			if dropped[k] {
-				if required[k] {
-					return "", fmt.Errorf("the allOf at %q requires %q, which a member's additionalProperties false forbids: no value satisfies it", ptr, k)
+				if required[k] && objects {
+					return "", noValue("%s requires %q, which a member's additionalProperties false forbids: no value satisfies it", site.what, k)
 				}
 				continue
 			}
@@ -1271,8 +1459,8 @@ func mergeAllOf(members []struct {
 	if len(required) > 0 {
 		var rs []string
 		for _, k := range slices.Sorted(maps.Keys(required)) {
-			if !slices.Contains(order, k) {
-				return "", fmt.Errorf("required property %q of the allOf at %q is in no member's properties", k, ptr)
+			if !slices.Contains(order, k) && objects {
+				return "", noValue("required property %q of %s is in no member's properties (the grammar writes only the declared ones)", k, site.what)
 			}
 			rs = append(rs, jsonString(k))
 		}

@@ -89,7 +89,7 @@ func (c *schemaConverter) numeric(s gjson.Result, typ, ruleName, ptr string) (st
 	if minB == nil && exMin == nil && maxB == nil && exMax == nil {
 		return c.addRule(ruleName, c.primitive(typ)), nil
 	}
-	empty := fmt.Errorf("the bounds at %q leave no %s of at most 16 digits", ptr, typ)
+	empty := noValue("the bounds at %q leave no %s of at most 16 digits", ptr, typ)
 	if typ == "integer" {
 		lo, hi := big.NewInt(-gbnfIntCap), big.NewInt(gbnfIntCap)
 		if minB != nil {

@@ -167,6 +167,44 @@ var keywordCases = []struct {
 		[]string{`"ab"`, `"é"`}, []string{`"abcd"`, `3`}, nil},
 	{`{"anyOf":[{"type":"integer","minimum":10,"maximum":20},{"type":"null"}],"default":null,"title":"Optional[conint]"}`,
 		[]string{`10`, `20`, `null`}, []string{`9`, `21`, `"x"`}, nil},
+	// Keywords beside anyOf/oneOf: merged into each alternative.
+	{`{"anyOf":[{"type":"integer"},{"type":"null"}],"minimum":3}`,
+		[]string{`3`, `100`, `null`}, []string{`2`, `-3`, `"x"`, `3.5`}, nil},
+	{`{"type":"integer","anyOf":[{"minimum":0,"maximum":9},{"minimum":100,"maximum":105}]}`,
+		[]string{`0`, `9`, `100`, `105`}, []string{`10`, `99`, `106`, `-1`, `"5"`, `5.5`}, nil},
+	{`{"type":["string","null"],"anyOf":[{"maxLength":2},{"type":"null"}]}`,
+		[]string{`""`, `"ab"`, `null`}, []string{`"abc"`, `1`}, nil},
+	{`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string","maxLength":3}},"anyOf":[{"required":["a"]},{"required":["b"]}]}`,
+		[]string{`{"a":1}`, `{"b":"x"}`, `{"a":1,"b":"x"}`, `{"b":"x","a":1}`}, []string{`{}`, `{"a":"x"}`, `{"b":"long!"}`, `{"a":1,"b":2}`, `[]`},
+		[]string{`{"a":1,"c":1}`}},
+	{`{"type":"object","required":["kind"],"additionalProperties":false,
+	   "properties":{"kind":{"enum":["a","b"]},"n":{"type":"integer","minimum":0,"maximum":9}},
+	   "oneOf":[{"properties":{"kind":{"const":"a"}},"required":["n"]},{"properties":{"kind":{"const":"b"},"n":false}}]}`,
+		[]string{`{"kind":"a","n":3}`, `{"kind":"b"}`}, []string{`{"kind":"a"}`, `{"kind":"b","n":1}`, `{"kind":"c"}`, `{"n":1}`, `{"kind":"a","n":10}`, `{"kind":"a","n":1,"x":1}`}, nil},
+	{`{"type":"string","anyOf":[{"minLength":2},{"pattern":"^x"}]}`,
+		[]string{`"ab"`, `"x"`, `"xyz"`}, []string{`""`, `"a"`, `3`}, nil},
+	{`{"type":"string","maxLength":4,"anyOf":[{"minLength":2},{"enum":["x","toolong",7]}]}`,
+		[]string{`"ab"`, `"abcd"`, `"x"`}, []string{`""`, `"y"`, `"abcde"`, `"toolong"`, `7`}, nil},
+	// The siblings leave no value in two alternatives (a minimum above
+	// the maximum; types that do not meet): they are left out.
+	{`{"type":"integer","minimum":5,"anyOf":[{"maximum":3},{"maximum":10},{"type":"string"}]}`,
+		[]string{`5`, `10`}, []string{`3`, `4`, `11`, `"s"`}, nil},
+	{`{"$defs":{"Small":{"type":"integer","maximum":9},"Name":{"type":"string","pattern":"^[a-z]+$"}},"minimum":0,
+	   "anyOf":[{"$ref":"#/$defs/Small"},{"$ref":"#/$defs/Name"}]}`,
+		[]string{`0`, `9`, `"abc"`}, []string{`-1`, `10`, `"ABC"`, `""`, `null`}, nil},
+	// A recursive model behind a $ref in an alternative: its rule stays shared.
+	{`{"$defs":{"L":{"type":"object","properties":{"v":{"type":"integer"},"next":{"$ref":"#/$defs/L"}}}},
+	   "required":["v"],"anyOf":[{"$ref":"#/$defs/L"},{"type":"null"}]}`,
+		[]string{`{"v":1}`, `{"v":1,"next":{}}`, `{"v":1,"next":{"v":2,"next":{}}}`, `null`}, []string{`{}`, `{"next":{"v":1}}`, `{"v":1,"next":{"v":"x"}}`, `3`}, nil},
+	{`{"allOf":[{"$ref":"#/$defs/Base"},{"anyOf":[{"required":["a"]},{"required":["b"]}]}],
+	   "$defs":{"Base":{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"boolean"}}}}}`,
+		[]string{`{"a":1}`, `{"b":true}`, `{"a":1,"b":false}`}, []string{`{}`, `{"a":true}`, `{"b":1}`}, nil},
+	{`{"type":"integer","anyOf":[{"anyOf":[{"maximum":-5},{"minimum":5}]},{"const":0}]}`,
+		[]string{`-5`, `5`, `0`, `-100`}, []string{`1`, `-4`, `4`, `"0"`}, nil},
+	{`{"type":["integer","null"],"minimum":5,"maximum":4}`,
+		[]string{`null`}, []string{`5`, `4`}, nil},
+	{`{"anyOf":[{"type":"integer","minimum":5,"maximum":4},{"type":"null"},false]}`,
+		[]string{`null`}, []string{`5`, `4`, `0`}, nil},
 }
 
 // TestSchemaKeywordGrammarsAgreeWithTheValidator: for each keyword the
@@ -261,8 +299,12 @@ func TestStillUnsupportedKeywordsAreRefused(t *testing.T) {
 		{`{"type":"object","properties":{"a":{"type":"null"}},"additionalProperties":true,"maxProperties":3}`, "maxProperties", "/maxProperties"},
 		{`{"type":"object","additionalProperties":{"type":"null"},"minProperties":2}`, "minProperties", "/minProperties"},
 		{`{"allOf":[{"type":"string","pattern":"^a"},{"pattern":"b$"}]}`, "allOf", "/allOf"},
-		{`{"allOf":[{"type":"object"},{"anyOf":[{"required":["a"]}]}]}`, "allOf", "/allOf"},
-		{`{"anyOf":[{"type":"integer"},{"type":"null"}],"minimum":3}`, "minimum", "/minimum"},
+		{`{"allOf":[{"type":"string","pattern":"^a"},{"anyOf":[{"pattern":"b$"},{"const":"a"}]}]}`, "allOf", "/allOf"},
+		{`{"type":"string","pattern":"^a","anyOf":[{"pattern":"b$"},{"const":"a"}]}`, "anyOf", "/anyOf/0"},
+		{`{"anyOf":[{"enum":[1,5,200]},{"type":"null"}],"maximum":100}`, "maximum", "/anyOf/0/maximum"},
+		{`{"type":"string","maxLength":3,"oneOf":[{"pattern":"^a"},{"const":"b"}]}`, "maxLength", "/oneOf/0/maxLength"},
+		// $refs inlined into an alternative without end.
+		{`{"$defs":{"A":{"anyOf":[{"type":"string"},{"$ref":"#/$defs/A"}]}},"minLength":1,"allOf":[{"$ref":"#/$defs/A"}]}`, "allOf", "/allOf"},
 		{`{"enum":[1,5,200],"maximum":100}`, "maximum", "/maximum"},
 		{`{"type":"object","patternProperties":{"^x":{}}}`, "patternProperties", "/patternProperties"},
 		{`{"type":"object","properties":{"a":{}},"additionalProperties":true,"propertyNames":{"maxLength":3}}`, "propertyNames", "/propertyNames"},
@@ -281,11 +323,16 @@ func TestStillUnsupportedKeywordsAreRefused(t *testing.T) {
 			t.Errorf("%s: status %d, error %+v; want 400 naming %s at %s", c.schema, code, r.Error, c.keyword, c.pointer)
 		}
 	}
-	// Schemas no value satisfies are refused too, as plain errors.
+	// Schemas no value satisfies are refused too, as plain errors (the
+	// kind an anyOf alternative is left out for).
 	for _, s := range []string{`{"type":"integer","minimum":5,"maximum":4}`, `{"type":"string","minLength":3,"maxLength":2}`,
-		`{"type":"number","exclusiveMinimum":1,"exclusiveMaximum":1}`, `{"type":"array","prefixItems":[{}],"items":false,"minItems":2}`} {
-		if _, err := SchemaToGBNF([]byte(s)); err == nil {
-			t.Errorf("%s: converted, want an error", s)
+		`{"type":"number","exclusiveMinimum":1,"exclusiveMaximum":1}`, `{"type":"array","prefixItems":[{}],"items":false,"minItems":2}`,
+		`{"type":"string","anyOf":[{"type":"integer"},{"minLength":3,"maxLength":2}]}`,
+		`{"type":"object","properties":{"a":{}},"additionalProperties":false,"oneOf":[{"properties":{"b":{}},"required":["b"]}]}`,
+		`{"allOf":[{"type":"integer"},{"anyOf":[{"type":"string"},{"enum":["x",true]}]}]}`} {
+		var nv *noValueError
+		if _, err := SchemaToGBNF([]byte(s)); !errors.As(err, &nv) {
+			t.Errorf("%s: %v, want an error that no value satisfies it", s, err)
 		}
 	}
 }
@@ -385,5 +432,48 @@ func TestKeywordSchemaOutputsValidateFor20Seeds(t *testing.T) {
 	t.Logf("%d of 26 ended", ended)
 	if ended < 20 {
 		t.Fatalf("only %d of 26 outputs ended before max_tokens: too few checked against the schema", ended)
+	}
+}
+
+// TestDistributionOverAnyOfIsBounded: keywords beside anyOf are copied
+// into each alternative, so nested ones multiply: a schema whose
+// conjunctions are distributed into at most maxDistributed alternatives
+// converts (and its grammar agrees with the validator), one level more
+// is an *UnsupportedSchemaError naming anyOf, not an exponential
+// conversion.
+func TestDistributionOverAnyOfIsBounded(t *testing.T) {
+	nested := func(levels int) string {
+		s := `{"type":"null"}`
+		for range levels {
+			s = `{"type":"object","properties":{"p":` + s + `},"anyOf":[{"required":["p"]},{"maxProperties":1}]}`
+		}
+		return s
+	}
+	// Level k is converted once per alternative of the levels above it:
+	// 2 + 4 + … + 2^levels alternatives in all.
+	if n := 1<<10 - 2; n > maxDistributed || 2*n+2 <= maxDistributed {
+		t.Fatalf("the levels below assume %d alternatives fit and %d do not", n, 2*n+2)
+	}
+	gc := newGrammarChecker(t)
+	s := nested(9)
+	gbnf, err := SchemaToGBNF([]byte(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, oracle := gc.grammar(t, gbnf), compileSchema(t, s)
+	deep := strings.Repeat(`{"p":`, 9) + "null" + strings.Repeat("}", 9)
+	for text, want := range map[string]bool{deep: true, `{}`: true, `{"p":{"p":{}}}`: true,
+		strings.Replace(deep, "null", "1", 1): false, `{"p":{"p":{"p":2}}}`: false, `{"p":1}`: false, `[]`: false} {
+		if v := valid(t, oracle, text); v != want {
+			t.Errorf("the validator says %v for %s; the case is wrong", v, text)
+		}
+		if got := gc.accepts(g, text); got != want {
+			t.Errorf("the grammar takes %s: %v, want %v", text, got, want)
+		}
+	}
+	_, err = SchemaToGBNF([]byte(nested(10)))
+	var ue *UnsupportedSchemaError
+	if !errors.As(err, &ue) || ue.Keyword != "anyOf" || !strings.HasSuffix(ue.Pointer, "/anyOf") {
+		t.Errorf("10 levels: %v, want an UnsupportedSchemaError naming an anyOf", err)
 	}
 }
