@@ -81,7 +81,7 @@ func TestSchemaGrammarsParseInLlamaCpp(t *testing.T) {
 		`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}}}`,
 		`{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":4}`, `{"type":"string","minLength":3}`,
 		`{"type":"object","properties":{"we ird/key\"":{"const":"a\\b\n\"c\""}},"required":["we ird/key\""]}`,
-		pydanticSchema, `{"type":"object","properties":{"next":{"$ref":"#"}}}`,
+		pydanticSchema, keywordSchema, `{"type":"object","properties":{"next":{"$ref":"#"}}}`,
 		// Definitions named as the primitive and start rules, escaped names.
 		`{"$defs":{"string":{"type":"integer"},"root":{"$ref":"#/$defs/string"},"space":{"type":"array","items":{"$ref":"#/$defs/root"}}},"$ref":"#/$defs/space"}`,
 		`{"type":"array","items":{"anyOf":[{"$ref":"#/$defs/a~1b"},{"$ref":"#/$defs/a%20c"}]},"$defs":{"a/b":{"type":"integer"},"a c":{"type":"null"}}}`} {
@@ -105,12 +105,13 @@ func TestSchemaGrammarsParseInLlamaCpp(t *testing.T) {
 func TestUnsupportedSchemaKeywordIs400(t *testing.T) {
 	e := newEngine(t, nil)
 	for kw, schema := range map[string]string{
-		"pattern":              `{"type":"object","properties":{"a":{"type":"string","pattern":"^x"}}}`,
-		"$ref":                 `{"type":"object","properties":{"a":{"$ref":"https://example.com/a.json"}}}`,
-		"minimum":              `{"type":"integer","minimum":3}`,
-		"type":                 `{"$ref":"#/$defs/a","type":"string","$defs":{"a":{"type":"string"}}}`,
-		"#/$defs/b":            `{"$ref":"#/$defs/b","$defs":{"a":{"type":"string"}}}`,
-		"additionalProperties": `{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":true}`,
+		"pattern":           `{"type":"object","properties":{"a":{"type":"string","pattern":"^x(?!y)"}}}`,
+		"$ref":              `{"type":"object","properties":{"a":{"$ref":"https://example.com/a.json"}}}`,
+		"minimum":           `{"type":"number","minimum":0.5}`,
+		"type":              `{"$ref":"#/$defs/a","type":"string","$defs":{"a":{"type":"string"}}}`,
+		"#/$defs/b":         `{"$ref":"#/$defs/b","$defs":{"a":{"type":"string"}}}`,
+		"patternProperties": `{"type":"object","properties":{"a":{"type":"string"}},"patternProperties":{"^b":{}}}`,
+		"uniqueItems":       `{"type":"array","uniqueItems":true}`,
 	} {
 		body := map[string]any{"model": "molly-demo", "messages": []map[string]any{{"role": "user", "content": "hi"}},
 			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x", "schema": json.RawMessage(schema)}}}

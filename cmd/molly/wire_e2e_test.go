@@ -380,7 +380,7 @@ func TestWireEveryAnswerIsSpecValid(t *testing.T) {
 			{"POST", "/v1/chat/completions", `{"model":`},
 			{"POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`},
 			{"POST", "/v1/chat/completions", `{"model":"local","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`},
-			{"POST", "/v1/chat/completions", `{"model":"local","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"^a"}}}}`},
+			{"POST", "/v1/chat/completions", `{"model":"local","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array","uniqueItems":true}}}}`},
 			{"GET", "/v1/models/nope", ``},
 			{"POST", "/v1/nothing", `{}`},
 		} {

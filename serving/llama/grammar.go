@@ -69,6 +69,9 @@ func (g *Grammar) Mask(logits, out []float32) {
 // Accept advances the grammar over tok, which must be one Mask allowed.
 func (g *Grammar) Accept(tok int32) { C.llama_sampler_accept(g.p, C.llama_token(tok)) }
 
+// Reset returns the grammar to its start, as NewGrammar made it.
+func (g *Grammar) Reset() { C.llama_sampler_reset(g.p) }
+
 // Close frees the grammar.
 func (g *Grammar) Close() {
 	if g.p != nil {
