@@ -143,19 +143,22 @@ type completionRequest struct {
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	TopK                *int            `json:"top_k"`
-	Seed                *int64          `json:"seed"`
-	Stop                json.RawMessage `json:"stop"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	N                   *int            `json:"n"`
-	Logprobs            json.RawMessage `json:"logprobs"` // chat: bool; completions: int
-	TopLogprobs         *int            `json:"top_logprobs"`
-	Echo                bool            `json:"echo"`
-	Suffix              *string         `json:"suffix"`  // completions: refused unless empty
-	BestOf              *int            `json:"best_of"` // completions: refused above 1
+	Temperature         *float64           `json:"temperature"`
+	TopP                *float64           `json:"top_p"`
+	TopK                *int               `json:"top_k"`
+	Seed                *int64             `json:"seed"`
+	Stop                json.RawMessage    `json:"stop"`
+	MaxTokens           *int               `json:"max_tokens"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens"`
+	N                   *int               `json:"n"`
+	Logprobs            json.RawMessage    `json:"logprobs"` // chat: bool; completions: int
+	TopLogprobs         *int               `json:"top_logprobs"`
+	PresencePenalty     *float64           `json:"presence_penalty"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty"`
+	LogitBias           map[string]float64 `json:"logit_bias"`
+	Echo                bool               `json:"echo"`
+	Suffix              *string            `json:"suffix"`  // completions: refused unless empty
+	BestOf              *int               `json:"best_of"` // completions: refused above 1
 
 	plan     *plan           // chat: how the output is constrained and decoded (tools.go)
 	switched *switchDecision // the reasoning switcher's decision (switcher.go)
@@ -331,6 +334,25 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 		p.TopK = *cr.TopK
 	}
 	p.Seed = cr.Seed
+	// The ranges are openai.ParseRequest's (checked above); a token id
+	// must also be in this model's vocabulary.
+	if cr.PresencePenalty != nil {
+		p.PresencePenalty = *cr.PresencePenalty
+	}
+	if cr.FrequencyPenalty != nil {
+		p.FrequencyPenalty = *cr.FrequencyPenalty
+	}
+	if len(cr.LogitBias) > 0 {
+		p.LogitBias = make(map[int32]float32, len(cr.LogitBias))
+		n := e.model.NVocab()
+		for k, b := range cr.LogitBias {
+			id, err := strconv.Atoi(k)
+			if err != nil || id < 0 || id >= n {
+				return nil, r, badRequest("logit_bias", "logit_bias key %q is not a token id of this model (0 to %d)", k, n-1)
+			}
+			p.LogitBias[int32(id)] = float32(b)
+		}
+	}
 	if len(cr.Stop) > 0 && string(cr.Stop) != "null" {
 		var one string
 		if err := json.Unmarshal(cr.Stop, &one); err == nil {

@@ -255,6 +255,7 @@ func remoteDraftable(body []byte) string {
 // model name and exact usage; no prompt_tokens_details) is written to w
 // and true returned. It returns false, having written nothing, when the
 // request is not drafted: not greedy or not n=1, stop strings, logprobs,
+// logit_bias or penalties,
 // tools, response_format, reasoning or n_chains fields, a model name other
 // than the remote's base, a prompt this engine cannot parse or that does
 // not fit the remote's context, the remote's Info failing or differing from
@@ -282,7 +283,8 @@ func (e *Engine) ServeRemoteDraft(w http.ResponseWriter, r *http.Request, body [
 	}
 	cr, req, err := e.parseRequest(local, true, false)
 	if err != nil || req.N != 1 || req.Adapter != "" || req.Reasoning != nil || cr.chains > 1 ||
-		(cr.plan != nil && (cr.plan.tools || cr.plan.grammar != "")) || len(req.Params.Stop) > 0 || req.Params.Logprobs || req.Params.Temperature != 0 {
+		(cr.plan != nil && (cr.plan.tools || cr.plan.grammar != "")) || len(req.Params.Stop) > 0 || req.Params.Logprobs || req.Params.Temperature != 0 ||
+		req.Params.adjusts() {
 		return decline("")
 	}
 	ctx := r.Context()

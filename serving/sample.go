@@ -27,6 +27,22 @@ type SamplingParams struct {
 	// aside: the trailing whitespace a JSON grammar allows after its root
 	// value is never generated. For grammars whose root is such a value.
 	StopAfterValue bool
+	// LogitBias is added to the logits of its token ids before sampling
+	// (OpenAI's logit_bias, -100 to 100: -100 bans a token, 100 all but
+	// forces it).
+	LogitBias map[int32]float32
+	// PresencePenalty and FrequencyPenalty (-2 to 2) lower the logit of
+	// every token the choice has already generated, by
+	// c·FrequencyPenalty + PresencePenalty for a token generated c > 0
+	// times: OpenAI's formula (platform.openai.com, "Parameter details":
+	// mu[j] − c[j]·alpha_frequency − (c[j] > 0)·alpha_presence). Only the
+	// choice's own output counts, not the prompt.
+	PresencePenalty, FrequencyPenalty float64
+}
+
+// adjusts reports whether p changes logits before sampling.
+func (p SamplingParams) adjusts() bool {
+	return len(p.LogitBias) > 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0
 }
 
 // sampler draws tokens from logits for one choice.
@@ -35,6 +51,15 @@ type sampler struct {
 	rng *rand.Rand
 	idx []int
 	pr  []float64
+	// With p.adjusts(): the tokens drawn so far and their counts, and the
+	// logits adjust changed, to put back.
+	counts map[int32]int
+	saved  []savedLogit
+}
+
+type savedLogit struct {
+	tok int32
+	v   float32
 }
 
 func newSampler(p SamplingParams, choice int) *sampler {
@@ -48,8 +73,48 @@ func newSampler(p SamplingParams, choice int) *sampler {
 }
 
 // sample picks a token id from logits (length n_vocab); it does not modify
-// logits. Order: top-k, temperature, softmax, top-p, draw.
+// logits (the bias and penalties are applied to them and taken back). Order:
+// logit_bias and penalties, top-k, temperature, softmax, top-p, draw.
 func (s *sampler) sample(logits []float32) int32 {
+	if !s.p.adjusts() {
+		return s.draw(logits)
+	}
+	s.adjust(logits)
+	tok := s.draw(logits)
+	for i := len(s.saved) - 1; i >= 0; i-- {
+		logits[s.saved[i].tok] = s.saved[i].v
+	}
+	if s.counts == nil {
+		s.counts = map[int32]int{}
+	}
+	s.counts[tok]++
+	return tok
+}
+
+// adjust applies logit_bias and the penalties to logits, recording in
+// s.saved what it changed (in order, so that putting it back in reverse
+// restores every logit).
+func (s *sampler) adjust(logits []float32) {
+	s.saved = s.saved[:0]
+	for tok, b := range s.p.LogitBias {
+		if tok >= 0 && int(tok) < len(logits) {
+			s.saved = append(s.saved, savedLogit{tok, logits[tok]})
+			logits[tok] += b
+		}
+	}
+	if s.p.PresencePenalty == 0 && s.p.FrequencyPenalty == 0 {
+		return
+	}
+	for tok, c := range s.counts {
+		if int(tok) < len(logits) {
+			s.saved = append(s.saved, savedLogit{tok, logits[tok]})
+			logits[tok] -= float32(float64(c)*s.p.FrequencyPenalty + s.p.PresencePenalty)
+		}
+	}
+}
+
+// draw is sample on logits as they are.
+func (s *sampler) draw(logits []float32) int32 {
 	if s.p.Temperature <= 0 {
 		return argmax(logits)
 	}

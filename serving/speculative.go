@@ -164,12 +164,12 @@ func sameVocab(a, b *llama.Model) error {
 }
 
 // speculates reports whether r takes the speculative path: one choice,
-// base model, no grammar, stop strings, logprobs or reasoning; greedy or
-// sampled.
+// base model, no grammar, stop strings, logprobs, reasoning, logit_bias or
+// penalties; greedy or sampled.
 func (e *Engine) speculates(r Request) bool {
 	p := r.Params
 	return e.spec != nil && r.N == 1 && r.Adapter == "" && r.Reasoning == nil &&
-		p.Grammar == "" && !p.StopAfterValue && len(p.Stop) == 0 && !p.Logprobs
+		p.Grammar == "" && !p.StopAfterValue && len(p.Stop) == 0 && !p.Logprobs && !p.adjusts()
 }
 
 // generateSpeculative runs r on the speculative path; the caller holds

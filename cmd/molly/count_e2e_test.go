@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/serving/gguf"
 )
 
 // For a model only the T0 engine serves, /v1/messages/count_tokens is the
@@ -62,4 +64,54 @@ func TestCountTokensOnTheEngineIsTheMessagesUsage(t *testing.T) {
 	if window, _ := strconv.ParseInt(string(m[1]), 10, 64); count <= window {
 		t.Errorf("count_tokens %d for a prompt the %d-token window cannot hold", count, window)
 	}
+}
+
+// Sampling parameters reach the T0 engine through the gateway: logit_bias
+// +100 on the token a greedy answer starts with keeps the answer on that
+// token (every token of it the same, as its logprobs show), and -100 on it
+// moves the first token to the unbiased runner-up.
+func TestLogitBiasReachesTheEngine(t *testing.T) {
+	g := startEngineMolly(t, "tiny", 2048, "")
+	ask := func(bias string) []gjson.Result {
+		t.Helper()
+		body := `{"model":"chat","temperature":0,"max_tokens":4,"logprobs":true,"top_logprobs":2,"messages":[{"role":"user","content":"say anything"}]` + bias + `}`
+		resp, b := do(t, g, "POST", "/v1/chat/completions", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+		}
+		return gjson.GetBytes(b, "choices.0.logprobs.content").Array()
+	}
+	plain := ask("")
+	if len(plain) != 4 {
+		t.Fatalf("%d logprobs", len(plain))
+	}
+	// The id comes from the demo vocabulary (a token per byte).
+	first := plain[0].Get("token").String()
+	id, ok := demoTokenID(t, first)
+	if !ok {
+		t.Fatalf("the first token %q is not a single demo-vocabulary piece", first)
+	}
+	forced := ask(`,"logit_bias":{"` + strconv.Itoa(id) + `":100}`)
+	for i, c := range forced {
+		if c.Get("token").String() != first {
+			t.Errorf("with +100 on %q, token %d is %q", first, i, c.Get("token").String())
+		}
+	}
+	banned := ask(`,"logit_bias":{"` + strconv.Itoa(id) + `":-100}`)
+	if got, want := banned[0].Get("token").String(), plain[0].Get("top_logprobs.1.token").String(); got != want {
+		t.Errorf("with -100 on %q the first token is %q, want the runner-up %q", first, got, want)
+	}
+}
+
+// demoTokenID is the id of a one-byte token text in the demo vocabulary
+// (gguf.Vocab: a byte token per byte, and "▁" for a space).
+func demoTokenID(t *testing.T, text string) (int, bool) {
+	t.Helper()
+	switch {
+	case text == " ":
+		return gguf.TokenSpace, true
+	case len(text) == 1:
+		return gguf.TokenByte0 + int(text[0]), true
+	}
+	return 0, false
 }
