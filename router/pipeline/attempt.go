@@ -36,6 +36,7 @@ const (
 	failBadAnswer   failure = "bad_answer"   // a 200 that is not JSON, or not SSE when streaming was asked
 	failEmptyStream failure = "empty_stream" // a stream that ended before its first content event
 	failClientGone  failure = "client_gone"  // the client went away: nothing to answer
+	failContext     failure = "context"      // a 400 saying the prompt exceeds the target's context window (single falls back)
 )
 
 // outcome is one attempt: an answer in hand (whole or a stream held before
