@@ -20,6 +20,10 @@ import (
 //     tool_calls (the input as JSON arguments), a user's tool_result blocks
 //     tool messages (before the rest of that user turn), is_error results
 //     prefixed "Error: "; thinking blocks of earlier turns are skipped;
+//   - thinking {"type": "enabled"} returns the answer's reasoning (a chat
+//     answer's reasoning_content) as a thinking block, first, with an empty
+//     signature; budget_tokens is not sent on (chat completions has no
+//     such field: a reasoning target's own budget applies);
 //   - tools (name, description, input_schema) become function tools;
 //     tool_choice auto, any, tool and none become auto, required, the named
 //     function and none, disable_parallel_tool_use parallel_tool_calls
@@ -41,6 +45,13 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 		return nil, nil, aerr
 	}
 	t := &Translation{API: APIMessages, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root}
+	switch th := root.Get("thinking"); {
+	case !th.Exists() || th.Type == gjson.Null:
+	case !th.IsObject() || th.Get("type").Type != gjson.String:
+		return nil, nil, openai.WrongType("thinking", `an object with a type ("enabled" or "disabled")`, th)
+	default:
+		t.thinking = th.Get("type").Str == "enabled"
+	}
 	chat := map[string]any{"model": t.Model}
 	mt := root.Get("max_tokens")
 	if n, err := strconv.Atoi(mt.Raw); mt.Type != gjson.Number || err != nil || n < 1 {
@@ -271,6 +282,11 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 	ch := root.Get("choices.0")
 	msg := ch.Get("message")
 	content := []any{}
+	if r := reasoningOf(msg); t.thinking && r != "" {
+		// Molly cannot sign it as Anthropic does: the signature is empty
+		// (a thinking block sent back in a later turn is skipped anyway).
+		content = append(content, map[string]any{"type": "thinking", "thinking": r, "signature": ""})
+	}
 	if c := msg.Get("content"); c.Type == gjson.String && c.Str != "" {
 		content = append(content, map[string]any{"type": "text", "text": c.Str})
 	}
@@ -289,6 +305,19 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 	})
 }
 
+// reasoningOf is a chat message's or delta's reasoning text: its
+// reasoning_content (Molly's engine, DeepSeek, vLLM) or reasoning (as some
+// OpenAI-compatible servers name it); "" for none.
+func reasoningOf(m gjson.Result) string {
+	if r := m.Get("reasoning_content"); r.Type == gjson.String {
+		return r.Str
+	}
+	if r := m.Get("reasoning"); r.Type == gjson.String {
+		return r.Str
+	}
+	return ""
+}
+
 // messageError is Anthropic's error body for an OpenAI error answer.
 func messageError(status int, body []byte) []byte {
 	msg := gjson.GetBytes(body, "error.message").Str
@@ -303,9 +332,9 @@ func messageError(status int, body []byte) []byte {
 
 // messagesStream turns a chat completion stream into Anthropic's:
 // message_start, then per content block content_block_start,
-// content_block_delta (text_delta, input_json_delta)… and
-// content_block_stop, then message_delta (stop_reason and the usage) and
-// message_stop.
+// content_block_delta (thinking_delta and a closing signature_delta,
+// text_delta, input_json_delta)… and content_block_stop, then
+// message_delta (stop_reason and the usage) and message_stop.
 //
 // Usage follows Anthropic's streaming reference: message_start carries a
 // Message whose usage is what is known when it is sent, and message_delta's
@@ -326,7 +355,7 @@ type messagesStream struct {
 	id      string
 	block   int           // the open block's index, -1 for none
 	next    int           // the next block index
-	kind    string        // "text" or "tool_use": the open block
+	kind    string        // "thinking", "text" or "tool_use": the open block
 	calls   map[int64]int // chat tool-call index → block index
 	finish  string
 	usage   gjson.Result
@@ -362,6 +391,10 @@ func (s *messagesStream) stopBlock(out []byte) []byte {
 	if s.block < 0 {
 		return out
 	}
+	if s.kind == "thinking" {
+		// A thinking block ends with its signature (empty: see messageFromChat).
+		out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "signature_delta", "signature": ""}})
+	}
 	out = s.emit(out, "content_block_stop", map[string]any{"index": s.block})
 	s.block, s.kind = -1, ""
 	return out
@@ -388,6 +421,15 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	}
 	ch := root.Get("choices.0")
 	d := ch.Get("delta")
+	if r := reasoningOf(d); s.t.thinking && r != "" {
+		if s.kind != "thinking" {
+			out = s.stopBlock(out)
+			s.block, s.kind = s.next, "thinking"
+			s.next++
+			out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{"type": "thinking", "thinking": "", "signature": ""}})
+		}
+		out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "thinking_delta", "thinking": r}})
+	}
 	for _, f := range []string{"content", "refusal"} {
 		if c := d.Get(f); c.Type == gjson.String && c.Str != "" {
 			if s.kind != "text" {

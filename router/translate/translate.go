@@ -86,6 +86,11 @@ type Translation struct {
 	// logprobs: include lists message.output_text.logprobs, so output_text
 	// parts carry the chat answer's token logprobs.
 	logprobs bool
+
+	// Messages API: thinking is enabled ("thinking": {"type": "enabled"}),
+	// so the answer's reasoning (a chat answer's reasoning_content) is
+	// returned as a thinking block.
+	thinking bool
 }
 
 // ResponseID is the id of the Response being made ("" for Messages).

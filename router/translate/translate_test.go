@@ -815,3 +815,72 @@ func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
 		}
 	}
 }
+
+// With thinking enabled, the answer's reasoning comes first as a thinking
+// block — whole (type, thinking, signature) and streamed in the event
+// sequence of Anthropic's extended-thinking streaming reference
+// (content_block_start of a thinking block, thinking_delta events, one
+// signature_delta, content_block_stop, then the text block). Without it,
+// the reasoning is not returned; a thinking of the wrong type is a 400.
+func TestMessagesThinking(t *testing.T) {
+	const answer = `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","reasoning_content":"Two and two.","content":"Four."}}],"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}`
+	for _, enabled := range []bool{true, false} {
+		req := `{"model":"m","max_tokens":2048,"messages":[{"role":"user","content":"2+2?"}]`
+		if enabled {
+			req += `,"thinking":{"type":"enabled","budget_tokens":1024}`
+		} else {
+			req += `,"thinking":{"type":"disabled"}`
+		}
+		_, tr, aerr := FromMessages([]byte(req + `}`))
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		got := gjson.ParseBytes(serve(t, APIMessages, tr, writeJSON(200, answer)).Body.Bytes())
+		if enabled {
+			if got.Get("content.#").Int() != 2 || got.Get("content.0.type").Str != "thinking" || got.Get("content.0.thinking").Str != "Two and two." ||
+				got.Get("content.0.signature").Type != gjson.String || got.Get("content.1.type").Str != "text" || got.Get("content.1.text").Str != "Four." {
+				t.Fatalf("thinking enabled: %s", got.Raw)
+			}
+		} else if got.Get("content.#").Int() != 1 || got.Get("content.0.text").Str != "Four." {
+			t.Fatalf("thinking disabled: %s", got.Raw)
+		}
+	}
+
+	_, tr, aerr := FromMessages([]byte(`{"model":"m","max_tokens":2048,"stream":true,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"2+2?"}]}`))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	chunk := func(delta, finish string) string {
+		return `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}`
+	}
+	evs := events(t, serve(t, APIMessages, tr, writeSSE(chunk(`{"role":"assistant","reasoning_content":"Two "}`, "null"),
+		chunk(`{"reasoning_content":"and two."}`, "null"), chunk(`{"content":"Four."}`, "null"), chunk(`{}`, `"stop"`), `[DONE]`)).Body.Bytes())
+	var seq []string
+	thinking := ""
+	for _, ev := range evs {
+		d := gjson.ParseBytes(ev.Data)
+		step := ev.Type
+		switch ev.Type {
+		case "content_block_start":
+			step += ":" + d.Get("content_block.type").Str + ":" + d.Get("index").Raw
+		case "content_block_delta":
+			step += ":" + d.Get("delta.type").Str + ":" + d.Get("index").Raw
+			thinking += d.Get("delta.thinking").Str
+		case "content_block_stop":
+			step += ":" + d.Get("index").Raw
+		}
+		if n := len(seq); n > 0 && seq[n-1] == step {
+			continue // deltas of one kind in a row are one step
+		}
+		seq = append(seq, step)
+	}
+	want := []string{"message_start", "content_block_start:thinking:0", "content_block_delta:thinking_delta:0", "content_block_delta:signature_delta:0",
+		"content_block_stop:0", "content_block_start:text:1", "content_block_delta:text_delta:1", "content_block_stop:1", "message_delta", "message_stop"}
+	if !reflect.DeepEqual(seq, want) || thinking != "Two and two." {
+		t.Fatalf("events %v (thinking %q)\nwant   %v", seq, thinking, want)
+	}
+
+	if _, _, aerr := FromMessages([]byte(`{"model":"m","max_tokens":5,"thinking":"yes","messages":[{"role":"user","content":"hi"}]}`)); aerr == nil || aerr.Param != "thinking" {
+		t.Fatalf("a string thinking: %v", aerr)
+	}
+}
