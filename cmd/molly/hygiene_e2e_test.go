@@ -2,15 +2,18 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +264,120 @@ func TestAccessLogsHoldNoCredentials(t *testing.T) {
 		if !strings.Contains(logged, want) {
 			t.Errorf("the access log lacks %s:\n%s", want, logged)
 		}
+	}
+}
+
+// TestAnUpstreamEchoingItsKeyRevealsItToNoClient: an external API (or a
+// proxy before it) that echoes the Authorization header it got — in a 400
+// error object, a 401 of plain text, a 500, a header, an answer's text and
+// a stream's chunk whose bytes arrive in two writes — never gives a client or a log the target's key: the
+// client sees REDACTED where the key was. The upstream checks it was sent
+// the key, so the echo is real.
+func TestAnUpstreamEchoingItsKeyRevealsItToNoClient(t *testing.T) {
+	const key = "sk-echoed-upstream-secret-0042"
+	var sawKey atomic.Int32
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		auth := r.Header.Get("Authorization")
+		if auth == "Bearer "+key {
+			sawKey.Add(1)
+		}
+		w.Header().Set("X-Echo", auth)
+		prompt := gjson.GetBytes(b, "messages.0.content").Str
+		switch {
+		case strings.Contains(prompt, "E400"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(400)
+			fmt.Fprintf(w, `{"error":{"message":"Incorrect API key provided: %s","type":"invalid_request_error"}}`, auth)
+		case strings.Contains(prompt, "E401"):
+			w.WriteHeader(401)
+			fmt.Fprintf(w, `you sent Authorization: %s`, auth)
+		case strings.Contains(prompt, "E500"):
+			w.WriteHeader(500)
+			fmt.Fprintf(w, `{"error":"proxy failed with header %s"}`, auth)
+		case gjson.GetBytes(b, "stream").Bool():
+			w.Header().Set("Content-Type", "text/event-stream")
+			// an event holding the key, its bytes split across two writes
+			c, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": "echo " + auth}}}})
+			event := "data: " + string(c) + "\n\n"
+			at := strings.Index(event, key) + 10
+			fmt.Fprint(w, event[:at])
+			w.(http.Flusher).Flush()
+			fmt.Fprint(w, event[at:])
+			w.(http.Flusher).Flush()
+			fmt.Fprint(w, `data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			c, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant", "content": "echo " + auth}}},
+				"usage": map[string]any{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+			w.Write(c)
+		}
+	}))
+	t.Cleanup(echo.Close)
+	logFile := filepath.Join(t.TempDir(), "access.log")
+	g := startMollyEnv(t, `{
+	admin `+adminSocket(t)+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		target ext {
+			tier T3
+			endpoint `+echo.URL+`/v1
+			models chat=m
+			api_key_env MOLLY_ECHO_KEY
+			outlier_detection off
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	log {
+		output file `+logFile+`
+		format molly
+	}
+	molly_classify
+	molly_policy
+	molly_route
+}
+`, []string{"MOLLY_ECHO_KEY=" + key})
+	cases := []struct {
+		prompt string
+		stream bool
+		status int
+	}{{"hello E400", false, 400}, {"hello E401", false, 401}, {"hello E500", false, 503}, {"hello", false, 200}, {"hello", true, 200}}
+	for _, c := range cases {
+		body := fmt.Sprintf(`{"model":"chat","max_tokens":4,"stream":%v,"messages":[{"role":"user","content":%q}]}`, c.stream, c.prompt)
+		resp, err := http.Post(g.URL+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("%s (stream %v): %d %s, want %d", c.prompt, c.stream, resp.StatusCode, out, c.status)
+		}
+		var head strings.Builder
+		resp.Header.Write(&head)
+		if strings.Contains(string(out)+head.String(), key) {
+			t.Errorf("%s (stream %v): the client got the upstream's key:\n%s\n%s", c.prompt, c.stream, head.String(), out)
+		}
+		if c.status != 503 && !strings.Contains(string(out), "REDACTED") {
+			t.Errorf("%s (stream %v): the echo is not in the answer as REDACTED: %s", c.prompt, c.stream, out)
+		}
+	}
+	if int(sawKey.Load()) != len(cases) {
+		t.Fatalf("the upstream was sent its key %d times, want %d", sawKey.Load(), len(cases))
+	}
+	var logged string
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(logged, `"uri":"/v1/chat/completions"`) < len(cases); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(logFile)
+		logged = string(b)
+		if time.Now().After(deadline) {
+			t.Fatalf("the requests are not in the access log:\n%s", logged)
+		}
+	}
+	if strings.Contains(logged, key) || strings.Contains(g.logs.String(), key) {
+		t.Errorf("a log holds the upstream's key")
 	}
 }
