@@ -395,7 +395,9 @@ func askShape(c *openai.Client, completions bool, prompt string, n, maxTokens in
 // spends all it may: a completions prompt array (one completion per
 // prompt, as OpenAI's API and vLLM make), an array of token-id prompts, a
 // chat request setting both max_completion_tokens and a larger max_tokens
-// (an upstream may read either), and embeddings of an input array. What the
+// (an upstream may read either), embeddings of an input array, and a chat
+// request with a PDF file part (whose base64 the upstream counts a token a
+// byte, as the worst tokenizer reads the JSON it got). What the
 // upstream answered, at the target's prices, never exceeds the member's
 // budget, and each member got an answer before its 429 insufficient_quota.
 func TestBatchShapesReserveEveryAnswer(t *testing.T) {
@@ -410,6 +412,7 @@ func TestBatchShapesReserveEveryAnswer(t *testing.T) {
 			tier T1
 			endpoint `+up.URL()+`
 			models chat=m davinci=m emb=m
+			modalities text image file
 			price 100 100
 			outlier_detection off
 		}
@@ -434,6 +437,9 @@ http://127.0.0.1:{PORT} {
 	for range 30 {
 		inputs = append(inputs, "frank: some text")
 	}
+	// a PDF's base64: providers read its pages' text and images, a token
+	// or more per byte of it
+	pdf := strings.Repeat("JVBERi0xLjcKJcfs", 375)
 	shapes := []struct {
 		member string
 		budget float64
@@ -445,6 +451,9 @@ http://127.0.0.1:{PORT} {
 		{"erin", 0.06, "/chat/completions", map[string]any{"model": "chat", "max_completion_tokens": 1, "max_tokens": 400,
 			"messages": []any{map[string]any{"role": "user", "content": "erin: hi"}}}},
 		{"frank", 0.15, "/embeddings", map[string]any{"model": "emb", "input": inputs, "user": "frank"}},
+		{"gina", 1.0, "/chat/completions", map[string]any{"model": "chat", "max_tokens": 10, "user": "gina",
+			"messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": "gina: summarise"},
+				map[string]any{"type": "file", "file": map[string]any{"filename": "report.pdf", "file_data": "data:application/pdf;base64," + pdf}}}}}}},
 	}
 	for _, s := range shapes {
 		t.Run(s.member, func(t *testing.T) {
