@@ -311,7 +311,7 @@ func TestAnUpstreamEchoingItsKeyRevealsItToNoClient(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			c, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion", "created": 1, "model": "m",
 				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant", "content": "echo " + auth}}},
-				"usage": map[string]any{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+				"usage":   map[string]any{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 			w.Write(c)
 		}
 	}))

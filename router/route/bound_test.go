@@ -94,7 +94,9 @@ func TestPromptBoundCountsFilesAndLongAudio(t *testing.T) {
 				return len(body) - len(data) + classify.BoundPerMedia + len(data)/classify.BoundAudioBytesPerToken
 			}},
 		{"an image", `{"type":"image_url","image_url":{"url":"data:image/png;base64,` + data + `"}}`,
-			func(body string) int { return len(body) - len("data:image/png;base64,") - len(data) + classify.BoundPerMedia }},
+			func(body string) int {
+				return len(body) - len("data:image/png;base64,") - len(data) + classify.BoundPerMedia
+			}},
 	} {
 		body := `{"model":"m","messages":[{"role":"user","content":[` + c.part + `]}]}`
 		a, err := cls.Classify(classify.Input{Endpoint: openai.EndpointChat, Body: []byte(body)})
