@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -379,5 +380,95 @@ http://127.0.0.1:{PORT} {
 	}
 	if strings.Contains(logged, key) || strings.Contains(g.logs.String(), key) {
 		t.Errorf("a log holds the upstream's key")
+	}
+}
+
+// TestAClientThatLeavesAWholeAnswerIsBilledWhatTheUpstreamReports: a
+// provider generates, and bills, a non-streamed answer whether or not the
+// client still waits for it. A client that goes away after its request
+// reached the upstream (and before the answer, which takes the model two
+// seconds) is billed the usage the upstream reports — prompt and
+// completion tokens, not an estimate — so leaving early is not a way to
+// spend past a budget.
+func TestAClientThatLeavesAWholeAnswerIsBilledWhatTheUpstreamReports(t *testing.T) {
+	got, done := make(chan struct{}, 1), make(chan bool, 1)
+	var billedPrompt, billedCompletion atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		prompt := int64(len(gjson.GetBytes(b, "messages.0.content").Str))
+		completion := gjson.GetBytes(b, "max_tokens").Int()
+		// The provider's bill: the request was accepted and is generated.
+		billedPrompt.Store(prompt)
+		billedCompletion.Store(completion)
+		got <- struct{}{}
+		canceled := false
+		select {
+		case <-r.Context().Done():
+			canceled = true
+		case <-time.After(2 * time.Second): // the model's generation time
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"length","message":{"role":"assistant","content":"word"}}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
+			prompt, completion, prompt+completion)
+		done <- canceled
+	}))
+	t.Cleanup(up.Close)
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+up.URL+`/v1
+			models chat=m
+			price 100 100
+			outlier_detection off
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth {
+		anonymous guest
+	}
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		// 请 is three bytes and about a third of a token by Molly's estimate.
+		body := `{"model":"chat","max_tokens":700,"messages":[{"role":"user","content":"` + strings.Repeat("请联系客服", 40) + `"}]}`
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.URL+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-got
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the client got an answer before it left")
+	}
+	canceled := <-done
+	var s usageSummary
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		s = usageOf(t, admin, "guest")
+		if s.Requests > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if s.Requests != 1 || len(s.Recent) != 1 {
+		t.Fatalf("%d records for the request that left (upstream call canceled: %v), want 1: %+v", s.Requests, canceled, s)
+	}
+	r := s.Recent[0]
+	if r.PromptTokens != int(billedPrompt.Load()) || r.CompletionTokens != int(billedCompletion.Load()) || r.Estimated {
+		t.Errorf("billed %d prompt + %d completion tokens (estimated %v; upstream call canceled: %v); the upstream billed %d + %d",
+			r.PromptTokens, r.CompletionTokens, r.Estimated, canceled, billedPrompt.Load(), billedCompletion.Load())
 	}
 }
