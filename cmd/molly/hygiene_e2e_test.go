@@ -472,3 +472,51 @@ http://127.0.0.1:{PORT} {
 			r.PromptTokens, r.CompletionTokens, r.Estimated, canceled, billedPrompt.Load(), billedCompletion.Load())
 	}
 }
+
+// TestAHandlerFailureLogsNoCredentials: when a Molly handler cannot serve
+// a request (here molly_route without molly_classify before it, as a
+// misordered config has it), the client gets a 500 server_error in
+// OpenAI's shape and the log says why — without the request's X-Api-Key or
+// api_key= (Caddy's error log, which Molly's failures no longer go to,
+// prints both as they came when the default log is not Molly's encoder).
+func TestAHandlerFailureLogsNoCredentials(t *testing.T) {
+	g := startMolly(t, `{
+	admin `+adminSocket(t)+`|0600
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:{PORT} {
+	handle /v1/models {
+		molly_classify
+		molly_policy
+		molly_route
+	}
+	handle {
+		molly_route
+	}
+}
+`)
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/chat/completions?api_key=query-secret-0007", strings.NewReader(`{"model":"chat","messages":[]}`))
+	req.Header.Set("X-Api-Key", "header-secret-0008")
+	req.Header.Set("X-Request-Id", "req-misordered")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !g.waitLogs(regexp.MustCompile(`req-misordered`)) {
+		t.Fatalf("the failure is not logged:\n%s", g.logs.String())
+	}
+	for _, s := range []string{"query-secret-0007", "header-secret-0008"} {
+		if strings.Contains(g.logs.String(), s) {
+			t.Errorf("the log holds %s:\n%s", s, g.logs.String())
+		}
+	}
+	if !regexp.MustCompile(`request not served.*req-misordered.*put molly_classify and molly_policy before molly_route`).MatchString(g.logs.String()) {
+		t.Errorf("no log line says why the request was not served:\n%s", g.logs.String())
+	}
+	if resp.StatusCode != 500 || gjson.GetBytes(b, "error.type").Str != "server_error" {
+		t.Errorf("a misordered chain answered %d %s, want a 500 server_error", resp.StatusCode, b)
+	}
+}
