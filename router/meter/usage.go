@@ -229,8 +229,9 @@ func (m *Meter) strip1(root gjson.Result, data []byte) ([]byte, bool) {
 
 // StreamEnd records a stream's usage: the upstream's usage chunks when
 // there were any, else a count over the streamed text (the estimate of the
-// text, or the number of choice deltas that carried text if that is more). Called before [DONE]
-// is written, and again (a no-op) when the relay returns however it ends.
+// text, or the number of choice deltas that carried text if that is
+// more). Called before [DONE] is written, and again (a no-op) when the
+// relay returns however it ends.
 func (m *Meter) StreamEnd() {
 	if m == nil || m.recorded {
 		return

@@ -87,8 +87,8 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 // tokens, returned or not), reading a non-streamed answer to its end even
 // when the client went away after it was sent, and bills the prompt
 // estimate when a client went away after the upstream got the request and
-// no usage came (never before: see egress.Dispatch.Delivery). attempt (health.go) wraps it with the
-// target's circuit.
+// no usage came (never before: see egress.Dispatch.Delivery). attempt
+// (health.go) wraps it with the target's circuit.
 func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
 	ctx, span := startAttempt(rq, c)
 	defer func() { endAttempt(span, &o) }()
