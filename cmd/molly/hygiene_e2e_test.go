@@ -384,8 +384,9 @@ http://127.0.0.1:{PORT} {
 }
 
 // TestAClientThatLeavesAWholeAnswerIsBilledWhatTheUpstreamReports: a
-// provider generates, and bills, a non-streamed answer whether or not the
-// client still waits for it. A client that goes away after its request
+// provider (a priced target) generates, and bills, a non-streamed answer
+// whether or not the client still waits for it. A client that goes away
+// after its request
 // reached the upstream (and before the answer, which takes the model two
 // seconds) is billed the usage the upstream reports — prompt and
 // completion tokens, not an estimate — so leaving early is not a way to
