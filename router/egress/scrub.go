@@ -89,3 +89,36 @@ func heldPrefix(data, key []byte) int {
 	}
 	return 0
 }
+
+// The same scrubbing for a data plane that carries the answer itself
+// (Envoy, through pipeline.Carried): the answer's header, a whole body and
+// a streamed body, each without copies of the dispatch's target key.
+
+// ScrubHeader replaces the target's key in h's values, in place.
+func (d *Dispatch) ScrubHeader(h http.Header) {
+	scrubKey(&http.Response{Header: h}, d.key())
+}
+
+// ScrubAnswer returns body with every copy of the target's key replaced.
+func (d *Dispatch) ScrubAnswer(body []byte) []byte {
+	if k := d.key(); len(k) >= MinScrubbedKey {
+		return bytes.ReplaceAll(body, []byte(k), scrubbedKey)
+	}
+	return body
+}
+
+// ScrubReader reads rc with every copy of the target's key replaced,
+// including one cut across reads (keyScrubber).
+func (d *Dispatch) ScrubReader(rc io.ReadCloser) io.ReadCloser {
+	if k := d.key(); len(k) >= MinScrubbedKey {
+		return &keyScrubber{rc: rc, key: []byte(k)}
+	}
+	return rc
+}
+
+func (d *Dispatch) key() string {
+	if u, ok := d.egress.clients[d.target.Name]; ok {
+		return u.apiKey
+	}
+	return ""
+}
