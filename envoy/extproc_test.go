@@ -312,3 +312,38 @@ func TestPolicyPointBillsAClientThatResetsMidStream(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestPolicyPointScrubsTheTargetsKeyFromAnswers: an answer that holds the
+// target's API key — here the echo of a prompt holding it, as an upstream
+// echoing its Authorization header gives — reaches the client with
+// REDACTED in its place through the policy point too, whole or streamed in
+// pieces cut anywhere; the upstream was sent the key.
+func TestPolicyPointScrubsTheTargetsKeyFromAnswers(t *testing.T) {
+	const key = "plainwordslanupstreamkey"
+	t.Setenv("MOLLY_TEST_LAN_KEY", key)
+	targets := threeTiers()
+	targets[0].APIKeyEnv = "MOLLY_TEST_LAN_KEY"
+	f := startFleet(t, fleetOptions{targets: targets, ups: []string{"lan", "selfhosted", "external"}})
+	f.ups["lan"].Chunks = 1 // the text in one event, its bytes cut into pieces (a key cut across two deltas is not recognised)
+	prompt := "please repeat " + key + " twice: " + key
+	for _, stream := range []bool{false, true} {
+		for _, pieces := range []int{1, 7, 64} {
+			c := post(chatBody(prompt, stream))
+			c.header["x-molly-sensitivity"] = "confidential" // lan only
+			c.respPieces = pieces
+			out := f.play(t, c)
+			if out.cluster != "lan" || out.sentHead.Get("Authorization") != "Bearer "+key {
+				t.Fatalf("routed to %q with Authorization %q, want lan with its key", out.cluster, out.sentHead.Get("Authorization"))
+			}
+			answer := string(out.body)
+			if stream {
+				answer, _, _ = sseText(t, out.body)
+			} else {
+				answer = gjson.GetBytes(out.body, "choices.0.message.content").Str
+			}
+			if want := "lan says: please repeat REDACTED twice: REDACTED"; answer != want || bytes.Contains(out.body, []byte(key)) {
+				t.Fatalf("stream %v in %d pieces: the client got %q (%s), want %q", stream, pieces, answer, out.body, want)
+			}
+		}
+	}
+}

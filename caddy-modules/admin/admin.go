@@ -58,7 +58,8 @@ func init() {
 // Validate refuses admin configs other local users could abuse: a local
 // admin endpoint on TCP (plaintext, unauthenticated by Caddy's design) or
 // on a Unix socket whose mode lets others connect. Unix sockets with the
-// owner's (and group's) permissions, socket activation (fd/), a disabled
+// owner's (and group's) permissions, socket activation (fd/) of a Unix
+// socket (an inherited TCP socket is refused, checkInherited), a disabled
 // endpoint and Caddy's remote admin (mutual TLS, access_control with
 // per-identity paths and methods) are accepted. A nil or empty listen
 // address is caddy.DefaultAdminListen. Errors wrap ErrPlaintextAdmin and
@@ -98,7 +99,7 @@ func Validate(a *caddy.AdminConfig) error {
 		}
 		return nil
 	case addr.IsFdNetwork():
-		return nil
+		return checkInherited(listen, addr.Host)
 	}
 	return fmt.Errorf("admin: listen %q is plaintext %s, which any local user can reach to mint keys, raise budgets, read invoices and pprof data "+
 		"and stop the gateway; use a Unix socket (Molly's default when the admin block names no address: %s) and, to manage Molly over a network, "+

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/router/orchestrate"
 )
 
@@ -43,8 +44,8 @@ func (PlansAdmin) Routes() []caddy.AdminRoute {
 		return servePlans(w, r, cur.orchestrator.Store())
 	}
 	return []caddy.AdminRoute{
-		{Pattern: "/molly/plans", Handler: caddy.AdminHandlerFunc(h)},
-		{Pattern: "/molly/plans/", Handler: caddy.AdminHandlerFunc(h)},
+		{Pattern: "/molly/plans", Handler: admin.Guard(caddy.AdminHandlerFunc(h))},
+		{Pattern: "/molly/plans/", Handler: admin.Guard(caddy.AdminHandlerFunc(h))},
 	}
 }
 

@@ -155,7 +155,7 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return nil
 	}
 	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_auth: %w", err))
+		return app.InternalError(w, r, au.logger, fmt.Errorf("molly_auth: %w", err))
 	}
 	authenticated(span, id.Member)
 	return next.ServeHTTP(w, r.WithContext(identity.With(ctx, id)))

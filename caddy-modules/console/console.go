@@ -22,6 +22,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/console"
@@ -144,7 +145,7 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns the admin routes.
 func (Admin) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/molly/console/state", Handler: caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	return []caddy.AdminRoute{{Pattern: "/molly/console/state", Handler: admin.Guard(caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 		}
@@ -154,7 +155,7 @@ func (Admin) Routes() []caddy.AdminRoute {
 		}
 		(&console.Handler{Recorder: console.Default, Sources: cur.ConsoleSources()}).ServeHTTP(w, r)
 		return nil
-	})}}
+	}))}}
 }
 
 // Interface guards.

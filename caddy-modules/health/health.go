@@ -122,7 +122,7 @@ func (m *Health) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	b, err := json.Marshal(rep)
 	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
+		return app.InternalError(w, r, m.app.Logger(), err)
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(b)

@@ -6,7 +6,7 @@
 package policy
 
 import (
-	"fmt"
+	"errors"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -66,7 +66,7 @@ func (p *Policy) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	openai.RequestID(w, r)
 	ann := classify.From(r.Context())
 	if ann == nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_policy: no annotation; put molly_classify before molly_policy"))
+		return app.InternalError(w, r, p.logger, errors.New("molly_policy: no annotation; put molly_classify before molly_policy"))
 	}
 	if r.Context().Err() != nil {
 		return p.clientGone(w, ann, "")

@@ -4,7 +4,7 @@
 package route
 
 import (
-	"fmt"
+	"errors"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -58,7 +58,7 @@ func (rt *Route) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.H
 	ann := classify.From(r.Context())
 	d, ok := pipeline.DecidedFrom(r.Context())
 	if ann == nil || !ok {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("molly_route: no annotation or decision; put molly_classify and molly_policy before molly_route"))
+		return app.InternalError(w, r, rt.app.Logger(), errors.New("molly_route: no annotation or decision; put molly_classify and molly_policy before molly_route"))
 	}
 	if identity.From(r.Context()) == nil {
 		// No molly_auth: the usage is still recorded, in the registry, as "anonymous".

@@ -552,3 +552,78 @@ func TestReloadAndStopRefuseATCPAdminAddress(t *testing.T) {
 		t.Fatalf("the TCP admin address received %d requests", n)
 	}
 }
+
+// TestAnInheritedTCPSocketIsRefusedAsTheAdminEndpoint: socket activation
+// (admin fd/3) hands the gateway a listener it did not bind; when that is a
+// TCP socket, the admin endpoint would be as open as localhost:2019, so
+// `molly run` refuses the config (and no admin request is answered on it),
+// while an inherited Unix socket is accepted.
+func TestAnInheritedTCPSocketIsRefusedAsTheAdminEndpoint(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	tcpFile, err := l.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcpFile.Close()
+	ul, err := net.Listen("unix", filepath.Join(strings.TrimPrefix(adminSocket(t), "unix/")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ul.Close()
+	unixFile, err := ul.(*net.UnixListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unixFile.Close()
+	run := func(f *os.File) (*exec.Cmd, *syncBuffer, int) {
+		port := freePort(t)
+		cfg := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(cfg, []byte("{\n\tadmin fd/3\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:"+fmt.Sprint(port)+" {\n\tmolly_classify\n\tmolly_policy\n\tmolly_route\n}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		logs := &syncBuffer{}
+		cmd := exec.Command(mollyBin, "run", "--config", cfg, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+t.TempDir(), "HOME="+t.TempDir())
+		cmd.ExtraFiles = []*os.File{f}
+		cmd.Stdout, cmd.Stderr = logs, logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd, logs, port
+	}
+	// TCP: refused; the process exits without answering on the socket.
+	cmd, logs, _ := run(tcpFile)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(logs.String(), "inherited TCP socket") {
+			t.Fatalf("molly run with an inherited TCP admin socket: %v\n%s", err, logs.String())
+		}
+	case <-time.After(20 * time.Second):
+		resp, err := http.Get("http://" + l.Addr().String() + "/config/")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Fatalf("molly serves its admin endpoint on the inherited TCP socket: GET /config/ = %d %s", resp.StatusCode, b)
+		}
+		t.Fatalf("molly run with an inherited TCP admin socket neither exited nor answered: %v\n%s", err, logs.String())
+	}
+	// Unix: accepted, and the gateway serves.
+	_, logs, port := run(unixFile)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/v1/models", port))
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("molly run with an inherited Unix admin socket does not serve:\n%s", logs.String())
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -20,14 +21,18 @@ import (
 )
 
 // worstCase is an OpenAI-compatible model that always spends all it may:
-// every choice is max_tokens long (1000 tokens when the request sets no
-// limit, like a model that talks until its context ends), n and best_of
-// choices, usage reported honestly by the worst tokenizer there is — a
-// prompt token per byte of message content, four times Molly's estimate for
-// English and twelve times for Chinese. A
+// every choice is max_tokens long (the larger of max_tokens and
+// max_completion_tokens, as an upstream reading either may; 1000 tokens when
+// the request sets no limit, like a model that talks until its context
+// ends), n and best_of choices for each prompt of a completions prompt array,
+// usage reported honestly by the worst tokenizer there is — a
+// prompt token per byte of message content (a token per id of a token
+// prompt), four times Molly's estimate for English and twelve times for
+// Chinese. It embeds too (/v1/embeddings, one vector per input). A
 // chat request asking for logprobs gets -5 per token, so a cascade always
 // escalates. It keeps its own ledger of what it answered, by member (the
-// prompt's "<member>:" prefix): the test's oracle, independent of Molly's.
+// request's "user", else the prompt's "<member>:" prefix): the test's
+// oracle, independent of Molly's.
 type worstCase struct {
 	srv      *httptest.Server
 	priceIn  float64 // USD per 1M tokens, as configured for its target
@@ -63,10 +68,32 @@ func (m *worstCase) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b := []byte(body)
-	text, prompt := "", 0
-	if r.URL.Path == "/v1/completions" {
-		text = gjson.GetBytes(b, "prompt").String()
-		prompt = byteTokens(text)
+	text, prompt, prompts := "", 0, 1
+	if r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/embeddings" {
+		// A string, token ids, or an array of either: one completion (or
+		// embedding) per string or token array, as OpenAI's API makes.
+		field := gjson.GetBytes(b, "prompt")
+		if r.URL.Path == "/v1/embeddings" {
+			field = gjson.GetBytes(b, "input")
+		}
+		elems := field.Array()
+		switch {
+		case !field.IsArray():
+			text = field.String()
+			prompt = byteTokens(text)
+		case len(elems) > 0 && (elems[0].Type == gjson.String || elems[0].IsArray()):
+			prompts = len(elems)
+			for _, e := range elems {
+				if e.IsArray() {
+					prompt += len(e.Array())
+				} else {
+					prompt += byteTokens(e.Str)
+				}
+			}
+			text = elems[0].Str
+		default:
+			prompt = len(elems) // one prompt of token ids
+		}
 	} else {
 		for _, msg := range gjson.GetBytes(b, "messages").Array() {
 			prompt += byteTokens(msg.Get("content").String())
@@ -80,21 +107,38 @@ func (m *worstCase) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	member, _, _ := strings.Cut(text, ":")
-	per := int(gjson.GetBytes(b, "max_completion_tokens").Int())
-	if per == 0 {
-		per = int(gjson.GetBytes(b, "max_tokens").Int())
+	if u := gjson.GetBytes(b, "user"); u.Str != "" {
+		member = u.Str // prompts without text (token ids) name their member here
 	}
+	// Upstreams differ in which of the two limits they read (Ollama's
+	// OpenAI API reads max_tokens alone): the worst reads the larger.
+	per := max(int(gjson.GetBytes(b, "max_completion_tokens").Int()), int(gjson.GetBytes(b, "max_tokens").Int()))
 	if per == 0 {
 		per = 1000
 	}
-	choices := max(int(gjson.GetBytes(b, "n").Int()), int(gjson.GetBytes(b, "best_of").Int()), 1)
+	choices := max(int(gjson.GetBytes(b, "n").Int()), int(gjson.GetBytes(b, "best_of").Int()), 1) * prompts
 	completion := per * choices
+	if r.URL.Path == "/v1/embeddings" {
+		completion = 0
+	}
 	m.mu.Lock()
 	m.answers = append(m.answers, spent{member: member, prompt: prompt, completion: completion, at: time.Now()})
 	m.mu.Unlock()
 	usage := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+	if r.URL.Path == "/v1/embeddings" {
+		var data []any
+		for i := range prompts {
+			data = append(data, map[string]any{"object": "embedding", "index": i, "embedding": []float64{0.6, 0.8}})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data, "model": "m", "usage": map[string]any{"prompt_tokens": prompt, "total_tokens": prompt}})
+		return
+	}
 	n := max(int(gjson.GetBytes(b, "n").Int()), 1)
 	chat := r.URL.Path == "/v1/chat/completions"
+	if !chat {
+		n *= prompts
+	}
 	if gjson.GetBytes(b, "stream").Bool() {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range n {
@@ -344,4 +388,110 @@ func askShape(c *openai.Client, completions bool, prompt string, n, maxTokens in
 	}
 	_, err := c.Chat.Completions.New(ctx, p)
 	return err
+}
+
+// TestBatchShapesReserveEveryAnswer sends, member by member, one request
+// shape again and again until the budget refuses it, to an upstream that
+// spends all it may: a completions prompt array (one completion per
+// prompt, as OpenAI's API and vLLM make), an array of token-id prompts, a
+// chat request setting both max_completion_tokens and a larger max_tokens
+// (an upstream may read either), embeddings of an input array, and a chat
+// request with a PDF file part (whose base64 the upstream counts a token a
+// byte, as the worst tokenizer reads the JSON it got). What the
+// upstream answered, at the target's prices, never exceeds the member's
+// budget, and each member got an answer before its 429 insufficient_quota.
+func TestBatchShapesReserveEveryAnswer(t *testing.T) {
+	up := startWorstCase(t, 100, 100, "")
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+up.URL()+`
+			models chat=m davinci=m emb=m
+			modalities text image file
+			price 100 100
+			outlier_detection off
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	var prompts, idPrompts, inputs []any
+	for i := range 20 {
+		prompts = append(prompts, "carol: lorem ipsum")
+		ids := []int{}
+		for j := range 10 {
+			ids = append(ids, 100+i+j)
+		}
+		idPrompts = append(idPrompts, ids)
+	}
+	for range 30 {
+		inputs = append(inputs, "frank: some text")
+	}
+	// a PDF's base64: providers read its pages' text and images, a token
+	// or more per byte of it
+	pdf := strings.Repeat("JVBERi0xLjcKJcfs", 375)
+	shapes := []struct {
+		member string
+		budget float64
+		path   string
+		body   map[string]any
+	}{
+		{"carol", 0.2, "/completions", map[string]any{"model": "davinci", "prompt": prompts, "max_tokens": 50}},
+		{"dave", 0.23, "/completions", map[string]any{"model": "davinci", "prompt": idPrompts, "max_tokens": 50, "user": "dave"}},
+		{"erin", 0.06, "/chat/completions", map[string]any{"model": "chat", "max_completion_tokens": 1, "max_tokens": 400,
+			"messages": []any{map[string]any{"role": "user", "content": "erin: hi"}}}},
+		{"frank", 0.15, "/embeddings", map[string]any{"model": "emb", "input": inputs, "user": "frank"}},
+		{"gina", 1.0, "/chat/completions", map[string]any{"model": "chat", "max_tokens": 10, "user": "gina",
+			"messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": "gina: summarise"},
+				map[string]any{"type": "file", "file": map[string]any{"filename": "report.pdf", "file_data": "data:application/pdf;base64," + pdf}}}}}}},
+	}
+	for _, s := range shapes {
+		t.Run(s.member, func(t *testing.T) {
+			if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": s.member, "budget_usd": s.budget}); code != http.StatusCreated {
+				t.Fatalf("member: %d %s", code, body)
+			}
+			key, _ := newKey(t, admin, s.member)
+			raw, _ := json.Marshal(s.body)
+			answered := 0
+			for i := 0; ; i++ {
+				if i == 20 {
+					t.Fatalf("20 requests and no 429: %d answered", answered)
+				}
+				req, _ := http.NewRequest(http.MethodPost, g.URL+s.path, strings.NewReader(string(raw)))
+				req.Header.Set("Authorization", "Bearer "+key)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusTooManyRequests && gjson.GetBytes(out, "error.code").Str == "insufficient_quota" {
+					break
+				}
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("request %d: %d %s", i, resp.StatusCode, out)
+				}
+				answered++
+			}
+			usd, _ := up.spend(s.member)
+			t.Logf("%d answered, %.6f of %.2f USD", answered, usd, s.budget)
+			if answered == 0 {
+				t.Errorf("the first request was refused: the shape's reservation is over its budget %.2f on its own", s.budget)
+			}
+			if usd > s.budget+1e-9 {
+				t.Errorf("the upstream answered %.6f USD for %s, over the budget %.2f", usd, s.member, s.budget)
+			}
+		})
+	}
 }

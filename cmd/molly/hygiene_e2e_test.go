@@ -2,15 +2,19 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +265,259 @@ func TestAccessLogsHoldNoCredentials(t *testing.T) {
 		if !strings.Contains(logged, want) {
 			t.Errorf("the access log lacks %s:\n%s", want, logged)
 		}
+	}
+}
+
+// TestAnUpstreamEchoingItsKeyRevealsItToNoClient: an external API (or a
+// proxy before it) that echoes the Authorization header it got — in a 400
+// error object, a 401 of plain text, a 500, a header, an answer's text and
+// a stream's chunk whose bytes arrive in two writes — never gives a client or a log the target's key: the
+// client sees REDACTED where the key was. The upstream checks it was sent
+// the key, so the echo is real.
+func TestAnUpstreamEchoingItsKeyRevealsItToNoClient(t *testing.T) {
+	const key = "sk-echoed-upstream-secret-0042"
+	var sawKey atomic.Int32
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		auth := r.Header.Get("Authorization")
+		if auth == "Bearer "+key {
+			sawKey.Add(1)
+		}
+		w.Header().Set("X-Echo", auth)
+		prompt := gjson.GetBytes(b, "messages.0.content").Str
+		switch {
+		case strings.Contains(prompt, "E400"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(400)
+			fmt.Fprintf(w, `{"error":{"message":"Incorrect API key provided: %s","type":"invalid_request_error"}}`, auth)
+		case strings.Contains(prompt, "E401"):
+			w.WriteHeader(401)
+			fmt.Fprintf(w, `you sent Authorization: %s`, auth)
+		case strings.Contains(prompt, "E500"):
+			w.WriteHeader(500)
+			fmt.Fprintf(w, `{"error":"proxy failed with header %s"}`, auth)
+		case gjson.GetBytes(b, "stream").Bool():
+			w.Header().Set("Content-Type", "text/event-stream")
+			// an event holding the key, its bytes split across two writes
+			c, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": "echo " + auth}}}})
+			event := "data: " + string(c) + "\n\n"
+			at := strings.Index(event, key) + 10
+			fmt.Fprint(w, event[:at])
+			w.(http.Flusher).Flush()
+			fmt.Fprint(w, event[at:])
+			w.(http.Flusher).Flush()
+			fmt.Fprint(w, `data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			c, _ := json.Marshal(map[string]any{"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant", "content": "echo " + auth}}},
+				"usage":   map[string]any{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+			w.Write(c)
+		}
+	}))
+	t.Cleanup(echo.Close)
+	logFile := filepath.Join(t.TempDir(), "access.log")
+	g := startMollyEnv(t, `{
+	admin `+adminSocket(t)+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		target ext {
+			tier T3
+			endpoint `+echo.URL+`/v1
+			models chat=m
+			api_key_env MOLLY_ECHO_KEY
+			outlier_detection off
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	log {
+		output file `+logFile+`
+		format molly
+	}
+	molly_classify
+	molly_policy
+	molly_route
+}
+`, []string{"MOLLY_ECHO_KEY=" + key})
+	cases := []struct {
+		prompt string
+		stream bool
+		status int
+	}{{"hello E400", false, 400}, {"hello E401", false, 401}, {"hello E500", false, 503}, {"hello", false, 200}, {"hello", true, 200}}
+	for _, c := range cases {
+		body := fmt.Sprintf(`{"model":"chat","max_tokens":4,"stream":%v,"messages":[{"role":"user","content":%q}]}`, c.stream, c.prompt)
+		resp, err := http.Post(g.URL+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("%s (stream %v): %d %s, want %d", c.prompt, c.stream, resp.StatusCode, out, c.status)
+		}
+		var head strings.Builder
+		resp.Header.Write(&head)
+		if strings.Contains(string(out)+head.String(), key) {
+			t.Errorf("%s (stream %v): the client got the upstream's key:\n%s\n%s", c.prompt, c.stream, head.String(), out)
+		}
+		if c.status != 503 && !strings.Contains(string(out), "REDACTED") {
+			t.Errorf("%s (stream %v): the echo is not in the answer as REDACTED: %s", c.prompt, c.stream, out)
+		}
+	}
+	if int(sawKey.Load()) != len(cases) {
+		t.Fatalf("the upstream was sent its key %d times, want %d", sawKey.Load(), len(cases))
+	}
+	var logged string
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(logged, `"uri":"/v1/chat/completions"`) < len(cases); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(logFile)
+		logged = string(b)
+		if time.Now().After(deadline) {
+			t.Fatalf("the requests are not in the access log:\n%s", logged)
+		}
+	}
+	if strings.Contains(logged, key) || strings.Contains(g.logs.String(), key) {
+		t.Errorf("a log holds the upstream's key")
+	}
+}
+
+// TestAClientThatLeavesAWholeAnswerIsBilledWhatTheUpstreamReports: a
+// provider (a priced target) generates, and bills, a non-streamed answer
+// whether or not the client still waits for it. A client that goes away
+// after its request
+// reached the upstream (and before the answer, which takes the model two
+// seconds) is billed the usage the upstream reports — prompt and
+// completion tokens, not an estimate — so leaving early is not a way to
+// spend past a budget.
+func TestAClientThatLeavesAWholeAnswerIsBilledWhatTheUpstreamReports(t *testing.T) {
+	got, done := make(chan struct{}, 1), make(chan bool, 1)
+	var billedPrompt, billedCompletion atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		prompt := int64(len(gjson.GetBytes(b, "messages.0.content").Str))
+		completion := gjson.GetBytes(b, "max_tokens").Int()
+		// The provider's bill: the request was accepted and is generated.
+		billedPrompt.Store(prompt)
+		billedCompletion.Store(completion)
+		got <- struct{}{}
+		canceled := false
+		select {
+		case <-r.Context().Done():
+			canceled = true
+		case <-time.After(2 * time.Second): // the model's generation time
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"length","message":{"role":"assistant","content":"word"}}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
+			prompt, completion, prompt+completion)
+		done <- canceled
+	}))
+	t.Cleanup(up.Close)
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+up.URL+`/v1
+			models chat=m
+			price 100 100
+			outlier_detection off
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth {
+		anonymous guest
+	}
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		// 请 is three bytes and about a third of a token by Molly's estimate.
+		body := `{"model":"chat","max_tokens":700,"messages":[{"role":"user","content":"` + strings.Repeat("请联系客服", 40) + `"}]}`
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.URL+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-got
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the client got an answer before it left")
+	}
+	canceled := <-done
+	var s usageSummary
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		s = usageOf(t, admin, "guest")
+		if s.Requests > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if s.Requests != 1 || len(s.Recent) != 1 {
+		t.Fatalf("%d records for the request that left (upstream call canceled: %v), want 1: %+v", s.Requests, canceled, s)
+	}
+	r := s.Recent[0]
+	if r.PromptTokens != int(billedPrompt.Load()) || r.CompletionTokens != int(billedCompletion.Load()) || r.Estimated {
+		t.Errorf("billed %d prompt + %d completion tokens (estimated %v; upstream call canceled: %v); the upstream billed %d + %d",
+			r.PromptTokens, r.CompletionTokens, r.Estimated, canceled, billedPrompt.Load(), billedCompletion.Load())
+	}
+}
+
+// TestAHandlerFailureLogsNoCredentials: when a Molly handler cannot serve
+// a request (here molly_route without molly_classify before it, as a
+// misordered config has it), the client gets a 500 server_error in
+// OpenAI's shape and the log says why — without the request's X-Api-Key or
+// api_key= (Caddy's error log, which Molly's failures no longer go to,
+// prints both as they came when the default log is not Molly's encoder).
+func TestAHandlerFailureLogsNoCredentials(t *testing.T) {
+	g := startMolly(t, `{
+	admin `+adminSocket(t)+`|0600
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:{PORT} {
+	handle /v1/models {
+		molly_classify
+		molly_policy
+		molly_route
+	}
+	handle {
+		molly_route
+	}
+}
+`)
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/chat/completions?api_key=query-secret-0007", strings.NewReader(`{"model":"chat","messages":[]}`))
+	req.Header.Set("X-Api-Key", "header-secret-0008")
+	req.Header.Set("X-Request-Id", "req-misordered")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !g.waitLogs(regexp.MustCompile(`req-misordered`)) {
+		t.Fatalf("the failure is not logged:\n%s", g.logs.String())
+	}
+	for _, s := range []string{"query-secret-0007", "header-secret-0008"} {
+		if strings.Contains(g.logs.String(), s) {
+			t.Errorf("the log holds %s:\n%s", s, g.logs.String())
+		}
+	}
+	if !regexp.MustCompile(`request not served.*req-misordered.*put molly_classify and molly_policy before molly_route`).MatchString(g.logs.String()) {
+		t.Errorf("no log line says why the request was not served:\n%s", g.logs.String())
+	}
+	if resp.StatusCode != 500 || gjson.GetBytes(b, "error.type").Str != "server_error" {
+		t.Errorf("a misordered chain answered %d %s, want a 500 server_error", resp.StatusCode, b)
 	}
 }

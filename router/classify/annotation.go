@@ -82,7 +82,8 @@ type Annotation struct {
 	tokens     int // estimated prompt tokens
 	bound      int // PromptBound
 	media      int // image, audio and file parts
-	mediaBytes int // the body's bytes of binary media (data URLs, audio, files)
+	mediaBytes int // the body's bytes of binary media left out of the bound (images, audio)
+	audioBound int // audio data's allowance: its bytes / BoundAudioBytesPerToken
 	task       string
 	diff       float64
 	entropy    float64
@@ -162,18 +163,27 @@ const (
 	// BoundToolsPreamble covers the tool-use instructions a template adds
 	// when the request declares tools.
 	BoundToolsPreamble = 1024
+	// BoundAudioBytesPerToken is the fewest base64 bytes of input audio
+	// that make a token, added to BoundPerMedia for each audio part: audio
+	// counts at most 32 tokens a second (Gemini's rate; OpenAI's is 10),
+	// and the slowest input_audio format, mp3 at 8 kbit/s, is 1,333 base64
+	// bytes a second, 41 a token; 16 leaves room.
+	BoundAudioBytesPerToken = 16
 )
 
 // PromptBound is an upper bound on the prompt tokens any target can count
 // for this request, what admission reserves (route.Plan.Reserve): the
 // body's bytes (capability.BoundTokens: every text, name, argument, tool
 // schema and token id the model sees is in them, with room to spare for
-// the JSON around them) less the bytes of binary media, plus
+// the JSON around them) less the bytes of images and audio, plus
 // BoundPerRequest, BoundPerMessage per chat message, BoundPerMedia per
-// image, audio or file part, BoundToolsPreamble when tools are declared
-// and BoundPerFinding per redaction finding. It is at least PromptTokens;
-// for English prose about five times it. Audio longer than a few minutes
-// may count more than BoundPerMedia.
+// image, audio or file part, an audio part's bytes / BoundAudioBytesPerToken,
+// BoundToolsPreamble when tools are declared and BoundPerFinding per
+// redaction finding. A file's data (a PDF, read by providers as its pages'
+// text and images) stays in the bytes. It is at least PromptTokens; for
+// English prose about five times it. Not bounded: a file named by its id
+// only (file_id: its size is unknown here), and a PDF of many near-empty
+// pages (a page image costs more tokens than such a page's bytes).
 func (a *Annotation) PromptBound() int { return max(a.bound, a.tokens) }
 
 // Task is the task category (capability.Estimator), "embedding" for

@@ -188,7 +188,7 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 			a.tokens += capability.EstimateTokens(f.text)
 		}
 	}
-	a.bound = capability.BoundTokens(a.body) - a.mediaBytes + BoundPerRequest + BoundPerMedia*a.media
+	a.bound = capability.BoundTokens(a.body) - a.mediaBytes + BoundPerRequest + BoundPerMedia*a.media + a.audioBound
 	if len(req.Tools) > 0 {
 		a.bound += BoundToolsPreamble
 	}
@@ -489,10 +489,12 @@ func (w *walker) str(node int, s string) {
 		w.a.addModality("audio")
 		w.unscanned(node, "audio data")
 		w.a.mediaBytes += len(s)
+		w.a.audioBound += len(s) / BoundAudioBytesPerToken
 	case w.at("messages", "#", "content", "#", "file", "file_data"):
+		// A file's bytes stay in the bound (a PDF is read as its pages'
+		// text and images: far more than BoundPerMedia for a long one).
 		w.a.addModality("file")
 		w.unscanned(node, "file data")
-		w.a.mediaBytes += len(s)
 	case w.at("prompt"), w.at("prompt", "#"), w.at("input"), w.at("input", "#"):
 		w.add(node, s, kindPrompt)
 		w.prompts.WriteString(s)
@@ -561,7 +563,9 @@ func (w *walker) dataURL(node int, s string) {
 	}
 	if !textMediaType(mt) {
 		w.unscanned(node, "binary "+strings.ToLower(mt)+" data URL")
-		w.a.mediaBytes += len(s)
+		if !w.at("messages", "#", "content", "#", "file", "file_data") { // a file's bytes stay in the bound
+			w.a.mediaBytes += len(s)
+		}
 		return
 	}
 	var text string

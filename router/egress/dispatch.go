@@ -253,7 +253,9 @@ var ForwardHeaders = []string{"X-Request-Id", "Traceparent", "Tracestate"}
 
 // Send performs the upstream call with the headers in hdr that
 // ForwardHeaders lists. It is the only place that builds a request to an
-// upstream.
+// upstream. The answer's headers and body carry no copy of the target's
+// API key (scrubKey: replaced by REDACTED, so an upstream echoing the
+// Authorization header in an error reveals it to no client or log).
 func (d *Dispatch) Send(ctx context.Context, hdr http.Header) (*http.Response, error) {
 	var body io.Reader
 	if d.endpoint != openai.EndpointModels {
@@ -264,5 +266,8 @@ func (d *Dispatch) Send(ctx context.Context, hdr http.Header) (*http.Response, e
 		return nil, err
 	}
 	req.Header = d.Header(hdr)
-	return d.egress.clients[d.target.Name].client.Do(req)
+	u := d.egress.clients[d.target.Name]
+	resp, err := u.client.Do(req)
+	scrubKey(resp, u.apiKey)
+	return resp, err
 }

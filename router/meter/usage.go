@@ -69,6 +69,7 @@ type Meter struct {
 	strip    bool            // the client did not ask for usage: drop it from the stream
 	reported *Usage          // merged from the upstream's usage chunks
 	text     strings.Builder // streamed answer text, for the estimate
+	pieces   int             // choice deltas with text: each is at least a token
 	recorded bool
 
 	final *Usage
@@ -135,18 +136,23 @@ func ReportedUsage(u gjson.Result) (prompt, completion int, ok bool) {
 // completion text.
 func AnswerText(b *strings.Builder, v gjson.Result) {
 	v.Get("choices").ForEach(func(_, ch gjson.Result) bool {
-		for _, m := range []string{"message", "delta"} {
-			b.WriteString(ch.Get(m + ".content").String())
-			b.WriteString(ch.Get(m + ".refusal").String())
-			ch.Get(m + ".tool_calls").ForEach(func(_, tc gjson.Result) bool {
-				b.WriteString(tc.Get("function.name").String())
-				b.WriteString(tc.Get("function.arguments").String())
-				return true
-			})
-		}
-		b.WriteString(ch.Get("text").String())
+		choiceText(b, ch)
 		return true
 	})
+}
+
+// choiceText appends the text of one choice (see AnswerText).
+func choiceText(b *strings.Builder, ch gjson.Result) {
+	for _, m := range []string{"message", "delta"} {
+		b.WriteString(ch.Get(m + ".content").String())
+		b.WriteString(ch.Get(m + ".refusal").String())
+		ch.Get(m + ".tool_calls").ForEach(func(_, tc gjson.Result) bool {
+			b.WriteString(tc.Get("function.name").String())
+			b.WriteString(tc.Get("function.arguments").String())
+			return true
+		})
+	}
+	b.WriteString(ch.Get("text").String())
 }
 
 // Body records the usage of a whole (non-streamed) 2xx answer before it is
@@ -178,7 +184,15 @@ func (m *Meter) Event(data []byte) (out []byte, drop bool) {
 		return data, false
 	}
 	root := gjson.ParseBytes(data)
-	AnswerText(&m.text, root)
+	before := m.text.Len()
+	root.Get("choices").ForEach(func(_, ch gjson.Result) bool {
+		choiceText(&m.text, ch)
+		if m.text.Len() > before {
+			m.pieces++
+		}
+		before = m.text.Len()
+		return true
+	})
 	if p, c, ok := ReportedUsage(root.Get("usage")); ok {
 		if m.reported == nil {
 			m.reported = &Usage{}
@@ -214,8 +228,10 @@ func (m *Meter) strip1(root gjson.Result, data []byte) ([]byte, bool) {
 }
 
 // StreamEnd records a stream's usage: the upstream's usage chunks when
-// there were any, else a count over the streamed text. Called before [DONE]
-// is written, and again (a no-op) when the relay returns however it ends.
+// there were any, else a count over the streamed text (the estimate of the
+// text, or the number of choice deltas that carried text if that is
+// more). Called before [DONE] is written, and again (a no-op) when the
+// relay returns however it ends.
 func (m *Meter) StreamEnd() {
 	if m == nil || m.recorded {
 		return
@@ -227,7 +243,10 @@ func (m *Meter) StreamEnd() {
 			u.PromptTokens, u.Estimated = m.prompt, true
 		}
 	} else {
-		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, capability.EstimateTokens(m.text.String()), true
+		// Every piece of text an upstream streams is at least a token (most
+		// stream one a chunk), which the estimate of the text falls short
+		// of for Chinese, emoji or code.
+		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, max(capability.EstimateTokens(m.text.String()), m.pieces), true
 	}
 	m.record(u)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/router/capability"
 	"github.com/molly-gateway/molly/router/route"
 )
 
@@ -112,6 +113,21 @@ func TestMeterStreams(t *testing.T) {
 		m.StreamEnd()
 		if u := m.Final(); u.PromptTokens != 8 || u.CompletionTokens != 3 || !u.Estimated {
 			t.Fatalf("recorded %+v", u)
+		}
+	})
+	t.Run("no usage chunk: each streamed piece of text is at least a token", func(t *testing.T) {
+		// Forty Chinese characters, one a chunk as upstreams stream them:
+		// the estimate of the text is well under forty tokens.
+		m, _ := newMeter(context.Background(), false)
+		text := strings.Repeat("请联系客服", 8)
+		for _, r := range text {
+			m.Event(chunk(string(r)))
+		}
+		m.Event([]byte(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)) // no text: no piece
+		m.Abandoned()
+		u := m.Final()
+		if est := capability.EstimateTokens(text); est >= 40 || u.CompletionTokens != 40 || !u.Estimated {
+			t.Fatalf("recorded %+v; the text's estimate is %d", u, est)
 		}
 	})
 	t.Run("usage a client did not ask for is hidden from it", func(t *testing.T) {

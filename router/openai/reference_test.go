@@ -62,8 +62,8 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		if err != nil {
 			return nil, err
 		}
-		if set && r.MaxTokens == 0 {
-			r.MaxTokens = n
+		if set {
+			r.MaxTokens = max(r.MaxTokens, n)
 		}
 	}
 	for _, p := range []struct {
@@ -343,15 +343,18 @@ func refPrompts(r *Request, root gjson.Result, field string) *Error {
 	if !v.Exists() || v.Type == gjson.Null {
 		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
 	}
+	r.Prompts = 1
 	switch {
 	case v.Type == gjson.String:
 	case v.IsArray():
 		var bad *Error
-		i := 0
+		i, ids := 0, false
 		v.ForEach(func(_, e gjson.Result) bool {
 			switch {
 			case e.Type == gjson.String:
-			case e.Type == gjson.Number, e.IsArray():
+			case e.Type == gjson.Number:
+				r.TokenPrompts, ids = true, true
+			case e.IsArray():
 				r.TokenPrompts = true
 			default:
 				bad = WrongType(field+"["+strconv.Itoa(i)+"]", "a string or token ids", e)
@@ -359,6 +362,9 @@ func refPrompts(r *Request, root gjson.Result, field string) *Error {
 			i++
 			return bad == nil
 		})
+		if bad == nil && !ids && i > 0 {
+			r.Prompts = i
+		}
 		return bad
 	default:
 		return WrongType(field, "a string or an array", v)

@@ -26,13 +26,20 @@ type Request struct {
 	Model string
 	// Stream is "stream": true; IncludeUsage "stream_options.include_usage": true.
 	Stream, IncludeUsage bool
-	// MaxTokens is max_completion_tokens, else max_tokens; 0 when unset.
+	// MaxTokens is the larger of max_completion_tokens and max_tokens (an
+	// upstream may read either: Ollama's OpenAI API reads max_tokens alone);
+	// 0 when neither is set.
 	MaxTokens int
 	// N is the number of choices asked for ("n"), 1 when unset.
 	N int
 	// BestOf is the completions endpoint's "best_of" (candidates generated
 	// server-side, at least N); 0 when unset.
 	BestOf int
+	// Prompts is how many prompts a completions request (or inputs an
+	// embeddings request) holds: the length of an array of strings or of
+	// token-id arrays, 1 for a string or one array of token ids. Each prompt
+	// gets its own max(N, BestOf) completions (OpenAI's API, vLLM).
+	Prompts int
 	// Logprobs: chat "logprobs": true, or completions "logprobs" ≥ 0.
 	Logprobs bool
 	// Tools lists the function names the request declares
@@ -59,9 +66,14 @@ type Request struct {
 }
 
 // Choices is how many completions the request makes the model generate:
-// max(N, BestOf), at least 1. Admission multiplies the completion budget by it.
+// max(N, BestOf), at least 1, for each of a completions request's Prompts.
+// Admission multiplies the completion budget by it.
 func (r *Request) Choices() int {
-	return max(r.N, r.BestOf, 1)
+	c := max(r.N, r.BestOf, 1)
+	if r.Endpoint == EndpointCompletions {
+		c *= max(r.Prompts, 1)
+	}
+	return c
 }
 
 // ParseRequest validates body as a request for ep (chat completions,
@@ -122,8 +134,8 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if set && r.MaxTokens == 0 {
-			r.MaxTokens = n
+		if set {
+			r.MaxTokens = max(r.MaxTokens, n)
 		}
 	}
 	// The ranges are the OpenAPI description's (CreateChatCompletionRequest,
@@ -500,17 +512,26 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 	if v < 0 || d.Kind(v) == KindNull {
 		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
 	}
+	r.Prompts = 1
 	switch d.Kind(v) {
 	case KindString:
 	case KindArray:
+		n, ids := 0, false
 		for e, end := v+1, d.Next(v); e < end; e = d.Next(e) {
+			n++
 			switch d.Kind(e) {
 			case KindString:
-			case KindNumber, KindArray:
+			case KindNumber:
+				ids = true // one prompt of token ids
+				r.TokenPrompts = true
+			case KindArray:
 				r.TokenPrompts = true
 			default:
 				return wrongType(field+"["+strconv.Itoa(d.Index(e))+"]", "a string or token ids", d, e)
 			}
+		}
+		if !ids && n > 0 {
+			r.Prompts = n
 		}
 	default:
 		return wrongType(field, "a string or an array", d, v)

@@ -100,8 +100,10 @@ func TestParseRequestReadsTheView(t *testing.T) {
 			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1}},
 		{"streaming with usage", EndpointChat, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
 			Request{Endpoint: EndpointChat, Model: "m", Stream: true, IncludeUsage: true, N: 1, Messages: 1}},
-		{"max_completion_tokens wins over max_tokens", EndpointChat, `{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
-			Request{Endpoint: EndpointChat, Model: "m", MaxTokens: 50, N: 1, Messages: 1}},
+		{"the larger of max_tokens and max_completion_tokens", EndpointChat, `{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", MaxTokens: 100, N: 1, Messages: 1}},
+		{"the larger of max_completion_tokens and max_tokens", EndpointChat, `{"model":"m","max_completion_tokens":70,"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`,
+			Request{Endpoint: EndpointChat, Model: "m", MaxTokens: 70, N: 1, Messages: 1}},
 		{"null max_tokens counts as unset", EndpointChat, `{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"hi"}]}`,
 			Request{Endpoint: EndpointChat, Model: "m", N: 1, Messages: 1}},
 		{"declared tools and functions are listed by name", EndpointChat,
@@ -112,11 +114,15 @@ func TestParseRequestReadsTheView(t *testing.T) {
 		{"chat logprobs, n and response_format", EndpointChat, `{"model":"m","logprobs":true,"n":3,"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}]}`,
 			Request{Endpoint: EndpointChat, Model: "m", N: 3, Logprobs: true, ResponseFormat: "json_object", Messages: 2}},
 		{"completions best_of and logprobs", EndpointCompletions, `{"model":"m","prompt":"x","best_of":4,"n":2,"logprobs":0}`,
-			Request{Endpoint: EndpointCompletions, Model: "m", N: 2, BestOf: 4, Logprobs: true}},
+			Request{Endpoint: EndpointCompletions, Model: "m", N: 2, BestOf: 4, Logprobs: true, Prompts: 1}},
+		{"a prompt array", EndpointCompletions, `{"model":"m","prompt":["a","b","c"],"n":2}`,
+			Request{Endpoint: EndpointCompletions, Model: "m", N: 2, Prompts: 3}},
 		{"token-id prompts", EndpointCompletions, `{"model":"m","prompt":["a",[1,2]]}`,
-			Request{Endpoint: EndpointCompletions, Model: "m", N: 1, TokenPrompts: true}},
+			Request{Endpoint: EndpointCompletions, Model: "m", N: 1, TokenPrompts: true, Prompts: 2}},
+		{"one prompt of token ids", EndpointCompletions, `{"model":"m","prompt":[1,2,3]}`,
+			Request{Endpoint: EndpointCompletions, Model: "m", N: 1, TokenPrompts: true, Prompts: 1}},
 		{"token-id embeddings input", EndpointEmbeddings, `{"model":"m","input":[5,6]}`,
-			Request{Endpoint: EndpointEmbeddings, Model: "m", N: 1, TokenPrompts: true}},
+			Request{Endpoint: EndpointEmbeddings, Model: "m", N: 1, TokenPrompts: true, Prompts: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,18 +133,21 @@ func TestParseRequestReadsTheView(t *testing.T) {
 			if got.Endpoint != tt.want.Endpoint || got.Model != tt.want.Model || got.Stream != tt.want.Stream || got.IncludeUsage != tt.want.IncludeUsage ||
 				got.MaxTokens != tt.want.MaxTokens || got.N != tt.want.N || got.BestOf != tt.want.BestOf || got.Logprobs != tt.want.Logprobs ||
 				strings.Join(got.Tools, ",") != strings.Join(tt.want.Tools, ",") || got.ToolTurns != tt.want.ToolTurns ||
-				got.ResponseFormat != tt.want.ResponseFormat || got.Messages != tt.want.Messages || got.TokenPrompts != tt.want.TokenPrompts {
+				got.ResponseFormat != tt.want.ResponseFormat || got.Messages != tt.want.Messages || got.TokenPrompts != tt.want.TokenPrompts ||
+				got.Prompts != tt.want.Prompts {
 				t.Fatalf("ParseRequest = %+v\nwant           %+v", *got, tt.want)
 			}
 		})
 	}
-	t.Run("choices is the larger of n and best_of", func(t *testing.T) {
+	t.Run("choices is the larger of n and best_of, for each prompt", func(t *testing.T) {
 		for _, c := range []struct {
 			r    Request
 			want int
-		}{{Request{N: 1}, 1}, {Request{N: 2, BestOf: 5}, 5}, {Request{N: 3}, 3}, {Request{}, 1}} {
+		}{{Request{N: 1}, 1}, {Request{N: 2, BestOf: 5}, 5}, {Request{N: 3}, 3}, {Request{}, 1},
+			{Request{Endpoint: EndpointCompletions, N: 2, BestOf: 3, Prompts: 4}, 12},
+			{Request{Endpoint: EndpointEmbeddings, N: 1, Prompts: 4}, 1}} {
 			if got := c.r.Choices(); got != c.want {
-				t.Errorf("Choices(n=%d, best_of=%d) = %d, want %d", c.r.N, c.r.BestOf, got, c.want)
+				t.Errorf("Choices(n=%d, best_of=%d, prompts=%d) = %d, want %d", c.r.N, c.r.BestOf, c.r.Prompts, got, c.want)
 			}
 		}
 	})

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -84,10 +85,12 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 // held until its first content event (and, with hold > 0, until hold tokens
 // with logprobs arrived, for a cascade). It classifies every failure,
 // meters a 2xx answer's usage (before it is written: every answer consumed
-// tokens, returned or not) and bills the prompt estimate when the client
-// went away after the upstream got the request (never before: see
-// egress.Dispatch.Delivery). attempt (health.go) wraps it with the
-// target's circuit.
+// tokens, returned or not), reading a priced target's non-streamed answer
+// to its end even when the client went away after it was sent, and bills
+// the prompt
+// estimate when a client went away after the upstream got the request and
+// no usage came (never before: see egress.Dispatch.Delivery). attempt
+// (health.go) wraps it with the target's circuit.
 func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
 	ctx, span := startAttempt(rq, c)
 	defer func() { endAttempt(span, &o) }()
@@ -97,6 +100,18 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		return o // no upstream saw it: nothing to bill
 	}
 	ctx, reached := disp.Delivery(ctx)
+	if !disp.Stream() && c.Target.Kind != route.KindEngine && (c.Target.PriceIn > 0 || c.Target.PriceOut > 0) {
+		// A provider generates, and bills, a whole answer whether or not
+		// the client still waits for it: once sent to a priced target, the
+		// call is read to its end (within twice the target's timeout) so
+		// that its reported usage is recorded, not a guess. An unpriced
+		// one (a server of one's own, which stops work for a closed
+		// connection), a stream and the T0 engine stop when the client
+		// leaves, freeing their capacity.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*c.Target.Timeout())
+		defer cancel()
+	}
 	resp, err := disp.Send(ctx, tracing.Header(ctx, rq.r.Header))
 	o.ttfb = time.Since(o.start)
 	if err != nil {
@@ -167,6 +182,11 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	if resp.StatusCode/100 == 2 {
 		o.meter.Body(body)
 		o.logprob, o.tokens = MeanLogprob(body)
+	}
+	if rq.ctx.Err() != nil {
+		// The client left while the upstream answered: its usage is in
+		// (above); nothing more is asked or written for it.
+		o.kind, o.failure = failClientGone, "the client went away"
 	}
 	return o
 }

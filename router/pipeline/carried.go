@@ -144,6 +144,7 @@ func (c *Carried) Started() {
 // the target) is what the client gets instead of the upstream's body.
 func (c *Carried) Respond(status int, h http.Header) error {
 	o := &c.o
+	o.disp.ScrubHeader(h) // an upstream may echo its key (egress.Dispatch.Send)
 	o.status, o.header, o.ttfb = status, h, time.Since(o.start)
 	if status != http.StatusTooManyRequests && status < 500 {
 		return nil
@@ -175,6 +176,7 @@ func (c *Carried) Streaming() bool {
 // set on the client's answer (Content-Length included) and the body.
 func (c *Carried) Whole(body []byte) (http.Header, []byte) {
 	o := &c.o
+	body = o.disp.ScrubAnswer(body)
 	o.body, o.total = body, time.Since(o.start)
 	if o.status/100 == 2 && gjson.ValidBytes(body) {
 		o.meter.Body(body)
@@ -197,7 +199,7 @@ func (c *Carried) StartStream() http.Header {
 	c.answered = true
 	c.done = make(chan struct{})
 	c.feed = &feed{in: make(chan []byte), idle: make(chan struct{}), ended: make(chan struct{}), done: c.done}
-	c.o.stream = &heldStream{dec: relay.NewDecoder(c.feed), body: c.feed}
+	c.o.stream = &heldStream{dec: relay.NewDecoder(c.o.disp.ScrubReader(c.feed)), body: c.feed}
 	go func() {
 		defer close(c.done)
 		_ = c.p.deliverStream(c.rq, &c.o, "")

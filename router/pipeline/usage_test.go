@@ -193,8 +193,11 @@ func TestReservesThePlansWorstCaseAndReleasesAfterRecording(t *testing.T) {
 }
 
 // TestAClientThatGoesAwayIsBilledThePromptEstimate: in every strategy, a
-// client that goes away once an upstream has the prompt is billed its
-// estimate for each upstream that had it, and the reservation is released.
+// client that goes away once an upstream has the prompt, from upstreams
+// that never answer, is billed its estimate for each upstream that had it
+// when the call ends (a whole answer is waited for after the client left,
+// within twice the target's timeout: its reported usage is what the
+// upstream bills), and the reservation is released.
 func TestAClientThatGoesAwayIsBilledThePromptEstimate(t *testing.T) {
 	const flat = "Summarise and translate this text" // a mixture's prompt: 9 tokens + 6
 	for _, tc := range []struct {
@@ -219,8 +222,8 @@ func TestAClientThatGoesAwayIsBilledThePromptEstimate(t *testing.T) {
 			t.Cleanup(slow.Close)
 			ledger := &reservingLedger{released: make(chan int, 1), memLedger: memLedger{recorded: make(chan meter.Usage, 2)}}
 			gw, _ := startGateway(t, setup{targets: []*route.Target{
-				{Name: "slow", Tier: "T2", Endpoint: slow.URL + "/v1", Models: []string{"q"}, PriceIn: 1000, PriceOut: 1000},
-				{Name: "slower", Tier: "T2", Endpoint: slow.URL + "/v1", Models: []string{"q"}, PriceIn: 1000, PriceOut: 1000},
+				{Name: "slow", Tier: "T2", Endpoint: slow.URL + "/v1", Models: []string{"q"}, PriceIn: 1000, PriceOut: 1000, TimeoutMS: 2000},
+				{Name: "slower", Tier: "T2", Endpoint: slow.URL + "/v1", Models: []string{"q"}, PriceIn: 1000, PriceOut: 1000, TimeoutMS: 2000},
 			}, id: &identity.Identity{Member: "alice", Ledger: ledger}, edit: tc.edit})
 
 			ctx, cancel := context.WithCancel(context.Background())

@@ -72,3 +72,39 @@ func TestPromptBoundHoldsTheEnginesCount(t *testing.T) {
 		t.Errorf("bound %d with %d findings, want %d with 1", a.PromptBound(), len(a.Findings()), want)
 	}
 }
+
+// TestPromptBoundCountsFilesAndLongAudio: a file part's data (a PDF, which
+// providers read as its pages' text and images) stays in the bound byte
+// for byte, and an audio part adds its bytes / BoundAudioBytesPerToken to
+// BoundPerMedia, so an hour of mp3 is not bounded by 2,048 tokens; an
+// image's bytes are still replaced by BoundPerMedia.
+func TestPromptBoundCountsFilesAndLongAudio(t *testing.T) {
+	cls := testClassifier(t)
+	data := strings.Repeat("JVBERi0xLjcKJcfs", 4000) // 64,000 base64 bytes
+	for _, c := range []struct {
+		name, part string
+		want       func(body string) int
+	}{
+		{"a file data URL", `{"type":"file","file":{"filename":"a.pdf","file_data":"data:application/pdf;base64,` + data + `"}}`,
+			func(body string) int { return len(body) + classify.BoundPerMedia }},
+		{"raw file data", `{"type":"file","file":{"filename":"a.pdf","file_data":"` + data + `"}}`,
+			func(body string) int { return len(body) + classify.BoundPerMedia }},
+		{"audio", `{"type":"input_audio","input_audio":{"format":"mp3","data":"` + data + `"}}`,
+			func(body string) int {
+				return len(body) - len(data) + classify.BoundPerMedia + len(data)/classify.BoundAudioBytesPerToken
+			}},
+		{"an image", `{"type":"image_url","image_url":{"url":"data:image/png;base64,` + data + `"}}`,
+			func(body string) int {
+				return len(body) - len("data:image/png;base64,") - len(data) + classify.BoundPerMedia
+			}},
+	} {
+		body := `{"model":"m","messages":[{"role":"user","content":[` + c.part + `]}]}`
+		a, err := cls.Classify(classify.Input{Endpoint: openai.EndpointChat, Body: []byte(body)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := c.want(body) + classify.BoundPerRequest + classify.BoundPerMessage; a.PromptBound() != want {
+			t.Errorf("%s: bound %d, want %d", c.name, a.PromptBound(), want)
+		}
+	}
+}
