@@ -22,6 +22,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/console"
@@ -135,6 +136,9 @@ func (c *Console) authorize(r *http.Request) (string, int) {
 // Admin is the admin API module admin.api.molly_console:
 //
 //	GET /molly/console/state   the console's state (console.State) as JSON
+//
+// Like every Molly admin route it answers only on the Unix socket or the
+// mutual-TLS remote admin endpoint (admin.Guard).
 type Admin struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -144,7 +148,7 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns the admin routes.
 func (Admin) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/molly/console/state", Handler: caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	return []caddy.AdminRoute{{Pattern: "/molly/console/state", Handler: admin.Guard(caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 		}
@@ -154,7 +158,7 @@ func (Admin) Routes() []caddy.AdminRoute {
 		}
 		(&console.Handler{Recorder: console.Default, Sources: cur.ConsoleSources()}).ServeHTTP(w, r)
 		return nil
-	})}}
+	}))}}
 }
 
 // Interface guards.
