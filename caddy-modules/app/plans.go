@@ -13,7 +13,7 @@ import (
 )
 
 // PlansAdmin is the admin API module admin.api.molly_plans, under Caddy's
-// admin endpoint (default localhost:2019): the orchestration plans the
+// admin endpoint (Molly's admin socket by default): the orchestration plans the
 // gateway keeps in memory (the last orchestrator plans_kept, default 256).
 //
 //	GET /molly/plans        the plans kept, newest first: [{"id", "created", "member", "status", "planner"}]
@@ -24,7 +24,9 @@ import (
 //
 // Errors: 404 for a plan not kept (or orchestration off), 405 for another
 // method. A plan holds its instructions (what the controller wrote):
-// the admin API is the operator's; logs never carry them.
+// the admin API is the operator's, so like every Molly admin route it
+// answers only on the Unix socket or the mutual-TLS remote admin endpoint
+// (admin.Guard); logs never carry them.
 type PlansAdmin struct{}
 
 func init() { caddy.RegisterModule(PlansAdmin{}) }

@@ -136,6 +136,9 @@ func (c *Console) authorize(r *http.Request) (string, int) {
 // Admin is the admin API module admin.api.molly_console:
 //
 //	GET /molly/console/state   the console's state (console.State) as JSON
+//
+// Like every Molly admin route it answers only on the Unix socket or the
+// mutual-TLS remote admin endpoint (admin.Guard).
 type Admin struct{}
 
 // CaddyModule returns the Caddy module information.

@@ -8,6 +8,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -19,7 +20,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/molly-gateway/molly/caddy-modules/accesslog"
-	_ "github.com/molly-gateway/molly/caddy-modules/admin"
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	_ "github.com/molly-gateway/molly/caddy-modules/app"
 	_ "github.com/molly-gateway/molly/caddy-modules/auth"
 	_ "github.com/molly-gateway/molly/caddy-modules/classify"
@@ -99,6 +100,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "Error:", err)
 		os.Exit(1)
 	}
+	if err := checkValidateCommand(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(1)
+	}
 	caddycmd.Main()
 }
 
@@ -111,6 +116,22 @@ func checkAdminCommand(args []string) error {
 	if len(args) == 0 || (args[0] != "reload" && args[0] != "stop") {
 		return nil
 	}
+	flags := commandFlags(args)
+	addr, err := caddycmd.DetermineAdminAPIAddress(flags["address"], nil, flags["config"], flags["adapter"])
+	if err != nil {
+		return nil // Caddy's command reports it
+	}
+	na, err := caddy.ParseNetworkAddress(addr)
+	if err != nil || na.IsUnixNetwork() {
+		return nil
+	}
+	return fmt.Errorf("molly %s: the admin address %s is not a Unix socket. Molly's admin endpoint never listens on plaintext TCP (a config asking for it is refused), "+
+		"so what answers there is not a Molly; use its socket (no admin address in the config, or admin unix//path/to/admin.sock, or --address unix//path)", args[0], addr)
+}
+
+// commandFlags reads --config (-c), --adapter (-a) and --address from a
+// command's arguments (args[0] is the command), as Caddy's flags take them.
+func commandFlags(args []string) map[string]string {
 	flags := map[string]string{}
 	for i := 1; i < len(args); i++ {
 		a := args[i]
@@ -124,14 +145,42 @@ func checkAdminCommand(args []string) error {
 			}
 		}
 	}
-	addr, err := caddycmd.DetermineAdminAPIAddress(flags["address"], nil, flags["config"], flags["adapter"])
-	if err != nil {
-		return nil // Caddy's command reports it
-	}
-	na, err := caddy.ParseNetworkAddress(addr)
-	if err != nil || na.IsUnixNetwork() {
+	return flags
+}
+
+// checkValidateCommand makes `molly validate` refuse what `molly run`
+// refuses when its admin endpoint starts (admin.Check): an admin block
+// that would listen on plaintext TCP or on a socket others may use
+// (admin.Validate). Validation provisions only the config's apps, so the
+// molly app checks the admin block there when the config has one; a
+// config with no Molly module (plain Caddy sites) is checked here. The
+// config is the one `validate` reads (--config, else ./Caddyfile, with
+// --adapter); one that cannot be read or decoded is left to Caddy's
+// command to report. Other commands pass.
+func checkValidateCommand(args []string) error {
+	if len(args) == 0 || args[0] != "validate" {
 		return nil
 	}
-	return fmt.Errorf("molly %s: the admin address %s is not a Unix socket. Molly's admin endpoint never listens on plaintext TCP (a config asking for it is refused), "+
-		"so what answers there is not a Molly; use its socket (no admin address in the config, or admin unix//path/to/admin.sock, or --address unix//path)", args[0], addr)
+	flags := commandFlags(args)
+	file := flags["config"]
+	if file == "" {
+		if _, err := os.Stat("Caddyfile"); err != nil {
+			return nil
+		}
+		file = "Caddyfile"
+	}
+	body, _, _, err := caddycmd.LoadConfig(file, flags["adapter"])
+	if err != nil {
+		return nil
+	}
+	var cfg struct {
+		Admin *caddy.AdminConfig `json:"admin"`
+	}
+	if json.Unmarshal(body, &cfg) != nil {
+		return nil
+	}
+	if err := admin.Validate(cfg.Admin); err != nil {
+		return fmt.Errorf("molly validate: %w", err)
+	}
+	return nil
 }

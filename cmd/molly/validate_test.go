@@ -81,3 +81,42 @@ func TestHelpNamesMolly(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateRefusesATCPAdminAddressWithoutMollysApp: `molly validate`
+// refuses a plaintext TCP admin address, as `molly run` does, also in a
+// config with no Molly module (where no molly app is provisioned to check
+// it), and accepts the same config on a private socket or with the admin
+// endpoint off.
+func TestValidateRefusesATCPAdminAddressWithoutMollysApp(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, admin string
+		refused     bool
+	}{
+		{"plaintext TCP", "admin 127.0.0.1:9", true},
+		{"every interface", "admin :9", true},
+		{"a socket every user may write to", "admin unix/" + filepath.Join(dir, "a.sock") + "|0666", true},
+		{"a private socket", "admin unix/" + filepath.Join(dir, "b.sock") + "|0600", false},
+		{"no admin endpoint", "admin off", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "Caddyfile")
+			if err := os.WriteFile(cfg, []byte("{\n\t"+tc.admin+"\n}\nhttp://127.0.0.1:9 {\n\trespond ok\n}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(mollyBin, "validate", "--config", cfg, "--adapter", "caddyfile")
+			cmd.Env = mollyEnv(t)
+			out, err := cmd.CombinedOutput()
+			if tc.refused {
+				if err == nil || !strings.Contains(string(out), "molly validate: admin:") || strings.Contains(string(out), "Valid configuration") {
+					t.Fatalf("validate with %q: %v\n%s", tc.admin, err, out)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(string(out), "Valid configuration") {
+				t.Fatalf("validate with %q: %v\n%s", tc.admin, err, out)
+			}
+		})
+	}
+}

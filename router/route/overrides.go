@@ -69,11 +69,13 @@ type Selection struct {
 	Priors *Priors
 	Overrides
 	// Budgeted and RemainingUSD are the caller's budget (Identity): when
-	// set, candidates expected to cost more than RemainingUSD are excluded,
-	// but only if at least one candidate fits. When none fits every
-	// candidate stays: the budget is enforced by the ledger's reservation
-	// (Reserver), which answers 429 insufficient_quota when the expected
-	// cost does not fit what is neither spent nor held by requests in flight.
+	// set, candidates whose worst case (the prompt at its bound and the
+	// full completion budget at the target's prices, what the reservation
+	// holds for an answer from it) exceeds RemainingUSD are excluded, but
+	// only if at least one candidate fits. When none fits every candidate
+	// stays: the budget is enforced by the ledger's reservation (Reserver),
+	// which answers 429 insufficient_quota when the plan's worst case does
+	// not fit what is neither spent nor held by requests in flight.
 	Budgeted     bool
 	RemainingUSD float64
 	// Health, when set, removes targets whose circuit is open (outlier

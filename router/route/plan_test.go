@@ -193,8 +193,8 @@ func TestPlan(t *testing.T) {
 
 // TestMixtureMembers: the members are the best k whose expected costs
 // together fit the budget (the caller's remaining budget, X-Molly-Max-Cost,
-// the policy's max_cost_usd: the smallest); candidates over the remaining
-// budget are excluded by the ranking before that.
+// the policy's max_cost_usd: the smallest); candidates whose worst case is
+// over the remaining budget are excluded by the ranking before that.
 func TestMixtureMembers(t *testing.T) {
 	// Costs for 1000 prompt tokens: a 0.3, b 0.2, c 0.1 USD; ranked a, b, c by quality alone.
 	cat := newCatalogue(t,
@@ -207,6 +207,8 @@ func TestMixtureMembers(t *testing.T) {
 		t.Fatalf("the flat prompt has entropy %v", a.TaskEntropy())
 	}
 	// With max_tokens 1, each completion token adds nothing at price_out 0.
+	// Worst cases, the prompt at its bound B: a 300·B/1e6, b 200·B/1e6, c 100·B/1e6 USD.
+	perPrice := float64(a.PromptBound()) / 1e6
 	cases := []struct {
 		name     string
 		entropy  float64
@@ -217,11 +219,12 @@ func TestMixtureMembers(t *testing.T) {
 		members  int
 	}{
 		{"without a budget the top k are the members", 0, Selection{}, nil, StrategyMixture, []string{"a", "b", "c"}, 2},
-		{"a member that would overrun the remaining budget is skipped", 0, Selection{Budgeted: true, RemainingUSD: 0.45}, nil, StrategyMixture, []string{"a", "c", "b"}, 2},
+		{"a candidate whose worst case overruns the remaining budget is left out before the members are chosen", 0,
+			Selection{Budgeted: true, RemainingUSD: 250 * perPrice}, nil, StrategyMixture, []string{"b", "c"}, 2},
 		{"X-Molly-Max-Cost bounds the members' total below the remaining budget", 0,
 			Selection{Budgeted: true, RemainingUSD: 10, Overrides: Overrides{MaxCostUSD: 0.45, HasMaxCost: true}}, nil, StrategyMixture, []string{"a", "c", "b"}, 2},
 		{"the policy's max_cost_usd bounds it too", 0, Selection{}, map[string]any{"max_cost_usd": 0.45}, StrategyMixture, []string{"a", "c", "b"}, 2},
-		{"a budget only one candidate fits leaves one candidate and no mixture", 0, Selection{Budgeted: true, RemainingUSD: 0.15}, nil, StrategySingle, []string{"c"}, 0},
+		{"a budget only one candidate fits leaves one candidate and no mixture", 0, Selection{Budgeted: true, RemainingUSD: 150 * perPrice}, nil, StrategySingle, []string{"c"}, 0},
 		{"members that do not fit together mean no mixture", 0, Selection{Overrides: Overrides{MaxCostUSD: 0.35, HasMaxCost: true}}, nil, StrategySingle, []string{"a", "b", "c"}, 0},
 		{"an entropy at the threshold means no mixture", a.TaskEntropy(), Selection{}, nil, StrategySingle, []string{"a", "b", "c"}, 0},
 	}

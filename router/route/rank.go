@@ -125,8 +125,8 @@ func (c *Catalogue) Rank(a *classify.Annotation, d *policies.Decision, w Weights
 // one, else the configured seed; latency is the target's learned latency
 // (time to first byte for a stream, total otherwise) once observed, else the
 // configured prior. s.Prefer re-weights (see Prefer); s.MaxCostUSD excludes
-// costlier candidates, and so does the caller's remaining budget when at
-// least one candidate fits it (see Selection.Budgeted). For an engine
+// costlier candidates, and the caller's remaining budget those whose worst
+// case exceeds it when at least one candidate fits it (see Selection.Budgeted). For an engine
 // target asked for a base model, when the request's task names an adapter
 // the engine serves ("<base>:<task>"), that adapter is a candidate of its
 // own (see adapterVariant), ranked before the base model on equal scores.
@@ -201,7 +201,7 @@ func (c *Catalogue) RankWith(a *classify.Annotation, d *policies.Decision, s Sel
 		cands = append(cands, cand(up, t.seed(up, a.Task())))
 	}
 	if s.Budgeted {
-		cands, excluded = withinBudget(cands, excluded, s.RemainingUSD)
+		cands, excluded = withinBudget(cands, excluded, s.RemainingUSD, a.PromptBound(), out)
 	}
 	tierIdx := func(t string) int { return slices.Index(policies.Tiers, t) }
 	sort.SliceStable(cands, func(i, j int) bool {
@@ -227,22 +227,28 @@ func CompletionTokens(a *classify.Annotation) int {
 	return out * a.Choices()
 }
 
-// withinBudget drops the candidates expected to cost more than remaining
-// USD, each target once in excluded, when at least one candidate fits;
-// otherwise it returns cands unchanged (see Selection.Budgeted).
-func withinBudget(cands []Candidate, excluded []Exclusion, remaining float64) ([]Candidate, []Exclusion) {
-	if !slices.ContainsFunc(cands, func(c Candidate) bool { return c.CostUSD <= remaining }) {
+// withinBudget drops the candidates whose worst case — prompt tokens (the
+// prompt's bound, classify.Annotation.PromptBound) and out completion
+// tokens at the target's prices, what the plan's reservation holds for an
+// answer from it — exceeds remaining USD, each target once in excluded,
+// when at least one candidate fits; otherwise it returns cands unchanged
+// (see Selection.Budgeted). The worst case rather than the expected cost,
+// so that a candidate kept here never makes the reservation refuse a
+// request another candidate could serve within the budget.
+func withinBudget(cands []Candidate, excluded []Exclusion, remaining float64, prompt, out int) ([]Candidate, []Exclusion) {
+	worst := func(c Candidate) float64 { return c.Target.Cost(prompt, out) }
+	if !slices.ContainsFunc(cands, func(c Candidate) bool { return worst(c) <= remaining }) {
 		return cands, excluded
 	}
 	var kept []Candidate
 	for _, c := range cands {
-		if c.CostUSD <= remaining {
+		if worst(c) <= remaining {
 			kept = append(kept, c)
 			continue
 		}
 		if !slices.ContainsFunc(excluded, func(e Exclusion) bool { return e.Target == c.Target.Name }) {
 			excluded = append(excluded, Exclusion{Target: c.Target.Name, Kind: ExcludedBudget,
-				Reason: fmt.Sprintf("expected cost %.6f USD over the remaining budget %.6f", c.CostUSD, remaining)})
+				Reason: fmt.Sprintf("worst-case cost %.6f USD over the remaining budget %.6f", worst(c), remaining)})
 		}
 	}
 	return kept, excluded

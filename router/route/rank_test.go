@@ -1,6 +1,7 @@
 package route
 
 import (
+	"fmt"
 	"math"
 	"net/http"
 	"reflect"
@@ -322,8 +323,9 @@ func TestParseOverrides(t *testing.T) {
 
 // budgetTargets are lan (free, quality 0.5), remote (0.1 USD per 1M
 // tokens, 0.6) and cloud (1 USD, 0.9) serving "m". A request of 14 prompt
-// tokens and the DefaultCompletionTokens (256) costs remote 270·0.1/1e6 =
-// 0.000027 and cloud 270/1e6 = 0.000270 USD.
+// tokens and the DefaultCompletionTokens (256) is expected to cost remote
+// 270·0.1/1e6 = 0.000027 and cloud 270/1e6 = 0.000270 USD; its worst case,
+// the prompt at its bound B, (B+256)·0.1/1e6 and (B+256)/1e6.
 func budgetTargets() []*Target {
 	return []*Target{
 		{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:1/v1", Models: []string{"m"}, Quality: map[string]float64{"default": 0.5}},
@@ -335,6 +337,18 @@ func budgetTargets() []*Target {
 func TestSelectionHonoursTheRemainingBudget(t *testing.T) {
 	cat := newCatalogue(t, budgetTargets()...)
 	a := annotate(t, nil, request{text: "what is the capital of France?", promptTokens: 14})
+	// The worst cases by hand: the prompt's bound and 256 completion tokens.
+	bound := float64(a.PromptBound())
+	if bound <= 14 {
+		t.Fatalf("the prompt's bound %v is not above its estimate", bound)
+	}
+	remoteWorst, cloudWorst := (bound+256)*0.1/1e6, (bound+256)*1/1e6
+	over := func(target string, worst, remaining float64) Exclusion {
+		return Exclusion{target, fmt.Sprintf("worst-case cost %.6f USD over the remaining budget %.6f", worst, remaining), ExcludedBudget, ""}
+	}
+	// Between remote's expected cost (0.000027) and its worst case: remote
+	// would have been kept on its expected cost, and its reservation refused.
+	between := (0.000027 + remoteWorst) / 2
 	cases := []struct {
 		name         string
 		tiers        []string
@@ -344,17 +358,20 @@ func TestSelectionHonoursTheRemainingBudget(t *testing.T) {
 		wantExcluded []Exclusion
 	}{
 		{"without a budget every allowed candidate stays", []string{"T1", "T2", "T3"}, false, 0, []string{"cloud", "remote", "lan"}, nil},
-		{"a budget under cloud's expected cost excludes cloud", []string{"T1", "T2", "T3"}, true, 0.0001, []string{"remote", "lan"},
-			[]Exclusion{{"cloud", "expected cost 0.000270 USD over the remaining budget 0.000100", ExcludedBudget, ""}}},
+		{"a budget under cloud's worst case excludes cloud", []string{"T1", "T2", "T3"}, true, 0.0001, []string{"remote", "lan"},
+			[]Exclusion{over("cloud", cloudWorst, 0.0001)}},
 		{"a budget under every paid candidate leaves the free one", []string{"T1", "T2", "T3"}, true, 0.00001, []string{"lan"},
-			[]Exclusion{{"remote", "expected cost 0.000027 USD over the remaining budget 0.000010", ExcludedBudget, ""}, {"cloud", "expected cost 0.000270 USD over the remaining budget 0.000010", ExcludedBudget, ""}}},
+			[]Exclusion{over("remote", remoteWorst, 0.00001), over("cloud", cloudWorst, 0.00001)}},
+		{"a budget above remote's expected cost but under its worst case leaves the free one", []string{"T1", "T2", "T3"}, true, between, []string{"lan"},
+			[]Exclusion{over("remote", remoteWorst, between), over("cloud", cloudWorst, between)}},
 		{"a budget no candidate fits keeps them all, for the ledger to refuse", []string{"T2", "T3"}, true, 0.00001, []string{"cloud", "remote"},
 			[]Exclusion{{"lan", "tier T1 not allowed by the policy", ExcludedPolicy, ""}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d := decision(t, a, allow(tc.tiers, nil))
-			cands, excluded, _ := cat.RankWith(a, d, Selection{Weights: DefaultWeights, Budgeted: tc.budgeted, RemainingUSD: tc.remaining})
+			sel := Selection{Weights: DefaultWeights, Budgeted: tc.budgeted, RemainingUSD: tc.remaining}
+			cands, excluded, _ := cat.RankWith(a, d, sel)
 			var names []string
 			for _, c := range cands {
 				names = append(names, c.Target.Name)
@@ -364,6 +381,11 @@ func TestSelectionHonoursTheRemainingBudget(t *testing.T) {
 			}
 			if !reflect.DeepEqual(excluded, tc.wantExcluded) {
 				t.Errorf("exclusions %q, want %q", excluded, tc.wantExcluded)
+			}
+			// Whenever a candidate fits, the plan's reservation fits too, so the
+			// ledger does not refuse a request the kept candidates can serve.
+			if p := cat.NewPlan(a, d, sel, Config{}); tc.budgeted && len(tc.wantExcluded) > 0 && tc.wantExcluded[0].Kind == ExcludedBudget && p.Reserve.CostUSD > tc.remaining {
+				t.Errorf("the plan reserves %v USD, over the remaining %v", p.Reserve.CostUSD, tc.remaining)
 			}
 		})
 	}

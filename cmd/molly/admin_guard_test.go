@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestEveryMollyAdminRouteIsGuarded: every route of every Molly admin API
+// module registered in this binary (admin.api.molly_*) answers 403 to a
+// request that reached it over plaintext TCP — neither the Unix socket nor
+// the mutual-TLS remote endpoint (admin.Guard) — before its handler reads
+// anything, and answers a request over the socket with its own status.
+func TestEveryMollyAdminRouteIsGuarded(t *testing.T) {
+	tcp := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2019}
+	unix := &net.UnixAddr{Name: "/run/molly/admin.sock", Net: "unix"}
+	routes := 0
+	for _, info := range caddy.GetModules("admin.api") {
+		if !strings.HasPrefix(string(info.ID), "admin.api.molly_") {
+			continue
+		}
+		router, ok := info.New().(caddy.AdminRouter)
+		if !ok {
+			continue
+		}
+		for _, route := range router.Routes() {
+			routes++
+			path := route.Pattern
+			for _, over := range []net.Addr{tcp, unix} {
+				r := httptest.NewRequest(http.MethodGet, "http://localhost"+path, nil)
+				r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, over))
+				err := route.Handler.ServeHTTP(httptest.NewRecorder(), r)
+				var apiErr caddy.APIError
+				forbidden := errors.As(err, &apiErr) && apiErr.HTTPStatus == http.StatusForbidden
+				if over == tcp && !forbidden {
+					t.Errorf("%s GET %s over TCP: %v, want 403", info.ID, path, err)
+				}
+				if over == unix && forbidden {
+					t.Errorf("%s GET %s over the socket: 403 %v", info.ID, path, err)
+				}
+			}
+		}
+	}
+	if routes < 10 {
+		t.Fatalf("only %d Molly admin routes are registered", routes)
+	}
+}
