@@ -33,16 +33,22 @@ func TestEveryMollyAdminRouteIsGuarded(t *testing.T) {
 			routes++
 			path := route.Pattern
 			for _, over := range []net.Addr{tcp, unix} {
-				r := httptest.NewRequest(http.MethodGet, "http://localhost"+path, nil)
-				r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, over))
-				err := route.Handler.ServeHTTP(httptest.NewRecorder(), r)
-				var apiErr caddy.APIError
-				forbidden := errors.As(err, &apiErr) && apiErr.HTTPStatus == http.StatusForbidden
-				if over == tcp && !forbidden {
-					t.Errorf("%s GET %s over TCP: %v, want 403", info.ID, path, err)
+				methods := []string{http.MethodGet}
+				if over == tcp {
+					methods = append(methods, http.MethodPost, http.MethodDelete) // refused whatever the method
 				}
-				if over == unix && forbidden {
-					t.Errorf("%s GET %s over the socket: 403 %v", info.ID, path, err)
+				for _, method := range methods {
+					r := httptest.NewRequest(method, "http://localhost"+path, strings.NewReader("{}"))
+					r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, over))
+					err := route.Handler.ServeHTTP(httptest.NewRecorder(), r)
+					var apiErr caddy.APIError
+					forbidden := errors.As(err, &apiErr) && apiErr.HTTPStatus == http.StatusForbidden
+					if over == tcp && !forbidden {
+						t.Errorf("%s %s %s over TCP: %v, want 403", info.ID, method, path, err)
+					}
+					if over == unix && forbidden {
+						t.Errorf("%s %s %s over the socket: 403 %v", info.ID, method, path, err)
+					}
 				}
 			}
 		}
