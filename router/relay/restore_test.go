@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/molly-gateway/molly/redaction"
 )
@@ -111,4 +112,44 @@ func TestStreamRestoreAcrossChunks(t *testing.T) {
 			t.Fatalf("first %q, final %s", first, final)
 		}
 	})
+}
+
+// TestStreamRestoreCoversEveryDeltaText: besides content, a delta's
+// refusal, reasoning_content, an upstream's own reasoning field and the
+// legacy function_call arguments are text the model wrote: a placeholder
+// cut across their chunks is restored, and an address the model wrote
+// there is masked by the guard, cut at any point. The oracle is the text
+// written by hand.
+func TestStreamRestoreCoversEveryDeltaText(t *testing.T) {
+	v, _ := vaultFor(t, "alice@example.com")
+	sc, err := redaction.NewScanner(redaction.Config{Types: []string{redaction.TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := sc.NewGuard(redaction.GuardPolicy{Default: redaction.GuardMask}, v.Values()...)
+	const answer = `to [EMAIL_1] or bob.builder@corp-mail.org`
+	const want = `to alice@example.com or [EMAIL]`
+	for _, field := range []string{"refusal", "reasoning_content", "reasoning", "function_call.arguments"} {
+		chunk := func(text string, finish bool) []byte {
+			fr := "null"
+			if finish {
+				fr = `"stop"`
+			}
+			b := []byte(`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":` + fr + `}]}`)
+			if text != "" {
+				b, _ = sjson.SetBytes(b, "choices.0.delta."+field, text)
+			}
+			return b
+		}
+		for cut := 1; cut < len(answer); cut++ {
+			s := NewStreamRestore(v, g)
+			var got strings.Builder
+			for _, c := range [][]byte{chunk(answer[:cut], false), chunk(answer[cut:], false), chunk("", true)} {
+				got.WriteString(gjson.GetBytes(s.Event(c), "choices.0.delta."+field).String())
+			}
+			if got.String() != want {
+				t.Fatalf("%s cut at %d: streamed %q, want %q", field, cut, got.String(), want)
+			}
+		}
+	}
 }
