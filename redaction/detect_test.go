@@ -441,3 +441,14 @@ func TestIBANWithPlusSigns(t *testing.T) {
 		{"an IBAN with a plus between every character", "", "iban I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6 ok", []string{"IBAN:I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6"}},
 	})
 }
+
+// TestEmailWithSpacesAroundTheAt: an '@' set apart by spaces still makes
+// an address (a model reads it as one); the oracle is the address's span
+// written by hand.
+func TestEmailWithSpacesAroundTheAt(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"spaces around the at", "", "mail mario.rossi @ example.com now", []string{"EMAIL/written:mario.rossi @ example.com"}},
+		{"two spaces and a bare local part", "", "write to anna  @  example.it", []string{"EMAIL/written:anna  @  example.it"}},
+		{"no domain with a public suffix is no address", "", "ping me @ home, or @ 5pm.", nil},
+	})
+}

@@ -25,7 +25,8 @@ import (
 // key or a path.
 //
 // Addresses written out for humans ("maria dot rossi at example dot org",
-// "anna[at]example.it", "jean point martin arobase example point fr")
+// "anna[at]example.it", "jean point martin arobase example point fr",
+// "anna @ example.it")
 // are found from their at-word (see atWords), with the domain's top-level
 // label checked against the ICANN section of the Public Suffix List
 // (golang.org/x/net/publicsuffix). The obfuscations of the bytes
@@ -279,6 +280,9 @@ var atWords = []struct {
 	{"[at]", true}, {"(at)", true}, {"{at}", true}, {"<at>", true}, {" at ", false},
 	{" chiocciola ", true}, {" arobase ", true}, {" arroba ", true}, {" klammeraffe ", true},
 	{"[@]", true}, {"(@)", true},
+	// An '@' set apart by spaces ("mario.rossi @ example.com"): the
+	// domain's TLD and a local part glued to the space still decide.
+	{" @ ", true},
 }
 
 // dotWords write '.' out.
