@@ -395,6 +395,7 @@ func TestPrecisionOnLookAlikes(t *testing.T) {
 		{"an e-mail in a URL path does not swallow the path", "", "https://crm.example.com/contacts/luca.bianchi@example.it ok", []string{"EMAIL:luca.bianchi@example.it"}},
 		{"meet at a domain is not an e-mail", "", "meet at example.com tomorrow", nil},
 		{"order numbers are not phones", "", "Order 3471234567 shipped", nil},
+		{"a decimal with one digit before the point is not a phone", "IT", "ratio 0.123456789, pi 3.1415926535, call 06 4567 8901", []string{"PHONE:06 4567 8901"}},
 		{"a CIDR block is not an address", "", "the range 10.0.0.0/8 is private", nil},
 		{"a password field description is not a password", "", "password: required, at least 12 characters", nil},
 		{"a Kubernetes secret's name is not a password", "", "secretName: tls-cert-2024", nil},
