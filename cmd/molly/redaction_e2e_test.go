@@ -121,12 +121,13 @@ func TestRedactionHashModeGivesAStableIrreversibleToken(t *testing.T) {
 // fields of answers the output guard did not read (a streamed refusal, a
 // whole answer's reasoning_content, an upstream's own reasoning field, the
 // legacy function_call arguments, logprobs tokens spelling a masked
-// address). The oracle is the address's own text in what T3 received and
+// address), and the forwarded correlation headers. The oracle is the address's own text in what T3 received and
 // in what the client got.
 func TestRedactionBreakItRound4(t *testing.T) {
 	const client, wrote = "mario.rossi@example.com", "bob.builder@corp-mail.org"
 	var mu sync.Mutex
 	var received []string
+	var ids []string
 	t3 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if r.URL.Path == "/v1/models" {
@@ -135,6 +136,7 @@ func TestRedactionBreakItRound4(t *testing.T) {
 		}
 		mu.Lock()
 		received = append(received, string(body))
+		ids = append(ids, r.Header.Get("X-Request-Id")+" "+r.Header.Get("Tracestate"))
 		mu.Unlock()
 		if gjson.GetBytes(body, "stream").Bool() {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -183,7 +185,12 @@ http://127.0.0.1:{PORT} {
 `)
 	post := func(body string) string {
 		t.Helper()
-		resp, err := http.Post(g.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", g.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		// Correlation headers are forwarded; these must not be.
+		req.Header.Set("X-Request-Id", client)
+		req.Header.Set("Tracestate", "vendor="+client)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,5 +231,12 @@ http://127.0.0.1:{PORT} {
 	}
 	if refusal.String() != "to "+client+" or [EMAIL]" {
 		t.Fatalf("streamed refusal %q, want %q", refusal.String(), "to "+client+" or [EMAIL]")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, h := range ids {
+		if strings.Contains(h, "rossi") || !strings.HasPrefix(h, "req_") {
+			t.Fatalf("T3 got the request id and trace state %q", h)
+		}
 	}
 }
