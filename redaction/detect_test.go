@@ -453,3 +453,16 @@ func TestEmailWithSpacesAroundTheAt(t *testing.T) {
 		{"no domain with a public suffix is no address", "", "ping me @ home, or @ 5pm.", nil},
 	})
 }
+
+// TestQuotedPrintableSoftBreaks: an address or a number cut by a
+// quoted-printable soft line break ("=" at the end of a line, RFC 2045
+// §6.7), as raw e-mail source carries it, is found whole; an '=' that
+// does not end a line changes nothing. The oracle is the span by hand.
+func TestQuotedPrintableSoftBreaks(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a soft break in the local part", "", "Write to mario.ros=\nsi@example.com today", []string{"EMAIL:mario.ros=\nsi@example.com"}},
+		{"a soft break with CRLF in the domain", "", "Write to mario.rossi@exa=\r\nmple.com today", []string{"EMAIL:mario.rossi@exa=\r\nmple.com"}},
+		{"a soft break in a card number", "", "card 4111 1111 11=\n11 1111 ok", []string{"CREDIT_CARD:4111 1111 11=\n11 1111"}},
+		{"assignments are left alone", "", "a = b\nc=\nd x=1 y=40", nil},
+	})
+}
