@@ -466,3 +466,14 @@ func TestQuotedPrintableSoftBreaks(t *testing.T) {
 		{"assignments are left alone", "", "a = b\nc=\nd x=1 y=40", nil},
 	})
 }
+
+// TestEmailWithAQuotedLocalPart: RFC 5321's quoted local part ("mario
+// rossi"@example.com) is an address, quotes included; a quoted word that
+// is no address, or an empty pair of quotes, is not. The oracle is the
+// span by hand.
+func TestEmailWithAQuotedLocalPart(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a quoted local part with a space", "", `mail "mario rossi"@example.com now`, []string{`EMAIL:"mario rossi"@example.com`}},
+		{"an empty quoted local part is none", "", `say ""@example.com and "hi" at example.com`, nil},
+	})
+}

@@ -106,6 +106,15 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 	if !ok {
 		return 0, 0, false
 	}
+	// A quoted local part (RFC 5321 §4.1.2 Quoted-string: "mario
+	// rossi"@example.com), read as the address it is.
+	if a > 0 && text[a-1] == '"' {
+		if q := quotedLocalStart(text, a-1); q >= 0 && !gluedBefore(text, q) {
+			if c := at(text, e); c != '_' && c != '@' && !gluedAfter(text, e) {
+				return q, e, true
+			}
+		}
+	}
 	// Local part: atext runs (and non-ASCII letters) separated by single
 	// dots, ≤ 64 bytes.
 	s := localStart(text, a)
@@ -155,6 +164,24 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 		return 0, 0, false
 	}
 	return s, e, true
+}
+
+// quotedLocalStart returns where the quoted string whose closing quote is
+// text[c] starts (its opening quote), or -1: 1 to 64 bytes between the
+// quotes, no quote, backslash or line break among them.
+func quotedLocalStart(text string, c int) int {
+	for k := c - 1; k >= 0 && c-k <= 65; k-- {
+		switch text[k] {
+		case '"':
+			if k == c-1 {
+				return -1
+			}
+			return k
+		case '\\', '\n', '\r':
+			return -1
+		}
+	}
+	return -1
 }
 
 // localStart returns where the local part ending at a starts.
