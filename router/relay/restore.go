@@ -23,7 +23,11 @@ import (
 // With a guard, each restored text stream then goes through its own
 // redaction.StreamGuard: entity types the model wrote are masked (or the
 // stream is refused, Err) as the policy's output rule says, holding back
-// only as much as the longest pattern needs.
+// only as much as the longest pattern needs. The chunks' logprobs are then
+// held too (each chunk goes on with "logprobs": null) and come with the
+// choice's finish_reason chunk, unless the guard masked its content or
+// refusal: their tokens would spell the value, so they are dropped. A
+// stream that ends without a finish_reason drops them.
 type StreamRestore struct {
 	vault *redaction.Vault // nil: nothing to restore
 	guard *redaction.Guard // nil: answers are not guarded
@@ -31,6 +35,10 @@ type StreamRestore struct {
 	order []string // keys in first-seen order, for a stable final flush
 	tmpl  []byte   // id, object, created, model of the first chunk, for the final flush
 	err   error    // the guard blocked the answer
+	// lp holds, with a guard, each choice's logprobs entries (raw JSON of
+	// logprobs.content items) until its finish_reason: their tokens spell
+	// the text the guard holds back and may mask.
+	lp map[int64][]string
 }
 
 // textStage is one text stream's restorer then guard.
@@ -163,8 +171,20 @@ func (s *StreamRestore) Event(data []byte) []byte {
 				fmt.Sprintf("%d/tool/%d", idx, tc.Get("index").Int()), tc.Get("function.arguments"))
 			return true
 		})
+		if s.guard != nil {
+			if lp := ch.Get("logprobs"); lp.Exists() && lp.Type != gjson.Null {
+				if s.lp == nil {
+					s.lp = map[int64][]string{}
+				}
+				for _, e := range lp.Get("content").Array() {
+					s.lp[idx] = append(s.lp[idx], e.Raw)
+				}
+				out, _ = sjson.SetRawBytes(out, base+".logprobs", []byte("null"))
+			}
+		}
 		if fr := ch.Get("finish_reason"); fr.Exists() && fr.Type != gjson.Null {
 			out = s.flushChoice(out, base, idx)
+			out = s.releaseLogprobs(out, base, idx)
 		}
 		return true
 	})
@@ -194,6 +214,28 @@ func escapeKey(key string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// releaseLogprobs puts the logprobs held for choice idx into the chunk at
+// base, unless the guard masked something of the choice's content or
+// refusal.
+func (s *StreamRestore) releaseLogprobs(out []byte, base string, idx int64) []byte {
+	held, ok := s.lp[idx]
+	if !ok {
+		return out
+	}
+	delete(s.lp, idx)
+	prefix := strconv.FormatInt(idx, 10) + "/d/"
+	for _, key := range []string{prefix + "content", prefix + "refusal"} {
+		if st := s.rs[key]; st != nil && st.g != nil && len(st.g.Findings()) > 0 {
+			return out
+		}
+	}
+	raw := `{"content":[` + strings.Join(held, ",") + `],"refusal":null}`
+	if b, err := sjson.SetRawBytes(out, base+".logprobs", []byte(raw)); err == nil {
+		out = b
+	}
+	return out
 }
 
 // flushChoice appends the held-back text of choice idx to the chunk at base.
