@@ -155,10 +155,14 @@ func special8(w uint64) uint64 {
 	high := w & msb
 	x := w &^ msb
 	controls := inRange(x, 0, 0x1F) &^ inRange(x, '\t', '\r')
-	// '=' only where a line break follows it (or may, in the next word).
-	nl := (eqByte(x, '\n') | eqByte(x, '\r')) &^ high
-	soft := eqByte(x, '=') & (nl>>8 | 0x80<<56)
-	return high | controls | eqByte(x, 0x7F) | inRange(x, '%', '&') | eqByte(x, '\\') | soft
+	m := high | controls | eqByte(x, 0x7F) | inRange(x, '%', '&') | eqByte(x, '\\')
+	// '=' only where a line break follows it (or may, in the next word);
+	// most words hold no '=' at all.
+	if eq := eqByte(x, '='); eq != 0 {
+		nl := (eqByte(x, '\n') | eqByte(x, '\r')) &^ high
+		m |= eq & (nl>>8 | 0x80<<56)
+	}
+	return m
 }
 
 // hexVal returns the value of a hex digit, or -1.
