@@ -121,7 +121,7 @@ func TestRedactionHashModeGivesAStableIrreversibleToken(t *testing.T) {
 // fields of answers the output guard did not read (a streamed refusal, a
 // whole answer's reasoning_content, an upstream's own reasoning field, the
 // legacy function_call arguments, logprobs tokens spelling a masked
-// address), and the forwarded correlation headers. The oracle is the address's own text in what T3 received and
+// address, whole or streamed), and the forwarded correlation headers. The oracle is the address's own text in what T3 received and
 // in what the client got.
 func TestRedactionBreakItRound4(t *testing.T) {
 	const client, wrote = "mario.rossi@example.com", "bob.builder@corp-mail.org"
@@ -140,9 +140,18 @@ func TestRedactionBreakItRound4(t *testing.T) {
 		mu.Unlock()
 		if gjson.GetBytes(body, "stream").Bool() {
 			w.Header().Set("Content-Type", "text/event-stream")
+			// With logprobs: content whose tokens spell the address;
+			// without: a refusal.
+			field, lp := "refusal", gjson.GetBytes(body, "logprobs").Bool()
+			if lp {
+				field = "content"
+			}
 			for _, part := range []string{"to [EMAIL_1] or bob.buil", "der@corp-mail.org"} {
-				b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-					"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"refusal": part}, "finish_reason": nil}}})
+				choice := map[string]any{"index": 0, "delta": map[string]any{field: part}, "finish_reason": nil}
+				if lp {
+					choice["logprobs"] = map[string]any{"content": []any{map[string]any{"token": part, "logprob": -1, "bytes": nil, "top_logprobs": []any{}}}, "refusal": nil}
+				}
+				b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": []any{choice}})
 				fmt.Fprintf(w, "data: %s\n\n", b)
 			}
 			fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
@@ -231,6 +240,17 @@ http://127.0.0.1:{PORT} {
 	}
 	if refusal.String() != "to "+client+" or [EMAIL]" {
 		t.Fatalf("streamed refusal %q, want %q", refusal.String(), "to "+client+" or [EMAIL]")
+	}
+	// A stream with logprobs: the tokens would spell the masked address.
+	out = post(`{"model":"chat","stream":true,"logprobs":true,"messages":[{"role":"user","content":"mail ` + client + `"}]}`)
+	var content strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+			content.WriteString(gjson.Get(data, "choices.0.delta.content").String())
+		}
+	}
+	if content.String() != "to "+client+" or [EMAIL]" || strings.Contains(out, "der@corp-mail.org") {
+		t.Fatalf("streamed content %q; stream %s", content.String(), out)
 	}
 	mu.Lock()
 	defer mu.Unlock()
