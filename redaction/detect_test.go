@@ -190,6 +190,10 @@ func TestSecretDetection(t *testing.T) {
 		{"Stripe live secret and restricted keys are found", "", "(" + keyStripe + ") and " + keyStripeRK, []string{"SECRET/stripe:" + keyStripe, "SECRET/stripe:" + keyStripeRK}},
 		{"a Google API key is found", "", "key=" + keyGoogle + "&q=x", []string{"SECRET/google:" + keyGoogle}},
 		{"a JWT is found", "", "Authorization: Bearer " + keyJWT, []string{"SECRET/jwt:" + keyJWT}},
+		{"an opaque bearer token in an Authorization header is found", "", "curl -s https://api.example.com/v1 -H 'Authorization: Bearer 8yQk2Lw9ZtP4nR7vXc3MdF6h' -d x", []string{"SECRET/bearer:8yQk2Lw9ZtP4nR7vXc3MdF6h"}},
+		{"a bearer token in prose is found", "", "use bearer tR4nQ9zLk2mW8vXs7pY3 for the staging API", []string{"SECRET/bearer:tR4nQ9zLk2mW8vXs7pY3"}},
+		{"Basic credentials in an Authorization header are found", "", "Authorization: Basic YWxhZGRpbjpvcGVuc2VzYW1l", []string{"SECRET/bearer:YWxhZGRpbjpvcGVuc2VzYW1l"}},
+		{"prose about bearer tokens is not a secret", "", "Bearer authentication sends a bearer tokenauthentication string; bearer instrumentalities, Authorization: Basic realm", nil},
 		{"a PEM private key block is found whole", "", "here:\n" + keyPEM + "\nbye", []string{"SECRET/private_key:" + keyPEM}},
 		{"a PEM private key cut short is found", "", "here:\n" + keyPEMCut + "\n\nwhat is it?", []string{"SECRET/private_key:" + keyPEMCut}},
 		{"a high-entropy value after a key-like name is found", "", `config: api_token = "` + keyGeneric + `"`, []string{"SECRET/generic:" + keyGeneric}},
@@ -391,6 +395,7 @@ func TestPrecisionOnLookAlikes(t *testing.T) {
 		{"an e-mail in a URL path does not swallow the path", "", "https://crm.example.com/contacts/luca.bianchi@example.it ok", []string{"EMAIL:luca.bianchi@example.it"}},
 		{"meet at a domain is not an e-mail", "", "meet at example.com tomorrow", nil},
 		{"order numbers are not phones", "", "Order 3471234567 shipped", nil},
+		{"a decimal with one digit before the point is not a phone", "IT", "ratio 0.123456789, pi 3.1415926535, call 06 4567 8901", []string{"PHONE:06 4567 8901"}},
 		{"a CIDR block is not an address", "", "the range 10.0.0.0/8 is private", nil},
 		{"a password field description is not a password", "", "password: required, at least 12 characters", nil},
 		{"a Kubernetes secret's name is not a password", "", "secretName: tls-cert-2024", nil},
@@ -435,5 +440,40 @@ func TestPersonDetection(t *testing.T) {
 func TestIBANWithPlusSigns(t *testing.T) {
 	runScanCases(t, []scanCase{
 		{"an IBAN with a plus between every character", "", "iban I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6 ok", []string{"IBAN:I+T+6+0+X+0+5+4+2+8+1+1+1+0+1+0+0+0+0+0+0+1+2+3+4+5+6"}},
+	})
+}
+
+// TestEmailWithSpacesAroundTheAt: an '@' set apart by spaces still makes
+// an address (a model reads it as one); the oracle is the address's span
+// written by hand.
+func TestEmailWithSpacesAroundTheAt(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"spaces around the at", "", "mail mario.rossi @ example.com now", []string{"EMAIL/written:mario.rossi @ example.com"}},
+		{"two spaces and a bare local part", "", "write to anna  @  example.it", []string{"EMAIL/written:anna  @  example.it"}},
+		{"no domain with a public suffix is no address", "", "ping me @ home, or @ 5pm.", nil},
+	})
+}
+
+// TestQuotedPrintableSoftBreaks: an address or a number cut by a
+// quoted-printable soft line break ("=" at the end of a line, RFC 2045
+// §6.7), as raw e-mail source carries it, is found whole; an '=' that
+// does not end a line changes nothing. The oracle is the span by hand.
+func TestQuotedPrintableSoftBreaks(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a soft break in the local part", "", "Write to mario.ros=\nsi@example.com today", []string{"EMAIL:mario.ros=\nsi@example.com"}},
+		{"a soft break with CRLF in the domain", "", "Write to mario.rossi@exa=\r\nmple.com today", []string{"EMAIL:mario.rossi@exa=\r\nmple.com"}},
+		{"a soft break in a card number", "", "card 4111 1111 11=\n11 1111 ok", []string{"CREDIT_CARD:4111 1111 11=\n11 1111"}},
+		{"assignments are left alone", "", "a = b\nc=\nd x=1 y=40", nil},
+	})
+}
+
+// TestEmailWithAQuotedLocalPart: RFC 5321's quoted local part ("mario
+// rossi"@example.com) is an address, quotes included; a quoted word that
+// is no address, or an empty pair of quotes, is not. The oracle is the
+// span by hand.
+func TestEmailWithAQuotedLocalPart(t *testing.T) {
+	runScanCases(t, []scanCase{
+		{"a quoted local part with a space", "", `mail "mario rossi"@example.com now`, []string{`EMAIL:"mario rossi"@example.com`}},
+		{"an empty quoted local part is none", "", `say ""@example.com and "hi" at example.com`, nil},
 	})
 }

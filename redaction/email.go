@@ -25,7 +25,8 @@ import (
 // key or a path.
 //
 // Addresses written out for humans ("maria dot rossi at example dot org",
-// "anna[at]example.it", "jean point martin arobase example point fr")
+// "anna[at]example.it", "jean point martin arobase example point fr",
+// "anna @ example.it")
 // are found from their at-word (see atWords), with the domain's top-level
 // label checked against the ICANN section of the Public Suffix List
 // (golang.org/x/net/publicsuffix). The obfuscations of the bytes
@@ -105,6 +106,15 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 	if !ok {
 		return 0, 0, false
 	}
+	// A quoted local part (RFC 5321 §4.1.2 Quoted-string: "mario
+	// rossi"@example.com), read as the address it is.
+	if a > 0 && text[a-1] == '"' {
+		if q := quotedLocalStart(text, a-1); q >= 0 && !gluedBefore(text, q) {
+			if c := at(text, e); c != '_' && c != '@' && !gluedAfter(text, e) {
+				return q, e, true
+			}
+		}
+	}
 	// Local part: atext runs (and non-ASCII letters) separated by single
 	// dots, ≤ 64 bytes.
 	s := localStart(text, a)
@@ -154,6 +164,24 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 		return 0, 0, false
 	}
 	return s, e, true
+}
+
+// quotedLocalStart returns where the quoted string whose closing quote is
+// text[c] starts (its opening quote), or -1: 1 to 64 bytes between the
+// quotes, no quote, backslash or line break among them.
+func quotedLocalStart(text string, c int) int {
+	for k := c - 1; k >= 0 && c-k <= 65; k-- {
+		switch text[k] {
+		case '"':
+			if k == c-1 {
+				return -1
+			}
+			return k
+		case '\\', '\n', '\r':
+			return -1
+		}
+	}
+	return -1
 }
 
 // localStart returns where the local part ending at a starts.
@@ -279,6 +307,9 @@ var atWords = []struct {
 	{"[at]", true}, {"(at)", true}, {"{at}", true}, {"<at>", true}, {" at ", false},
 	{" chiocciola ", true}, {" arobase ", true}, {" arroba ", true}, {" klammeraffe ", true},
 	{"[@]", true}, {"(@)", true},
+	// An '@' set apart by spaces ("mario.rossi @ example.com"): the
+	// domain's TLD and a local part glued to the space still decide.
+	{" @ ", true},
 }
 
 // dotWords write '.' out.

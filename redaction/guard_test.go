@@ -197,3 +197,30 @@ func TestScanBoundedFailsClosed(t *testing.T) {
 		t.Fatalf("default budget: %v %v", fs, err)
 	}
 }
+
+// TestRedactJSONRedactsTextThatIsNotJSON: tool-call arguments need not be
+// JSON; a value in a bare word (outside every string literal) must still
+// be replaced, as plain Redact would. The oracle is the values' own text.
+func TestRedactJSONRedactsTextThatIsNotJSON(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]bool{TypeCreditCard: true, TypeEmail: true}
+	for _, raw := range []string{
+		`to: mario.rossi@example.com`,
+		`{to: mario.rossi@example.com, "x": 1}`,
+		`{"a": 1} mario.rossi@example.com`,
+		`card 4111 1111 1111 1111 please`,
+		`[4111111111111111,`,
+	} {
+		v := NewVault()
+		red := v.RedactJSON(raw, s.Scan(raw), types)
+		if strings.Contains(red, "mario.rossi@example.com") || strings.Contains(red, "4111") {
+			t.Errorf("RedactJSON(%q) = %q: the value is left", raw, red)
+		}
+		if back := v.Restore(red); back != raw {
+			t.Errorf("Restore(%q) = %q, want %q", red, back, raw)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package redaction
 
 import (
+	"encoding/json"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -137,13 +138,14 @@ func jsonUnit(s string) rune {
 // RedactJSON is Redact for a JSON text raw (see the JSON-aware redaction
 // notes above): findings are byte ranges into raw as Scan returns them
 // for it; types selects which to replace, as for Redact. The result is
-// valid JSON whenever raw is. When raw is not JSON it falls back to
-// Redact. Restore values with RestoreJSON or a JSON stream restorer
+// valid JSON whenever raw is. When raw is not JSON (RFC 8259, checked
+// with encoding/json) it falls back to Redact: findings in bare words
+// outside any literal are replaced like in plain text. Restore values with RestoreJSON or a JSON stream restorer
 // (they re-escape string values and unquote literal placeholders), or
 // with Restore for plain text.
 func (v *Vault) RedactJSON(raw string, findings []Finding, types map[string]bool) string {
 	toks, ok := jsonTokens(raw)
-	if !ok {
+	if !ok || !json.Valid([]byte(raw)) {
 		return v.Redact(raw, findings, types)
 	}
 	type edit struct {

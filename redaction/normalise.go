@@ -136,10 +136,10 @@ var htmlEntities = map[string]byte{
 }
 
 // specialASCII marks the ASCII bytes that may start a rewrite in the view:
-// '%' (percent-encoding), '\\' (JSON \uXXXX escapes) and '&' (HTML
-// character references).
+// '%' (percent-encoding), '\\' (JSON \uXXXX escapes), '&' (HTML
+// character references) and '=' (quoted-printable soft line breaks).
 var specialASCII = func() (t [256]bool) {
-	t['%'], t['\\'], t['&'] = true, true, true
+	t['%'], t['\\'], t['&'], t['='] = true, true, true, true
 	for c := range 128 {
 		t[c] = t[c] || dropASCII[c]
 	}
@@ -147,14 +147,22 @@ var specialASCII = func() (t [256]bool) {
 }()
 
 // special8 flags (bit 7 of each byte, see inRange) the bytes of w (see
-// le64) that are >= 0x80 or marked in specialASCII: a SWAR test of the
-// eight bytes at once, on their low seven bits (so no carry crosses a
-// byte).
+// le64) that are >= 0x80 or marked in specialASCII, an '=' only when the
+// next byte is a line feed or carriage return or lies in the next word:
+// a SWAR test of the eight bytes at once, on their low seven bits (so no
+// carry crosses a byte).
 func special8(w uint64) uint64 {
 	high := w & msb
 	x := w &^ msb
 	controls := inRange(x, 0, 0x1F) &^ inRange(x, '\t', '\r')
-	return high | controls | eqByte(x, 0x7F) | inRange(x, '%', '&') | eqByte(x, '\\')
+	m := high | controls | eqByte(x, 0x7F) | inRange(x, '%', '&') | eqByte(x, '\\')
+	// '=' only where a line break follows it (or may, in the next word);
+	// most words hold no '=' at all.
+	if eq := eqByte(x, '='); eq != 0 {
+		nl := (eqByte(x, '\n') | eqByte(x, '\r')) &^ high
+		m |= eq & (nl>>8 | 0x80<<56)
+	}
+	return m
 }
 
 // hexVal returns the value of a hex digit, or -1.
@@ -185,6 +193,18 @@ func percentByte(s string) int {
 		return -1
 	}
 	return b
+}
+
+// softBreak returns the length of a quoted-printable soft line break
+// ("=" then LF or CRLF) at the start of s, or 0.
+func softBreak(s string) int {
+	switch {
+	case len(s) >= 2 && s[1] == '\n':
+		return 2
+	case len(s) >= 3 && s[1] == '\r' && s[2] == '\n':
+		return 3
+	}
+	return 0
 }
 
 // jsonEscape decodes a JSON \uXXXX escape (RFC 8259 §7) at the start of s,
@@ -402,6 +422,16 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 				if b := jsonShortEscape(text[i:]); b >= 0 {
 					w.replaceByte(i, i+2, byte(b))
 					i += 2
+					continue
+				}
+			case '=':
+				// A quoted-printable soft line break (RFC 2045 §6.7 rule
+				// 5): "=" ending a line joins it to the next, so an
+				// address or a number pasted from a raw e-mail reads whole.
+				// Not after another '=': "==" ends base64 padding.
+				if n := softBreak(text[i:]); n > 0 && (i == 0 || text[i-1] != '=') {
+					w.replace(i, i+n, "")
+					i += n
 					continue
 				}
 			case '&':

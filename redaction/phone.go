@@ -284,6 +284,11 @@ func (ns *numScan) phone(i, j int) {
 			return
 		}
 	}
+	// A decimal with one digit before the point ("0.123456789", "3.1415926535"):
+	// no numbering plan writes a lone digit as a group of its own.
+	if j-i == 2 && ns.lens[0] == 1 && c.gap(text, i+1) == "." && !intl {
+		return
+	}
 	// Decimals in a list ("20.147752, 166.903277").
 	if j-i == 2 && c.gap(text, i+1) == "." && before(text, start) == ' ' && before(text, start-1) == ',' && isDigit(before(text, start-2)) {
 		return

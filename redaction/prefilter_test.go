@@ -210,7 +210,7 @@ func checkAnchors(t *testing.T, ix *keywordIndex, text string, got *anchors) {
 }
 
 // TestSpecial8MatchesTable checks normalise's eight-byte skip against the
-// byte table it stands for, on every pair of adjacent byte values at every
+// byte table it stands for (an '=' only before a line break), on every pair of adjacent byte values at every
 // offset of the word (a carry between bytes would show there).
 func TestSpecial8MatchesTable(t *testing.T) {
 	special := func(c byte) bool { return c >= 0x80 || specialASCII[c] }
@@ -221,7 +221,9 @@ func TestSpecial8MatchesTable(t *testing.T) {
 				buf[k], buf[k+1] = byte(b1), byte(b2)
 				var want uint64
 				for i, c := range buf {
-					if special(c) {
+					// '=' counts only before a line break, or last.
+					soft := c != '=' || i == 7 || buf[i+1] == '\n' || buf[i+1] == '\r'
+					if special(c) && soft {
 						want |= 0x80 << (8 * i)
 					}
 				}

@@ -20,7 +20,8 @@
 //     ASCII, format characters (zero-width, soft hyphen, bidi) and
 //     combining marks dropped, Unicode TR #39 homoglyphs, dashes and
 //     spaces mapped, percent-escapes of printable ASCII, JSON \uXXXX
-//     escapes and HTML character references (&#64;, &commat;) decoded.
+//     escapes and HTML character references (&#64;, &commat;) decoded,
+//     quoted-printable soft line breaks ("=" ending a line) removed.
 //     Findings are mapped back to byte offsets in the original text, so the
 //     original bytes are what gets replaced.
 //   - One prefilter pass (prefilter.go) collects the literal anchors of

@@ -138,12 +138,13 @@ func identStart(text string, i int) int {
 //     is usually followed by one.
 //   - a few hand-written patterns for the providers the gateway cares most
 //     about (OpenAI, Anthropic, AWS, GitHub, Slack, Stripe, Google, JWT, PEM
-//     private keys, also truncated), which accept key shapes gitleaks' stricter
+//     private keys, also truncated, passwords, HTTP bearer tokens and Basic
+//     credentials), which accept key shapes gitleaks' stricter
 //     rules miss (e.g. OpenAI project keys without the T3BlbkFJ marker).
 //
 // Subtype names the kind: "openai", "anthropic", "aws_access_key",
 // "aws_secret_key", "github", "slack", "stripe", "google", "jwt",
-// "private_key", "generic" (gitleaks' generic-api-key), or the gitleaks rule
+// "private_key", "password", "bearer", "generic" (gitleaks' generic-api-key), or the gitleaks rule
 // id with '-' replaced by '_' for every other provider.
 type secretDetector struct {
 	rules  []secretRule
@@ -179,6 +180,13 @@ var handSecretRules = []struct {
 	// or ',' ';', not ending in sentence punctuation; passwordValue then
 	// tells a password from code and prose.
 	{"password", `(?i)(?:(?:password|passwd|passphrase|passwort|contraseña|pwd)[a-z_]{0,20}|secret)(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was|ist|è|es|est)(?::|[ \t]))[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{5,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase", "passwort", "contrase", "pwd", "secret"}},
+	// An HTTP bearer token (RFC 6750 §2.1: "Authorization: Bearer
+	// <b64token>", also pasted without the header name) and Basic
+	// credentials in an Authorization header (RFC 7617): gitleaks only
+	// finds them in curl commands. bearerValue then asks for a digit or
+	// mixed case, so that prose ("bearer instruments") is left alone.
+	{"bearer", `(?i)\bbearer[ \t]+([A-Za-z0-9._~+/-]{16,512}={0,2})`, 1, 3, []string{"bearer"}},
+	{"bearer", `(?i)\bauthorization[ \t]*[:=][ \t]*["']?[ \t]*basic[ \t]+([A-Za-z0-9+/]{8,512}={0,2})`, 1, 2.5, []string{"authorization"}},
 	// A pasted key cut short: BEGIN line then base64 lines.
 	{"private_key", `-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:\s*[A-Za-z0-9+/=]{16,})+`, 0, 0, []string{"-----begin"}},
 }
@@ -915,6 +923,9 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	if r.hand && r.subtype == "password" && !passwordValue(secret) {
 		return Finding{}, false
 	}
+	if r.hand && r.subtype == "bearer" && !bearerValue(secret) {
+		return Finding{}, false
+	}
 	ms := m[0]
 	if r.stripped {
 		ms = identStart(text, ms)
@@ -924,6 +935,25 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 		return Finding{}, false
 	}
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
+}
+
+// bearerValue reports whether the token after "Bearer" looks like a
+// credential rather than a word: it holds a digit, or upper- and
+// lower-case letters past its first byte.
+func bearerValue(s string) bool {
+	var digit, upper, lower bool
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			digit = true
+		case i > 0 && c >= 'A' && c <= 'Z':
+			upper = true
+		case i > 0 && c >= 'a' && c <= 'z':
+			lower = true
+		}
+	}
+	return digit || upper && lower
 }
 
 // passwordValue reports whether the value of a password assignment looks

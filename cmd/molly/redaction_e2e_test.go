@@ -2,12 +2,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 )
 
 // redactionClassify declares a user-defined type, makes it and e-mail
@@ -105,6 +111,152 @@ func TestRedactionHashModeGivesAStableIrreversibleToken(t *testing.T) {
 	for _, gw := range []*gateway{g, g2} {
 		if strings.Contains(gw.logs.String(), testHashKey) || strings.Contains(gw.logs.String(), "anna@example.org") {
 			t.Fatal("the logs hold the HMAC key or the address")
+		}
+	}
+}
+
+// TestRedactionBreakItRound4 runs the leaks a break-it round found through
+// the real binary, with a T3 target that redacts e-mail addresses: tool-call
+// arguments that are not JSON (the address was sent as it was), and text
+// fields of answers the output guard did not read (a streamed refusal, a
+// whole answer's reasoning_content, an upstream's own reasoning field, the
+// legacy function_call arguments, logprobs tokens spelling a masked
+// address, whole or streamed), and the forwarded correlation headers. The oracle is the address's own text in what T3 received and
+// in what the client got.
+func TestRedactionBreakItRound4(t *testing.T) {
+	const client, wrote = "mario.rossi@example.com", "bob.builder@corp-mail.org"
+	var mu sync.Mutex
+	var received []string
+	var ids []string
+	t3 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/v1/models" {
+			w.Write([]byte(`{"object":"list","data":[]}`))
+			return
+		}
+		mu.Lock()
+		received = append(received, string(body))
+		ids = append(ids, r.Header.Get("X-Request-Id")+" "+r.Header.Get("Tracestate"))
+		mu.Unlock()
+		if gjson.GetBytes(body, "stream").Bool() {
+			w.Header().Set("Content-Type", "text/event-stream")
+			// With logprobs: content whose tokens spell the address;
+			// without: a refusal.
+			field, lp := "refusal", gjson.GetBytes(body, "logprobs").Bool()
+			if lp {
+				field = "content"
+			}
+			for _, part := range []string{"to [EMAIL_1] or bob.buil", "der@corp-mail.org"} {
+				choice := map[string]any{"index": 0, "delta": map[string]any{field: part}, "finish_reason": nil}
+				if lp {
+					choice["logprobs"] = map[string]any{"content": []any{map[string]any{"token": part, "logprob": -1, "bytes": nil, "top_logprobs": []any{}}}, "refusal": nil}
+				}
+				b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": []any{choice}})
+				fmt.Fprintf(w, "data: %s\n\n", b)
+			}
+			fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+			return
+		}
+		text := "write " + wrote
+		b, _ := json.Marshal(map[string]any{"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop",
+				"logprobs": map[string]any{"content": []any{
+					map[string]any{"token": "write bob", "logprob": -1, "bytes": nil, "top_logprobs": []any{}},
+					map[string]any{"token": ".builder@corp-mail.org", "logprob": -1, "bytes": nil, "top_logprobs": []any{}}}, "refusal": nil},
+				"message": map[string]any{"role": "assistant", "content": text, "refusal": nil, "reasoning_content": text, "reasoning": text,
+					"function_call": map[string]any{"name": "f", "arguments": `{"to":"` + wrote + `"}`}}}},
+			"usage": map[string]any{"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(b)
+	}))
+	defer t3.Close()
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target external {
+			tier T3
+			endpoint `+t3.URL+`/v1
+			models chat=gpt-4o-mini
+			api_key_env MOLLY_TEST_T3_KEY
+			price 0.15 0.6
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify {
+		sensitivity EMAIL public
+	}
+	molly_policy
+	molly_route
+}
+`)
+	post := func(body string) string {
+		t.Helper()
+		req, _ := http.NewRequest("POST", g.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		// Correlation headers are forwarded; these must not be.
+		req.Header.Set("X-Request-Id", client)
+		req.Header.Set("Tracestate", "vendor="+client)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || resp.Header.Get("X-Molly-Tier") != "T3" {
+			t.Fatalf("status %d, tier %q: %s", resp.StatusCode, resp.Header.Get("X-Molly-Tier"), out)
+		}
+		return string(out)
+	}
+	// Tool-call arguments in bare words, not JSON.
+	args, _ := json.Marshal("to: " + client + ", subject: hello")
+	out := post(`{"model":"chat","logprobs":true,"messages":[{"role":"user","content":"send it"},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"send","arguments":` + string(args) + `}}]},` +
+		`{"role":"tool","tool_call_id":"c1","content":"sent"},{"role":"user","content":"again"}]}`)
+	mu.Lock()
+	sent := received[len(received)-1]
+	mu.Unlock()
+	if strings.Contains(sent, client) || gjson.Get(sent, "messages.1.tool_calls.0.function.arguments").String() != "to: [EMAIL_1], subject: hello" {
+		t.Fatalf("T3 received %s, want the address as a placeholder", sent)
+	}
+	if strings.Contains(out, "builder") {
+		t.Fatalf("the answer carries the address the model wrote: %s", out)
+	}
+	for _, p := range []string{"content", "reasoning_content", "reasoning"} {
+		if got := gjson.Get(out, "choices.0.message."+p).String(); got != "write [EMAIL]" {
+			t.Errorf("%s = %q, want write [EMAIL]", p, got)
+		}
+	}
+	// A streamed refusal: the placeholder cut across chunks is restored, the
+	// address cut across chunks is masked.
+	out = post(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"mail ` + client + `"}]}`)
+	var refusal strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+			refusal.WriteString(gjson.Get(data, "choices.0.delta.refusal").String())
+		}
+	}
+	if refusal.String() != "to "+client+" or [EMAIL]" {
+		t.Fatalf("streamed refusal %q, want %q", refusal.String(), "to "+client+" or [EMAIL]")
+	}
+	// A stream with logprobs: the tokens would spell the masked address.
+	out = post(`{"model":"chat","stream":true,"logprobs":true,"messages":[{"role":"user","content":"mail ` + client + `"}]}`)
+	var content strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+			content.WriteString(gjson.Get(data, "choices.0.delta.content").String())
+		}
+	}
+	if content.String() != "to "+client+" or [EMAIL]" || strings.Contains(out, "der@corp-mail.org") {
+		t.Fatalf("streamed content %q; stream %s", content.String(), out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, h := range ids {
+		if strings.Contains(h, "rossi") || !strings.HasPrefix(h, "req_") {
+			t.Fatalf("T3 got the request id and trace state %q", h)
 		}
 	}
 }

@@ -131,6 +131,9 @@ type Dispatch struct {
 	redacted   int
 	stream     bool
 	added      []string // parameters WithParam added (not the client's)
+	// guard finds values in the forwarded headers of a call to a tier
+	// that gets redacted bodies (see Header); nil for other tiers.
+	guard *redaction.Scanner
 }
 
 // NewDispatch checks c against d and builds the body for c's tier: the model
@@ -157,10 +160,13 @@ func (e *Egress) NewDispatch(d policies.Decided, a *classify.Annotation, c route
 		return nil, fmt.Errorf("%s: no client for this target", t.Name)
 	}
 	disp := &Dispatch{egress: e, target: t, model: c.Model, decisionID: dec.ID(), endpoint: a.Endpoint(), stream: a.Stream()}
+	types := dec.Redact(t.Tier)
+	if t.Tier == "T3" || len(types) > 0 {
+		disp.guard = a.Classifier().Scanner()
+	}
 	if a.Endpoint() == openai.EndpointModels {
 		return disp, nil
 	}
-	types := dec.Redact(t.Tier)
 	if len(types) > 0 && a.ScanFailed() {
 		return nil, fmt.Errorf("%s (%s redacts %s): %w", t.Name, t.Tier, strings.Join(types, ","), ErrScanFailed)
 	}
@@ -248,7 +254,9 @@ func (d *Dispatch) Redacted() int { return d.redacted }
 
 // ForwardHeaders are the client request headers sent on to upstreams:
 // request correlation and W3C trace context, nothing that identifies the
-// client to an external API.
+// client to an external API. They are free text the classifier never
+// reads, so for T3 and any tier the decision redacts for, a value in which
+// the detectors find anything is not forwarded (Header).
 var ForwardHeaders = []string{"X-Request-Id", "Traceparent", "Tracestate"}
 
 // Send performs the upstream call with the headers in hdr that

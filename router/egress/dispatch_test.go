@@ -446,3 +446,42 @@ func TestSendReachesTheEngineInProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderLeavesOutForwardedValuesWithFindings: the forwarded
+// correlation headers are client free text the classifier never reads; to
+// an external API a request id or trace state holding an address or a key
+// is not sent (a fresh request id goes instead), while clean values and
+// every value to a self-hosted tier go as they were.
+func TestHeaderLeavesOutForwardedValuesWithFindings(t *testing.T) {
+	t.Setenv("MOLLY_TEST_CLOUD_KEY", "sk-upstream-test")
+	ts := []*route.Target{
+		{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"m"}},
+		{Name: "cloud", Tier: "T3", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"m"}, APIKeyEnv: "MOLLY_TEST_CLOUD_KEY"},
+	}
+	e := newEgress(t, ts, nil)
+	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	header := func(tg *route.Target, id, state string) http.Header {
+		t.Helper()
+		a := annotate(t, nil, openai.EndpointChat, chatBody("hi"))
+		disp, err := e.NewDispatch(decided(t, a, allowTiers(allTiers, nil)), a, route.Candidate{Target: tg, Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return disp.Header(http.Header{"X-Request-Id": {id}, "Traceparent": {traceparent}, "Tracestate": {state}})
+	}
+	h := header(ts[1], "mario.rossi@example.com", "vendor=mario.rossi@example.com")
+	if id := h.Get("X-Request-Id"); !strings.HasPrefix(id, "req_") || len(id) != 36 {
+		t.Errorf("T3 X-Request-Id = %q, want a fresh req_ id", id)
+	}
+	if h.Get("Tracestate") != "" || h.Get("Traceparent") != traceparent {
+		t.Errorf("T3 trace headers %q, %q", h.Get("Traceparent"), h.Get("Tracestate"))
+	}
+	h = header(ts[1], "req-42", "vendor=abc")
+	if h.Get("X-Request-Id") != "req-42" || h.Get("Tracestate") != "vendor=abc" {
+		t.Errorf("clean values to T3: %v", h)
+	}
+	h = header(ts[0], "mario.rossi@example.com", "vendor=mario.rossi@example.com")
+	if h.Get("X-Request-Id") != "mario.rossi@example.com" || h.Get("Tracestate") != "vendor=mario.rossi@example.com" {
+		t.Errorf("a self-hosted tier's headers changed: %v", h)
+	}
+}

@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"net/url"
 
@@ -36,16 +38,29 @@ func (d *Dispatch) URL() *url.URL {
 // ForwardHeaders that hdr has, X-Molly-Decision-Id for a target that is not
 // T3 (external APIs learn nothing about Molly's decisions), and
 // "Authorization: Bearer <key>" when the target has an API key. Nothing
-// else of the client's reaches the upstream. A new value on every call; it
+// else of the client's reaches the upstream. For T3 and any tier whose
+// decision redacts, a forwarded value in which the detectors find
+// anything (an e-mail address as a request id, a token in tracestate) is
+// left out; a request id so left out is replaced by a fresh "req_" id. A new value on every call; it
 // holds the upstream key, so never log it.
 func (d *Dispatch) Header(hdr http.Header) http.Header {
 	out := make(http.Header, 6)
 	out.Set("Content-Type", "application/json")
 	out.Set("Accept", "application/json, text/event-stream")
 	for _, k := range ForwardHeaders {
-		if v := hdr.Get(k); v != "" {
-			out.Set(k, v)
+		v := hdr.Get(k)
+		if v == "" {
+			continue
 		}
+		if d.guard != nil && len(d.guard.Scan(v)) > 0 {
+			if k != openai.HeaderRequestID {
+				continue
+			}
+			var b [16]byte
+			_, _ = rand.Read(b[:])
+			v = "req_" + hex.EncodeToString(b[:])
+		}
+		out.Set(k, v)
 	}
 	if d.target.Tier != "T3" {
 		out.Set("X-Molly-Decision-Id", d.decisionID)

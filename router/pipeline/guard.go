@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -52,44 +53,97 @@ func outputBlocked(rq *request, err error) *openai.Error {
 		Extra:   map[string]any{"decision_id": rq.dec.ID()}}
 }
 
-// guardBody applies g to the text of a whole answer: message content and
-// refusal, completion text, and tool-call arguments (kept only when they
-// stay valid JSON; otherwise the answer is refused). It returns the body,
-// or the refusal.
+// guardBody applies g to the text of a whole answer: every string of
+// each choice's message (content, refusal, reasoning_content and any
+// other text an upstream adds, such as reasoning or audio.transcript),
+// the completion text, and function-call arguments (tool_calls and the
+// legacy function_call, kept only when they stay valid JSON; otherwise the
+// answer is refused). Identifiers (role, id, type, name, tool_call_id) and
+// audio data are not text and are left alone. A choice whose content or
+// refusal was masked gets "logprobs": null: its tokens spell what the
+// mask removed. It returns the body, or the refusal.
 func guardBody(g *redaction.Guard, body []byte) ([]byte, error) {
 	out := body
 	var err error
-	set := func(path string, v gjson.Result, json bool) {
+	set := func(path string, v gjson.Result, json bool) bool {
 		if err != nil || v.Type != gjson.String || v.Str == "" {
-			return
+			return false
 		}
 		text, _, cerr := g.Check(v.Str)
 		if cerr != nil {
 			err = cerr
-			return
+			return false
 		}
 		if text == v.Str {
-			return
+			return false
 		}
 		if json && gjson.Valid(v.Str) && !gjson.Valid(text) {
 			err = &redaction.BlockedError{Type: "a value inside tool-call arguments"}
-			return
+			return false
 		}
 		out, _ = sjson.SetBytes(out, path, text)
+		return true
+	}
+	// walk guards the strings below v, at path.
+	var walk func(path, key string, v gjson.Result) bool
+	walk = func(path, key string, v gjson.Result) bool {
+		switch {
+		case v.Type == gjson.String:
+			if guardSkipKeys[key] {
+				return false
+			}
+			return set(path, v, key == "arguments")
+		case v.IsObject() || v.IsArray():
+			changed := false
+			v.ForEach(func(k, e gjson.Result) bool {
+				name := k.String()
+				if key == "audio" && name == "data" {
+					return true
+				}
+				changed = walk(path+"."+escapeKey(name), name, e) || changed
+				return err == nil
+			})
+			return changed
+		}
+		return false
 	}
 	gjson.GetBytes(body, "choices").ForEach(func(i, ch gjson.Result) bool {
 		base := "choices." + i.String()
-		set(base+".message.content", ch.Get("message.content"), false)
-		set(base+".message.refusal", ch.Get("message.refusal"), false)
-		set(base+".text", ch.Get("text"), false)
-		ch.Get("message.tool_calls").ForEach(func(k, tc gjson.Result) bool {
-			set(base+".message.tool_calls."+k.String()+".function.arguments", tc.Get("function.arguments"), true)
-			return true
+		masked := set(base+".text", ch.Get("text"), false)
+		ch.Get("message").ForEach(func(k, e gjson.Result) bool {
+			name := k.String()
+			changed := walk(base+".message."+escapeKey(name), name, e)
+			masked = masked || (changed && (name == "content" || name == "refusal"))
+			return err == nil
 		})
+		if masked && ch.Get("logprobs").Type != gjson.Null && ch.Get("logprobs").Exists() {
+			out, _ = sjson.SetRawBytes(out, base+".logprobs", []byte("null"))
+		}
 		return err == nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// guardSkipKeys name the strings of an answer that are identifiers, not
+// text the model wrote.
+var guardSkipKeys = map[string]bool{"role": true, "id": true, "type": true, "name": true, "tool_call_id": true}
+
+// escapeKey escapes the characters gjson/sjson paths give meaning to in
+// an object member name.
+func escapeKey(key string) string {
+	const special = `.*?\|#@!:=<>%"`
+	if !strings.ContainsAny(key, special) {
+		return key
+	}
+	var b strings.Builder
+	for _, r := range key {
+		if strings.ContainsRune(special, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/policytest"
+	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/route"
 )
 
@@ -121,4 +122,45 @@ func TestAnswersAreGuardedAsTheOutputRuleSays(t *testing.T) {
 			t.Fatalf("status %d content %q", r.status, got)
 		}
 	})
+}
+
+// TestGuardBodyCoversEveryMessageText: every text of a whole answer's
+// message is guarded, not only content and refusal: reasoning_content,
+// an upstream's own reasoning field, audio.transcript and the legacy
+// function_call arguments; identifiers and audio data are left alone, and
+// a choice whose content was masked loses its logprobs (their tokens spell
+// the address). The oracle is the answer written by hand.
+func TestGuardBodyCoversEveryMessageText(t *testing.T) {
+	sc, err := redaction.NewScanner(redaction.Config{Types: []string{redaction.TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := sc.NewGuard(redaction.GuardPolicy{Default: redaction.GuardMask})
+	const addr = "bob.builder@corp-mail.org"
+	body := `{"choices":[{"index":0,"finish_reason":"stop",` +
+		`"logprobs":{"content":[{"token":"bob","logprob":-1,"bytes":[98,111,98],"top_logprobs":[]},{"token":".builder@corp-mail.org","logprob":-1,"bytes":[46],"top_logprobs":[]}],"refusal":null},` +
+		`"message":{"role":"assistant","name":"` + addr + `","content":"` + addr + `","reasoning_content":"` + addr + `","reasoning":"` + addr + `",` +
+		`"audio":{"id":"` + addr + `","data":"` + addr + `","transcript":"` + addr + `"},` +
+		`"function_call":{"name":"f","arguments":"{\"to\":\"` + addr + `\"}"}}}]}`
+	out, err := guardBody(g, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := gjson.GetBytes(out, "choices.0.message")
+	for _, p := range []string{"content", "reasoning_content", "reasoning", "audio.transcript"} {
+		if got := m.Get(p).String(); got != "[EMAIL]" {
+			t.Errorf("%s = %q, want [EMAIL]", p, got)
+		}
+	}
+	if got := m.Get("function_call.arguments").String(); got != `{"to":"[EMAIL]"}` {
+		t.Errorf("function_call.arguments = %q", got)
+	}
+	for _, p := range []string{"name", "audio.id", "audio.data"} {
+		if got := m.Get(p).String(); got != addr {
+			t.Errorf("%s = %q, want it as it was", p, got)
+		}
+	}
+	if lp := gjson.GetBytes(out, "choices.0.logprobs"); lp.Type != gjson.Null {
+		t.Errorf("logprobs = %s, want null", lp.Raw)
+	}
 }

@@ -13,8 +13,9 @@ import (
 
 // StreamRestore restores placeholders in an SSE stream of chat or text
 // completion chunks. A placeholder may be split across any number of
-// chunks, so each text stream (a choice's delta.content or text, and each
-// tool call's arguments) goes through its own redaction.StreamRestorer,
+// chunks, so each text stream (a choice's text, every string of its delta
+// but identifiers: content, refusal, reasoning_content and the like, and
+// each tool call's arguments) goes through its own redaction.StreamRestorer,
 // which holds back only a tail that could still start a placeholder. The
 // held-back text is released on the choice's finish_reason chunk, or in one
 // extra chunk before [DONE].
@@ -22,7 +23,11 @@ import (
 // With a guard, each restored text stream then goes through its own
 // redaction.StreamGuard: entity types the model wrote are masked (or the
 // stream is refused, Err) as the policy's output rule says, holding back
-// only as much as the longest pattern needs.
+// only as much as the longest pattern needs. The chunks' logprobs are then
+// held too (each chunk goes on with "logprobs": null) and come with the
+// choice's finish_reason chunk, unless the guard masked its content or
+// refusal: their tokens would spell the value, so they are dropped. A
+// stream that ends without a finish_reason drops them.
 type StreamRestore struct {
 	vault *redaction.Vault // nil: nothing to restore
 	guard *redaction.Guard // nil: answers are not guarded
@@ -30,6 +35,10 @@ type StreamRestore struct {
 	order []string // keys in first-seen order, for a stable final flush
 	tmpl  []byte   // id, object, created, model of the first chunk, for the final flush
 	err   error    // the guard blocked the answer
+	// lp holds, with a guard, each choice's logprobs entries (raw JSON of
+	// logprobs.content items) until its finish_reason: their tokens spell
+	// the text the guard holds back and may mask.
+	lp map[int64][]string
 }
 
 // textStage is one text stream's restorer then guard.
@@ -54,7 +63,7 @@ func (s *StreamRestore) stage(key string) *textStage {
 		st = &textStage{}
 		if s.vault != nil {
 			st.r = s.vault.NewStreamRestorer()
-			if strings.Contains(key, "/tool/") {
+			if strings.Contains(key, "/tool/") || strings.HasSuffix(key, "arguments") {
 				// Tool arguments are JSON text: values go in JSON-escaped.
 				st.r = s.vault.NewJSONStreamRestorer()
 			}
@@ -125,25 +134,108 @@ func (s *StreamRestore) Event(data []byte) []byte {
 				out = b
 			}
 		}
-		set(base+".delta.content", fmt.Sprintf("%d/content", idx), ch.Get("delta.content"))
-		// reasoning_content: the T0 engine's (and other servers') reasoning text.
-		set(base+".delta.reasoning_content", fmt.Sprintf("%d/reasoning", idx), ch.Get("delta.reasoning_content"))
 		set(base+".text", fmt.Sprintf("%d/text", idx), ch.Get("text"))
+		// Every text of the delta (content, refusal, reasoning_content,
+		// reasoning, function_call.arguments, ...) is a stream of its
+		// own, keyed by its path in the delta; tool calls by their index.
+		var walk func(sub, key string, v gjson.Result)
+		walk = func(sub, key string, v gjson.Result) {
+			switch {
+			case v.Type == gjson.String:
+				if !streamSkipKeys[key] {
+					set(base+".delta."+sub, fmt.Sprintf("%d/d/%s", idx, sub), v)
+				}
+			case v.IsObject():
+				v.ForEach(func(k, e gjson.Result) bool {
+					name := k.String()
+					if (sub == "" && name == "tool_calls") || (key == "audio" && name == "data") {
+						return true
+					}
+					p := escapeKey(name)
+					if sub != "" {
+						p = sub + "." + p
+					}
+					walk(p, name, e)
+					return true
+				})
+			case v.IsArray() && sub != "":
+				v.ForEach(func(k, e gjson.Result) bool {
+					walk(sub+"."+k.String(), key, e)
+					return true
+				})
+			}
+		}
+		walk("", "", ch.Get("delta"))
 		ch.Get("delta.tool_calls").ForEach(func(k, tc gjson.Result) bool {
 			set(base+".delta.tool_calls."+k.String()+".function.arguments",
 				fmt.Sprintf("%d/tool/%d", idx, tc.Get("index").Int()), tc.Get("function.arguments"))
 			return true
 		})
+		if s.guard != nil {
+			if lp := ch.Get("logprobs"); lp.Exists() && lp.Type != gjson.Null {
+				if s.lp == nil {
+					s.lp = map[int64][]string{}
+				}
+				for _, e := range lp.Get("content").Array() {
+					s.lp[idx] = append(s.lp[idx], e.Raw)
+				}
+				out, _ = sjson.SetRawBytes(out, base+".logprobs", []byte("null"))
+			}
+		}
 		if fr := ch.Get("finish_reason"); fr.Exists() && fr.Type != gjson.Null {
 			out = s.flushChoice(out, base, idx)
+			out = s.releaseLogprobs(out, base, idx)
 		}
 		return true
 	})
-	// Other text-bearing fields (e.g. refusal) are restored where whole.
+	// Other text-bearing fields are restored where whole.
 	if s.vault == nil {
 		return out
 	}
 	return s.vault.RestoreJSON(out)
+}
+
+// streamSkipKeys name the strings of a delta that are identifiers, not
+// text the model wrote.
+var streamSkipKeys = map[string]bool{"role": true, "id": true, "type": true, "name": true}
+
+// escapeKey escapes the characters gjson/sjson paths give meaning to in
+// an object member name.
+func escapeKey(key string) string {
+	const special = `.*?\|#@!:=<>%"`
+	if !strings.ContainsAny(key, special) {
+		return key
+	}
+	var b strings.Builder
+	for _, r := range key {
+		if strings.ContainsRune(special, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// releaseLogprobs puts the logprobs held for choice idx into the chunk at
+// base, unless the guard masked something of the choice's content or
+// refusal.
+func (s *StreamRestore) releaseLogprobs(out []byte, base string, idx int64) []byte {
+	held, ok := s.lp[idx]
+	if !ok {
+		return out
+	}
+	delete(s.lp, idx)
+	prefix := strconv.FormatInt(idx, 10) + "/d/"
+	for _, key := range []string{prefix + "content", prefix + "refusal"} {
+		if st := s.rs[key]; st != nil && st.g != nil && len(st.g.Findings()) > 0 {
+			return out
+		}
+	}
+	raw := `{"content":[` + strings.Join(held, ",") + `],"refusal":null}`
+	if b, err := sjson.SetRawBytes(out, base+".logprobs", []byte(raw)); err == nil {
+		out = b
+	}
+	return out
 }
 
 // flushChoice appends the held-back text of choice idx to the chunk at base.
@@ -159,12 +251,10 @@ func (s *StreamRestore) flushChoice(out []byte, base string, idx int64) []byte {
 		}
 		var path string
 		switch kind := key[len(prefix):]; {
-		case kind == "content":
-			path = base + ".delta.content"
-		case kind == "reasoning":
-			path = base + ".delta.reasoning_content"
 		case kind == "text":
 			path = base + ".text"
+		case strings.HasPrefix(kind, "d/"):
+			path = base + ".delta." + kind[len("d/"):]
 		default: // tool/<k>: an extra tool_calls delta carrying the rest
 			var k int
 			fmt.Sscanf(kind, "tool/%d", &k)
@@ -189,9 +279,8 @@ func (s *StreamRestore) Final() []byte {
 	chunk := append([]byte(nil), s.tmpl...)
 	n := 0
 	for _, key := range s.order {
-		var idx int64
-		var kind string
-		fmt.Sscanf(key, "%d/%s", &idx, &kind)
+		i, kind, _ := strings.Cut(key, "/")
+		idx, _ := strconv.ParseInt(i, 10, 64)
 		rest := s.flush(key)
 		if rest == "" {
 			continue
@@ -201,12 +290,10 @@ func (s *StreamRestore) Final() []byte {
 		chunk, _ = sjson.SetBytes(chunk, base+".index", idx)
 		chunk, _ = sjson.SetRawBytes(chunk, base+".finish_reason", []byte("null"))
 		switch {
-		case kind == "content":
-			chunk, _ = sjson.SetBytes(chunk, base+".delta.content", rest)
-		case kind == "reasoning":
-			chunk, _ = sjson.SetBytes(chunk, base+".delta.reasoning_content", rest)
 		case kind == "text":
 			chunk, _ = sjson.SetBytes(chunk, base+".text", rest)
+		case strings.HasPrefix(kind, "d/"):
+			chunk, _ = sjson.SetBytes(chunk, base+".delta."+kind[len("d/"):], rest)
 		default:
 			var k int
 			fmt.Sscanf(kind, "tool/%d", &k)

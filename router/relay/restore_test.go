@@ -1,10 +1,13 @@
 package relay
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/molly-gateway/molly/redaction"
 )
@@ -111,4 +114,90 @@ func TestStreamRestoreAcrossChunks(t *testing.T) {
 			t.Fatalf("first %q, final %s", first, final)
 		}
 	})
+}
+
+// TestStreamRestoreCoversEveryDeltaText: besides content, a delta's
+// refusal, reasoning_content, an upstream's own reasoning field and the
+// legacy function_call arguments are text the model wrote: a placeholder
+// cut across their chunks is restored, and an address the model wrote
+// there is masked by the guard, cut at any point. The oracle is the text
+// written by hand.
+func TestStreamRestoreCoversEveryDeltaText(t *testing.T) {
+	v, _ := vaultFor(t, "alice@example.com")
+	sc, err := redaction.NewScanner(redaction.Config{Types: []string{redaction.TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := sc.NewGuard(redaction.GuardPolicy{Default: redaction.GuardMask}, v.Values()...)
+	const answer = `to [EMAIL_1] or bob.builder@corp-mail.org`
+	const want = `to alice@example.com or [EMAIL]`
+	for _, field := range []string{"refusal", "reasoning_content", "reasoning", "function_call.arguments"} {
+		chunk := func(text string, finish bool) []byte {
+			fr := "null"
+			if finish {
+				fr = `"stop"`
+			}
+			b := []byte(`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":` + fr + `}]}`)
+			if text != "" {
+				b, _ = sjson.SetBytes(b, "choices.0.delta."+field, text)
+			}
+			return b
+		}
+		for cut := 1; cut < len(answer); cut++ {
+			s := NewStreamRestore(v, g)
+			var got strings.Builder
+			for _, c := range [][]byte{chunk(answer[:cut], false), chunk(answer[cut:], false), chunk("", true)} {
+				got.WriteString(gjson.GetBytes(s.Event(c), "choices.0.delta."+field).String())
+			}
+			if got.String() != want {
+				t.Fatalf("%s cut at %d: streamed %q, want %q", field, cut, got.String(), want)
+			}
+		}
+	}
+}
+
+// TestStreamRestoreHoldsLogprobsUnderAGuard: with a guard, a stream's
+// logprobs tokens would spell what the guard holds back and masks; they
+// are held and come whole with the finish_reason chunk, or not at all
+// when the guard masked the choice's content. The oracle is the tokens
+// written by hand.
+func TestStreamRestoreHoldsLogprobsUnderAGuard(t *testing.T) {
+	sc, err := redaction.NewScanner(redaction.Config{Types: []string{redaction.TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := sc.NewGuard(redaction.GuardPolicy{Default: redaction.GuardMask})
+	chunk := func(tok string, finish bool) []byte {
+		fr := "null"
+		if finish {
+			fr = `"stop"`
+		}
+		b := []byte(`{"id":"c","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":` + fr + `}]}`)
+		if tok != "" {
+			b, _ = sjson.SetBytes(b, "choices.0.delta.content", tok)
+			b, _ = sjson.SetRawBytes(b, "choices.0.logprobs", []byte(`{"content":[{"token":`+strconv.Quote(tok)+`,"logprob":-1,"bytes":null,"top_logprobs":[]}],"refusal":null}`))
+		}
+		return b
+	}
+	run := func(tokens []string) (text string, lps []string, out string) {
+		s := NewStreamRestore(nil, g)
+		var all strings.Builder
+		for i, tok := range append(tokens, "") {
+			ev := s.Event(chunk(tok, i == len(tokens)))
+			all.Write(ev)
+			text += gjson.GetBytes(ev, "choices.0.delta.content").String()
+			for _, e := range gjson.GetBytes(ev, "choices.0.logprobs.content").Array() {
+				lps = append(lps, e.Get("token").String())
+			}
+		}
+		return text, lps, all.String()
+	}
+	clean := []string{"hello", " there", ", friend"}
+	if text, lps, _ := run(clean); text != "hello there, friend" || !slices.Equal(lps, clean) {
+		t.Errorf("clean stream: text %q, logprobs tokens %q", text, lps)
+	}
+	text, lps, out := run([]string{"write ", "bob.bui", "lder@corp-mail.org", " now"})
+	if text != "write [EMAIL] now" || lps != nil || strings.Contains(out, "lder@corp") {
+		t.Errorf("masked stream: text %q, logprobs %q, chunks %s", text, lps, out)
+	}
 }
