@@ -119,6 +119,28 @@ func (c *schemaConverter) tentatively(f func() (string, error)) (string, error) 
 	return r, err
 }
 
+// alternatives converts n alternatives with each, every one tried
+// tentatively (its rules rolled back when it fails): the rules of those that
+// have a value, the first "no value satisfies" error among the others, and
+// any other error, which stops it.
+func (c *schemaConverter) alternatives(n int, each func(i int) (string, error)) (parts []string, first, err error) {
+	for i := range n {
+		r, err := c.tentatively(func() (string, error) { return each(i) })
+		var nv *noValueError
+		switch {
+		case errors.As(err, &nv):
+			if first == nil {
+				first = err
+			}
+		case err != nil:
+			return nil, nil, err
+		default:
+			parts = append(parts, r)
+		}
+	}
+	return parts, first, nil
+}
+
 // MaxSchemaRepetition is the largest minLength, maxLength, minItems or
 // maxItems SchemaToGBNF accepts: llama.cpp's grammar parser refuses a
 // repetition x{m,n} with m or n above MAX_REPETITION_THRESHOLD (2000,
@@ -521,23 +543,12 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 		if !alts.IsArray() || len(alts.Array()) == 0 {
 			return "", fmt.Errorf("%s at %q must be a non-empty array", key, ptr)
 		}
-		var parts []string
-		var first error
-		for i, a := range alts.Array() {
-			r, err := c.tentatively(func() (string, error) {
-				return c.visit(a, fmt.Sprintf("%s%d", nameOr(name), i), fmt.Sprintf("%s/%s/%d", ptr, key, i))
-			})
-			var nv *noValueError
-			switch {
-			case errors.As(err, &nv):
-				if first == nil {
-					first = err
-				}
-			case err != nil:
-				return "", err
-			default:
-				parts = append(parts, r)
-			}
+		as := alts.Array()
+		parts, first, err := c.alternatives(len(as), func(i int) (string, error) {
+			return c.visit(as[i], fmt.Sprintf("%s%d", nameOr(name), i), fmt.Sprintf("%s/%s/%d", ptr, key, i))
+		})
+		if err != nil {
+			return "", err
 		}
 		if len(parts) == 0 {
 			return "", noValue("no value satisfies any alternative of %s at %q (the first: %v)", key, ptr, first)
@@ -1225,9 +1236,9 @@ func (c *schemaConverter) conjunction(ms []allOfMember, name, ptr string, site m
 			head = append(head, allOfMember{orig: rest, res: rest, ptr: m.ptr, origPtr: m.ptr})
 		}
 		tail := ms[j+1:]
-		var parts []string
-		var first error
-		for i, a := range alts.Array() {
+		as := alts.Array()
+		parts, first, err := c.alternatives(len(as), func(i int) (string, error) {
+			a := as[i]
 			aptr := fmt.Sprintf("%s/%s/%d", m.ptr, key, i)
 			if c.distributed++; c.distributed > maxDistributed {
 				kw, p := site.keyword, site.pointer
@@ -1240,24 +1251,14 @@ func (c *schemaConverter) conjunction(ms []allOfMember, name, ptr string, site m
 			if s.keyword == "" {
 				s = mergeSite{keyword: key, pointer: aptr, what: fmt.Sprintf("the %s alternative at %q (with the keywords beside %s)", key, aptr, key), parts: "it and the keywords beside " + key}
 			}
-			r, err := c.tentatively(func() (string, error) {
-				ams, err := c.conjuncts(slices.Clone(head), a, a, aptr, aptr, 0)
-				if err != nil {
-					return "", err
-				}
-				return c.conjunction(append(ams, tail...), fmt.Sprintf("%s%d", nameOr(name), i), aptr, s)
-			})
-			var nv *noValueError
-			switch {
-			case errors.As(err, &nv):
-				if first == nil {
-					first = err
-				}
-			case err != nil:
+			ams, err := c.conjuncts(slices.Clone(head), a, a, aptr, aptr, 0)
+			if err != nil {
 				return "", err
-			default:
-				parts = append(parts, r)
 			}
+			return c.conjunction(append(ams, tail...), fmt.Sprintf("%s%d", nameOr(name), i), aptr, s)
+		})
+		if err != nil {
+			return "", err
 		}
 		if len(parts) == 0 {
 			return "", noValue("no value satisfies any alternative of %s at %q together with the schemas beside it (the first: %v)", key, m.ptr, first)

@@ -3,13 +3,13 @@ package pipeline
 import (
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/relay"
 )
 
 // outputGuard is the guard of answers from o's tier, from the decision's
@@ -100,7 +100,7 @@ func guardBody(g *redaction.Guard, body []byte) ([]byte, error) {
 				if key == "audio" && name == "data" {
 					return true
 				}
-				changed = walk(path+"."+escapeKey(name), name, e) || changed
+				changed = walk(path+"."+relay.EscapeKey(name), name, e) || changed
 				return err == nil
 			})
 			return changed
@@ -112,7 +112,7 @@ func guardBody(g *redaction.Guard, body []byte) ([]byte, error) {
 		masked := set(base+".text", ch.Get("text"), false)
 		ch.Get("message").ForEach(func(k, e gjson.Result) bool {
 			name := k.String()
-			changed := walk(base+".message."+escapeKey(name), name, e)
+			changed := walk(base+".message."+relay.EscapeKey(name), name, e)
 			masked = masked || (changed && (name == "content" || name == "refusal"))
 			return err == nil
 		})
@@ -130,20 +130,3 @@ func guardBody(g *redaction.Guard, body []byte) ([]byte, error) {
 // guardSkipKeys name the strings of an answer that are identifiers, not
 // text the model wrote.
 var guardSkipKeys = map[string]bool{"role": true, "id": true, "type": true, "name": true, "tool_call_id": true}
-
-// escapeKey escapes the characters gjson/sjson paths give meaning to in
-// an object member name.
-func escapeKey(key string) string {
-	const special = `.*?\|#@!:=<>%"`
-	if !strings.ContainsAny(key, special) {
-		return key
-	}
-	var b strings.Builder
-	for _, r := range key {
-		if strings.ContainsRune(special, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}

@@ -151,7 +151,7 @@ func (s *StreamRestore) Event(data []byte) []byte {
 					if (sub == "" && name == "tool_calls") || (key == "audio" && name == "data") {
 						return true
 					}
-					p := escapeKey(name)
+					p := EscapeKey(name)
 					if sub != "" {
 						p = sub + "." + p
 					}
@@ -199,9 +199,10 @@ func (s *StreamRestore) Event(data []byte) []byte {
 // text the model wrote.
 var streamSkipKeys = map[string]bool{"role": true, "id": true, "type": true, "name": true}
 
-// escapeKey escapes the characters gjson/sjson paths give meaning to in
-// an object member name.
-func escapeKey(key string) string {
+// EscapeKey escapes the characters gjson/sjson paths give meaning to in an
+// object member name (a backslash before each), so that the name can be
+// one segment of a path.
+func EscapeKey(key string) string {
 	const special = `.*?\|#@!:=<>%"`
 	if !strings.ContainsAny(key, special) {
 		return key
