@@ -589,27 +589,16 @@ func (c *schemaConverter) visit(s gjson.Result, name, ptr string) (string, error
 	t := s.Get("type")
 	if t.IsArray() {
 		// One alternative per type; one no value satisfies is left out.
-		var parts []string
-		var first error
-		for i, x := range t.Array() {
-			one, err := withType(s.Raw, x.Str)
+		ts := t.Array()
+		parts, first, err := c.alternatives(len(ts), func(i int) (string, error) {
+			one, err := withType(s.Raw, ts[i].Str)
 			if err != nil {
 				return "", err
 			}
-			r, err := c.tentatively(func() (string, error) {
-				return c.visit(gjson.Parse(one), fmt.Sprintf("%s-%d", ruleName, i), ptr)
-			})
-			var nv *noValueError
-			switch {
-			case errors.As(err, &nv):
-				if first == nil {
-					first = err
-				}
-			case err != nil:
-				return "", err
-			default:
-				parts = append(parts, r)
-			}
+			return c.visit(gjson.Parse(one), fmt.Sprintf("%s-%d", ruleName, i), ptr)
+		})
+		if err != nil {
+			return "", err
 		}
 		if len(parts) == 0 {
 			if first == nil {
