@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/caddy-modules/admin"
+	"github.com/molly-gateway/molly/internal/asynclog"
 	"github.com/molly-gateway/molly/learning/federation"
 	"github.com/molly-gateway/molly/learning/specialise"
 	"github.com/molly-gateway/molly/learning/traces"
@@ -102,6 +103,7 @@ type App struct {
 	egress    *egress.Egress
 	pipeline  *pipeline.Pipeline
 	logger    *zap.Logger
+	logq      *asynclog.Queue
 	tools     *plugins.Manager
 	usage     *registry.Deliverer // UsageTool's deliverer (usage.go)
 	// toolClassifier classifies direct tool calls (admin.go): the default detectors.
@@ -133,7 +135,10 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Provision checks the admin endpoint, compiles the policy and builds the catalogue.
 func (a *App) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger()
+	// Log lines are encoded and written off the request path
+	// (internal/asynclog); release writes what is left.
+	a.logq = asynclog.New(4096)
+	a.logger = a.logq.Wrap(ctx.Logger())
 	a.inflight = new(inflight)
 	// `molly validate` binds no admin listener (where admin.Check refuses
 	// a plaintext one), so the app checks the admin block too.
@@ -359,6 +364,9 @@ func (a *App) release() {
 		if err := a.engine.Close(); err != nil {
 			a.logger.Error("closing the engine", zap.Error(err))
 		}
+	}
+	if a.logq != nil {
+		a.logq.Close() // writes what is queued; later lines are written by their callers
 	}
 }
 
