@@ -63,6 +63,7 @@ func BenchmarkGateway(b *testing.B) {
 	for range b.N {
 		t = p.suite(b, rounds)
 	}
+	t.blackbox(b, rounds)
 	t.detectors(b)
 	for _, r := range t.rows {
 		if r.report != "" {
@@ -127,6 +128,9 @@ const benchBurst = 400
 type benchPair struct {
 	molly, proxy string // chat completions URLs
 	client       *http.Client
+	// idle, for a gateway in another process (blackbox), waits after
+	// either path's requests until that process is idle; nil in process.
+	idle func(b *testing.B)
 }
 
 // startBenchPair starts a static upstream and loads a Caddy config with a
@@ -143,38 +147,7 @@ func startBenchPair(b *testing.B) *benchPair {
 	b.Cleanup(tuneGC())
 	upHost := startStaticUpstream(b)
 	mport, pport := freePort(b), freePort(b)
-	// Molly's log lines (a policy decision and a route decision per
-	// request) are encoded and written to a file, as in production: their
-	// cost is part of the path. ("output discard" would make Caddy's core a
-	// no-op that encodes nothing.) Bare Caddy logs nothing per request.
-	caddyfile := fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		output file %s
-		format json
-	}
-	molly {
-		target lan {
-			tier T1
-			endpoint http://%s/v1
-			models chat=small-lan
-			price 0 0
-			latency 300ms
-			quality 0.6
-		}
-	}
-}
-http://127.0.0.1:%d {
-	molly_classify
-	molly_policy
-	molly_route
-}
-http://127.0.0.1:%d {
-	reverse_proxy %s
-}
-`, filepath.Join(b.TempDir(), "molly.log"), upHost, mport, pport, upHost)
+	caddyfile := benchCaddyfile(filepath.Join(b.TempDir(), "molly.log"), upHost, fmt.Sprint(mport), pport)
 	cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		b.Fatalf("adapting the bench Caddyfile: %v", err)
@@ -199,9 +172,53 @@ http://127.0.0.1:%d {
 		proxy:  fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", pport),
 		client: &http.Client{Transport: tr, Timeout: time.Minute},
 	}
-	// Both paths must answer, and Molly must have routed the prompt (an
-	// e-mail address in it makes it internal) to the T1 target, before
-	// anything is timed.
+	p.warm(b)
+	return p
+}
+
+// benchCaddyfile is the bench's config: Molly's full path on mport (a
+// number, or {PORT} for startMolly) and bare reverse_proxy on pport, both
+// in front of the upstream at upHost.
+// Molly's log lines (a policy decision and a route decision per
+// request) are encoded and written to a file, as in production: their
+// cost is part of the path. ("output discard" would make Caddy's core a
+// no-op that encodes nothing.) Bare Caddy logs nothing per request.
+func benchCaddyfile(logPath, upHost, mport string, pport int) string {
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+		format json
+	}
+	molly {
+		target lan {
+			tier T1
+			endpoint http://%s/v1
+			models chat=small-lan
+			price 0 0
+			latency 300ms
+			quality 0.6
+		}
+	}
+}
+http://127.0.0.1:%s {
+	molly_classify
+	molly_policy
+	molly_route
+}
+http://127.0.0.1:%d {
+	reverse_proxy %s
+}
+`, logPath, upHost, mport, pport, upHost)
+}
+
+// warm sends each body size through both paths, and checks that Molly
+// routed the prompt (an e-mail address in it makes it internal) to the T1
+// target, before anything is timed: connections and caches are warm.
+func (p *benchPair) warm(b *testing.B) {
+	b.Helper()
 	for _, stream := range []bool{false, true} {
 		for i, s := range benchSizes {
 			body := benchBody(s.kb<<10, stream)
@@ -223,7 +240,6 @@ http://127.0.0.1:%d {
 			}
 		}
 	}
-	return p
 }
 
 // The static upstream's answers: one chat completion, and the same as a
@@ -254,7 +270,16 @@ func startStaticUpstream(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{Handler: staticHandler()}
+	go func() { _ = srv.Serve(l) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return l.Addr().String()
+}
+
+// staticHandler answers every request with the static answer (or stream
+// when the body asks for one), after reading the body whole.
+func staticHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -267,10 +292,7 @@ func startStaticUpstream(b *testing.B) string {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, staticAnswer)
-	})}
-	go func() { _ = srv.Serve(l) }()
-	b.Cleanup(func() { _ = srv.Close() })
-	return l.Addr().String()
+	})
 }
 
 // do sends one chat completion and reads the whole answer.
@@ -366,6 +388,13 @@ func (p *benchPair) burst(b *testing.B, url string, body []byte, n int) float64 
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
+	if p.idle != nil {
+		// Out of process, the burst ends with its last answer; the wait
+		// for the gateway's idleness is not timed.
+		rps := float64(n) / time.Since(start).Seconds()
+		p.idle(b)
+		return rps
+	}
 	p.settle(b, url)
 	return float64(n) / time.Since(start).Seconds()
 }
@@ -375,6 +404,10 @@ func (p *benchPair) burst(b *testing.B, url string, body []byte, n int) float64 
 // off the request path): that work is Molly's, so it is timed and counted
 // with Molly's requests, not with whatever runs next.
 func (p *benchPair) settle(b *testing.B, url string) {
+	if p.idle != nil { // a gateway in another process
+		p.idle(b)
+		return
+	}
 	if url != p.molly {
 		return
 	}

@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 		// run as another OS user: it builds nothing.
 		os.Exit(m.Run())
 	}
+	if addr := os.Getenv(benchUpstreamEnv); addr != "" {
+		serveStaticUpstream(addr) // BenchmarkGateway's upstream process
+	}
 	dir, err := os.MkdirTemp("", "molly-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
