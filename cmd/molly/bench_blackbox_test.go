@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -40,6 +41,7 @@ func startBlackBoxPair(b *testing.B) (*benchPair, *processCPU) {
 	upHost := fmt.Sprintf("127.0.0.1:%d", freePort(b))
 	up := exec.Command(os.Args[0], "-test.run=^$")
 	up.Env = append(os.Environ(), benchUpstreamEnv+"="+upHost)
+	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlives the bench
 	var upLog bytes.Buffer
 	up.Stderr = &upLog
 	if err := up.Start(); err != nil {
