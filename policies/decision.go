@@ -71,8 +71,10 @@ type Input struct {
 	// Subject supplies input.request, input.capability and
 	// input.sovereignty. A nil Subject is denied (CodePolicyError).
 	Subject Subject
-	// Identity is input.identity (schema in policies/README.md); never a key.
-	Identity map[string]any
+	// Identity is input.identity (schema in policies/README.md); never a
+	// key: a map[string]any, or that map converted once with ValueOf (an
+	// ast.Value, as identity.Identity.PolicyValue keeps it). nil is {}.
+	Identity any
 	// Targets is input.targets: one object per catalogue target. Elements
 	// may be ast.Value (converted once by the caller with ValueOf).
 	Targets []any

@@ -472,7 +472,11 @@ func routeInput(in Input) (ast.Object, error) {
 			obj.Insert(k, ast.NewTerm(v))
 		}
 	}
-	id, err := ValueOf(in.Identity) // a nil map is {}
+	var id ast.Value = ast.NewObject()
+	var err error
+	if in.Identity != nil {
+		id, err = ValueOf(in.Identity) // a nil map is {} too
+	}
 	if err != nil {
 		return nil, fmt.Errorf("input.identity: %w", err)
 	}

@@ -6,7 +6,11 @@ package identity
 
 import (
 	"context"
+	"sync"
 
+	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/meter"
 )
 
@@ -34,6 +38,10 @@ type Identity struct {
 	// nothing. When it is also a meter.Reserver, requests reserve their
 	// worst case on it.
 	Ledger meter.Ledger
+
+	policyOnce  sync.Once
+	policyValue ast.Value
+	policyErr   error
 }
 
 // Name is the member name, "anonymous" for a nil identity.
@@ -86,6 +94,31 @@ func (id *Identity) PolicyInput() map[string]any {
 		m["remaining_usd"] = id.RemainingUSD
 	}
 	return m
+}
+
+// WithLedger returns a copy of id whose usage goes to l (id itself is
+// read-only); nil is copied as the anonymous identity.
+func (id *Identity) WithLedger(l meter.Ledger) *Identity {
+	if id == nil {
+		return &Identity{Member: "anonymous", Ledger: l}
+	}
+	return &Identity{Member: id.Member, KeyPrefix: id.KeyPrefix, Models: id.Models, Tiers: id.Tiers, Tools: id.Tools,
+		Budgeted: id.Budgeted, RemainingUSD: id.RemainingUSD, TPM: id.TPM, Ledger: l}
+}
+
+// anonymousValue is PolicyValue of a nil identity.
+var anonymousValue = sync.OnceValues(func() (ast.Value, error) { return policies.ValueOf((*Identity)(nil).PolicyInput()) })
+
+// PolicyValue is PolicyInput converted to an OPA value (policies.ValueOf)
+// once per identity, which is read-only after it is made: a member's
+// requests share it instead of building the document per request. An
+// error is ValueOf's (a remaining budget that is not a finite number).
+func (id *Identity) PolicyValue() (ast.Value, error) {
+	if id == nil {
+		return anonymousValue()
+	}
+	id.policyOnce.Do(func() { id.policyValue, id.policyErr = policies.ValueOf(id.PolicyInput()) })
+	return id.policyValue, id.policyErr
 }
 
 type key struct{}

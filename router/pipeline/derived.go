@@ -121,12 +121,10 @@ func (p *Pipeline) RunDerived(ctx context.Context, parent Parent, d Derived) (An
 			Message: "The policy decision does not belong to this request."}
 	}
 	counted := &countingLedger{}
-	id := &identity.Identity{Member: "anonymous"}
 	if parent.Identity != nil {
-		cp := *parent.Identity
-		id = &cp
+		counted.inner = parent.Identity.Ledger
 	}
-	counted.inner, id.Ledger = id.Ledger, counted
+	id := parent.Identity.WithLedger(counted)
 	a, dd, err := p.derive(ctx, &request{a: parent.Annotation, dec: pdec, id: parent.Identity}, d.Kind, d.Body)
 	if err != nil {
 		return Answer{}, err

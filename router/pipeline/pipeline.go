@@ -93,10 +93,20 @@ func (p *Pipeline) log() *zap.Logger {
 	return p.Logger
 }
 
+// identityInput is id's input.identity, converted once per identity
+// (Identity.PolicyValue); where that fails, the map, whose conversion in
+// the policy engine reports the same error (a fail-closed denial).
+func identityInput(id *identity.Identity) any {
+	if v, err := id.PolicyValue(); err == nil {
+		return v
+	}
+	return id.PolicyInput()
+}
+
 // Decide asks the policy about a for the caller id (nil: anonymous), with
 // the catalogue's targets (converted once, route.Catalogue.PolicyTargets) in the input.
 func (p *Pipeline) Decide(ctx context.Context, a *classify.Annotation, id *identity.Identity) policies.Decided {
-	return p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: id.PolicyInput(), Targets: p.Catalogue.PolicyTargets()})
+	return p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: identityInput(id), Targets: p.Catalogue.PolicyTargets()})
 }
 
 // derive classifies body, a request derived from rq's (a tool round), and
@@ -114,7 +124,7 @@ func (p *Pipeline) derive(ctx context.Context, rq *request, kind string, body []
 	for t, n := range rq.a.Findings() {
 		findings[t] = n
 	}
-	d := p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: rq.id.PolicyInput(), Targets: p.Catalogue.PolicyTargets(),
+	d := p.Policy.Decide(ctx, policies.Input{Subject: a, Identity: identityInput(rq.id), Targets: p.Catalogue.PolicyTargets(),
 		Derived: map[string]any{"kind": kind, "parent": map[string]any{"decision_id": rq.dec.ID(), "sensitivity": parent, "findings": findings}}})
 	return a, d, nil
 }
