@@ -1,103 +1,121 @@
 // Package asynclog takes the encoding and writing of log lines off the
-// request path: a wrapped zap core hands each entry to one background
-// goroutine, which passes it to the wrapped core (Caddy's encoder and
-// writer) in the order the entries arrived.
+// request path: a wrapped zap core queues each entry, and the queue hands
+// what it holds to the wrapped core (Caddy's encoder and writer) in one
+// batch, Delay after the first entry of the batch, in the order the entries
+// arrived. A batch costs one goroutine wake-up however many lines it holds,
+// where writing each line on its request's goroutine cost an encoding and
+// a write(2) there.
 //
-// Nothing is dropped and the order holds: while the queue is full a caller
-// waits for room (the writer is draining it); after Close, callers write
-// their entries themselves. Entries at DPanic level and above are written by
-// the caller at once (zap panics or exits right after them), after the
-// queue ahead of them. Sync waits until every entry queued before it is
-// written, then syncs the wrapped core.
+// Nothing is dropped and the order holds: a caller that finds the queue
+// full writes the queue out itself before adding its entry; after Close,
+// callers write their entries themselves. Entries at DPanic level and
+// above are written by the caller at once (zap panics or exits right after
+// them), after the queue ahead of them. Sync writes the queue out, then
+// syncs the wrapped core.
 //
-// Fields are evaluated when the background goroutine encodes them, so a
-// caller must not change what an ObjectMarshaler, ArrayMarshaler or slice
-// field refers to after logging it (the request path's fields are strings,
-// numbers, errors and values built for the line).
+// Fields are evaluated when the batch is encoded, so a caller must not
+// change what an ObjectMarshaler, ArrayMarshaler or slice field refers to
+// after logging it (the request path's fields are strings, numbers, errors
+// and values built for the line).
 package asynclog
 
 import (
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// Queue is the background writer shared by the cores wrapped with it.
-// The zero value is not usable; call New.
+// Delay is how long the first entry of a batch waits for others.
+const Delay = time.Millisecond
+
+// Queue is the writer shared by the cores wrapped with it. The zero value
+// is not usable; call New.
 type Queue struct {
-	ch   chan item
-	mu   sync.RWMutex // held for reading by senders, for writing by Close
-	done chan struct{}
-	shut bool
+	limit int
+
+	mu        sync.Mutex // guards the fields below
+	pending   []item
+	spare     []item // the last batch's slice, reused
+	scheduled bool   // a write-out is scheduled for pending
+	closed    bool
+
+	writing sync.Mutex // held while a batch (or a caller's own line) is written: batches go out in order
 }
 
-// item is one queued entry, or (core nil) a Sync marker whose channel is
-// closed once every entry before it is written.
+// item is one queued entry with the core that writes it.
 type item struct {
 	core   zapcore.Core
 	ent    zapcore.Entry
 	fields []zapcore.Field
-	synced chan struct{}
 }
 
-// New starts a queue of at most depth entries (at least 1).
-func New(depth int) *Queue {
-	q := &Queue{ch: make(chan item, max(depth, 1)), done: make(chan struct{})}
-	go q.run()
-	return q
+// New returns a queue of at most limit entries (at least 1).
+func New(limit int) *Queue {
+	return &Queue{limit: max(limit, 1)}
 }
 
-func (q *Queue) run() {
-	defer close(q.done)
-	for it := range q.ch {
-		if it.core == nil {
-			close(it.synced)
-			continue
-		}
-		// An encoder or writer error has nowhere better to go than the
-		// wrapped core's own error output, which zap's ioCore already uses.
-		_ = it.core.Write(it.ent, it.fields)
-	}
-}
-
-// send queues it, waiting while the queue is full; it reports false when
-// the queue is closed and the caller must write it itself.
-func (q *Queue) send(it item) bool {
-	q.mu.RLock()
-	defer q.mu.RUnlock()
-	if q.shut {
-		return false
-	}
-	q.ch <- it
-	return true
-}
-
-// flush waits until every entry queued before it is written. It reports
-// false when the queue is closed (nothing is pending then).
-func (q *Queue) flush() bool {
-	q.mu.RLock()
-	if q.shut {
-		q.mu.RUnlock()
-		return false
-	}
-	synced := make(chan struct{})
-	q.ch <- item{synced: synced} // blocks while full: the writer is draining
-	q.mu.RUnlock()
-	<-synced
-	return true
-}
-
-// Close writes what is queued and stops the goroutine; later entries are
-// written by their callers. Close is idempotent.
-func (q *Queue) Close() {
+// add queues it, reporting false when the queue is closed and the caller
+// must write it itself. A full queue is written out first, by the caller.
+func (q *Queue) add(it item) bool {
 	q.mu.Lock()
-	if !q.shut {
-		q.shut = true
-		close(q.ch)
+	for !q.closed && len(q.pending) >= q.limit {
+		q.mu.Unlock()
+		q.flush()
+		q.mu.Lock()
+	}
+	if q.closed {
+		q.mu.Unlock()
+		return false
+	}
+	q.pending = append(q.pending, it)
+	if !q.scheduled {
+		q.scheduled = true
+		time.AfterFunc(Delay, q.flush)
 	}
 	q.mu.Unlock()
-	<-q.done
+	return true
+}
+
+// flush writes out every entry queued before it.
+func (q *Queue) flush() {
+	q.writing.Lock()
+	defer q.writing.Unlock()
+	q.mu.Lock()
+	batch := q.pending
+	q.pending, q.spare = q.spare[:0], nil
+	q.scheduled = false
+	q.mu.Unlock()
+	for i := range batch {
+		// An encoder or writer error has nowhere better to go than the
+		// wrapped core's own error output, which zap's ioCore already uses.
+		_ = batch[i].core.Write(batch[i].ent, batch[i].fields)
+		batch[i] = item{} // the batch's entries are not kept alive by spare
+	}
+	q.mu.Lock()
+	if q.spare == nil {
+		q.spare = batch[:0]
+	}
+	q.mu.Unlock()
+}
+
+// writeNow writes one entry on the caller's goroutine, after everything
+// queued before it.
+func (q *Queue) writeNow(c zapcore.Core, ent zapcore.Entry, fields []zapcore.Field) error {
+	q.flush()
+	q.writing.Lock()
+	defer q.writing.Unlock()
+	return c.Write(ent, fields)
+}
+
+// Close writes out what is queued; later entries are written by their
+// callers. Close is idempotent.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.flush()
 }
 
 // Wrap returns l with its core wrapped so that entries go through q.
@@ -125,13 +143,12 @@ func (c *core) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Check
 // Write queues a copy of fields (zap reuses the caller's slice).
 func (c *core) Write(ent zapcore.Entry, fields []zapcore.Field) error {
 	if ent.Level >= zapcore.DPanicLevel {
-		c.q.flush()
-		return c.Core.Write(ent, fields)
+		return c.q.writeNow(c.Core, ent, fields)
 	}
-	if c.q.send(item{core: c.Core, ent: ent, fields: append([]zapcore.Field(nil), fields...)}) {
+	if c.q.add(item{core: c.Core, ent: ent, fields: append([]zapcore.Field(nil), fields...)}) {
 		return nil
 	}
-	return c.Core.Write(ent, fields)
+	return c.q.writeNow(c.Core, ent, fields)
 }
 
 func (c *core) Sync() error {

@@ -2,8 +2,10 @@ package asynclog
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -136,5 +138,22 @@ func TestConcurrentLoggersLoseNothing(t *testing.T) {
 		if n != each {
 			t.Fatalf("writer %d: %d lines, want %d", w, n, each)
 		}
+	}
+}
+
+func TestAQueuedLineIsWrittenWithoutSync(t *testing.T) {
+	obs, logs := observer.New(zap.InfoLevel)
+	q := New(64)
+	defer q.Close()
+	l := q.Wrap(zap.New(obs))
+	l.Info("alone")
+	// The batch's write-out is scheduled by the line itself; wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for logs.Len() == 0 && time.Now().Before(deadline) {
+		runtime.Gosched()
+		time.Sleep(time.Millisecond)
+	}
+	if logs.Len() != 1 {
+		t.Fatalf("%d lines written without Sync, want 1", logs.Len())
 	}
 }
