@@ -30,6 +30,9 @@ import (
 // Delay is how long the first entry of a batch waits for others.
 const Delay = time.Millisecond
 
+// maxFree bounds the field slices kept for reuse.
+const maxFree = 256
+
 // Queue is the writer shared by the cores wrapped with it. The zero value
 // is not usable; call New.
 type Queue struct {
@@ -37,8 +40,9 @@ type Queue struct {
 
 	mu        sync.Mutex // guards the fields below
 	pending   []item
-	spare     []item // the last batch's slice, reused
-	scheduled bool   // a write-out is scheduled for pending
+	spare     []item            // the last batch's slice, reused
+	free      [][]zapcore.Field // field slices of written entries, reused
+	scheduled bool              // a write-out is scheduled for pending
 	closed    bool
 
 	writing sync.Mutex // held while a batch (or a caller's own line) is written: batches go out in order
@@ -56,9 +60,10 @@ func New(limit int) *Queue {
 	return &Queue{limit: max(limit, 1)}
 }
 
-// add queues it, reporting false when the queue is closed and the caller
-// must write it itself. A full queue is written out first, by the caller.
-func (q *Queue) add(it item) bool {
+// add queues a copy of fields (zap reuses the caller's slice), reporting
+// false when the queue is closed and the caller must write the entry
+// itself. A full queue is written out first, by the caller.
+func (q *Queue) add(c zapcore.Core, ent zapcore.Entry, fields []zapcore.Field) bool {
 	q.mu.Lock()
 	for !q.closed && len(q.pending) >= q.limit {
 		q.mu.Unlock()
@@ -69,7 +74,11 @@ func (q *Queue) add(it item) bool {
 		q.mu.Unlock()
 		return false
 	}
-	q.pending = append(q.pending, it)
+	var fs []zapcore.Field
+	if n := len(q.free); n > 0 && cap(q.free[n-1]) >= len(fields) {
+		fs, q.free = q.free[n-1], q.free[:n-1]
+	}
+	q.pending = append(q.pending, item{core: c, ent: ent, fields: append(fs, fields...)})
 	if !q.scheduled {
 		q.scheduled = true
 		time.AfterFunc(Delay, q.flush)
@@ -91,9 +100,15 @@ func (q *Queue) flush() {
 		// An encoder or writer error has nowhere better to go than the
 		// wrapped core's own error output, which zap's ioCore already uses.
 		_ = batch[i].core.Write(batch[i].ent, batch[i].fields)
-		batch[i] = item{} // the batch's entries are not kept alive by spare
+		clear(batch[i].fields) // what the fields held is not kept alive
 	}
 	q.mu.Lock()
+	for i := range batch {
+		if len(q.free) < maxFree {
+			q.free = append(q.free, batch[i].fields[:0])
+		}
+		batch[i] = item{}
+	}
 	if q.spare == nil {
 		q.spare = batch[:0]
 	}
@@ -140,12 +155,12 @@ func (c *core) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Check
 	return ce
 }
 
-// Write queues a copy of fields (zap reuses the caller's slice).
+// Write queues the entry.
 func (c *core) Write(ent zapcore.Entry, fields []zapcore.Field) error {
 	if ent.Level >= zapcore.DPanicLevel {
 		return c.q.writeNow(c.Core, ent, fields)
 	}
-	if c.q.add(item{core: c.Core, ent: ent, fields: append([]zapcore.Field(nil), fields...)}) {
+	if c.q.add(c.Core, ent, fields) {
 		return nil
 	}
 	return c.q.writeNow(c.Core, ent, fields)

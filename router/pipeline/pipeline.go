@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/classify"
@@ -330,17 +331,10 @@ func (p *Pipeline) Denied(a *classify.Annotation, d policies.Decided, id *identi
 // logPlan writes the "route decision" line: every candidate with its score
 // terms and every excluded target with the constraint that removed it.
 func (p *Pipeline) logPlan(rq *request, o route.Overrides) {
-	cs := make([]string, len(rq.plan.Candidates))
-	for i, c := range rq.plan.Candidates {
-		cs[i] = route.Describe(c)
-	}
-	xs := make([]string, len(rq.plan.Excluded))
-	for i, e := range rq.plan.Excluded {
-		xs[i] = e.String()
-	}
 	fields := []zap.Field{zap.String("decision_id", rq.dec.ID()), zap.String("model", rq.a.Model()), zap.String("task", rq.a.Task()),
 		zap.Float64("difficulty", rq.a.Difficulty()), zap.String("strategy", string(rq.plan.Strategy)),
-		zap.Strings("candidates", cs), zap.Strings("excluded", xs), zap.Strings("reasons", rq.plan.Reasons),
+		zap.Array("candidates", candidateList(rq.plan.Candidates)), zap.Array("excluded", exclusionList(rq.plan.Excluded)),
+		zap.Strings("reasons", rq.plan.Reasons),
 		zap.Int("reserve_tokens", rq.plan.Reserve.Tokens), zap.Float64("reserve_usd", rq.plan.Reserve.CostUSD)}
 	if o.Prefer != route.PreferNone {
 		fields = append(fields, zap.String("prefer", string(o.Prefer)))
@@ -349,6 +343,29 @@ func (p *Pipeline) logPlan(rq *request, o route.Overrides) {
 		fields = append(fields, zap.Float64("max_cost_usd", o.MaxCostUSD))
 	}
 	rq.log.Info("route decision", fields...)
+}
+
+// candidateList logs candidates as route.Describe strings, formatted when
+// the line is encoded (off the request path, internal/asynclog). The plan's
+// slices are never changed in place once planned: derived requests replace
+// them or append past what was logged.
+type candidateList []route.Candidate
+
+func (l candidateList) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, c := range l {
+		enc.AppendString(route.Describe(c))
+	}
+	return nil
+}
+
+// exclusionList logs exclusions as "<target>: <reason>", like candidateList.
+type exclusionList []route.Exclusion
+
+func (l exclusionList) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, e := range l {
+		enc.AppendString(e.String())
+	}
+	return nil
 }
 
 // reserve holds the plan's worst case on the caller's ledger when it is a
