@@ -121,8 +121,14 @@ func argsCut(args string) bool {
 // enum; "length" when a tool call's arguments were cut off), a chat
 // message's "role", "content" and "refusal" (null), a tool call's "type"
 // and its "arguments" as a string (an object's JSON text, "{}" when absent),
-// and the usage's "total_tokens". A body that is not a JSON object, or an
-// error object, is returned as it is.
+// and the usage's "total_tokens". Members some OpenAI-compatible servers
+// (LiteLLM's proxy, vLLM, Groq) write as null where the spec has no null
+// are dropped: a message's "function_call" and "tool_calls", the usage's
+// "prompt_tokens_details" and "completion_tokens_details"; so is a
+// "service_tier" outside the spec's enum (Groq's "on_demand"). A logprobs
+// entry gets the "bytes" (null) and "top_logprobs" ([]) the spec
+// requires. A body that is not a JSON object, or an error object, is
+// returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
@@ -151,6 +157,10 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 		prefix, object = "chatcmpl-", "chat.completion"
 	}
 	header(ans, &top, e, prefix, object)
+	if !top[topChoices].IsArray() {
+		normaliseUsage(top[topUsage], "usage", e)
+		return e.b
+	}
 	top[topChoices].ForEach(func(k, ch gjson.Result) bool {
 		base := "choices." + k.String()
 		var c [len(choiceNames)]gjson.Result
@@ -192,9 +202,20 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			if !m[messageRefusal].Exists() {
 				e.raw(base+".message.refusal", "null")
 			}
+			if fc := m[messageFunctionCall]; fc.Exists() && !fc.IsObject() {
+				e.del(base + ".message.function_call")
+			}
 		}
 		tcs := m[messageToolCalls]
 		cut := false
+		if !tcs.IsArray() {
+			// null or not a list: dropped (gjson's ForEach calls back once
+			// with a scalar, which would make a call of it).
+			if tcs.Exists() {
+				e.del(base + ".message.tool_calls")
+			}
+			tcs = gjson.Result{}
+		}
 		tcs.ForEach(func(j, tc gjson.Result) bool {
 			p := base + ".message.tool_calls." + j.String()
 			if !tc.Get("type").Exists() {
@@ -210,9 +231,6 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			}
 			return true
 		})
-		if tcs.Type == gjson.Null && tcs.Exists() {
-			e.del(base + ".message.tool_calls")
-		}
 		want := finishReason(ans.Endpoint, fr)
 		if c[choiceFinish].Type != gjson.String && tcs.Get("#").Int() > 0 {
 			want = "tool_calls"
@@ -231,9 +249,9 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 
 // The members NormaliseBody looks at, by object, and their indexes.
 var (
-	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage"}
+	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage", "service_tier"}
 	choiceNames  = [...]string{"index", "logprobs", "finish_reason", "text", "message"}
-	messageNames = [...]string{"role", "content", "refusal", "tool_calls"}
+	messageNames = [...]string{"role", "content", "refusal", "tool_calls", "function_call"}
 	usageNames   = [...]string{"prompt_tokens", "completion_tokens", "total_tokens"}
 )
 
@@ -246,6 +264,7 @@ const (
 	topFingerprint
 	topChoices
 	topUsage
+	topServiceTier
 )
 
 const (
@@ -261,6 +280,7 @@ const (
 	messageContent
 	messageRefusal
 	messageToolCalls
+	messageFunctionCall
 )
 
 // pick sets out[i] to the value of obj's first member named names[i] (as
@@ -300,14 +320,49 @@ func header(ans Answer, top *[len(topNames)]gjson.Result, e *edit, prefix, objec
 	if fp := top[topFingerprint]; fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
+	if st := top[topServiceTier]; st.Exists() && st.Type != gjson.Null && !serviceTiers[st.Str] {
+		e.del("service_tier")
+	}
 }
 
-// logprobFields gives a chat logprobs object its two required members.
+// serviceTiers is the spec's ServiceTier enum (or null): the service tier
+// an answer may name.
+var serviceTiers = map[string]bool{"auto": true, "default": true, "flex": true, "scale": true, "priority": true, "fast": true}
+
+// logprobFields gives a chat logprobs object its two required members,
+// and each of their entries (ChatCompletionTokenLogprob) its "bytes" (null
+// when absent) and "top_logprobs" ([] when absent or null), each
+// alternative its "bytes".
 func logprobFields(path string, lp gjson.Result, e *edit) {
 	for _, f := range []string{"content", "refusal"} {
-		if !lp.Get(f).Exists() {
+		list := lp.Get(f)
+		if !list.Exists() {
 			e.raw(path+"."+f, "null")
 		}
+		if !list.IsArray() {
+			continue
+		}
+		list.ForEach(func(i, ent gjson.Result) bool {
+			if !ent.IsObject() {
+				return true
+			}
+			p := path + "." + f + "." + i.String()
+			if !ent.Get("bytes").Exists() {
+				e.raw(p+".bytes", "null")
+			}
+			switch top := ent.Get("top_logprobs"); {
+			case !top.IsArray():
+				e.raw(p+".top_logprobs", "[]")
+			default:
+				top.ForEach(func(j, alt gjson.Result) bool {
+					if alt.IsObject() && !alt.Get("bytes").Exists() {
+						e.raw(p+".top_logprobs."+j.String()+".bytes", "null")
+					}
+					return true
+				})
+			}
+			return true
+		})
 	}
 }
 
@@ -331,8 +386,16 @@ func normaliseUsage(u gjson.Result, path string, e *edit) {
 		if !f[2].Exists() {
 			e.set(path+".total_tokens", p+c)
 		}
+		for _, d := range usageDetails {
+			if v := u.Get(d); v.Exists() && !v.IsObject() {
+				e.del(path + "." + d)
+			}
+		}
 	}
 }
+
+// usageDetails are CompletionUsage's objects that servers send as null.
+var usageDetails = [...]string{"prompt_tokens_details", "completion_tokens_details"}
 
 func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	if root.Get("object").Str != "list" {
@@ -391,6 +454,13 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     a usage field, but with a null value"); otherwise no chunk has the
 //     field.
 //
+//   - members written as null where the spec has none are dropped: a
+//     delta's "tool_calls" and "function_call", a tool-call delta's "id",
+//     "type", "function.name" and "function.arguments" (LiteLLM's proxy
+//     writes them on every continuation), the usage's details; so is a
+//     "service_tier" outside the spec's enum; a logprobs entry gets its
+//     "bytes" and "top_logprobs".
+//
 // A chunk left without choices (a usage-only chunk, a provider's empty
 // preamble) is dropped. Not safe for concurrent use.
 type Stream struct {
@@ -440,7 +510,7 @@ func (s *Stream) Chunk(data []byte) []byte {
 	if !root.IsObject() {
 		return data
 	}
-	var id, object, created, model, fp, usage, choices, errObj gjson.Result
+	var id, object, created, model, fp, usage, choices, errObj, tier gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "id":
@@ -459,6 +529,8 @@ func (s *Stream) Chunk(data []byte) []byte {
 			choices = v
 		case "error":
 			errObj = v
+		case "service_tier":
+			tier = v
 		}
 		return true
 	})
@@ -518,6 +590,9 @@ func (s *Stream) Chunk(data []byte) []byte {
 	if fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
+	if tier.Exists() && tier.Type != gjson.Null && !serviceTiers[tier.Str] {
+		e.del("service_tier")
+	}
 	pos := int64(0)
 	choices.ForEach(func(_, ch gjson.Result) bool {
 		s.choice(e, "choices."+strconv.FormatInt(pos, 10), pos, ch)
@@ -575,16 +650,27 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	if !delta.IsObject() {
 		e.raw(base+".delta", "{}")
 	}
-	var role, calls gjson.Result
+	var role, calls, fcall gjson.Result
 	delta.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "role":
 			role = v
 		case "tool_calls":
 			calls = v
+		case "function_call":
+			fcall = v
 		}
 		return true
 	})
+	if fcall.Exists() && !fcall.IsObject() {
+		e.del(base + ".delta.function_call")
+	}
+	if calls.Exists() && !calls.IsArray() {
+		// "tool_calls": null (LiteLLM's proxy on every delta): dropped,
+		// never read (gjson's ForEach would call back once with the null).
+		e.del(base + ".delta.tool_calls")
+		calls = gjson.Result{}
+	}
 	if !st.roleSent {
 		st.roleSent = true
 		if role.Type != gjson.String {
@@ -600,10 +686,26 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		if tc.Get("index").Raw != strconv.Itoa(given) {
 			e.set(p+".index", given)
 		}
-		if tc.Get("id").Type == gjson.String && !tc.Get("type").Exists() {
-			e.set(p+".type", "function")
+		id, typ, fn := tc.Get("id"), tc.Get("type"), tc.Get("function")
+		if id.Exists() && id.Type != gjson.String {
+			e.del(p + ".id") // a continuation's "id": null
 		}
-		if a := tc.Get("function.arguments"); a.Type == gjson.String {
+		switch {
+		case id.Type == gjson.String && typ.Type != gjson.String:
+			e.set(p+".type", "function")
+		case typ.Exists() && typ.Type != gjson.String:
+			e.del(p + ".type")
+		}
+		if fn.Exists() && !fn.IsObject() {
+			e.del(p + ".function")
+		}
+		if n := fn.Get("name"); n.Exists() && n.Type != gjson.String {
+			e.del(p + ".function.name")
+		}
+		if a := fn.Get("arguments"); a.Type == gjson.Null {
+			e.del(p + ".function.arguments")
+		}
+		if a := fn.Get("arguments"); a.Type == gjson.String {
 			st.args[given].WriteString(a.Str)
 		} else if a.IsObject() || a.IsArray() {
 			e.set(p+".function.arguments", argsText(a))
@@ -689,6 +791,11 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	ue.set("prompt_tokens", p)
 	ue.set("completion_tokens", c)
 	ue.set("total_tokens", p+c)
+	for _, d := range usageDetails {
+		if v := gjson.GetBytes(ue.b, d); v.Exists() && !v.IsObject() {
+			ue.del(d)
+		}
+	}
 	e.raw("usage", string(ue.b))
 	return e.b
 }
