@@ -435,18 +435,15 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     created that is not a positive integer is the answer's start), the client's model
 //     name, the object name; a system_fingerprint that is not a string is
 //     dropped;
-//
 //   - every choice gets its index, a delta, and finish_reason (null until
 //     it finishes; aliases mapped to the enum); the first delta of each
 //     chat choice gets role "assistant"; a logprobs object gets content and
 //     refusal;
-//
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
 //     never share an index (some servers stream parallel calls all with
 //     index 0), and a first delta without a type gets "function"; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
-//
 //   - usage is taken out of every chunk and merged (a provider may report
 //     prompt tokens on its first chunk and completion tokens on its last:
 //     each count keeps its largest report); Final returns the one usage
@@ -455,8 +452,7 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     the client asked, every other chunk carries "usage": null, as the
 //     spec's stream options describe ("all other chunks will also include
 //     a usage field, but with a null value"); otherwise no chunk has the
-//     field.
-//
+//     field;
 //   - members written as null where the spec has none are dropped: a
 //     delta's "tool_calls" and "function_call", a tool-call delta's "id",
 //     "type", "function.name" and "function.arguments" (LiteLLM's proxy
