@@ -14,9 +14,9 @@ import (
 // FromMessages translates an Anthropic Messages API request into a chat
 // completions request:
 //
-//   - system (a string or text blocks) becomes the system message; each
-//     message's text blocks become text parts, image blocks (base64 or URL
-//     sources) image_url parts, an assistant's tool_use blocks its
+//   - system (a string or text blocks, joined one per line) becomes the
+//     system message; each message's text blocks become text parts, image
+//     blocks (base64 or URL sources) image_url parts, an assistant's tool_use blocks its
 //     tool_calls (the input as JSON arguments), a user's tool_result blocks
 //     tool messages (before the rest of that user turn), is_error results
 //     prefixed "Error: "; thinking blocks of earlier turns are skipped;
@@ -30,6 +30,9 @@ import (
 //     false; max_tokens, stop_sequences (as stop), temperature, top_p and
 //     metadata.user_id (as user) map to their chat parameters (top_k has
 //     no chat equivalent and is dropped); a stream asks for the usage chunk;
+//   - the answer's stop_reason is stop_sequence, with stop_sequence naming
+//     it, when the choice's "stop_reason" (vLLM's and Molly's engine's
+//     report of the stop string that matched) is one of stop_sequences;
 //   - stream, tools, tool_choice, stop_sequences (strings) and metadata of
 //     the wrong JSON type, and a temperature or top_p above 1 (Anthropic's
 //     range), are a 400 naming the parameter;
@@ -64,7 +67,16 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	case sys.Type == gjson.String:
 		msgs = append(msgs, map[string]any{"role": "system", "content": sys.Str})
 	case sys.IsArray():
-		msgs = append(msgs, map[string]any{"role": "system", "content": joinText(sys, "text")})
+		// Blocks are separate texts (Claude Code sends its identity and its
+		// instructions as two): joined one per line, never glued together.
+		var parts []string
+		sys.ForEach(func(_, b gjson.Result) bool {
+			if t := b.Get("text"); t.Type == gjson.String && t.Str != "" {
+				parts = append(parts, t.Str)
+			}
+			return true
+		})
+		msgs = append(msgs, map[string]any{"role": "system", "content": strings.Join(parts, "\n")})
 	default:
 		return nil, nil, openai.WrongType("system", "a string or an array of text blocks", sys)
 	}
@@ -267,6 +279,33 @@ func stopReason(finish string) string {
 	return "end_turn"
 }
 
+// matchedStop is the stop sequence of the request that ended choice ch,
+// "" for none: chat completions does not say which stop string matched,
+// but vLLM (and Molly's engine) name it in the choice's "stop_reason",
+// which Anthropic's stop_sequence is when it is one of the request's
+// stop_sequences (vLLM also puts a stop token's id there, a number).
+func (t *Translation) matchedStop(ch gjson.Result) string {
+	sr := ch.Get("stop_reason")
+	if sr.Type != gjson.String || sr.Str == "" || ch.Get("finish_reason").Str != "stop" {
+		return ""
+	}
+	for _, s := range t.req.Get("stop_sequences").Array() {
+		if s.Str == sr.Str {
+			return sr.Str
+		}
+	}
+	return ""
+}
+
+// stopFields are a Message's stop_reason and stop_sequence for a chat
+// choice's finish reason and matched stop sequence.
+func stopFields(finish, matched string) (string, any) {
+	if matched != "" {
+		return "stop_sequence", matched
+	}
+	return stopReason(finish), nil
+}
+
 // toolInput is a tool call's arguments as the tool_use block's input
 // object; arguments that are not a JSON object become {}.
 func toolInput(args string) json.RawMessage {
@@ -298,9 +337,10 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 			"input": toolInput(tc.Get("function.arguments").Str)})
 		return true
 	})
+	reason, seq := stopFields(ch.Get("finish_reason").Str, t.matchedStop(ch))
 	return marshal(map[string]any{
 		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
-		"stop_reason": stopReason(ch.Get("finish_reason").Str), "stop_sequence": nil,
+		"stop_reason": reason, "stop_sequence": seq,
 		"usage": map[string]any{"input_tokens": root.Get("usage.prompt_tokens").Int(), "output_tokens": root.Get("usage.completion_tokens").Int()},
 	})
 }
@@ -358,6 +398,7 @@ type messagesStream struct {
 	kind    string        // "thinking", "text" or "tool_use": the open block
 	calls   map[int64]int // chat tool-call index → block index
 	finish  string
+	stopSeq string // the stop sequence that ended the answer (matchedStop)
 	usage   gjson.Result
 }
 
@@ -460,6 +501,7 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	})
 	if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
 		s.finish = fr.Str
+		s.stopSeq = s.t.matchedStop(ch)
 	}
 	return out
 }
@@ -476,6 +518,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
 	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
-	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": stopReason(s.finish), "stop_sequence": nil}, "usage": usage})
+	reason, seq := stopFields(s.finish, s.stopSeq)
+	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
 }

@@ -791,6 +791,53 @@ func TestMessagesToolUseCutByMaxTokens(t *testing.T) {
 	}
 }
 
+// TestMessagesStopSequence: a choice whose stop_reason (vLLM's, Molly's
+// engine's) names one of the request's stop_sequences is Anthropic's
+// stop_reason "stop_sequence" with stop_sequence set, whole and streamed;
+// a stop token's id, or a string the request did not list, is end_turn.
+func TestMessagesStopSequence(t *testing.T) {
+	_, tr, _ := FromMessages([]byte(`{"model":"m","max_tokens":9,"stop_sequences":["NEVER","END"],"messages":[{"role":"user","content":"count"}]}`))
+	whole := func(stopReason string) string {
+		return `{"id":"c","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"stop","stop_reason":` + stopReason + `,"logprobs":null,
+	"message":{"role":"assistant","content":"1 2 3","refusal":null}}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`
+	}
+	for _, c := range []struct{ stopReason, reason, seq string }{
+		{`"END"`, "stop_sequence", `"END"`}, {`151645`, "end_turn", "null"}, {`"OTHER"`, "end_turn", "null"}, {`null`, "end_turn", "null"},
+	} {
+		m := gjson.ParseBytes(serve(t, APIMessages, tr, writeJSON(200, whole(c.stopReason))).Body.Bytes())
+		if m.Get("stop_reason").Str != c.reason || m.Get("stop_sequence").Raw != c.seq {
+			t.Errorf("stop_reason %s: %s %s", c.stopReason, m.Get("stop_reason").Raw, m.Get("stop_sequence").Raw)
+		}
+	}
+	stream := *tr
+	stream.Stream = true
+	rec := serve(t, APIMessages, &stream, writeSSE(
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"1 2 3"},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop","stop_reason":"END"}]}`,
+		`[DONE]`))
+	var delta gjson.Result
+	for _, ev := range events(t, rec.Body.Bytes()) {
+		if ev.Type == "message_delta" {
+			delta = gjson.GetBytes(ev.Data, "delta")
+		}
+	}
+	if delta.Get("stop_reason").Str != "stop_sequence" || delta.Get("stop_sequence").Str != "END" {
+		t.Fatalf("message_delta %s", delta.Raw)
+	}
+}
+
+// TestMessagesSystemBlocksStayApart: system text blocks are separate texts;
+// joined, they are one per line, not glued into one word.
+func TestMessagesSystemBlocksStayApart(t *testing.T) {
+	chat, _, aerr := FromMessages([]byte(`{"model":"m","max_tokens":9,"system":[{"type":"text","text":"You are terse."},{"type":"text","text":"Answer in Italian.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"}]}`))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if got := gjson.GetBytes(chat, "messages.0.content").Str; got != "You are terse.\nAnswer in Italian." {
+		t.Fatalf("system %q", got)
+	}
+}
+
 // TestResponsesErrorsNameTheResponsesParameter: an error about the chat
 // request a Responses request became names the parameter the client sent.
 func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
