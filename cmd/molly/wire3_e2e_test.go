@@ -16,6 +16,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go"
 	aoption "github.com/anthropics/anthropic-sdk-go/option"
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
@@ -337,4 +338,78 @@ func TestWireMessagesWithAnthropicsSDK(t *testing.T) {
 			t.Fatalf("%v", err)
 		}
 	})
+}
+
+// TestWireResponsesStreamOfParallelCalls streams a Responses answer made of
+// two function calls from a server writing nulls, every event checked
+// against the spec, the SDK's completed Response holding both calls.
+func TestWireResponsesStreamOfParallelCalls(t *testing.T) {
+	spec := openapitest.Load(t)
+	p := startNullsProvider(t)
+	g := startMolly(t, nullsCaddyfile(p))
+	c := client(g)
+	stream := c.Responses.NewStreaming(context.Background(), responses.ResponseNewParams{Model: "chat",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("weather?")},
+		Tools: []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "weather", Parameters: map[string]any{"type": "object"}}}}})
+	var done *responses.Response
+	for stream.Next() {
+		ev := stream.Current()
+		spec.Validate(t, "ResponseStreamEvent", []byte(ev.RawJSON()))
+		if ev.Type == "response.completed" {
+			r := ev.Response
+			done = &r
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if done == nil {
+		t.Fatal("no response.completed")
+	}
+	spec.Validate(t, "Response", []byte(done.RawJSON()))
+	var calls []string
+	for _, o := range done.Output {
+		if o.Type == "function_call" {
+			calls = append(calls, o.CallID+" "+o.Arguments.OfString)
+		}
+	}
+	if strings.Join(calls, ", ") != `call_0a {"city":"Rome"}, call_0b {"city":"Oslo"}` {
+		t.Fatalf("calls %q in %s", calls, done.RawJSON())
+	}
+}
+
+// TestWireEngineStreamsOfSeveralChoices: the T0 engine's streams with n 2,
+// logprobs and top_logprobs, chat and legacy completions, every chunk
+// valid, the SDK's accumulator seeing both choices.
+func TestWireEngineStreamsOfSeveralChoices(t *testing.T) {
+	spec := openapitest.Load(t)
+	g := startEngineMolly(t, "tiny", 1024, "")
+	_, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","n":2,"stream":true,"logprobs":true,"top_logprobs":2,"max_tokens":3,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
+	validateChatStream(t, spec, b)
+	_, b = do(t, g, "POST", "/v1/completions", `{"model":"chat","n":2,"stream":true,"logprobs":2,"max_tokens":3,"prompt":"once"}`)
+	for _, ev := range sseEvents(t, b) {
+		if !ev.IsDone() {
+			spec.ValidateCompletionChunk(t, ev.Data)
+		}
+	}
+	c := client(g)
+	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "chat", N: openai.Int(2), MaxTokens: openai.Int(3),
+		Logprobs: openai.Bool(true), TopLogprobs: openai.Int(2), Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		if !acc.AddChunk(stream.Current()) {
+			t.Fatalf("the accumulator refused %s", stream.Current().RawJSON())
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(acc.Choices) != 2 {
+		t.Fatalf("%d choices", len(acc.Choices))
+	}
+	for i, ch := range acc.Choices {
+		if ch.FinishReason != "length" || len(ch.Logprobs.Content) != 3 || len(ch.Logprobs.Content[0].TopLogprobs) != 2 {
+			t.Fatalf("choice %d: finish %q, %d logprobs", i, ch.FinishReason, len(ch.Logprobs.Content))
+		}
+	}
 }
