@@ -18,8 +18,10 @@ import (
 //     system message; each message's text blocks become text parts, image
 //     blocks (base64 or URL sources) image_url parts, an assistant's tool_use blocks its
 //     tool_calls (the input as JSON arguments), a user's tool_result blocks
-//     tool messages (before the rest of that user turn), is_error results
-//     prefixed "Error: "; thinking blocks of earlier turns are skipped;
+//     tool messages (before the rest of that user turn; their text blocks
+//     one per line, their images image_url parts of that user turn),
+//     is_error results prefixed "Error: "; thinking blocks of earlier turns
+//     are skipped;
 //   - thinking {"type": "enabled"} returns the answer's reasoning (a chat
 //     answer's reasoning_content) as a thinking block, first, with an empty
 //     signature; budget_tokens is not sent on (chat completions has no
@@ -160,18 +162,12 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 				parts = append(parts, map[string]any{"type": "text", "text": b.Get("text").Str})
 			}
 		case "image":
-			src := b.Get("source")
-			var url string
-			switch src.Get("type").Str {
-			case "base64":
-				url = "data:" + src.Get("media_type").Str + ";base64," + src.Get("data").Str
-			case "url":
-				url = src.Get("url").Str
-			default:
-				bad = openai.InvalidRequest(bp+".source.type", "%s.source.type: this gateway accepts base64 and url image sources.", bp)
+			part, err := imagePart(bp, b)
+			if err != nil {
+				bad = err
 				return false
 			}
-			parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}})
+			parts = append(parts, part)
 		case "tool_use":
 			if role != "assistant" {
 				bad = openai.InvalidRequest(bp+".type", "%s: tool_use blocks belong to assistant messages.", bp)
@@ -187,7 +183,34 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 			rc := b.Get("content")
 			result := rc.Str
 			if rc.IsArray() {
-				result = joinText(rc, "text")
+				// A chat tool message holds text only: the result's text
+				// blocks, one per line, and its images in the user turn that
+				// follows the tool messages (never dropped).
+				var texts []string
+				k := 0
+				rc.ForEach(func(_, rb gjson.Result) bool {
+					rp := bp + ".content." + strconv.Itoa(k)
+					k++
+					switch rb.Get("type").Str {
+					case "text":
+						texts = append(texts, rb.Get("text").Str)
+					case "image":
+						part, err := imagePart(rp, rb)
+						if err != nil {
+							bad = err
+							return false
+						}
+						parts = append(parts, part)
+					default:
+						bad = openai.InvalidRequest(rp+".type", "%s.type: '%s' blocks in a tool_result are not supported by this gateway; use text and image.", rp, rb.Get("type").Str)
+						return false
+					}
+					return true
+				})
+				if bad != nil {
+					return false
+				}
+				result = strings.Join(texts, "\n")
 			}
 			if b.Get("is_error").Bool() {
 				result = "Error: " + result
@@ -218,6 +241,22 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 		out = append(out, map[string]any{"role": "user", "content": parts})
 	}
 	return out, nil
+}
+
+// imagePart is an image block (at param bp) as a chat image_url part: a
+// base64 source as a data URL, a url source as it is.
+func imagePart(bp string, b gjson.Result) (map[string]any, *openai.Error) {
+	src := b.Get("source")
+	var url string
+	switch src.Get("type").Str {
+	case "base64":
+		url = "data:" + src.Get("media_type").Str + ";base64," + src.Get("data").Str
+	case "url":
+		url = src.Get("url").Str
+	default:
+		return nil, openai.InvalidRequest(bp+".source.type", "%s.source.type: this gateway accepts base64 and url image sources.", bp)
+	}
+	return map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}}, nil
 }
 
 // anthropicTools translates tools and tool_choice.

@@ -838,6 +838,31 @@ func TestMessagesSystemBlocksStayApart(t *testing.T) {
 	}
 }
 
+// TestMessagesToolResultBlocks: a tool_result's text blocks become the
+// tool message (one per line), its images image_url parts of the user turn
+// after the tool messages; another block kind is a 400 naming it.
+func TestMessagesToolResultBlocks(t *testing.T) {
+	req := `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"shot?"},
+	{"role":"assistant","content":[{"type":"tool_use","id":"tu_1","name":"screenshot","input":{}}]},
+	{"role":"user","content":[{"type":"tool_result","tool_use_id":"tu_1","content":[{"type":"text","text":"Here it is."},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},{"type":"text","text":"1024x768"}]},{"type":"text","text":"What do you see?"}]}]}`
+	chat, _, aerr := FromMessages([]byte(req))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	ms := gjson.GetBytes(chat, "messages")
+	if tool := ms.Get("2"); tool.Get("role").Str != "tool" || tool.Get("tool_call_id").Str != "tu_1" || tool.Get("content").Str != "Here it is.\n1024x768" {
+		t.Fatalf("tool message %s", tool.Raw)
+	}
+	user := ms.Get("3")
+	if user.Get("role").Str != "user" || user.Get("content.0.image_url.url").Str != "data:image/png;base64,iVBORw0KGgo=" || user.Get("content.1.text").Str != "What do you see?" {
+		t.Fatalf("user turn %s", user.Raw)
+	}
+	_, _, aerr = FromMessages([]byte(strings.Replace(req, `{"type":"text","text":"1024x768"}`, `{"type":"document","source":{"type":"text","data":"x"}}`, 1)))
+	if aerr == nil || aerr.Param != "messages.2.content.0.content.2.type" {
+		t.Fatalf("a document block in a tool_result: %+v", aerr)
+	}
+}
+
 // TestResponsesErrorsNameTheResponsesParameter: an error about the chat
 // request a Responses request became names the parameter the client sent.
 func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
