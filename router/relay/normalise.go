@@ -404,7 +404,14 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	if ans.Model != "" && root.Get("model").Str != ans.Model {
 		e.set("model", ans.Model)
 	}
-	root.Get("data").ForEach(func(k, d gjson.Result) bool {
+	data := root.Get("data")
+	if !data.IsArray() {
+		// null or absent: an empty list (gjson's ForEach would call back
+		// once with the null and make two half embeddings of it).
+		e.raw("data", "[]")
+		data = gjson.Result{}
+	}
+	data.ForEach(func(k, d gjson.Result) bool {
 		if d.Get("object").Str != "embedding" {
 			e.set("data."+k.String()+".object", "embedding")
 		}
