@@ -20,6 +20,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/internal/upstreamtest"
 )
 
 // nullsProvider plays OpenAI-compatible servers that write every optional
@@ -28,7 +29,8 @@ import (
 // service_tier outside OpenAI's enum, logprob entries without "bytes" or
 // "top_logprobs", and in streams deltas with "content": null,
 // "function_call": null, "tool_calls": null and tool-call continuations
-// with "id": null, "type": null and "function": {"name": null}. A stream
+// with "id": null, "type": null and "function": {"name": null}. A prompt
+// holding EMPTY is streamed as one such chunk of nulls, then [DONE]. A stream
 // asked for n 2 interleaves its two choices, the second's first delta
 // without a role. A prompt holding STOPAT answers as vLLM does when a stop
 // string matched: finish_reason "stop" with "stop_reason" naming it.
@@ -87,6 +89,11 @@ func (p *nullsProvider) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
+	if bytes.Contains(body, []byte("EMPTY")) {
+		// A stream that ends before its first token, its one chunk all nulls.
+		_, _ = io.WriteString(w, "data: "+`{"id":"chatcmpl-e","object":"chat.completion.chunk","created":1700000000,"model":"up","choices":[{"index":0,"delta":{"role":"assistant","content":null,"function_call":null,"tool_calls":null},"logprobs":null,"finish_reason":null}]}`+"\n\ndata: [DONE]\n\n")
+		return
+	}
 	chunk := func(choices string) string {
 		return "data: " + `{"id":"chatcmpl-s1","object":"chat.completion.chunk","created":1700000000,"model":"up","service_tier":"on_demand","system_fingerprint":"fp_up","choices":` + choices + "}\n\n"
 	}
@@ -411,5 +418,26 @@ func TestWireEngineStreamsOfSeveralChoices(t *testing.T) {
 		if ch.FinishReason != "length" || len(ch.Logprobs.Content) != 3 || len(ch.Logprobs.Content[0].TopLogprobs) != 2 {
 			t.Fatalf("choice %d: finish %q, %d logprobs", i, ch.FinishReason, len(ch.Logprobs.Content))
 		}
+	}
+}
+
+// TestWireStreamOfNullsIsNotContent: a stream whose only chunk is a role
+// and nulls ("tool_calls": null) ended before its first token, so the next
+// candidate answers, as for any empty stream.
+func TestWireStreamOfNullsIsNotContent(t *testing.T) {
+	p := startNullsProvider(t)
+	lan := upstreamtest.Start("lan")
+	t.Cleanup(lan.Close)
+	cfg := strings.Replace(nullsCaddyfile(p), "\t\t\tmodalities text image\n", "\t\t\tmodalities text image\n\t\t\tquality 0.9\n\t\t}\n\t\ttarget second {\n\t\t\ttier T1\n\t\t\tendpoint "+lan.URL()+"\n\t\t\tmodels chat=small\n\t\t\tquality 0.1\n", 1)
+	g := startMolly(t, cfg)
+	resp, b := do(t, g, "POST", "/v1/chat/completions", `{"model":"chat","stream":true,"messages":[{"role":"user","content":"EMPTY please"}]}`)
+	var text string
+	for _, ev := range sseEvents(t, b) {
+		if !ev.IsDone() {
+			text += gjson.GetBytes(ev.Data, "choices.0.delta.content").Str
+		}
+	}
+	if resp.StatusCode != 200 || text != "lan says: EMPTY please" || !strings.HasPrefix(resp.Header.Get("X-Molly-Target"), "second") {
+		t.Fatalf("%d target %q route %q text %q\n%s", resp.StatusCode, resp.Header.Get("X-Molly-Target"), resp.Header.Get("X-Molly-Route"), text, b)
 	}
 }

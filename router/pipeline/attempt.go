@@ -307,8 +307,10 @@ read:
 				h.ended, content = true, true
 			}
 			d := ch.Get("delta")
-			if d.Get("content").String() != "" || d.Get("refusal").String() != "" || d.Get("tool_calls").Exists() ||
-				ch.Get("text").String() != "" || d.Get("function_call").Exists() {
+			// "tool_calls": null and "function_call": null (LiteLLM's proxy
+			// writes them on every delta) are no content.
+			if d.Get("content").String() != "" || d.Get("refusal").String() != "" || d.Get("tool_calls").IsArray() ||
+				ch.Get("text").String() != "" || d.Get("function_call").IsObject() {
 				text, content = true, true
 			}
 			return true
