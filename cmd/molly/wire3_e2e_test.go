@@ -192,6 +192,27 @@ func TestWireNullMembersOfCompatibleServers(t *testing.T) {
 			validateChatStream(t, spec, b)
 		}
 	})
+	t.Run("json_schema, seed, stop, service_tier and n reach the upstream as the SDK sent them", func(t *testing.T) {
+		c := client(g)
+		params := openai.ChatCompletionNewParams{Model: "chat", Seed: openai.Int(7), N: openai.Int(2), ServiceTier: openai.ChatCompletionNewParamsServiceTierFlex,
+			Stop:     openai.ChatCompletionNewParamsStopUnion{OfStringArray: []string{"END", "STOP"}},
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Be brief."), openai.UserMessage("a city as JSON")},
+			ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{OfJSONSchema: &openai.ResponseFormatJSONSchemaParam{JSONSchema: openai.ResponseFormatJSONSchemaJSONSchemaParam{
+				Name: "city", Strict: openai.Bool(true), Schema: map[string]any{"type": "object", "properties": map[string]any{"name": map[string]any{"type": "string"}}, "required": []string{"name"}, "additionalProperties": false}}}}}
+		r, err := c.Chat.Completions.New(context.Background(), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := gjson.ParseBytes(p.last())
+		if sent.Get("seed").Int() != 7 || sent.Get("n").Int() != 2 || sent.Get("service_tier").Str != "flex" || sent.Get("stop").Raw != `["END","STOP"]` ||
+			sent.Get("response_format.type").Str != "json_schema" || sent.Get("response_format.json_schema.name").Str != "city" || !sent.Get("response_format.json_schema.strict").Bool() ||
+			sent.Get("response_format.json_schema.schema.additionalProperties").Raw != "false" || sent.Get("model").Str != "up" {
+			t.Fatalf("sent upstream: %s", sent.Raw)
+		}
+		if r.SystemFingerprint != "fp_up" || r.Model != "chat" || r.ServiceTier != "" {
+			t.Fatalf("answer %s", r.RawJSON())
+		}
+	})
 	t.Run("the SDK's accumulator: two choices, each with its two calls", func(t *testing.T) {
 		c := client(g)
 		stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "chat", N: openai.Int(2),
