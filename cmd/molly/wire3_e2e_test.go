@@ -144,7 +144,7 @@ func nullsCaddyfile(p *nullsProvider) string {
 		target lan {
 			tier T1
 			endpoint ` + p.URL() + `
-			models chat=up claude=up
+			models chat=up claude=up meta-llama/Llama-3.1-8B=up
 			modalities text image
 		}
 	}
@@ -461,4 +461,33 @@ func TestWireStreamOfNullsIsNotContent(t *testing.T) {
 	if resp.StatusCode != 200 || text != "lan says: EMPTY please" || !strings.HasPrefix(resp.Header.Get("X-Molly-Target"), "second") {
 		t.Fatalf("%d target %q route %q text %q\n%s", resp.StatusCode, resp.Header.Get("X-Molly-Target"), resp.Header.Get("X-Molly-Route"), text, b)
 	}
+}
+
+// TestWireModelNamedWithASlash: a model named as Hugging Face names them
+// ("org/model") is listed by /v1/models and retrieved by the SDK's
+// Models.Get, escaped or not; an unknown one is the 404 model_not_found.
+func TestWireModelNamedWithASlash(t *testing.T) {
+	spec := openapitest.Load(t)
+	p := startNullsProvider(t)
+	g := startMolly(t, nullsCaddyfile(p))
+	c := client(g)
+	m, err := c.Models.Get(context.Background(), "meta-llama/Llama-3.1-8B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ID != "meta-llama/Llama-3.1-8B" {
+		t.Fatalf("model %s", m.RawJSON())
+	}
+	for _, path := range []string{"/v1/models/meta-llama/Llama-3.1-8B", "/v1/models/meta-llama%2FLlama-3.1-8B"} {
+		resp, b := do(t, g, "GET", path, ``)
+		if resp.StatusCode != 200 || gjson.GetBytes(b, "id").Str != "meta-llama/Llama-3.1-8B" {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+		}
+		spec.Validate(t, "Model", b)
+	}
+	resp, b := do(t, g, "GET", "/v1/models/meta-llama/nope", ``)
+	if resp.StatusCode != 404 || gjson.GetBytes(b, "error.code").Str != "model_not_found" {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	spec.Validate(t, "ErrorResponse", b)
 }
