@@ -303,7 +303,7 @@ read:
 				sum += v.Float()
 				n++
 			}
-			if ch.Get("finish_reason").Type == gjson.String {
+			if fr := ch.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" {
 				h.ended, content = true, true
 			}
 			d := ch.Get("delta")

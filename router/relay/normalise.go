@@ -443,7 +443,8 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     name, the object name; a system_fingerprint that is not a string is
 //     dropped;
 //   - every choice gets its index, a delta, and finish_reason (null until
-//     it finishes; aliases mapped to the enum); the first delta of each
+//     it finishes, "" taken as not yet; aliases mapped to the enum); the
+//     first delta of each
 //     chat choice gets role "assistant"; a logprobs object gets content and
 //     refusal;
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
@@ -644,7 +645,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 			e.raw(base+".logprobs", "null")
 		}
 		switch {
-		case !fr.Exists():
+		case !fr.Exists(), fr.Type == gjson.String && fr.Str == "":
 			e.raw(base+".finish_reason", "null")
 		case fr.Type == gjson.String:
 			if want := finishReason(s.ans.Endpoint, fr.Str); want != fr.Str {
@@ -677,11 +678,14 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		e.del(base + ".delta.tool_calls")
 		calls = gjson.Result{}
 	}
-	if !st.roleSent {
+	switch {
+	case !st.roleSent:
 		st.roleSent = true
 		if role.Type != gjson.String {
 			e.set(base+".delta.role", "assistant")
 		}
+	case role.Exists() && role.Type != gjson.String:
+		e.del(base + ".delta.role") // a later delta's "role": null
 	}
 	if lp.IsObject() {
 		logprobFields(base+".logprobs", lp, e)
@@ -720,7 +724,8 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		return true
 	})
 	switch {
-	case !fr.Exists():
+	case !fr.Exists(), fr.Type == gjson.String && fr.Str == "":
+		// Absent, or "" (some servers' word for "not yet"): not finished.
 		e.raw(base+".finish_reason", "null")
 	case fr.Type == gjson.String:
 		want := finishReason(s.ans.Endpoint, fr.Str)

@@ -311,14 +311,15 @@ func TestNormaliseBodyOnePassLookups(t *testing.T) {
 // "function_call": null on every delta and "id"/"type"/"function.name":
 // null on tool-call continuations; a null tool_calls must not become a
 // call (gjson's ForEach calls back once with a scalar), and no null is
-// left where the spec has none.
+// left where the spec has none; a later "role": null is dropped and a
+// finish_reason "" is null (not finished), not "stop".
 func TestStreamDropsNullMembers(t *testing.T) {
 	spec := openapitest.Load(t)
 	s := NewStream(chatAnswer(true))
 	var acc openai.ChatCompletionAccumulator
-	for _, c := range []string{
+	for i, c := range []string{
 		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"on_demand","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi","function_call":null,"tool_calls":null},"logprobs":{"content":[{"token":"Hi","logprob":-0.5}]},"finish_reason":null}]}`,
-		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"role":null,"content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":""}]}`,
 		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"id":null,"type":null,"function":{"name":null,"arguments":"{}"}}]},"logprobs":null,"finish_reason":null}]}`,
 		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":null,"function_call":null,"tool_calls":null},"logprobs":null,"finish_reason":"tool_calls"}]}`,
 		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":null,"completion_tokens_details":null}}`,
@@ -328,6 +329,9 @@ func TestStreamDropsNullMembers(t *testing.T) {
 			continue
 		}
 		spec.Validate(t, "CreateChatCompletionStreamResponse", out)
+		if i == 1 && (gjson.GetBytes(out, "choices.0.finish_reason").Raw != "null" || gjson.GetBytes(out, "choices.0.delta.role").Exists()) {
+			t.Fatalf(`finish_reason "" or role null kept: %s`, out)
+		}
 		var chunk openai.ChatCompletionChunk
 		if err := json.Unmarshal(out, &chunk); err != nil || !acc.AddChunk(chunk) {
 			t.Fatalf("the accumulator refused %s (%v)", out, err)
