@@ -476,6 +476,7 @@ type Stream struct {
 	id          string
 	created     int64
 	fingerprint string // raw JSON of a string system_fingerprint, "" when none
+	tier        string // the last service_tier of the spec's enum seen, "" when none
 	started     bool
 	choices     map[int64]*choiceState
 	usage       usageSum
@@ -597,7 +598,10 @@ func (s *Stream) Chunk(data []byte) []byte {
 	if fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
-	if tier.Exists() && tier.Type != gjson.Null && !serviceTiers[tier.Str] {
+	switch {
+	case tier.Type == gjson.String && serviceTiers[tier.Str]:
+		s.tier = tier.Str
+	case tier.Exists() && tier.Type != gjson.Null:
 		e.del("service_tier")
 	}
 	pos := int64(0)
@@ -771,7 +775,8 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) int {
 
 // Final returns the stream's last chunk: the usage chunk ("choices": [],
 // the merged usage, or the fallback counts when the upstream reported
-// none) when the client asked for usage, else nil.
+// none; the stream's id, created, system_fingerprint and service_tier)
+// when the client asked for usage, else nil.
 func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	if !s.ans.IncludeUsage {
 		return nil
@@ -791,6 +796,11 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	e.set("model", s.ans.Model)
 	if s.fingerprint != "" {
 		e.raw("system_fingerprint", s.fingerprint)
+	}
+	if s.tier != "" {
+		// As OpenAI's usage chunk, which carries it too: the SDKs'
+		// accumulators keep the last chunk's.
+		e.set("service_tier", s.tier)
 	}
 	e.raw("choices", "[]")
 	p, c := int64(fallbackPrompt), int64(fallbackCompletion)

@@ -344,3 +344,30 @@ func TestStreamDropsNullMembers(t *testing.T) {
 		t.Fatalf("accumulated %+v", acc.Choices[0].Message)
 	}
 }
+
+// TestStreamUsageChunkKeepsTheServiceTier: OpenAI's usage chunk carries the
+// service_tier and system_fingerprint of the other chunks; openai-go's
+// accumulator keeps the last chunk's, so Final must carry them too.
+func TestStreamUsageChunkKeepsTheServiceTier(t *testing.T) {
+	s := NewStream(chatAnswer(true))
+	var acc openai.ChatCompletionAccumulator
+	add := func(b []byte) {
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(b, &chunk); err != nil || !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s (%v)", b, err)
+		}
+	}
+	for _, c := range []string{
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"default","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"default","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"default","system_fingerprint":"fp_1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
+	} {
+		if out := s.Chunk([]byte(c)); out != nil {
+			add(out)
+		}
+	}
+	add(s.Final(0, 0))
+	if acc.ServiceTier != "default" || acc.SystemFingerprint != "fp_1" || acc.Usage.TotalTokens != 4 {
+		t.Fatalf("service_tier %q fingerprint %q usage %+v", acc.ServiceTier, acc.SystemFingerprint, acc.Usage)
+	}
+}
