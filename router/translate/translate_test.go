@@ -348,7 +348,8 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 		rec = serve(t, APIResponses, tr, writeSSE(
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":{"content":[`+lp+`],"refusal":null},"finish_reason":null}]}`,
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":{"content":[`+lp2+`],"refusal":null},"finish_reason":null}]}`,
-			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			// A chunk whose logprobs hold no content tokens ("content": null) adds none.
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"logprobs":{"content":null,"refusal":null},"finish_reason":"stop"}]}`,
 			`[DONE]`))
 		var deltas []string
 		for _, ev := range events(t, rec.Body.Bytes()) {
@@ -364,6 +365,14 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 		}
 		if !reflect.DeepEqual(deltas, []string{"Hi", "!"}) {
 			t.Fatalf("delta logprobs %v", deltas)
+		}
+		// An answer whose logprobs hold no content tokens ("content": null)
+		// has an empty list, not a null token.
+		_, tr, _ = FromResponses(ctx, []byte(req), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeJSON(200, strings.Replace(answer, `"content":[`+lp+`,`+lp2+`]`, `"content":null`, 1)))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		if got := gjson.GetBytes(rec.Body.Bytes(), "output.0.content.0.logprobs").Raw; got != "[]" {
+			t.Fatalf("logprobs of content null: %s", got)
 		}
 		// Without include, none (OpenAI's include is what asks for them).
 		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","input":"hi","top_logprobs":2}`), nil, "ana")
