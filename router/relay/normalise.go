@@ -252,7 +252,7 @@ var (
 	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage", "service_tier"}
 	choiceNames  = [...]string{"index", "logprobs", "finish_reason", "text", "message"}
 	messageNames = [...]string{"role", "content", "refusal", "tool_calls", "function_call"}
-	usageNames   = [...]string{"prompt_tokens", "completion_tokens", "total_tokens"}
+	usageNames   = [...]string{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details"}
 )
 
 const (
@@ -386,16 +386,13 @@ func normaliseUsage(u gjson.Result, path string, e *edit) {
 		if !f[2].Exists() {
 			e.set(path+".total_tokens", p+c)
 		}
-		for _, d := range usageDetails {
-			if v := u.Get(d); v.Exists() && !v.IsObject() {
+		for i, d := range usageNames[3:] { // the details, objects that servers send as null
+			if v := f[3+i]; v.Exists() && !v.IsObject() {
 				e.del(path + "." + d)
 			}
 		}
 	}
 }
-
-// usageDetails are CompletionUsage's objects that servers send as null.
-var usageDetails = [...]string{"prompt_tokens_details", "completion_tokens_details"}
 
 func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	if root.Get("object").Str != "list" {
@@ -812,7 +809,7 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	ue.set("prompt_tokens", p)
 	ue.set("completion_tokens", c)
 	ue.set("total_tokens", p+c)
-	for _, d := range usageDetails {
+	for _, d := range usageNames[3:] {
 		if v := gjson.GetBytes(ue.b, d); v.Exists() && !v.IsObject() {
 			ue.del(d)
 		}
