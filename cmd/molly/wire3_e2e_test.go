@@ -491,3 +491,47 @@ func TestWireModelNamedWithASlash(t *testing.T) {
 	}
 	spec.Validate(t, "ErrorResponse", b)
 }
+
+// TestWireMessagesStopSequenceOnTheEngine: the T0 engine names the stop
+// string that ended its answer, so a Messages answer that a stop sequence
+// ended says stop_sequence and which, whole and streamed (Anthropic's Go
+// SDK reading both). The oracle is the engine's own greedy answer without
+// stop sequences, cut at the sequence.
+func TestWireMessagesStopSequenceOnTheEngine(t *testing.T) {
+	g := startEngineMolly(t, "tiny", 1024, "")
+	c := anthropicClient(g)
+	ctx := context.Background()
+	params := anthropic.MessageNewParams{Model: "chat", MaxTokens: 24, Temperature: anthropic.Float(0),
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("stop test"))}}
+	full, err := c.Messages.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := full.Content[0].AsText().Text
+	if len(text) < 8 {
+		t.Fatalf("greedy answer too short: %q", text)
+	}
+	stop := text[4:7]
+	params.StopSequences = []string{"\x00never", stop}
+	m, err := c.Messages.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := text[:strings.Index(text, stop)]
+	if m.StopReason != anthropic.StopReasonStopSequence || m.StopSequence != stop || (want != "" && m.Content[0].AsText().Text != want) {
+		t.Fatalf("stop_reason %q stop_sequence %q text %q, want stop_sequence %q text %q", m.StopReason, m.StopSequence, m.RawJSON(), stop, want)
+	}
+	stream := c.Messages.NewStreaming(ctx, params)
+	var acc anthropic.Message
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.StopReason != anthropic.StopReasonStopSequence || acc.StopSequence != stop {
+		t.Fatalf("streamed: stop_reason %q stop_sequence %q", acc.StopReason, acc.StopSequence)
+	}
+}
