@@ -119,8 +119,8 @@ func argsCut(args string) bool {
 // a "system_fingerprint" that is not a string dropped, every choice's
 // "index", "logprobs" (null) and "finish_reason" (an alias mapped to the
 // enum; "length" when a tool call's arguments were cut off), a chat
-// message's "role", "content" and "refusal" (null), a tool call's "type"
-// and its "arguments" as a string (an object's JSON text, "{}" when absent),
+// message's "role", "content" and "refusal" (null), a tool call's "type",
+// an "id" where it has none (or ""), and its "arguments" as a string (an object's JSON text, "{}" when absent),
 // and the usage's "total_tokens". Members some OpenAI-compatible servers
 // (LiteLLM's proxy, vLLM, Groq) write as null where the spec has no null
 // are dropped: a message's "function_call" and "tool_calls", the usage's
@@ -221,7 +221,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			if !tc.Get("type").Exists() {
 				e.set(p+".type", "function")
 			}
-			if tc.Get("id").Type != gjson.String {
+			if id := tc.Get("id"); id.Type != gjson.String || id.Str == "" {
 				e.set(p+".id", NewID("call_"))
 			}
 			if a := tc.Get("function.arguments"); a.Type != gjson.String {
@@ -446,7 +446,8 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     refusal;
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
 //     never share an index (some servers stream parallel calls all with
-//     index 0), and a first delta without a type gets "function"; a choice
+//     index 0), and a first delta without a type gets "function", without
+//     an id (or with "") a made-up one; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
 //   - usage is taken out of every chunk and merged (a provider may report
@@ -693,12 +694,19 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	}
 	calls.ForEach(func(j, tc gjson.Result) bool {
 		p := base + ".delta.tool_calls." + j.String()
-		given := s.toolIndex(st, j.Int(), tc)
+		given, fresh := s.toolIndex(st, j.Int(), tc)
 		if tc.Get("index").Raw != strconv.Itoa(given) {
 			e.set(p+".index", given)
 		}
 		id, typ, fn := tc.Get("id"), tc.Get("type"), tc.Get("function")
-		if id.Exists() && id.Type != gjson.String {
+		switch {
+		case fresh:
+			// A call's first delta without an id (or ""): one made up, so
+			// parallel calls stay apart for the client (the Messages API's
+			// tool_use blocks and their tool_results are matched by id).
+			e.set(p+".id", NewID("call_"))
+			id = gjson.Result{Type: gjson.String, Str: "call_"}
+		case id.Exists() && id.Type != gjson.String:
 			e.del(p + ".id") // a continuation's "id": null
 		}
 		switch {
@@ -743,8 +751,9 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 
 // toolIndex is the index given to tool-call delta tc (the pos-th of its
 // chunk): a new call id gets the next free index; a delta without an id
-// continues the call last given for its upstream index.
-func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) int {
+// continues the call last given for its upstream index, or, when there is
+// none, starts a call that has no id (fresh).
+func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) (given int, fresh bool) {
 	up := pos
 	if i := tc.Get("index"); i.Type == gjson.Number {
 		up = i.Int()
@@ -753,21 +762,21 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) int {
 	if id != "" {
 		if given, ok := st.byID[id]; ok {
 			st.byIndex[up] = given
-			return given
+			return given, false
 		}
 		given := len(st.args)
 		st.args = append(st.args, &strings.Builder{})
 		st.byID[id] = given
 		st.byIndex[up] = given
-		return given
+		return given, false
 	}
 	if given, ok := st.byIndex[up]; ok {
-		return given
+		return given, false
 	}
-	given := len(st.args) // a call that never said its id
+	given = len(st.args) // a call that never said its id
 	st.args = append(st.args, &strings.Builder{})
 	st.byIndex[up] = given
-	return given
+	return given, true
 }
 
 // Final returns the stream's last chunk: the usage chunk ("choices": [],

@@ -371,3 +371,32 @@ func TestStreamUsageChunkKeepsTheServiceTier(t *testing.T) {
 		t.Fatalf("service_tier %q fingerprint %q usage %+v", acc.ServiceTier, acc.SystemFingerprint, acc.Usage)
 	}
 }
+
+// TestToolCallsWithoutIDsGetOne: servers that send tool calls without an id
+// (or with "") get one made up per call, whole and streamed, so that
+// parallel calls stay apart (the Messages API matches tool_result to
+// tool_use by id).
+func TestToolCallsWithoutIDsGetOne(t *testing.T) {
+	body := NormaliseBody(chatAnswer(false), []byte(`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"","type":"function","function":{"name":"f","arguments":"{}"}},{"type":"function","function":{"name":"g","arguments":"{}"}}]}}]}`))
+	a, b := gjson.GetBytes(body, "choices.0.message.tool_calls.0.id").Str, gjson.GetBytes(body, "choices.0.message.tool_calls.1.id").Str
+	if a == "" || b == "" || a == b {
+		t.Fatalf("ids %q %q: %s", a, b, body)
+	}
+	s := NewStream(chatAnswer(false))
+	var acc openai.ChatCompletionAccumulator
+	for _, c := range []string{
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"","function":{"name":"f","arguments":"{\"a\":"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"name":"g","arguments":"{}"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+	} {
+		var chunk openai.ChatCompletionChunk
+		if out := s.Chunk([]byte(c)); json.Unmarshal(out, &chunk) != nil || !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s", out)
+		}
+	}
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 2 || calls[0].ID == "" || calls[1].ID == "" || calls[0].ID == calls[1].ID || calls[0].Function.Arguments != `{"a":1}` || calls[1].Function.Name != "g" {
+		t.Fatalf("calls %+v", calls)
+	}
+}
