@@ -442,6 +442,7 @@ type Event struct {
 	Reasoning string
 	Logprobs  []TokenLogprob
 	Finish    string
+	Stop      string // with Finish "stop": the stop string that ended the choice, "" for none
 	Version   string
 }
 

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/molly-gateway/molly/serving/gguf"
 )
 
@@ -418,8 +420,28 @@ func TestStopStringsSplitAcrossTokensAreRemoved(t *testing.T) {
 				if got != want || finish != "stop" {
 					t.Errorf("stream=%v: got %q (%s), want %q (stop)", stream, got, finish, want)
 				}
+				// The choice names the stop string that matched, as vLLM's
+				// stop_reason does (the Messages API's stop_sequence).
+				w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", body)
+				path := "choices.0.stop_reason"
+				if stream {
+					path = `..#(choices.0.finish_reason=="stop").choices.0.stop_reason`
+				}
+				raw := w.Body.String()
+				if stream {
+					raw = strings.ReplaceAll(strings.ReplaceAll(strings.TrimSuffix(strings.TrimSpace(raw), "data: [DONE]"), "data: ", ""), "\n\n", "\n")
+				}
+				if sr := gjson.Get(raw, path).Str; sr != first {
+					t.Errorf("stream=%v: stop_reason %q, want %q\n%s", stream, sr, first, w.Body)
+				}
 			}
 		})
+	}
+	// An answer that stopped without a stop string names none.
+	_, r := mustText(t, e, greedy("molly-demo:support", "stop test", 3))
+	w := call(t, e, context.Background(), http.MethodPost, "/v1/chat/completions", greedy("molly-demo:support", "stop test", 3))
+	if gjson.Get(w.Body.String(), "choices.0.stop_reason").Exists() || r.Choices[0].FinishReason != "length" {
+		t.Errorf("stop_reason without a stop string: %s", w.Body)
 	}
 }
 

@@ -616,6 +616,7 @@ func (e *Engine) respond(w http.ResponseWriter, ctx context.Context, cr *complet
 	texts := make([]strings.Builder, req.N)
 	reasoning := make([]strings.Builder, req.N)
 	finish := make([]string, req.N)
+	stops := make([]string, req.N) // the stop string that ended each choice
 	clp := make([][]wireContentLogprob, req.N)
 	llp := make([]wireLegacyLogprobs, req.N)
 	offs := make([]int, req.N)
@@ -628,6 +629,7 @@ func (e *Engine) respond(w http.ResponseWriter, ctx context.Context, cr *complet
 		reasoning[ev.Index].WriteString(ev.Reasoning)
 		if ev.Finish != "" {
 			finish[ev.Index] = ev.Finish
+			stops[ev.Index] = ev.Stop
 		}
 		if req.Params.Logprobs {
 			if chat {
@@ -649,6 +651,9 @@ func (e *Engine) respond(w http.ResponseWriter, ctx context.Context, cr *complet
 	choices := make([]map[string]any, req.N)
 	for i := range choices {
 		c := map[string]any{"index": i, "finish_reason": finish[i], "logprobs": nil}
+		if stops[i] != "" {
+			c["stop_reason"] = stops[i] // as vLLM names the stop string that matched
+		}
 		if chat {
 			msg := map[string]any{"role": "assistant", "content": texts[i].String(), "refusal": nil}
 			if req.Reasoning != nil {
@@ -729,6 +734,9 @@ func (e *Engine) stream(w http.ResponseWriter, ctx context.Context, cr *completi
 			fin = ev.Finish
 		}
 		c := map[string]any{"index": ev.Index, "logprobs": nil, "finish_reason": fin}
+		if ev.Stop != "" {
+			c["stop_reason"] = ev.Stop
+		}
 		if chat {
 			d := map[string]any{}
 			if ev.Reasoning != "" {

@@ -85,6 +85,7 @@ type sequence struct {
 	sent      int
 	logprobs  []TokenLogprob
 	finished  bool
+	stopped   string         // the stop string that ended it, "" for none
 	gr        *llama.Grammar // Params.Grammar's state (grammar.go)
 	masked    []float32
 	think     *thinking // reasoning block state (reasoning.go), nil without
@@ -552,7 +553,8 @@ func (e *Engine) accept(q *request, s *sequence, logits []float32) {
 	}
 	s.text = append(s.text, piece...)
 	s.last = tok
-	if cut, ok := findStop(s.text[s.sent:], s.smp.p.Stop); ok {
+	if cut, st, ok := findStop(s.text[s.sent:], s.smp.p.Stop); ok {
+		s.stopped = st
 		e.end(q, s, "stop", s.sent+cut)
 		return
 	}
@@ -588,7 +590,7 @@ func (e *Engine) send(q *request, ev Event) {
 // end finishes s with text up to upto and frees its KV cells; when it was the
 // request's last sequence the request completes.
 func (e *Engine) end(q *request, s *sequence, reason string, upto int) {
-	e.send(q, Event{Index: s.index, Text: string(s.text[s.sent:max(upto, s.sent)]), Logprobs: s.logprobs, Finish: reason})
+	e.send(q, Event{Index: s.index, Text: string(s.text[s.sent:max(upto, s.sent)]), Logprobs: s.logprobs, Finish: reason, Stop: s.stopped})
 	s.sent = upto
 	s.logprobs = nil
 	if s == q.seqs[0] {
@@ -606,18 +608,19 @@ func (e *Engine) end(q *request, s *sequence, reason string, upto int) {
 	q.finish(nil)
 }
 
-// findStop returns the offset in text of the earliest stop string.
-func findStop(text []byte, stops []string) (int, bool) {
-	best := -1
+// findStop returns the offset in text of the earliest stop string, and
+// that string (the first listed of those starting there).
+func findStop(text []byte, stops []string) (int, string, bool) {
+	best, which := -1, ""
 	for _, st := range stops {
 		if st == "" {
 			continue
 		}
 		if i := strings.Index(string(text), st); i >= 0 && (best < 0 || i < best) {
-			best = i
+			best, which = i, st
 		}
 	}
-	return best, best >= 0
+	return best, which, best >= 0
 }
 
 // holdBack is how many trailing bytes of text must not be shown yet: the

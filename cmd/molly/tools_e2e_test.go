@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -112,8 +113,11 @@ http://127.0.0.1:{PORT} {
 	if n != 1 || amount != 500 || currency != "EUR" {
 		t.Fatalf("ledger holds %d intents (%d %s), want one of 500 EUR", n, amount, currency)
 	}
-	logs := g.logs.String()
 	id := resp.Header.Get("X-Molly-Decision-Id")
+	// Log lines are written off the request path (internal/asynclog): wait
+	// for the second audit line before reading them.
+	g.waitLogs(regexp.MustCompile(`(?s)"msg":"tool call".*"msg":"tool call"`))
+	logs := g.logs.String()
 	if strings.Count(logs, `"msg":"tool call"`) != 2 || !strings.Contains(logs, `"decision_id":"`+id+`","tool":"payments"`) ||
 		!strings.Contains(logs, `"outcome":"ok"`) {
 		t.Fatalf("no audit lines for %s in:\n%s", id, logs)

@@ -105,17 +105,17 @@ func MethodNotAllowed(method, path, allow string) *Error {
 		Message: "Method " + method + " is not allowed on " + path + "; use " + use + ".", Allow: allow}
 }
 
-// ModelPathID returns {model} of a path ending in /models/{model}, or "".
+// ModelPathID returns {model} of a path /models/{model}, or "": all of the
+// path after its first "/models/", so a model named with slashes (as
+// Hugging Face and vLLM name them, "org/model"), which /v1/models lists,
+// can be retrieved too (the SDKs put the id in the path as it is; %2F is
+// decoded before this).
 func ModelPathID(path string) string {
-	i := strings.LastIndex(path, "/models/")
+	i := strings.Index(path, "/models/")
 	if i < 0 {
 		return ""
 	}
-	id := path[i+len("/models/"):]
-	if id == "" || strings.Contains(id, "/") {
-		return ""
-	}
-	return id
+	return strings.TrimSuffix(path[i+len("/models/"):], "/")
 }
 
 // ResponsePathID returns {response_id} of a path ending in

@@ -78,7 +78,7 @@ func TestEndpointPath(t *testing.T) {
 }
 
 func TestModelPathID(t *testing.T) {
-	for path, want := range map[string]string{"/v1/models/gpt-4o": "gpt-4o", "/models/m": "m", "/v1/models": "", "/v1/models/": "", "/v1/models/a/b": ""} {
+	for path, want := range map[string]string{"/v1/models/gpt-4o": "gpt-4o", "/models/m": "m", "/v1/models": "", "/v1/models/": "", "/v1/models/a/b": "a/b", "/v1/models/meta-llama/Llama-3.1-8B/": "meta-llama/Llama-3.1-8B"} {
 		if got := ModelPathID(path); got != want {
 			t.Errorf("ModelPathID(%q) = %q, want %q", path, got, want)
 		}

@@ -303,12 +303,14 @@ read:
 				sum += v.Float()
 				n++
 			}
-			if ch.Get("finish_reason").Type == gjson.String {
+			if fr := ch.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" {
 				h.ended, content = true, true
 			}
 			d := ch.Get("delta")
-			if d.Get("content").String() != "" || d.Get("refusal").String() != "" || d.Get("tool_calls").Exists() ||
-				ch.Get("text").String() != "" || d.Get("function_call").Exists() {
+			// "tool_calls": null and "function_call": null (LiteLLM's proxy
+			// writes them on every delta) are no content.
+			if d.Get("content").String() != "" || d.Get("refusal").String() != "" || d.Get("tool_calls").IsArray() ||
+				ch.Get("text").String() != "" || d.Get("function_call").IsObject() {
 				text, content = true, true
 			}
 			return true

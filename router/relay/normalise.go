@@ -119,10 +119,16 @@ func argsCut(args string) bool {
 // a "system_fingerprint" that is not a string dropped, every choice's
 // "index", "logprobs" (null) and "finish_reason" (an alias mapped to the
 // enum; "length" when a tool call's arguments were cut off), a chat
-// message's "role", "content" and "refusal" (null), a tool call's "type"
-// and its "arguments" as a string (an object's JSON text, "{}" when absent),
-// and the usage's "total_tokens". A body that is not a JSON object, or an
-// error object, is returned as it is.
+// message's "role", "content" and "refusal" (null), a tool call's "type",
+// an "id" where it has none (or ""), and its "arguments" as a string (an object's JSON text, "{}" when absent),
+// and the usage's "total_tokens". Members some OpenAI-compatible servers
+// (LiteLLM's proxy, vLLM, Groq) write as null where the spec has no null
+// are dropped: a message's "function_call" and "tool_calls", the usage's
+// "prompt_tokens_details" and "completion_tokens_details"; so is a
+// "service_tier" outside the spec's enum (Groq's "on_demand"). A logprobs
+// entry gets the "bytes" (null) and "top_logprobs" ([]) the spec
+// requires. A body that is not a JSON object, or an error object, is
+// returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
@@ -151,6 +157,10 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 		prefix, object = "chatcmpl-", "chat.completion"
 	}
 	header(ans, &top, e, prefix, object)
+	if !top[topChoices].IsArray() {
+		normaliseUsage(top[topUsage], "usage", e)
+		return e.b
+	}
 	top[topChoices].ForEach(func(k, ch gjson.Result) bool {
 		base := "choices." + k.String()
 		var c [len(choiceNames)]gjson.Result
@@ -192,15 +202,26 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			if !m[messageRefusal].Exists() {
 				e.raw(base+".message.refusal", "null")
 			}
+			if fc := m[messageFunctionCall]; fc.Exists() && !fc.IsObject() {
+				e.del(base + ".message.function_call")
+			}
 		}
 		tcs := m[messageToolCalls]
 		cut := false
+		if !tcs.IsArray() {
+			// null or not a list: dropped (gjson's ForEach calls back once
+			// with a scalar, which would make a call of it).
+			if tcs.Exists() {
+				e.del(base + ".message.tool_calls")
+			}
+			tcs = gjson.Result{}
+		}
 		tcs.ForEach(func(j, tc gjson.Result) bool {
 			p := base + ".message.tool_calls." + j.String()
 			if !tc.Get("type").Exists() {
 				e.set(p+".type", "function")
 			}
-			if tc.Get("id").Type != gjson.String {
+			if id := tc.Get("id"); id.Type != gjson.String || id.Str == "" {
 				e.set(p+".id", NewID("call_"))
 			}
 			if a := tc.Get("function.arguments"); a.Type != gjson.String {
@@ -210,9 +231,6 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			}
 			return true
 		})
-		if tcs.Type == gjson.Null && tcs.Exists() {
-			e.del(base + ".message.tool_calls")
-		}
 		want := finishReason(ans.Endpoint, fr)
 		if c[choiceFinish].Type != gjson.String && tcs.Get("#").Int() > 0 {
 			want = "tool_calls"
@@ -231,10 +249,10 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 
 // The members NormaliseBody looks at, by object, and their indexes.
 var (
-	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage"}
+	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage", "service_tier"}
 	choiceNames  = [...]string{"index", "logprobs", "finish_reason", "text", "message"}
-	messageNames = [...]string{"role", "content", "refusal", "tool_calls"}
-	usageNames   = [...]string{"prompt_tokens", "completion_tokens", "total_tokens"}
+	messageNames = [...]string{"role", "content", "refusal", "tool_calls", "function_call"}
+	usageNames   = [...]string{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details"}
 )
 
 const (
@@ -246,6 +264,7 @@ const (
 	topFingerprint
 	topChoices
 	topUsage
+	topServiceTier
 )
 
 const (
@@ -261,6 +280,7 @@ const (
 	messageContent
 	messageRefusal
 	messageToolCalls
+	messageFunctionCall
 )
 
 // pick sets out[i] to the value of obj's first member named names[i] (as
@@ -300,14 +320,49 @@ func header(ans Answer, top *[len(topNames)]gjson.Result, e *edit, prefix, objec
 	if fp := top[topFingerprint]; fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
+	if st := top[topServiceTier]; st.Exists() && st.Type != gjson.Null && !serviceTiers[st.Str] {
+		e.del("service_tier")
+	}
 }
 
-// logprobFields gives a chat logprobs object its two required members.
+// serviceTiers is the spec's ServiceTier enum (or null): the service tier
+// an answer may name.
+var serviceTiers = map[string]bool{"auto": true, "default": true, "flex": true, "scale": true, "priority": true, "fast": true}
+
+// logprobFields gives a chat logprobs object its two required members,
+// and each of their entries (ChatCompletionTokenLogprob) its "bytes" (null
+// when absent) and "top_logprobs" ([] when absent or null), each
+// alternative its "bytes".
 func logprobFields(path string, lp gjson.Result, e *edit) {
 	for _, f := range []string{"content", "refusal"} {
-		if !lp.Get(f).Exists() {
+		list := lp.Get(f)
+		if !list.Exists() {
 			e.raw(path+"."+f, "null")
 		}
+		if !list.IsArray() {
+			continue
+		}
+		list.ForEach(func(i, ent gjson.Result) bool {
+			if !ent.IsObject() {
+				return true
+			}
+			p := path + "." + f + "." + i.String()
+			if !ent.Get("bytes").Exists() {
+				e.raw(p+".bytes", "null")
+			}
+			switch top := ent.Get("top_logprobs"); {
+			case !top.IsArray():
+				e.raw(p+".top_logprobs", "[]")
+			default:
+				top.ForEach(func(j, alt gjson.Result) bool {
+					if alt.IsObject() && !alt.Get("bytes").Exists() {
+						e.raw(p+".top_logprobs."+j.String()+".bytes", "null")
+					}
+					return true
+				})
+			}
+			return true
+		})
 	}
 }
 
@@ -331,6 +386,11 @@ func normaliseUsage(u gjson.Result, path string, e *edit) {
 		if !f[2].Exists() {
 			e.set(path+".total_tokens", p+c)
 		}
+		for i, d := range usageNames[3:] { // the details, objects that servers send as null
+			if v := f[3+i]; v.Exists() && !v.IsObject() {
+				e.del(path + "." + d)
+			}
+		}
 	}
 }
 
@@ -341,7 +401,14 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	if ans.Model != "" && root.Get("model").Str != ans.Model {
 		e.set("model", ans.Model)
 	}
-	root.Get("data").ForEach(func(k, d gjson.Result) bool {
+	data := root.Get("data")
+	if !data.IsArray() {
+		// null or absent: an empty list (gjson's ForEach would call back
+		// once with the null and make two half embeddings of it).
+		e.raw("data", "[]")
+		data = gjson.Result{}
+	}
+	data.ForEach(func(k, d gjson.Result) bool {
 		if d.Get("object").Str != "embedding" {
 			e.set("data."+k.String()+".object", "embedding")
 		}
@@ -373,12 +440,14 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     name, the object name; a system_fingerprint that is not a string is
 //     dropped;
 //   - every choice gets its index, a delta, and finish_reason (null until
-//     it finishes; aliases mapped to the enum); the first delta of each
+//     it finishes, "" taken as not yet; aliases mapped to the enum); the
+//     first delta of each
 //     chat choice gets role "assistant"; a logprobs object gets content and
 //     refusal;
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
 //     never share an index (some servers stream parallel calls all with
-//     index 0), and a first delta without a type gets "function"; a choice
+//     index 0), and a first delta without a type gets "function", without
+//     an id (or with "") a made-up one; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
 //   - usage is taken out of every chunk and merged (a provider may report
@@ -389,7 +458,13 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     the client asked, every other chunk carries "usage": null, as the
 //     spec's stream options describe ("all other chunks will also include
 //     a usage field, but with a null value"); otherwise no chunk has the
-//     field.
+//     field;
+//   - members written as null where the spec has none are dropped: a
+//     delta's "tool_calls" and "function_call", a tool-call delta's "id",
+//     "type", "function.name" and "function.arguments" (LiteLLM's proxy
+//     writes them on every continuation), the usage's details; so is a
+//     "service_tier" outside the spec's enum; a logprobs entry gets its
+//     "bytes" and "top_logprobs".
 //
 // A chunk left without choices (a usage-only chunk, a provider's empty
 // preamble) is dropped. Not safe for concurrent use.
@@ -399,6 +474,7 @@ type Stream struct {
 	id          string
 	created     int64
 	fingerprint string // raw JSON of a string system_fingerprint, "" when none
+	tier        string // the last service_tier of the spec's enum seen, "" when none
 	started     bool
 	choices     map[int64]*choiceState
 	usage       usageSum
@@ -440,7 +516,7 @@ func (s *Stream) Chunk(data []byte) []byte {
 	if !root.IsObject() {
 		return data
 	}
-	var id, object, created, model, fp, usage, choices, errObj gjson.Result
+	var id, object, created, model, fp, usage, choices, errObj, tier gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "id":
@@ -459,6 +535,8 @@ func (s *Stream) Chunk(data []byte) []byte {
 			choices = v
 		case "error":
 			errObj = v
+		case "service_tier":
+			tier = v
 		}
 		return true
 	})
@@ -518,6 +596,12 @@ func (s *Stream) Chunk(data []byte) []byte {
 	if fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")
 	}
+	switch {
+	case tier.Type == gjson.String && serviceTiers[tier.Str]:
+		s.tier = tier.Str
+	case tier.Exists() && tier.Type != gjson.Null:
+		e.del("service_tier")
+	}
 	pos := int64(0)
 	choices.ForEach(func(_, ch gjson.Result) bool {
 		s.choice(e, "choices."+strconv.FormatInt(pos, 10), pos, ch)
@@ -563,7 +647,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 			e.raw(base+".logprobs", "null")
 		}
 		switch {
-		case !fr.Exists():
+		case !fr.Exists(), fr.Type == gjson.String && fr.Str == "":
 			e.raw(base+".finish_reason", "null")
 		case fr.Type == gjson.String:
 			if want := finishReason(s.ans.Endpoint, fr.Str); want != fr.Str {
@@ -575,35 +659,72 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	if !delta.IsObject() {
 		e.raw(base+".delta", "{}")
 	}
-	var role, calls gjson.Result
+	var role, calls, fcall gjson.Result
 	delta.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "role":
 			role = v
 		case "tool_calls":
 			calls = v
+		case "function_call":
+			fcall = v
 		}
 		return true
 	})
-	if !st.roleSent {
+	if fcall.Exists() && !fcall.IsObject() {
+		e.del(base + ".delta.function_call")
+	}
+	if calls.Exists() && !calls.IsArray() {
+		// "tool_calls": null (LiteLLM's proxy on every delta): dropped,
+		// never read (gjson's ForEach would call back once with the null).
+		e.del(base + ".delta.tool_calls")
+		calls = gjson.Result{}
+	}
+	switch {
+	case !st.roleSent:
 		st.roleSent = true
 		if role.Type != gjson.String {
 			e.set(base+".delta.role", "assistant")
 		}
+	case role.Exists() && role.Type != gjson.String:
+		e.del(base + ".delta.role") // a later delta's "role": null
 	}
 	if lp.IsObject() {
 		logprobFields(base+".logprobs", lp, e)
 	}
 	calls.ForEach(func(j, tc gjson.Result) bool {
 		p := base + ".delta.tool_calls." + j.String()
-		given := s.toolIndex(st, j.Int(), tc)
+		given, fresh := s.toolIndex(st, j.Int(), tc)
 		if tc.Get("index").Raw != strconv.Itoa(given) {
 			e.set(p+".index", given)
 		}
-		if tc.Get("id").Type == gjson.String && !tc.Get("type").Exists() {
-			e.set(p+".type", "function")
+		id, typ, fn := tc.Get("id"), tc.Get("type"), tc.Get("function")
+		switch {
+		case fresh:
+			// A call's first delta without an id (or ""): one made up, so
+			// parallel calls stay apart for the client (the Messages API's
+			// tool_use blocks and their tool_results are matched by id).
+			e.set(p+".id", NewID("call_"))
+			id = gjson.Result{Type: gjson.String, Str: "call_"}
+		case id.Exists() && id.Type != gjson.String:
+			e.del(p + ".id") // a continuation's "id": null
 		}
-		if a := tc.Get("function.arguments"); a.Type == gjson.String {
+		switch {
+		case id.Type == gjson.String && typ.Type != gjson.String:
+			e.set(p+".type", "function")
+		case typ.Exists() && typ.Type != gjson.String:
+			e.del(p + ".type")
+		}
+		if fn.Exists() && !fn.IsObject() {
+			e.del(p + ".function")
+		}
+		if n := fn.Get("name"); n.Exists() && n.Type != gjson.String {
+			e.del(p + ".function.name")
+		}
+		if a := fn.Get("arguments"); a.Type == gjson.Null {
+			e.del(p + ".function.arguments")
+		}
+		if a := fn.Get("arguments"); a.Type == gjson.String {
 			st.args[given].WriteString(a.Str)
 		} else if a.IsObject() || a.IsArray() {
 			e.set(p+".function.arguments", argsText(a))
@@ -612,7 +733,8 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		return true
 	})
 	switch {
-	case !fr.Exists():
+	case !fr.Exists(), fr.Type == gjson.String && fr.Str == "":
+		// Absent, or "" (some servers' word for "not yet"): not finished.
 		e.raw(base+".finish_reason", "null")
 	case fr.Type == gjson.String:
 		want := finishReason(s.ans.Endpoint, fr.Str)
@@ -629,8 +751,9 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 
 // toolIndex is the index given to tool-call delta tc (the pos-th of its
 // chunk): a new call id gets the next free index; a delta without an id
-// continues the call last given for its upstream index.
-func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) int {
+// continues the call last given for its upstream index, or, when there is
+// none, starts a call that has no id (fresh).
+func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) (given int, fresh bool) {
 	up := pos
 	if i := tc.Get("index"); i.Type == gjson.Number {
 		up = i.Int()
@@ -639,26 +762,27 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) int {
 	if id != "" {
 		if given, ok := st.byID[id]; ok {
 			st.byIndex[up] = given
-			return given
+			return given, false
 		}
 		given := len(st.args)
 		st.args = append(st.args, &strings.Builder{})
 		st.byID[id] = given
 		st.byIndex[up] = given
-		return given
+		return given, false
 	}
 	if given, ok := st.byIndex[up]; ok {
-		return given
+		return given, false
 	}
-	given := len(st.args) // a call that never said its id
+	given = len(st.args) // a call that never said its id
 	st.args = append(st.args, &strings.Builder{})
 	st.byIndex[up] = given
-	return given
+	return given, true
 }
 
 // Final returns the stream's last chunk: the usage chunk ("choices": [],
 // the merged usage, or the fallback counts when the upstream reported
-// none) when the client asked for usage, else nil.
+// none; the stream's id, created, system_fingerprint and service_tier)
+// when the client asked for usage, else nil.
 func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	if !s.ans.IncludeUsage {
 		return nil
@@ -679,6 +803,11 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	if s.fingerprint != "" {
 		e.raw("system_fingerprint", s.fingerprint)
 	}
+	if s.tier != "" {
+		// As OpenAI's usage chunk, which carries it too: the SDKs'
+		// accumulators keep the last chunk's.
+		e.set("service_tier", s.tier)
+	}
 	e.raw("choices", "[]")
 	p, c := int64(fallbackPrompt), int64(fallbackCompletion)
 	u := `{}`
@@ -689,6 +818,11 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	ue.set("prompt_tokens", p)
 	ue.set("completion_tokens", c)
 	ue.set("total_tokens", p+c)
+	for _, d := range usageNames[3:] {
+		if v := gjson.GetBytes(ue.b, d); v.Exists() && !v.IsObject() {
+			ue.del(d)
+		}
+	}
 	e.raw("usage", string(ue.b))
 	return e.b
 }

@@ -42,9 +42,17 @@ func TestNormaliseBodyMakesSpecValidAnswers(t *testing.T) {
 		{"a logprobs object gets its refusal member", oai.EndpointChat, "CreateChatCompletionResponse",
 			`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.1,"bytes":[97],"top_logprobs":[]}]}}]}`,
 			map[string]string{"choices.0.logprobs.refusal": "null"}},
+		{"LiteLLM/vLLM/Groq nulls: function_call, tool_calls, usage details, an unknown service_tier, logprob entries without bytes or top_logprobs", oai.EndpointChat, "CreateChatCompletionResponse",
+			`{"id":"x","object":"chat.completion","created":5,"model":"m","service_tier":"on_demand","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"a","refusal":null,"function_call":null,"tool_calls":null},"logprobs":{"content":[{"token":"a","logprob":-0.1,"top_logprobs":[{"token":"a","logprob":-0.1}]},{"token":"b","logprob":-0.2}],"refusal":null}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,"prompt_tokens_details":null,"completion_tokens_details":null}}`,
+			map[string]string{"service_tier": "", "choices.0.message.function_call": "", "choices.0.message.tool_calls": "", "choices.0.finish_reason": `"stop"`,
+				"choices.0.logprobs.content.0.bytes": "null", "choices.0.logprobs.content.0.top_logprobs.0.bytes": "null", "choices.0.logprobs.content.1.top_logprobs": "[]",
+				"usage.prompt_tokens_details": "", "usage.completion_tokens_details": ""}},
 		{"a text completion", oai.EndpointCompletions, "CreateCompletionResponse",
 			`{"id":"cmpl-1","model":"up","choices":[{"text":"hi","finish_reason":null}],"system_fingerprint":null}`,
 			map[string]string{"object": `"text_completion"`, "choices.0.index": "0", "choices.0.logprobs": "null", "choices.0.finish_reason": `"stop"`, "model": `"alias"`}},
+		{"an embeddings answer whose data is null is an empty list, not made-up embeddings", oai.EndpointEmbeddings, "CreateEmbeddingResponse",
+			`{"object":"list","model":"up","data":null,"usage":{"prompt_tokens":2,"total_tokens":2}}`,
+			map[string]string{"data": "[]", "model": `"alias"`}},
 		{"an embeddings list", oai.EndpointEmbeddings, "CreateEmbeddingResponse",
 			`{"model":"up","data":[{"embedding":[0.1,0.2]}],"usage":{"prompt_tokens":2}}`,
 			map[string]string{"object": `"list"`, "data.0.object": `"embedding"`, "data.0.index": "0", "usage.total_tokens": "2", "model": `"alias"`}},
@@ -296,5 +304,99 @@ func TestNormaliseBodyOnePassLookups(t *testing.T) {
 				t.Errorf("got  %s\nwant %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestStreamDropsNullMembers: LiteLLM's proxy writes "tool_calls": null and
+// "function_call": null on every delta and "id"/"type"/"function.name":
+// null on tool-call continuations; a null tool_calls must not become a
+// call (gjson's ForEach calls back once with a scalar), and no null is
+// left where the spec has none; a later "role": null is dropped and a
+// finish_reason "" is null (not finished), not "stop".
+func TestStreamDropsNullMembers(t *testing.T) {
+	spec := openapitest.Load(t)
+	s := NewStream(chatAnswer(true))
+	var acc openai.ChatCompletionAccumulator
+	for i, c := range []string{
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"on_demand","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi","function_call":null,"tool_calls":null},"logprobs":{"content":[{"token":"Hi","logprob":-0.5}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"role":null,"content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":""}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"id":null,"type":null,"function":{"name":null,"arguments":"{}"}}]},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":null,"function_call":null,"tool_calls":null},"logprobs":null,"finish_reason":"tool_calls"}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":null,"completion_tokens_details":null}}`,
+	} {
+		out := s.Chunk([]byte(c))
+		if out == nil {
+			continue
+		}
+		spec.Validate(t, "CreateChatCompletionStreamResponse", out)
+		if i == 1 && (gjson.GetBytes(out, "choices.0.finish_reason").Raw != "null" || gjson.GetBytes(out, "choices.0.delta.role").Exists()) {
+			t.Fatalf(`finish_reason "" or role null kept: %s`, out)
+		}
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(out, &chunk); err != nil || !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s (%v)", out, err)
+		}
+	}
+	final := s.Final(0, 0)
+	spec.Validate(t, "CreateChatCompletionStreamResponse", final)
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 1 || calls[0].ID != "call_a" || calls[0].Function.Name != "f" || calls[0].Function.Arguments != "{}" || acc.Choices[0].Message.Content != "Hi" {
+		t.Fatalf("accumulated %+v", acc.Choices[0].Message)
+	}
+}
+
+// TestStreamUsageChunkKeepsTheServiceTier: OpenAI's usage chunk carries the
+// service_tier and system_fingerprint of the other chunks; openai-go's
+// accumulator keeps the last chunk's, so Final must carry them too.
+func TestStreamUsageChunkKeepsTheServiceTier(t *testing.T) {
+	s := NewStream(chatAnswer(true))
+	var acc openai.ChatCompletionAccumulator
+	add := func(b []byte) {
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(b, &chunk); err != nil || !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s (%v)", b, err)
+		}
+	}
+	for _, c := range []string{
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"default","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"default","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","service_tier":"default","system_fingerprint":"fp_1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
+	} {
+		if out := s.Chunk([]byte(c)); out != nil {
+			add(out)
+		}
+	}
+	add(s.Final(0, 0))
+	if acc.ServiceTier != "default" || acc.SystemFingerprint != "fp_1" || acc.Usage.TotalTokens != 4 {
+		t.Fatalf("service_tier %q fingerprint %q usage %+v", acc.ServiceTier, acc.SystemFingerprint, acc.Usage)
+	}
+}
+
+// TestToolCallsWithoutIDsGetOne: servers that send tool calls without an id
+// (or with "") get one made up per call, whole and streamed, so that
+// parallel calls stay apart (the Messages API matches tool_result to
+// tool_use by id).
+func TestToolCallsWithoutIDsGetOne(t *testing.T) {
+	body := NormaliseBody(chatAnswer(false), []byte(`{"id":"x","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"finish_reason":"tool_calls","logprobs":null,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"","type":"function","function":{"name":"f","arguments":"{}"}},{"type":"function","function":{"name":"g","arguments":"{}"}}]}}]}`))
+	a, b := gjson.GetBytes(body, "choices.0.message.tool_calls.0.id").Str, gjson.GetBytes(body, "choices.0.message.tool_calls.1.id").Str
+	if a == "" || b == "" || a == b {
+		t.Fatalf("ids %q %q: %s", a, b, body)
+	}
+	s := NewStream(chatAnswer(false))
+	var acc openai.ChatCompletionAccumulator
+	for _, c := range []string{
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"","function":{"name":"f","arguments":"{\"a\":"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"name":"g","arguments":"{}"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+	} {
+		var chunk openai.ChatCompletionChunk
+		if out := s.Chunk([]byte(c)); json.Unmarshal(out, &chunk) != nil || !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s", out)
+		}
+	}
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 2 || calls[0].ID == "" || calls[1].ID == "" || calls[0].ID == calls[1].ID || calls[0].Function.Arguments != `{"a":1}` || calls[1].Function.Name != "g" {
+		t.Fatalf("calls %+v", calls)
 	}
 }

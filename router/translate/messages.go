@@ -14,12 +14,14 @@ import (
 // FromMessages translates an Anthropic Messages API request into a chat
 // completions request:
 //
-//   - system (a string or text blocks) becomes the system message; each
-//     message's text blocks become text parts, image blocks (base64 or URL
-//     sources) image_url parts, an assistant's tool_use blocks its
+//   - system (a string or text blocks, joined one per line) becomes the
+//     system message; each message's text blocks become text parts, image
+//     blocks (base64 or URL sources) image_url parts, an assistant's tool_use blocks its
 //     tool_calls (the input as JSON arguments), a user's tool_result blocks
-//     tool messages (before the rest of that user turn), is_error results
-//     prefixed "Error: "; thinking blocks of earlier turns are skipped;
+//     tool messages (before the rest of that user turn; their text blocks
+//     one per line, their images image_url parts of that user turn),
+//     is_error results prefixed "Error: "; thinking blocks of earlier turns
+//     are skipped;
 //   - thinking {"type": "enabled"} returns the answer's reasoning (a chat
 //     answer's reasoning_content) as a thinking block, first, with an empty
 //     signature; budget_tokens is not sent on (chat completions has no
@@ -30,6 +32,9 @@ import (
 //     false; max_tokens, stop_sequences (as stop), temperature, top_p and
 //     metadata.user_id (as user) map to their chat parameters (top_k has
 //     no chat equivalent and is dropped); a stream asks for the usage chunk;
+//   - the answer's stop_reason is stop_sequence, with stop_sequence naming
+//     it, when the choice's "stop_reason" (vLLM's and Molly's engine's
+//     report of the stop string that matched) is one of stop_sequences;
 //   - stream, tools, tool_choice, stop_sequences (strings) and metadata of
 //     the wrong JSON type, and a temperature or top_p above 1 (Anthropic's
 //     range), are a 400 naming the parameter;
@@ -64,7 +69,16 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	case sys.Type == gjson.String:
 		msgs = append(msgs, map[string]any{"role": "system", "content": sys.Str})
 	case sys.IsArray():
-		msgs = append(msgs, map[string]any{"role": "system", "content": joinText(sys, "text")})
+		// Blocks are separate texts (Claude Code sends its identity and its
+		// instructions as two): joined one per line, never glued together.
+		var parts []string
+		sys.ForEach(func(_, b gjson.Result) bool {
+			if t := b.Get("text"); t.Type == gjson.String && t.Str != "" {
+				parts = append(parts, t.Str)
+			}
+			return true
+		})
+		msgs = append(msgs, map[string]any{"role": "system", "content": strings.Join(parts, "\n")})
 	default:
 		return nil, nil, openai.WrongType("system", "a string or an array of text blocks", sys)
 	}
@@ -148,18 +162,12 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 				parts = append(parts, map[string]any{"type": "text", "text": b.Get("text").Str})
 			}
 		case "image":
-			src := b.Get("source")
-			var url string
-			switch src.Get("type").Str {
-			case "base64":
-				url = "data:" + src.Get("media_type").Str + ";base64," + src.Get("data").Str
-			case "url":
-				url = src.Get("url").Str
-			default:
-				bad = openai.InvalidRequest(bp+".source.type", "%s.source.type: this gateway accepts base64 and url image sources.", bp)
+			part, err := imagePart(bp, b)
+			if err != nil {
+				bad = err
 				return false
 			}
-			parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}})
+			parts = append(parts, part)
 		case "tool_use":
 			if role != "assistant" {
 				bad = openai.InvalidRequest(bp+".type", "%s: tool_use blocks belong to assistant messages.", bp)
@@ -175,7 +183,34 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 			rc := b.Get("content")
 			result := rc.Str
 			if rc.IsArray() {
-				result = joinText(rc, "text")
+				// A chat tool message holds text only: the result's text
+				// blocks, one per line, and its images in the user turn that
+				// follows the tool messages (never dropped).
+				var texts []string
+				k := 0
+				rc.ForEach(func(_, rb gjson.Result) bool {
+					rp := bp + ".content." + strconv.Itoa(k)
+					k++
+					switch rb.Get("type").Str {
+					case "text":
+						texts = append(texts, rb.Get("text").Str)
+					case "image":
+						part, err := imagePart(rp, rb)
+						if err != nil {
+							bad = err
+							return false
+						}
+						parts = append(parts, part)
+					default:
+						bad = openai.InvalidRequest(rp+".type", "%s.type: '%s' blocks in a tool_result are not supported by this gateway; use text and image.", rp, rb.Get("type").Str)
+						return false
+					}
+					return true
+				})
+				if bad != nil {
+					return false
+				}
+				result = strings.Join(texts, "\n")
 			}
 			if b.Get("is_error").Bool() {
 				result = "Error: " + result
@@ -206,6 +241,22 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 		out = append(out, map[string]any{"role": "user", "content": parts})
 	}
 	return out, nil
+}
+
+// imagePart is an image block (at param bp) as a chat image_url part: a
+// base64 source as a data URL, a url source as it is.
+func imagePart(bp string, b gjson.Result) (map[string]any, *openai.Error) {
+	src := b.Get("source")
+	var url string
+	switch src.Get("type").Str {
+	case "base64":
+		url = "data:" + src.Get("media_type").Str + ";base64," + src.Get("data").Str
+	case "url":
+		url = src.Get("url").Str
+	default:
+		return nil, openai.InvalidRequest(bp+".source.type", "%s.source.type: this gateway accepts base64 and url image sources.", bp)
+	}
+	return map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}}, nil
 }
 
 // anthropicTools translates tools and tool_choice.
@@ -267,6 +318,33 @@ func stopReason(finish string) string {
 	return "end_turn"
 }
 
+// matchedStop is the stop sequence of the request that ended choice ch,
+// "" for none: chat completions does not say which stop string matched,
+// but vLLM (and Molly's engine) name it in the choice's "stop_reason",
+// which Anthropic's stop_sequence is when it is one of the request's
+// stop_sequences (vLLM also puts a stop token's id there, a number).
+func (t *Translation) matchedStop(ch gjson.Result) string {
+	sr := ch.Get("stop_reason")
+	if sr.Type != gjson.String || sr.Str == "" || ch.Get("finish_reason").Str != "stop" {
+		return ""
+	}
+	for _, s := range t.req.Get("stop_sequences").Array() {
+		if s.Str == sr.Str {
+			return sr.Str
+		}
+	}
+	return ""
+}
+
+// stopFields are a Message's stop_reason and stop_sequence for a chat
+// choice's finish reason and matched stop sequence.
+func stopFields(finish, matched string) (string, any) {
+	if matched != "" {
+		return "stop_sequence", matched
+	}
+	return stopReason(finish), nil
+}
+
 // toolInput is a tool call's arguments as the tool_use block's input
 // object; arguments that are not a JSON object become {}.
 func toolInput(args string) json.RawMessage {
@@ -298,9 +376,10 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 			"input": toolInput(tc.Get("function.arguments").Str)})
 		return true
 	})
+	reason, seq := stopFields(ch.Get("finish_reason").Str, t.matchedStop(ch))
 	return marshal(map[string]any{
 		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
-		"stop_reason": stopReason(ch.Get("finish_reason").Str), "stop_sequence": nil,
+		"stop_reason": reason, "stop_sequence": seq,
 		"usage": map[string]any{"input_tokens": root.Get("usage.prompt_tokens").Int(), "output_tokens": root.Get("usage.completion_tokens").Int()},
 	})
 }
@@ -358,6 +437,7 @@ type messagesStream struct {
 	kind    string        // "thinking", "text" or "tool_use": the open block
 	calls   map[int64]int // chat tool-call index → block index
 	finish  string
+	stopSeq string // the stop sequence that ended the answer (matchedStop)
 	usage   gjson.Result
 }
 
@@ -460,6 +540,7 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	})
 	if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
 		s.finish = fr.Str
+		s.stopSeq = s.t.matchedStop(ch)
 	}
 	return out
 }
@@ -476,6 +557,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
 	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
-	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": stopReason(s.finish), "stop_sequence": nil}, "usage": usage})
+	reason, seq := stopFields(s.finish, s.stopSeq)
+	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
 }

@@ -463,7 +463,11 @@ func (t *Translation) chatLogprobs(ch gjson.Result) []any {
 		return nil
 	}
 	var lps []any
-	ch.Get("logprobs.content").ForEach(func(_, l gjson.Result) bool {
+	content := ch.Get("logprobs.content")
+	if !content.IsArray() {
+		return nil // null: no tokens (gjson's ForEach would call back once with the null)
+	}
+	content.ForEach(func(_, l gjson.Result) bool {
 		lps = append(lps, json.RawMessage(l.Raw))
 		return true
 	})

@@ -348,7 +348,8 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 		rec = serve(t, APIResponses, tr, writeSSE(
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":{"content":[`+lp+`],"refusal":null},"finish_reason":null}]}`,
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":{"content":[`+lp2+`],"refusal":null},"finish_reason":null}]}`,
-			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			// A chunk whose logprobs hold no content tokens ("content": null) adds none.
+			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"logprobs":{"content":null,"refusal":null},"finish_reason":"stop"}]}`,
 			`[DONE]`))
 		var deltas []string
 		for _, ev := range events(t, rec.Body.Bytes()) {
@@ -364,6 +365,14 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 		}
 		if !reflect.DeepEqual(deltas, []string{"Hi", "!"}) {
 			t.Fatalf("delta logprobs %v", deltas)
+		}
+		// An answer whose logprobs hold no content tokens ("content": null)
+		// has an empty list, not a null token.
+		_, tr, _ = FromResponses(ctx, []byte(req), nil, "ana")
+		rec = serve(t, APIResponses, tr, writeJSON(200, strings.Replace(answer, `"content":[`+lp+`,`+lp2+`]`, `"content":null`, 1)))
+		spec.Validate(t, "Response", rec.Body.Bytes())
+		if got := gjson.GetBytes(rec.Body.Bytes(), "output.0.content.0.logprobs").Raw; got != "[]" {
+			t.Fatalf("logprobs of content null: %s", got)
 		}
 		// Without include, none (OpenAI's include is what asks for them).
 		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","input":"hi","top_logprobs":2}`), nil, "ana")
@@ -788,6 +797,78 @@ func TestMessagesToolUseCutByMaxTokens(t *testing.T) {
 	}
 	if !reflect.DeepEqual(blocks, []string{"tool_use"}) || stop != "max_tokens" || partial != `{"city":"Os` {
 		t.Fatalf("blocks %v stop %q partial %q\n%s", blocks, stop, partial, rec.Body)
+	}
+}
+
+// TestMessagesStopSequence: a choice whose stop_reason (vLLM's, Molly's
+// engine's) names one of the request's stop_sequences is Anthropic's
+// stop_reason "stop_sequence" with stop_sequence set, whole and streamed;
+// a stop token's id, or a string the request did not list, is end_turn.
+func TestMessagesStopSequence(t *testing.T) {
+	_, tr, _ := FromMessages([]byte(`{"model":"m","max_tokens":9,"stop_sequences":["NEVER","END"],"messages":[{"role":"user","content":"count"}]}`))
+	whole := func(stopReason string) string {
+		return `{"id":"c","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"stop","stop_reason":` + stopReason + `,"logprobs":null,
+	"message":{"role":"assistant","content":"1 2 3","refusal":null}}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`
+	}
+	for _, c := range []struct{ stopReason, reason, seq string }{
+		{`"END"`, "stop_sequence", `"END"`}, {`151645`, "end_turn", "null"}, {`"OTHER"`, "end_turn", "null"}, {`null`, "end_turn", "null"},
+	} {
+		m := gjson.ParseBytes(serve(t, APIMessages, tr, writeJSON(200, whole(c.stopReason))).Body.Bytes())
+		if m.Get("stop_reason").Str != c.reason || m.Get("stop_sequence").Raw != c.seq {
+			t.Errorf("stop_reason %s: %s %s", c.stopReason, m.Get("stop_reason").Raw, m.Get("stop_sequence").Raw)
+		}
+	}
+	stream := *tr
+	stream.Stream = true
+	rec := serve(t, APIMessages, &stream, writeSSE(
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"1 2 3"},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop","stop_reason":"END"}]}`,
+		`[DONE]`))
+	var delta gjson.Result
+	for _, ev := range events(t, rec.Body.Bytes()) {
+		if ev.Type == "message_delta" {
+			delta = gjson.GetBytes(ev.Data, "delta")
+		}
+	}
+	if delta.Get("stop_reason").Str != "stop_sequence" || delta.Get("stop_sequence").Str != "END" {
+		t.Fatalf("message_delta %s", delta.Raw)
+	}
+}
+
+// TestMessagesSystemBlocksStayApart: system text blocks are separate texts;
+// joined, they are one per line, not glued into one word.
+func TestMessagesSystemBlocksStayApart(t *testing.T) {
+	chat, _, aerr := FromMessages([]byte(`{"model":"m","max_tokens":9,"system":[{"type":"text","text":"You are terse."},{"type":"text","text":"Answer in Italian.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"}]}`))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if got := gjson.GetBytes(chat, "messages.0.content").Str; got != "You are terse.\nAnswer in Italian." {
+		t.Fatalf("system %q", got)
+	}
+}
+
+// TestMessagesToolResultBlocks: a tool_result's text blocks become the
+// tool message (one per line), its images image_url parts of the user turn
+// after the tool messages; another block kind is a 400 naming it.
+func TestMessagesToolResultBlocks(t *testing.T) {
+	req := `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"shot?"},
+	{"role":"assistant","content":[{"type":"tool_use","id":"tu_1","name":"screenshot","input":{}}]},
+	{"role":"user","content":[{"type":"tool_result","tool_use_id":"tu_1","content":[{"type":"text","text":"Here it is."},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},{"type":"text","text":"1024x768"}]},{"type":"text","text":"What do you see?"}]}]}`
+	chat, _, aerr := FromMessages([]byte(req))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	ms := gjson.GetBytes(chat, "messages")
+	if tool := ms.Get("2"); tool.Get("role").Str != "tool" || tool.Get("tool_call_id").Str != "tu_1" || tool.Get("content").Str != "Here it is.\n1024x768" {
+		t.Fatalf("tool message %s", tool.Raw)
+	}
+	user := ms.Get("3")
+	if user.Get("role").Str != "user" || user.Get("content.0.image_url.url").Str != "data:image/png;base64,iVBORw0KGgo=" || user.Get("content.1.text").Str != "What do you see?" {
+		t.Fatalf("user turn %s", user.Raw)
+	}
+	_, _, aerr = FromMessages([]byte(strings.Replace(req, `{"type":"text","text":"1024x768"}`, `{"type":"document","source":{"type":"text","data":"x"}}`, 1)))
+	if aerr == nil || aerr.Param != "messages.2.content.0.content.2.type" {
+		t.Fatalf("a document block in a tool_result: %+v", aerr)
 	}
 }
 
