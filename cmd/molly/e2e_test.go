@@ -147,6 +147,8 @@ func TestGatewayRoutesBySensitivity(t *testing.T) {
 		t.Fatalf("T2 did not receive the aliased model: %s", b)
 	}
 	// Decision log lines carry ids, never prompt text or keys.
+	// Log lines are written off the request path (internal/asynclog).
+	g.waitLogs(regexp.MustCompile(`"msg":"policy decision".*"decision_id"`))
 	logs := g.logs.String()
 	if !strings.Contains(logs, `"decision_id"`) || !strings.Contains(logs, `"msg":"policy decision"`) {
 		t.Fatalf("no decision log line in:\n%s", logs)
