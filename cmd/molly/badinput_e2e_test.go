@@ -425,3 +425,96 @@ http://127.0.0.1:{PORT} {
 		t.Fatal("the gateway died")
 	}
 }
+
+// TestADeclaredOversizeBodyIsRefusedUnread: a request whose Content-Length
+// is over max_body_size gets 413 request_too_large at once, before any of
+// its body is sent: with Expect: 100-continue the first answer is the 413,
+// not 100 Continue (RFC 9110 §10.1.1), and without it the 413 comes
+// while the client has sent no byte of the body (not a 408 after the
+// body's grace period); the connection is closed. A body of exactly the
+// limit is still asked for (100 Continue) and served.
+func TestADeclaredOversizeBodyIsRefusedUnread(t *testing.T) {
+	spec := openapitest.Load(t)
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	const limit = 64 << 10
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify {
+		max_body_size 64KiB
+	}
+	molly_policy
+	molly_route
+}
+`)
+	host := strings.TrimPrefix(strings.TrimSuffix(g.URL, "/v1"), "http://")
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/embeddings"} {
+		for _, expect := range []bool{true, false} {
+			c, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			head := "POST " + path + " HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(limit+1) + "\r\n"
+			if expect {
+				head += "Expect: 100-continue\r\n"
+			}
+			if _, err := io.WriteString(c, head+"\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("%s (expect %v): no answer: %v", path, expect, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			c.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+				t.Fatalf("%s (expect %v): %d (close %v) %s", path, expect, resp.StatusCode, resp.Close, b)
+			}
+			spec.Validate(t, "ErrorResponse", b)
+			if gjson.GetBytes(b, "error.code").Str != "request_too_large" {
+				t.Fatalf("%s (expect %v): %s", path, expect, b)
+			}
+		}
+	}
+	// A body of exactly the limit: asked for, and served.
+	body := `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`
+	body = body[:len(body)-1] + strings.Repeat(" ", limit-len(body)) + "}"
+	c, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: "+host+"\r\nContent-Type: application/json\r\nContent-Length: "+
+		fmt.Sprint(len(body))+"\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("a body of the limit was not asked for: %v %v", resp, err)
+	}
+	if _, err := io.WriteString(c, body); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("a body of the limit: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if n := lan.Count(); n != 1 {
+		t.Fatalf("the upstream got %d requests, want the one within the limit", n)
+	}
+}
