@@ -191,6 +191,36 @@ func refChat(r *Request, root gjson.Result) *Error {
 			return err
 		}
 	}
+	if tc := root.Get("tool_choice"); tc.Exists() && tc.Type != gjson.Null {
+		switch {
+		case tc.Type == gjson.String:
+			if tc.Str != "none" && tc.Str != "auto" && tc.Str != "required" {
+				return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
+			}
+			r.ToolChoice = tc.Str
+		case !tc.IsObject():
+			return WrongType("tool_choice", "a string or an object", tc)
+		case tc.Get("type").Type != gjson.String:
+			return WrongType("tool_choice.type", "a string", tc.Get("type"))
+		default:
+			ty := tc.Get("type").Str
+			switch ty {
+			case "function", "custom":
+				if o := tc.Get(ty); !o.IsObject() {
+					return WrongType("tool_choice."+ty, "an object", o)
+				} else if o.Get("name").Type != gjson.String {
+					return WrongType("tool_choice."+ty+".name", "a string", o.Get("name"))
+				}
+			case "allowed_tools":
+				if o := tc.Get(ty); !o.IsObject() {
+					return WrongType("tool_choice.allowed_tools", "an object", o)
+				}
+			default:
+				return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", ty)
+			}
+			r.ToolChoice = ty
+		}
+	}
 	for _, list := range []struct{ path, name string }{{"tools", "function.name"}, {"functions", "name"}} {
 		t := root.Get(list.path)
 		if !t.Exists() || t.Type == gjson.Null {

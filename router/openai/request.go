@@ -335,18 +335,8 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			return err
 		}
 	}
-	if tc := f.toolChoice; tc >= 0 {
-		switch d.Kind(tc) {
-		case KindNull:
-		case KindString:
-			r.ToolChoice = d.Str(tc)
-		case KindObject:
-			if ty := d.Member(tc, "type"); ty >= 0 && d.Kind(ty) == KindString {
-				r.ToolChoice = d.Str(ty)
-			}
-		default:
-			return wrongType("tool_choice", "a string or an object", d, tc)
-		}
+	if err := r.toolChoice(d, f.toolChoice); err != nil {
+		return err
 	}
 	for _, list := range []struct {
 		at         int
@@ -392,6 +382,51 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
 	}
 	r.Messages = i
+	return nil
+}
+
+// toolChoice checks tool_choice (member tc, -1 when absent) against the
+// OpenAPI description's ChatCompletionToolChoiceOption and sets
+// r.ToolChoice: one of the modes none, auto and required, or an object of
+// type function (with function.name), custom (with custom.name) or
+// allowed_tools (with an allowed_tools object). Errors are 400s naming the
+// member at fault: routing reads the choice (none needs no tool-capable
+// target), so a value no upstream would read the same way is refused here.
+func (r *Request) toolChoice(d *Doc, tc int) *Error {
+	switch {
+	case tc < 0 || d.Kind(tc) == KindNull:
+		return nil
+	case d.Kind(tc) == KindString:
+		switch m := d.Str(tc); m {
+		case "none", "auto", "required":
+			r.ToolChoice = m
+			return nil
+		}
+		return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", d.Str(tc))
+	case d.Kind(tc) != KindObject:
+		return wrongType("tool_choice", "a string or an object", d, tc)
+	}
+	ty := d.Member(tc, "type")
+	if ty < 0 || d.Kind(ty) != KindString {
+		return wrongType("tool_choice.type", "a string", d, ty)
+	}
+	switch t := d.Str(ty); t {
+	case "function", "custom":
+		obj := d.Member(tc, t)
+		if obj < 0 || d.Kind(obj) != KindObject {
+			return wrongType("tool_choice."+t, "an object", d, obj)
+		}
+		if n := d.Member(obj, "name"); n < 0 || d.Kind(n) != KindString {
+			return wrongType("tool_choice."+t+".name", "a string", d, n)
+		}
+	case "allowed_tools":
+		if a := d.Member(tc, t); a < 0 || d.Kind(a) != KindObject {
+			return wrongType("tool_choice.allowed_tools", "an object", d, a)
+		}
+	default:
+		return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", t)
+	}
+	r.ToolChoice = d.Str(ty)
 	return nil
 }
 
