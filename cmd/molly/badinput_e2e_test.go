@@ -518,3 +518,79 @@ http://127.0.0.1:{PORT} {
 		t.Fatalf("the upstream got %d requests, want the one within the limit", n)
 	}
 }
+
+// TestParametersOutsideTheirSchemaAreRefused: parameters the gateway reads
+// or echoes, of a type or value their API's description does not allow
+// (OpenAI's OpenAPI document for chat completions and Responses,
+// Anthropic's Messages reference), are a 400 naming the parameter —
+// never dropped, read as something else, or sent on — and nothing reaches
+// the upstream. A valid value of each still serves.
+func TestParametersOutsideTheirSchemaAreRefused(t *testing.T) {
+	spec := openapitest.Load(t)
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	const msgs = `"messages":[{"role":"user","content":"hello"}]`
+	for _, c := range []struct{ name, path, body, param string }{
+		{"chat: an unknown tool_choice mode", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tool_choice":"always"}`, "tool_choice"},
+		{"chat: a function tool_choice without a name", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{}}}`, "tool_choice.function.name"},
+		{"chat: a tool_choice without a type", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tool_choice":{}}`, "tool_choice.type"},
+		{"responses: a string top_logprobs", "/v1/responses", `{"model":"chat","input":"hello","top_logprobs":"3"}`, "top_logprobs"},
+		{"responses: a string text", "/v1/responses", `{"model":"chat","input":"hello","text":"json"}`, "text"},
+		{"responses: a string text.format", "/v1/responses", `{"model":"chat","input":"hello","text":{"format":"json_object"}}`, "text.format"},
+		{"responses: a numeric user", "/v1/responses", `{"model":"chat","input":"hello","user":7}`, "user"},
+		{"responses: an unknown include", "/v1/responses", `{"model":"chat","input":"hello","include":["logprobs"]}`, "include[0]"},
+		{"responses: an unknown tool_choice mode", "/v1/responses", `{"model":"chat","input":"hello","tool_choice":"x"}`, "tool_choice"},
+		{"responses: a numeric input_text", "/v1/responses", `{"model":"chat","input":[{"role":"user","content":[{"type":"input_text","text":5}]}]}`, "input[0].content[0].text"},
+		{"responses: a function_call_output without call_id", "/v1/responses", `{"model":"chat","input":[{"role":"user","content":"hello"},{"type":"function_call_output","output":"ok"}]}`, "input[1].call_id"},
+		{"messages: a string top_k", "/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"top_k":"5"}`, "top_k"},
+		{"messages: a numeric system block", "/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"system":[1]}`, "system.0"},
+		{"messages: a tool_choice without a type", "/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"tool_choice":{}}`, "tool_choice.type"},
+	} {
+		resp, b := do(t, g, "POST", c.path, c.body)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %d %s", c.name, resp.StatusCode, b)
+		}
+		if c.path == "/v1/messages" {
+			// Anthropic's error body: {"type":"error","error":{"type","message"}}.
+			if gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" ||
+				!strings.Contains(gjson.GetBytes(b, "error.message").Str, c.param) {
+				t.Fatalf("%s: %s", c.name, b)
+			}
+		} else {
+			spec.Validate(t, "ErrorResponse", b)
+			if gjson.GetBytes(b, "error.param").Str != c.param {
+				t.Fatalf("%s: param %q, want %q: %s", c.name, gjson.GetBytes(b, "error.param").Str, c.param, b)
+			}
+		}
+		if n := lan.Count(); n != 0 {
+			t.Fatalf("%s: the upstream got %d requests", c.name, n)
+		}
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"chat",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`},
+		{"/v1/responses", `{"model":"chat","input":"hello","tool_choice":"none","include":["reasoning.encrypted_content"],"text":{"format":{"type":"text"}},"user":"u"}`},
+		{"/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"top_k":5,"system":[{"type":"text","text":"be brief"}],"tool_choice":{"type":"auto"}}`},
+	} {
+		if resp, b := do(t, g, "POST", c.path, c.body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, b)
+		}
+	}
+}
