@@ -521,3 +521,76 @@ http://127.0.0.1:{PORT} {
 		t.Errorf("a misordered chain answered %d %s, want a 500 server_error", resp.StatusCode, b)
 	}
 }
+
+// TestRevokingByTheWholeKeyLogsNoKey: DELETE /molly/keys/<whole key> on
+// the admin socket (the route documents a prefix; a script may send the
+// key) revokes the key — a request with it is then a 401 — and neither the
+// admin endpoint's "received request" line nor any other line of the log
+// (the default log through the molly encoder, as the default Caddyfile
+// has it) holds the key's secret part.
+func TestRevokingByTheWholeKeyLogsNoKey(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	admin := adminSocket(t)
+	logFile := filepath.Join(t.TempDir(), "molly.log")
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	log {
+		output file `+logFile+`
+		format molly
+		level DEBUG
+	}
+	molly {
+		registry `+filepath.Join(t.TempDir(), "molly.db")+`
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "ann"}); code != http.StatusCreated {
+		t.Fatalf("member: %d %s", code, body)
+	}
+	key, prefix := newKey(t, admin, "ann")
+	if _, err := keyClient(g, key).Chat.Completions.New(t.Context(), chat("before")); err != nil {
+		t.Fatalf("the new key: %v", err)
+	}
+	if code, body := adminCall(t, admin, http.MethodDelete, "/molly/keys/"+key, nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE /molly/keys/<key>: %d %s", code, body)
+	}
+	// An unknown whole key (another prefix): refused, naming its prefix only.
+	other := "sk-molly-zzzzzzzz" + key[len(prefix):]
+	if code, body := adminCall(t, admin, http.MethodDelete, "/molly/keys/"+other, nil); code != http.StatusNotFound || strings.Contains(body, other[len(prefix):]) {
+		t.Fatalf("DELETE /molly/keys/<unknown key>: %d %s", code, body)
+	}
+	resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"after"}]}`,
+		"Authorization", "Bearer "+key)
+	if resp.StatusCode != http.StatusUnauthorized || gjson.GetBytes(b, "error.code").Str != "invalid_api_key" {
+		t.Fatalf("the revoked key: %d %s", resp.StatusCode, b)
+	}
+	var logs []byte
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		logs, _ = os.ReadFile(logFile)
+		if strings.Count(string(logs), `"received request"`) >= 4 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !strings.Contains(string(logs), `"received request"`) {
+		t.Fatalf("the admin endpoint logged no request:\n%s", logs)
+	}
+	for _, secret := range []string{key[len(prefix):], other[len(prefix):]} {
+		if strings.Contains(string(logs), secret) || strings.Contains(g.logs.String(), secret) {
+			t.Fatalf("the log holds a key's secret part %q:\n%s", secret, logs)
+		}
+	}
+}
