@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -592,5 +593,105 @@ http://127.0.0.1:{PORT} {
 		if strings.Contains(string(logs), secret) || strings.Contains(g.logs.String(), secret) {
 			t.Fatalf("the log holds a key's secret part %q:\n%s", secret, logs)
 		}
+	}
+}
+
+// TestAnUpstreamsAbsurdUsageIsNotBilled: an upstream whose usage report is
+// no count of tokens — a negative completion_tokens (which, priced, would
+// credit the member's budget), 10^30 tokens (which would overflow the
+// ledger's integers), a string — is billed as an answer without usage is,
+// by Molly's estimate: every record's tokens and cost are non-negative and
+// within MaxReportedTokens, the spend is their sum, the usage report keeps
+// answering and the member keeps being served.
+func TestAnUpstreamsAbsurdUsageIsNotBilled(t *testing.T) {
+	usage := map[string]string{
+		"negative": `{"prompt_tokens":5,"completion_tokens":-1000000,"total_tokens":-999995}`,
+		"huge":     `{"prompt_tokens":1e30,"completion_tokens":1e30,"total_tokens":1e30}`,
+		"maxint":   `{"prompt_tokens":9223372036854775807,"completion_tokens":9223372036854775807,"total_tokens":1}`,
+		"string":   `{"prompt_tokens":"7","completion_tokens":"-9","total_tokens":"0"}`,
+		"honest":   `{"prompt_tokens":6,"completion_tokens":3,"total_tokens":9}`,
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p := gjson.GetBytes(b, "messages.@reverse.0.content").Str
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,`+
+			`"message":{"role":"assistant","content":"fine","refusal":null}}],"usage":`+usage[p]+`}`)
+	}))
+	t.Cleanup(up.Close)
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		registry `+filepath.Join(t.TempDir(), "molly.db")+`
+		target lan {
+			tier T1
+			endpoint `+up.URL+`/v1
+			models chat=m
+			price 1 2
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "ann", "budget_usd": 1, "period": "month"}); code != http.StatusCreated {
+		t.Fatalf("member: %d %s", code, body)
+	}
+	key, _ := newKey(t, admin, "ann")
+	order := []string{"negative", "huge", "maxint", "string", "honest"}
+	for _, p := range order {
+		resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"`+p+`"}]}`,
+			"Authorization", "Bearer "+key)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	var u struct {
+		Spent    float64 `json:"spent_usd"`
+		Requests int     `json:"requests"`
+		Recent   []struct {
+			Prompt     int64   `json:"prompt_tokens"`
+			Completion int64   `json:"completion_tokens"`
+			Cost       float64 `json:"cost_usd"`
+		} `json:"recent"`
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, body := adminCall(t, admin, http.MethodGet, "/molly/usage?member=ann", nil)
+		if code != http.StatusOK {
+			t.Fatalf("the usage report: %d %s", code, body)
+		}
+		if err := json.Unmarshal([]byte(body), &u); err != nil {
+			t.Fatal(err)
+		}
+		if u.Requests == len(order) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d requests recorded: %s", u.Requests, len(order), body)
+		}
+	}
+	sum := 0.0
+	for _, r := range u.Recent {
+		if r.Prompt < 0 || r.Completion < 0 || r.Prompt > 1<<31-1 || r.Completion > 1<<31-1 || r.Cost < 0 {
+			t.Fatalf("a record of %d prompt and %d completion tokens costing %v USD", r.Prompt, r.Completion, r.Cost)
+		}
+		if want := (float64(r.Prompt)*1 + float64(r.Completion)*2) / 1e6; math.Abs(r.Cost-want) > 1e-9 {
+			t.Fatalf("a record of %d+%d tokens costs %v USD, want %v", r.Prompt, r.Completion, r.Cost, want)
+		}
+		sum += r.Cost
+	}
+	if len(u.Recent) != len(order) || u.Spent < 0 || math.Abs(u.Spent-sum) > 1e-9 {
+		t.Fatalf("spent %v USD over %d records summing to %v", u.Spent, len(u.Recent), sum)
+	}
+	if resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"honest"}]}`,
+		"Authorization", "Bearer "+key); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the absurd reports: %d %s", resp.StatusCode, b)
 	}
 }
