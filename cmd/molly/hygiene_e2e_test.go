@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -693,5 +694,99 @@ http://127.0.0.1:{PORT} {
 	if resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"honest"}]}`,
 		"Authorization", "Bearer "+key); resp.StatusCode != http.StatusOK {
 		t.Fatalf("after the absurd reports: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestAnAmbiguousUpstreamAnswerIsNotRelayed: an upstream answer with a key
+// twice in one object ("content" once harmless, once with an address) is
+// read one way by Molly's output guard and the other by the client's parser
+// (Go's encoding/json, the oracle here, keeps the last value, as
+// JavaScript's does): a whole answer is a failed attempt (502
+// bad_upstream_answer, nothing of it relayed), a stream event is dropped;
+// an answer nested deeper than any of the API is refused alike, and
+// invalid UTF-8 reaches the client as U+FFFD. The T3 target's answers are
+// masked by the default output rule, so no address may reach the client.
+func TestAnAmbiguousUpstreamAnswerIsNotRelayed(t *testing.T) {
+	const addr = "bob.secret@example.com"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p := gjson.GetBytes(b, "messages.@reverse.0.content").Str
+		if gjson.GetBytes(b, "stream").Bool() {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, ev := range []string{
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":null}]}`,
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" fine","content":" ` + addr + `"},"finish_reason":null}]}`,
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+				`[DONE]`,
+			} {
+				_, _ = io.WriteString(w, "data: "+ev+"\n\n")
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		msg := map[string]string{
+			"dup":  `{"role":"assistant","content":"nothing to see","content":"write to ` + addr + `"}`,
+			"deep": `{"role":"assistant","content":"deep","x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`,
+			"utf8": "{\"role\":\"assistant\",\"content\":\"caf\xe9 ok\"}",
+		}[p]
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":`+msg+`}],`+
+			`"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+	}))
+	t.Cleanup(up.Close)
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target cloud {
+			tier T3
+			endpoint `+up.URL+`/v1
+			api_key_env MOLLY_TEST_T3_KEY
+			models chat=m
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	for _, p := range []string{"dup", "deep"} {
+		resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"`+p+`"}]}`)
+		if resp.StatusCode != http.StatusBadGateway || gjson.GetBytes(b, "error.code").Str != "bad_upstream_answer" || strings.Contains(string(b), addr) {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"utf8"}]}`)
+	var whole struct {
+		Choices []struct{ Message struct{ Content string } }
+	}
+	if resp.StatusCode != http.StatusOK || !utf8.Valid(b) || json.Unmarshal(b, &whole) != nil || len(whole.Choices) != 1 || whole.Choices[0].Message.Content != "caf\uFFFD ok" {
+		t.Fatalf("invalid UTF-8: %d %q", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"stream"}]}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d %s", resp.StatusCode, b)
+	}
+	var text strings.Builder
+	done := false
+	for _, ev := range sseEvents(t, b) {
+		if ev.IsDone() {
+			done = true
+			continue
+		}
+		var chunk struct {
+			Choices []struct{ Delta struct{ Content string } }
+		}
+		if err := json.Unmarshal(ev.Data, &chunk); err != nil {
+			t.Fatalf("stream event %q: %v", ev.Data, err)
+		}
+		for _, c := range chunk.Choices {
+			text.WriteString(c.Delta.Content)
+		}
+	}
+	if strings.Contains(string(b), addr) || strings.Contains(text.String(), "example.com") || text.String() != "ok" || !done {
+		t.Fatalf("stream: the client read %q (done %v) from %s", text.String(), done, b)
 	}
 }
