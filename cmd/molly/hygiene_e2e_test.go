@@ -703,8 +703,8 @@ http://127.0.0.1:{PORT} {
 // (Go's encoding/json, the oracle here, keeps the last value, as
 // JavaScript's does): a whole answer is a failed attempt (502
 // bad_upstream_answer, nothing of it relayed), a stream event is dropped;
-// an answer nested deeper than any of the API is refused alike, and
-// invalid UTF-8 reaches the client as U+FFFD. The T3 target's answers are
+// an answer nested deeper than any of the API, or whose "choices" is a
+// string, is refused alike, and invalid UTF-8 reaches the client as U+FFFD. The T3 target's answers are
 // masked by the default output rule, so no address may reach the client.
 func TestAnAmbiguousUpstreamAnswerIsNotRelayed(t *testing.T) {
 	const addr = "bob.secret@example.com"
@@ -724,6 +724,10 @@ func TestAnAmbiguousUpstreamAnswerIsNotRelayed(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		if p == "choices" {
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":"`+addr+`","usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+			return
+		}
 		msg := map[string]string{
 			"dup":  `{"role":"assistant","content":"nothing to see","content":"write to ` + addr + `"}`,
 			"deep": `{"role":"assistant","content":"deep","x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`,
@@ -752,7 +756,7 @@ http://127.0.0.1:{PORT} {
 	molly_route
 }
 `)
-	for _, p := range []string{"dup", "deep"} {
+	for _, p := range []string{"dup", "deep", "choices"} {
 		resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"`+p+`"}]}`)
 		if resp.StatusCode != http.StatusBadGateway || gjson.GetBytes(b, "error.code").Str != "bad_upstream_answer" || strings.Contains(string(b), addr) {
 			t.Fatalf("%s: %d %s", p, resp.StatusCode, b)

@@ -172,6 +172,9 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	case resp.StatusCode/100 == 2 && ambiguous(body) != "":
 		o.kind, o.failure = failBadAnswer, "a 200 answer "+ambiguous(body)
 		return o
+	case resp.StatusCode/100 == 2 && misshapen(rq.a.Endpoint(), body) != "":
+		o.kind, o.failure = failBadAnswer, "a 200 answer "+misshapen(rq.a.Endpoint(), body)
+		return o
 	case resp.StatusCode/100 == 2:
 		// An error object in a 200 (as some routers send a provider's
 		// failure) is no answer: a failed attempt, as inside a stream.
@@ -211,6 +214,35 @@ func ambiguous(b []byte) string {
 		return fmt.Sprintf("nested deeper than %d levels", openai.MaxJSONDepth)
 	}
 	return ""
+}
+
+// misshapen says why the valid JSON text b is no answer of endpoint ep,
+// "" when it may be one: a chat or completions answer is an object whose
+// "choices" (when present) is an array of objects (the normaliser would
+// otherwise make an answer up around a string or a number).
+func misshapen(ep openai.Endpoint, b []byte) string {
+	if ep != openai.EndpointChat && ep != openai.EndpointCompletions {
+		return ""
+	}
+	root := gjson.ParseBytes(b)
+	if !root.IsObject() {
+		return "that is not a JSON object"
+	}
+	ch := root.Get("choices")
+	if !ch.Exists() || ch.Type == gjson.Null {
+		return ""
+	}
+	if !ch.IsArray() {
+		return `whose "choices" is not an array`
+	}
+	bad := ""
+	ch.ForEach(func(_, c gjson.Result) bool {
+		if !c.IsObject() {
+			bad = `with a choice that is not an object`
+		}
+		return bad == ""
+	})
+	return bad
 }
 
 // validUTF8 is b with each invalid UTF-8 sequence replaced by U+FFFD (JSON
