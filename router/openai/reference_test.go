@@ -157,7 +157,13 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		}
 		err = refPrompts(r, root, "prompt")
 	case EndpointEmbeddings:
-		err = refPrompts(r, root, "input")
+		if err = refPrompts(r, root, "input"); err == nil {
+			if v := root.Get("encoding_format"); v.Exists() && v.Type != gjson.Null && (v.Type != gjson.String || v.Str != "float" && v.Str != "base64") {
+				err = InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", v.Raw)
+			} else if _, _, e := refOptPositive(root, "dimensions"); e != nil {
+				err = e
+			}
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -179,9 +185,16 @@ func refChat(r *Request, root gjson.Result) *Error {
 		}
 		r.Logprobs = v.Bool()
 	}
-	if m := root.Get("modalities"); m.IsArray() {
-		for _, x := range m.Array() {
-			if x.Type == gjson.String && x.Str == "audio" {
+	if m := root.Get("modalities"); m.Exists() && m.Type != gjson.Null {
+		if !m.IsArray() {
+			return WrongType("modalities", "an array", m)
+		}
+		for i, x := range m.Array() {
+			if x.Type != gjson.String || x.Str != "text" && x.Str != "audio" {
+				p := "modalities[" + strconv.Itoa(i) + "]"
+				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, x.Raw)
+			}
+			if x.Str == "audio" {
 				r.AudioOut = true
 			}
 		}

@@ -242,6 +242,15 @@ var badBodies = []struct {
 	{"a function tool_choice without a name", EndpointChat, `{"model":"m","tool_choice":{"type":"function","function":{}},"messages":[{"role":"user","content":"hi"}]}`, "tool_choice.function.name", "expected a string"},
 	{"a custom tool_choice with a numeric name", EndpointChat, `{"model":"m","tool_choice":{"type":"custom","custom":{"name":1}},"messages":[{"role":"user","content":"hi"}]}`, "tool_choice.custom.name", "expected a string, but got a number"},
 	{"an allowed_tools tool_choice without the list", EndpointChat, `{"model":"m","tool_choice":{"type":"allowed_tools"},"messages":[{"role":"user","content":"hi"}]}`, "tool_choice.allowed_tools", "expected an object"},
+	// modalities: an array of "text" and "audio"; embeddings' encoding_format
+	// "float" or "base64" and dimensions a positive integer.
+	{"modalities as a string", EndpointChat, `{"model":"m","modalities":"audio","messages":[{"role":"user","content":"hi"}]}`, "modalities", "expected an array, but got a string"},
+	{"an unknown modality", EndpointChat, `{"model":"m","modalities":["text","video"],"messages":[{"role":"user","content":"hi"}]}`, "modalities[1]", `"video"`},
+	{"a numeric modality", EndpointChat, `{"model":"m","modalities":[1],"messages":[{"role":"user","content":"hi"}]}`, "modalities[0]", "Supported values are: 'text' and 'audio'"},
+	{"a numeric encoding_format", EndpointEmbeddings, `{"model":"m","input":"x","encoding_format":5}`, "encoding_format", "Supported values are: 'float' and 'base64'"},
+	{"an unknown encoding_format", EndpointEmbeddings, `{"model":"m","input":"x","encoding_format":"int8"}`, "encoding_format", `"int8"`},
+	{"a string dimensions", EndpointEmbeddings, `{"model":"m","input":"x","dimensions":"64"}`, "dimensions", "expected a positive integer"},
+	{"a zero dimensions", EndpointEmbeddings, `{"model":"m","input":"x","dimensions":0}`, "dimensions", "expected a positive integer"},
 	{"a missing prompt", EndpointCompletions, `{"model":"m"}`, "prompt", "Missing required parameter: 'prompt'."},
 	{"an object prompt", EndpointCompletions, `{"model":"m","prompt":{}}`, "prompt", "expected a string or an array, but got an object"},
 	{"an object inside the prompt array", EndpointCompletions, `{"model":"m","prompt":["a",{}]}`, "prompt[1]", "expected a string or token ids"},
