@@ -113,9 +113,14 @@ func (r *Registry) Keys(ctx context.Context, member string) ([]Key, error) {
 	return out, rows.Err()
 }
 
-// RevokeKey revokes the key with this display prefix; requests with it get
-// 401 from then on. Revoking a revoked key is a no-op. Errors: ErrNotFound.
+// RevokeKey revokes the key with this display prefix (or the whole key,
+// cut to its DisplayPrefix); requests with it get 401 from then on.
+// Revoking a revoked key is a no-op. Errors: ErrNotFound, naming the
+// prefix only.
 func (r *Registry) RevokeKey(ctx context.Context, prefix string) error {
+	// A whole key revokes by its prefix, and no error below holds more
+	// than the prefix (an error of the admin API is logged).
+	prefix = DisplayPrefix(prefix)
 	res, err := r.db.ExecContext(ctx, `UPDATE keys SET revoked = CASE revoked WHEN 0 THEN ? ELSE revoked END WHERE prefix = ?`,
 		ms(r.now()), prefix)
 	if err != nil {

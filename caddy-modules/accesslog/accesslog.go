@@ -36,8 +36,8 @@ func init() {
 
 // Credentials is the log field filter molly_credentials. On a headers
 // object (request>headers, resp_headers) it redacts credential headers;
-// on a string (request>uri) credential query parameters. Other fields pass
-// unchanged.
+// on a string (request>uri, uri) credential query parameters and path
+// segments (identity.ScrubURI). Other fields pass unchanged.
 type Credentials struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -82,8 +82,10 @@ func (Encoder) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "caddy.logging.encoders.molly", New: func() caddy.Module { return new(Encoder) }}
 }
 
-// CredentialFields are the fields Encoder filters with molly_credentials.
-var CredentialFields = []string{"request>headers", "request>uri", "resp_headers"}
+// CredentialFields are the fields Encoder filters with molly_credentials:
+// an access log's request headers and URI and response headers, and the
+// URI of the admin endpoint's "received request" lines (admin.api's uri).
+var CredentialFields = []string{"request>headers", "request>uri", "resp_headers", "uri"}
 
 // Provision adds the credential filters and provisions the filter encoder.
 func (e *Encoder) Provision(ctx caddy.Context) error {

@@ -25,7 +25,7 @@ import (
 //	POST   /molly/keys                {"member", "name"} → 201 {"key": "sk-molly-…", "prefix", "member", "name", "created"};
 //	                                  the only time the key is shown
 //	GET    /molly/keys[?member=]      keys by prefix (never the key), revoked ones with "revoked"
-//	DELETE /molly/keys/<prefix>       revoke; 204, 404 for an unknown prefix
+//	DELETE /molly/keys/<prefix>       revoke (a whole key is cut to its prefix); 204, 404 for an unknown prefix
 //	GET    /molly/usage?member=<m>    usage in the current budget period (registry.Summary); without
 //	                                  member, an array with every member's
 //

@@ -33,12 +33,24 @@ const (
 // zip bomb costs at most the limit); the header is then removed. Any other
 // encoding (br, zstd, a list of codings) fails with an
 // *UnsupportedEncodingError before the body is read.
+//
+// A body whose Content-Length already exceeds the limit (the bytes as
+// sent, which the limit bounds whatever their encoding) fails with
+// *http.MaxBytesError before any of it is read: the client is not asked
+// to send it (no 100 Continue to an Expect: 100-continue, RFC 9110
+// §10.1.1) and is not left sending bytes that could only be refused.
 func (c *Classify) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	enc := strings.ToLower(strings.TrimSpace(strings.Join(r.Header.Values("Content-Encoding"), ",")))
 	switch enc {
 	case "", "identity", "gzip", "x-gzip", "deflate":
 	default:
 		return nil, &UnsupportedEncodingError{Encoding: enc}
+	}
+	if r.ContentLength > c.MaxBodyBytes {
+		// The body stays unread: the server closes the connection after
+		// the answer rather than drain it.
+		w.Header().Set("Connection", "close")
+		return nil, &http.MaxBytesError{Limit: c.MaxBodyBytes}
 	}
 	body, err := c.readRaw(w, r, enc)
 	if err == nil && enc != "" && enc != "identity" {

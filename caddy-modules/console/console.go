@@ -26,6 +26,8 @@ import (
 	"github.com/molly-gateway/molly/caddy-modules/app"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/console"
+	"github.com/molly-gateway/molly/router/keyauth"
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // Console is the molly_console handler. GET <path> is the page (static: it
@@ -96,19 +98,34 @@ func (c *Console) Cleanup() error {
 
 // ServeHTTP serves the page, or the state to an allowed member's key.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
-	if r.Method == http.MethodGet && strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/state") {
+	// HEAD is answered as GET is (RFC 9110 §9.3.2): the state, its size
+	// included, only to a key that may read it.
+	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/state") {
 		member, status := c.authorize(r)
 		if status != 0 {
 			if status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="molly console"`)
 			}
-			http.Error(w, http.StatusText(status), status)
+			refusal(status).Write(w)
 			return nil
 		}
 		c.logger.Debug("console state", zap.String("member", member))
 	}
 	c.h.ServeHTTP(w, r)
 	return nil
+}
+
+// refusal is the error of a state request authorize refused, in OpenAI's
+// error shape: 401 invalid_api_key (sent with WWW-Authenticate), 403
+// permission_denied for a member not listed, 500 server_error.
+func refusal(status int) *openai.Error {
+	switch status {
+	case http.StatusUnauthorized:
+		return keyauth.Unauthorized("The console's state needs a Molly API key of a member molly_console lists, as Authorization: Bearer <key>.")
+	case http.StatusForbidden:
+		return &openai.Error{Status: status, Type: "invalid_request_error", Code: "permission_denied", Message: "This key's member may not read the console."}
+	}
+	return &openai.Error{Status: status, Type: "server_error", Message: "The key could not be checked; try again."}
 }
 
 // authorize returns the member of the request's key, or the status to

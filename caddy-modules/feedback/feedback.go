@@ -13,8 +13,10 @@
 // "category","quality","observations"} with the prior after the update,
 // and "traced" (a consented trace took the feedback) with the specialise
 // block;
-// OpenAI-style errors otherwise: 405 for a method other than POST, 400 for
-// a malformed body or a score outside [0,1], 404 decision_not_found for an
+// OpenAI-style errors otherwise: 405 for a method other than POST, 413
+// request_too_large for a body over MaxBodyBytes (refused unread when its
+// Content-Length says so), 400 for a malformed body (not JSON, not UTF-8, a
+// key given twice, not an object) or a score outside [0,1], 404 decision_not_found for an
 // id Molly does not remember (never routed here, older than an hour, or
 // evicted), 409 feedback_already_given for a second score on one decision,
 // 500 when the updated prior could not be saved.
@@ -73,12 +75,28 @@ func (f *Feedback) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp
 		openai.MethodNotAllowed(r.Method, r.URL.Path, http.MethodPost).Write(w)
 		return nil
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		openai.InvalidRequest("", "The feedback body could not be read or is larger than %d bytes.", MaxBodyBytes).Write(w)
+	var body []byte
+	var err error = &http.MaxBytesError{Limit: MaxBodyBytes}
+	if r.ContentLength <= MaxBodyBytes { // a longer one is refused unread
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		(&openai.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+			Message: fmt.Sprintf("The feedback body is larger than the limit of %d bytes.", MaxBodyBytes)}).Write(w)
+		return nil
+	case err != nil:
+		openai.InvalidRequest("", "The feedback body could not be read.").Write(w)
 		return nil
 	}
-	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
+	// The checks of every API body (UTF-8, depth, a key given twice: which
+	// score would count?), then the feedback's own shape.
+	if aerr := openai.CheckBody(body); aerr != nil {
+		aerr.Write(w)
+		return nil
+	}
+	if !gjson.ParseBytes(body).IsObject() {
 		openai.InvalidRequest("", "The feedback body must be a JSON object {\"decision_id\": \"...\", \"score\": 0..1}.").Write(w)
 		return nil
 	}

@@ -425,3 +425,175 @@ http://127.0.0.1:{PORT} {
 		t.Fatal("the gateway died")
 	}
 }
+
+// TestADeclaredOversizeBodyIsRefusedUnread: a request whose Content-Length
+// is over max_body_size gets 413 request_too_large at once, before any of
+// its body is sent: with Expect: 100-continue the first answer is the 413,
+// not 100 Continue (RFC 9110 §10.1.1), and without it the 413 comes
+// while the client has sent no byte of the body (not a 408 after the
+// body's grace period); the connection is closed. A body of exactly the
+// limit is still asked for (100 Continue) and served.
+func TestADeclaredOversizeBodyIsRefusedUnread(t *testing.T) {
+	spec := openapitest.Load(t)
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	const limit = 64 << 10
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify {
+		max_body_size 64KiB
+	}
+	molly_policy
+	molly_route
+}
+`)
+	host := strings.TrimPrefix(strings.TrimSuffix(g.URL, "/v1"), "http://")
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/embeddings"} {
+		for _, expect := range []bool{true, false} {
+			c, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			head := "POST " + path + " HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(limit+1) + "\r\n"
+			if expect {
+				head += "Expect: 100-continue\r\n"
+			}
+			if _, err := io.WriteString(c, head+"\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("%s (expect %v): no answer: %v", path, expect, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			c.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+				t.Fatalf("%s (expect %v): %d (close %v) %s", path, expect, resp.StatusCode, resp.Close, b)
+			}
+			spec.Validate(t, "ErrorResponse", b)
+			if gjson.GetBytes(b, "error.code").Str != "request_too_large" {
+				t.Fatalf("%s (expect %v): %s", path, expect, b)
+			}
+		}
+	}
+	// A body of exactly the limit: asked for, and served.
+	body := `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`
+	body = body[:len(body)-1] + strings.Repeat(" ", limit-len(body)) + "}"
+	c, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: "+host+"\r\nContent-Type: application/json\r\nContent-Length: "+
+		fmt.Sprint(len(body))+"\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("a body of the limit was not asked for: %v %v", resp, err)
+	}
+	if _, err := io.WriteString(c, body); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("a body of the limit: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if n := lan.Count(); n != 1 {
+		t.Fatalf("the upstream got %d requests, want the one within the limit", n)
+	}
+}
+
+// TestParametersOutsideTheirSchemaAreRefused: parameters the gateway reads
+// or echoes, of a type or value their API's description does not allow
+// (OpenAI's OpenAPI document for chat completions and Responses,
+// Anthropic's Messages reference), are a 400 naming the parameter —
+// never dropped, read as something else, or sent on — and nothing reaches
+// the upstream. A valid value of each still serves.
+func TestParametersOutsideTheirSchemaAreRefused(t *testing.T) {
+	spec := openapitest.Load(t)
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	const msgs = `"messages":[{"role":"user","content":"hello"}]`
+	for _, c := range []struct{ name, path, body, param string }{
+		{"chat: an unknown tool_choice mode", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tool_choice":"always"}`, "tool_choice"},
+		{"chat: a function tool_choice without a name", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{}}}`, "tool_choice.function.name"},
+		{"chat: a tool_choice without a type", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"tool_choice":{}}`, "tool_choice.type"},
+		{"chat: modalities as a string", "/v1/chat/completions", `{"model":"chat",` + msgs + `,"modalities":"audio"}`, "modalities"},
+		{"embeddings: a numeric encoding_format", "/v1/embeddings", `{"model":"chat","input":"hello","encoding_format":5}`, "encoding_format"},
+		{"embeddings: a string dimensions", "/v1/embeddings", `{"model":"chat","input":"hello","dimensions":"x"}`, "dimensions"},
+		{"responses: a string top_logprobs", "/v1/responses", `{"model":"chat","input":"hello","top_logprobs":"3"}`, "top_logprobs"},
+		{"responses: a string text", "/v1/responses", `{"model":"chat","input":"hello","text":"json"}`, "text"},
+		{"responses: a string text.format", "/v1/responses", `{"model":"chat","input":"hello","text":{"format":"json_object"}}`, "text.format"},
+		{"responses: a numeric user", "/v1/responses", `{"model":"chat","input":"hello","user":7}`, "user"},
+		{"responses: an unknown include", "/v1/responses", `{"model":"chat","input":"hello","include":["logprobs"]}`, "include[0]"},
+		{"responses: an unknown tool_choice mode", "/v1/responses", `{"model":"chat","input":"hello","tool_choice":"x"}`, "tool_choice"},
+		{"responses: a numeric input_text", "/v1/responses", `{"model":"chat","input":[{"role":"user","content":[{"type":"input_text","text":5}]}]}`, "input[0].content[0].text"},
+		{"responses: a function_call_output without call_id", "/v1/responses", `{"model":"chat","input":[{"role":"user","content":"hello"},{"type":"function_call_output","output":"ok"}]}`, "input[1].call_id"},
+		{"messages: a string top_k", "/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"top_k":"5"}`, "top_k"},
+		{"messages: a numeric system block", "/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"system":[1]}`, "system.0"},
+		{"messages: a tool_choice without a type", "/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"tool_choice":{}}`, "tool_choice.type"},
+	} {
+		resp, b := do(t, g, "POST", c.path, c.body)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %d %s", c.name, resp.StatusCode, b)
+		}
+		if c.path == "/v1/messages" {
+			// Anthropic's error body: {"type":"error","error":{"type","message"}}.
+			if gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "invalid_request_error" ||
+				!strings.Contains(gjson.GetBytes(b, "error.message").Str, c.param) {
+				t.Fatalf("%s: %s", c.name, b)
+			}
+		} else {
+			spec.Validate(t, "ErrorResponse", b)
+			if gjson.GetBytes(b, "error.param").Str != c.param {
+				t.Fatalf("%s: param %q, want %q: %s", c.name, gjson.GetBytes(b, "error.param").Str, c.param, b)
+			}
+		}
+		if n := lan.Count(); n != 0 {
+			t.Fatalf("%s: the upstream got %d requests", c.name, n)
+		}
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"chat",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`},
+		{"/v1/responses", `{"model":"chat","input":"hello","tool_choice":"none","include":["reasoning.encrypted_content"],"text":{"format":{"type":"text"}},"user":"u"}`},
+		{"/v1/messages", `{"model":"chat","max_tokens":4,` + msgs + `,"top_k":5,"system":[{"type":"text","text":"be brief"}],"tool_choice":{"type":"auto"}}`},
+	} {
+		if resp, b := do(t, g, "POST", c.path, c.body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, b)
+		}
+	}
+}

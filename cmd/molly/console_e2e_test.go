@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,7 +19,9 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/serving"
 )
 
@@ -304,5 +307,77 @@ func TestConsoleInABrowser(t *testing.T) {
 	defer mu.Unlock()
 	if len(consoleErrors) > 0 {
 		t.Errorf("browser console errors:\n%s", strings.Join(consoleErrors, "\n"))
+	}
+}
+
+// TestConsoleStateHeadNeedsAKey: HEAD /console/state is answered as GET
+// is (RFC 9110 §9.3.2) — 401 without a key or with a wrong one, 403 to a
+// member the console does not list, each in OpenAI's error shape, and 200
+// only with a listed member's key — so no header of the state (its
+// Content-Length) and none of its registry reads are had without a key.
+func TestConsoleStateHeadNeedsAKey(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		registry `+filepath.Join(t.TempDir(), "molly.db")+`
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	handle /console* {
+		molly_console {
+			members ops
+		}
+	}
+	handle {
+		molly_auth
+		molly_classify
+		molly_policy
+		molly_route
+	}
+}
+`)
+	for _, m := range []string{"ops", "alice"} {
+		if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": m}); code != http.StatusCreated {
+			t.Fatalf("member %s: %d %s", m, code, body)
+		}
+	}
+	opsKey, _ := newKey(t, admin, "ops")
+	aliceKey, _ := newKey(t, admin, "alice")
+	base := strings.TrimSuffix(g.URL, "/v1")
+	for _, c := range []struct {
+		key  string
+		want int
+	}{{"", 401}, {"sk-molly-not-a-key", 401}, {aliceKey, 403}, {opsKey, 200}} {
+		for _, method := range []string{http.MethodHead, http.MethodGet} {
+			req, _ := http.NewRequest(method, base+"/console/state", nil)
+			if c.key != "" {
+				req.Header.Set("Authorization", "Bearer "+c.key)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != c.want {
+				t.Fatalf("%s /console/state with key %.12q: %d, want %d", method, c.key, resp.StatusCode, c.want)
+			}
+			if c.want == 401 && resp.Header.Get("WWW-Authenticate") == "" {
+				t.Fatalf("%s: a 401 without WWW-Authenticate", method)
+			}
+			if method == http.MethodGet && c.want != 200 && (gjson.GetBytes(b, "error.message").Str == "" || gjson.GetBytes(b, "error.type").Str == "") {
+				t.Fatalf("GET /console/state with key %.12q: %d %s, not an OpenAI error", c.key, resp.StatusCode, b)
+			}
+		}
 	}
 }

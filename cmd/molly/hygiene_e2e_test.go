@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -519,5 +521,276 @@ http://127.0.0.1:{PORT} {
 	}
 	if resp.StatusCode != 500 || gjson.GetBytes(b, "error.type").Str != "server_error" {
 		t.Errorf("a misordered chain answered %d %s, want a 500 server_error", resp.StatusCode, b)
+	}
+}
+
+// TestRevokingByTheWholeKeyLogsNoKey: DELETE /molly/keys/<whole key> on
+// the admin socket (the route documents a prefix; a script may send the
+// key) revokes the key — a request with it is then a 401 — and neither the
+// admin endpoint's "received request" line nor any other line of the log
+// (the default log through the molly encoder, as the default Caddyfile
+// has it) holds the key's secret part.
+func TestRevokingByTheWholeKeyLogsNoKey(t *testing.T) {
+	lan := upstreamtest.Start("t1")
+	t.Cleanup(lan.Close)
+	admin := adminSocket(t)
+	logFile := filepath.Join(t.TempDir(), "molly.log")
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	log {
+		output file `+logFile+`
+		format molly
+		level DEBUG
+	}
+	molly {
+		registry `+filepath.Join(t.TempDir(), "molly.db")+`
+		target lan {
+			tier T1
+			endpoint `+lan.URL()+`
+			models chat=small-lan
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "ann"}); code != http.StatusCreated {
+		t.Fatalf("member: %d %s", code, body)
+	}
+	key, prefix := newKey(t, admin, "ann")
+	if _, err := keyClient(g, key).Chat.Completions.New(t.Context(), chat("before")); err != nil {
+		t.Fatalf("the new key: %v", err)
+	}
+	if code, body := adminCall(t, admin, http.MethodDelete, "/molly/keys/"+key, nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE /molly/keys/<key>: %d %s", code, body)
+	}
+	// An unknown whole key (another prefix): refused, naming its prefix only.
+	other := "sk-molly-zzzzzzzz" + key[len(prefix):]
+	if code, body := adminCall(t, admin, http.MethodDelete, "/molly/keys/"+other, nil); code != http.StatusNotFound || strings.Contains(body, other[len(prefix):]) {
+		t.Fatalf("DELETE /molly/keys/<unknown key>: %d %s", code, body)
+	}
+	resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"after"}]}`,
+		"Authorization", "Bearer "+key)
+	if resp.StatusCode != http.StatusUnauthorized || gjson.GetBytes(b, "error.code").Str != "invalid_api_key" {
+		t.Fatalf("the revoked key: %d %s", resp.StatusCode, b)
+	}
+	var logs []byte
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		logs, _ = os.ReadFile(logFile)
+		if strings.Count(string(logs), `"received request"`) >= 4 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !strings.Contains(string(logs), `"received request"`) {
+		t.Fatalf("the admin endpoint logged no request:\n%s", logs)
+	}
+	for _, secret := range []string{key[len(prefix):], other[len(prefix):]} {
+		if strings.Contains(string(logs), secret) || strings.Contains(g.logs.String(), secret) {
+			t.Fatalf("the log holds a key's secret part %q:\n%s", secret, logs)
+		}
+	}
+}
+
+// TestAnUpstreamsAbsurdUsageIsNotBilled: an upstream whose usage report is
+// no count of tokens — a negative completion_tokens (which, priced, would
+// credit the member's budget), 10^30 tokens (which would overflow the
+// ledger's integers), a string — is billed as an answer without usage is,
+// by Molly's estimate: every record's tokens and cost are non-negative and
+// within MaxReportedTokens, the spend is their sum, the usage report keeps
+// answering and the member keeps being served.
+func TestAnUpstreamsAbsurdUsageIsNotBilled(t *testing.T) {
+	usage := map[string]string{
+		"negative": `{"prompt_tokens":5,"completion_tokens":-1000000,"total_tokens":-999995}`,
+		"huge":     `{"prompt_tokens":1e30,"completion_tokens":1e30,"total_tokens":1e30}`,
+		"maxint":   `{"prompt_tokens":9223372036854775807,"completion_tokens":9223372036854775807,"total_tokens":1}`,
+		"string":   `{"prompt_tokens":"7","completion_tokens":"-9","total_tokens":"0"}`,
+		"honest":   `{"prompt_tokens":6,"completion_tokens":3,"total_tokens":9}`,
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p := gjson.GetBytes(b, "messages.@reverse.0.content").Str
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,`+
+			`"message":{"role":"assistant","content":"fine","refusal":null}}],"usage":`+usage[p]+`}`)
+	}))
+	t.Cleanup(up.Close)
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		registry `+filepath.Join(t.TempDir(), "molly.db")+`
+		target lan {
+			tier T1
+			endpoint `+up.URL+`/v1
+			models chat=m
+			price 1 2
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "ann", "budget_usd": 1, "period": "month"}); code != http.StatusCreated {
+		t.Fatalf("member: %d %s", code, body)
+	}
+	key, _ := newKey(t, admin, "ann")
+	order := []string{"negative", "huge", "maxint", "string", "honest"}
+	for _, p := range order {
+		resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"`+p+`"}]}`,
+			"Authorization", "Bearer "+key)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	var u struct {
+		Spent    float64 `json:"spent_usd"`
+		Requests int     `json:"requests"`
+		Recent   []struct {
+			Prompt     int64   `json:"prompt_tokens"`
+			Completion int64   `json:"completion_tokens"`
+			Cost       float64 `json:"cost_usd"`
+		} `json:"recent"`
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, body := adminCall(t, admin, http.MethodGet, "/molly/usage?member=ann", nil)
+		if code != http.StatusOK {
+			t.Fatalf("the usage report: %d %s", code, body)
+		}
+		if err := json.Unmarshal([]byte(body), &u); err != nil {
+			t.Fatal(err)
+		}
+		if u.Requests == len(order) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d requests recorded: %s", u.Requests, len(order), body)
+		}
+	}
+	sum := 0.0
+	for _, r := range u.Recent {
+		if r.Prompt < 0 || r.Completion < 0 || r.Prompt > 1<<31-1 || r.Completion > 1<<31-1 || r.Cost < 0 {
+			t.Fatalf("a record of %d prompt and %d completion tokens costing %v USD", r.Prompt, r.Completion, r.Cost)
+		}
+		if want := (float64(r.Prompt)*1 + float64(r.Completion)*2) / 1e6; math.Abs(r.Cost-want) > 1e-9 {
+			t.Fatalf("a record of %d+%d tokens costs %v USD, want %v", r.Prompt, r.Completion, r.Cost, want)
+		}
+		sum += r.Cost
+	}
+	if len(u.Recent) != len(order) || u.Spent < 0 || math.Abs(u.Spent-sum) > 1e-9 {
+		t.Fatalf("spent %v USD over %d records summing to %v", u.Spent, len(u.Recent), sum)
+	}
+	if resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"honest"}]}`,
+		"Authorization", "Bearer "+key); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the absurd reports: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestAnAmbiguousUpstreamAnswerIsNotRelayed: an upstream answer with a key
+// twice in one object ("content" once harmless, once with an address) is
+// read one way by Molly's output guard and the other by the client's parser
+// (Go's encoding/json, the oracle here, keeps the last value, as
+// JavaScript's does): a whole answer is a failed attempt (502
+// bad_upstream_answer, nothing of it relayed), a stream event is dropped;
+// an answer nested deeper than any of the API, or whose "choices" is a
+// string, is refused alike, and invalid UTF-8 reaches the client as U+FFFD. The T3 target's answers are
+// masked by the default output rule, so no address may reach the client.
+func TestAnAmbiguousUpstreamAnswerIsNotRelayed(t *testing.T) {
+	const addr = "bob.secret@example.com"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p := gjson.GetBytes(b, "messages.@reverse.0.content").Str
+		if gjson.GetBytes(b, "stream").Bool() {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, ev := range []string{
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":null}]}`,
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" fine","content":" ` + addr + `"},"finish_reason":null}]}`,
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+				`[DONE]`,
+			} {
+				_, _ = io.WriteString(w, "data: "+ev+"\n\n")
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if p == "choices" {
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":"`+addr+`","usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+			return
+		}
+		msg := map[string]string{
+			"dup":  `{"role":"assistant","content":"nothing to see","content":"write to ` + addr + `"}`,
+			"deep": `{"role":"assistant","content":"deep","x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`,
+			"utf8": "{\"role\":\"assistant\",\"content\":\"caf\xe9 ok\"}",
+		}[p]
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":`+msg+`}],`+
+			`"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+	}))
+	t.Cleanup(up.Close)
+	g := startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target cloud {
+			tier T3
+			endpoint `+up.URL+`/v1
+			api_key_env MOLLY_TEST_T3_KEY
+			models chat=m
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	for _, p := range []string{"dup", "deep", "choices"} {
+		resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"`+p+`"}]}`)
+		if resp.StatusCode != http.StatusBadGateway || gjson.GetBytes(b, "error.code").Str != "bad_upstream_answer" || strings.Contains(string(b), addr) {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	resp, b := do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"utf8"}]}`)
+	var whole struct {
+		Choices []struct{ Message struct{ Content string } }
+	}
+	if resp.StatusCode != http.StatusOK || !utf8.Valid(b) || json.Unmarshal(b, &whole) != nil || len(whole.Choices) != 1 || whole.Choices[0].Message.Content != "caf\uFFFD ok" {
+		t.Fatalf("invalid UTF-8: %d %q", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, http.MethodPost, "/v1/chat/completions", `{"model":"chat","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"stream"}]}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d %s", resp.StatusCode, b)
+	}
+	var text strings.Builder
+	done := false
+	for _, ev := range sseEvents(t, b) {
+		if ev.IsDone() {
+			done = true
+			continue
+		}
+		var chunk struct {
+			Choices []struct{ Delta struct{ Content string } }
+		}
+		if err := json.Unmarshal(ev.Data, &chunk); err != nil {
+			t.Fatalf("stream event %q: %v", ev.Data, err)
+		}
+		for _, c := range chunk.Choices {
+			text.WriteString(c.Delta.Content)
+		}
+	}
+	if strings.Contains(string(b), addr) || strings.Contains(text.String(), "example.com") || text.String() != "ok" || !done {
+		t.Fatalf("stream: the client read %q (done %v) from %s", text.String(), done, b)
 	}
 }

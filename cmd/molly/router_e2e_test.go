@@ -118,6 +118,18 @@ func TestFeedbackMovesPriorsAndRestartKeepsThem(t *testing.T) {
 			t.Fatalf("%d %v", status, out)
 		}
 	})
+	t.Run("a body over the limit is a 413, one with a key twice or invalid UTF-8 a 400", func(t *testing.T) {
+		big := `{"decision_id":"` + strings.Repeat("a", 70000) + `","score":1}`
+		if status, out := feedback(t, g, big); status != 413 || errCode(out) != "request_too_large" {
+			t.Fatalf("a body of %d bytes: %d %v", len(big), status, out)
+		}
+		for _, b := range []string{`{"decision_id":"` + id + `","score":1,"score":0}`, "{\"decision_id\":\"\xff\",\"score\":1}"} {
+			status, out := feedback(t, g, b)
+			if e, _ := out["error"].(map[string]any); status != 400 || e["type"] != "invalid_request_error" {
+				t.Fatalf("%q: %d %v", b, status, out)
+			}
+		}
+	})
 
 	// Two more bad scores: 0.95·0.9³ = 0.69255 puts external (minus ≈ 0.002 of cost and
 	// its learned latency, a few ms) below selfhosted (0.75 − 0.0016 − 0.05·0.4 ≈ 0.728).

@@ -77,12 +77,19 @@ func ScrubHeader(h http.Header) http.Header {
 
 // ScrubURI returns uri (a request URI: path and query) with the value of
 // every credential query parameter (by name or by value) replaced by
-// Redacted. The rest of the query is kept byte for byte; an unparsable
-// pair is kept only if it holds no "=" (a bare word).
+// Redacted, and every path segment that is a credential value longer than
+// MaxKeyHint bytes (a whole API key sent where a key's display prefix
+// belongs, as in DELETE /molly/keys/<prefix>) replaced by its first
+// MaxKeyHint bytes and Redacted. The rest of the query is kept byte for
+// byte; an unparsable pair is kept only if it holds no "=" (a bare word).
 func ScrubURI(uri string) string {
 	path, query, ok := strings.Cut(uri, "?")
+	path = scrubPath(path)
 	if !ok || query == "" {
-		return uri
+		if ok {
+			return path + "?"
+		}
+		return path
 	}
 	parts := strings.Split(query, "&")
 	changed := false
@@ -106,7 +113,34 @@ func ScrubURI(uri string) string {
 		}
 	}
 	if !changed {
-		return uri
+		return path + "?" + query
 	}
 	return path + "?" + strings.Join(parts, "&")
+}
+
+// MaxKeyHint is the longest start of a credential ScrubURI keeps in a
+// path: a Molly key's display prefix ("sk-molly-" and 8 characters), which
+// names a key without being one.
+const MaxKeyHint = 17
+
+// scrubPath is path with every segment that is (once unescaped) a
+// credential value longer than MaxKeyHint cut to MaxKeyHint bytes and
+// Redacted.
+func scrubPath(path string) string {
+	segs := strings.Split(path, "/")
+	changed := false
+	for i, s := range segs {
+		v, err := url.PathUnescape(s)
+		if err != nil {
+			v = s
+		}
+		if len(v) > MaxKeyHint && IsCredentialValue(v) {
+			segs[i] = v[:MaxKeyHint] + Redacted
+			changed = true
+		}
+	}
+	if !changed {
+		return path
+	}
+	return strings.Join(segs, "/")
 }

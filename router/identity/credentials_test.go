@@ -19,6 +19,12 @@ func TestScrubURIRedactsCredentialParameters(t *testing.T) {
 		{"/v1/models?monkey=business", "/v1/models?monkey=REDACTED"}, // by name, erring on the side of redaction
 		{"/v1/models?model=gpt&stream=true", "/v1/models?model=gpt&stream=true"},
 		{"/v1/models?%zz=1&secret=%zz", "/v1/models?%zz=1&secret=REDACTED"},
+		// A whole key in the path (where a display prefix belongs) keeps
+		// only its first 17 bytes; a display prefix is kept as it is.
+		{"/molly/keys/sk-molly-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefg", "/molly/keys/sk-molly-AbCdEfGhREDACTED"},
+		{"/molly/keys/sk-molly-AbCdEfGh", "/molly/keys/sk-molly-AbCdEfGh"},
+		{"/molly/keys/sk%2Dmolly-AbCdEfGhIjKlMnOpQrStUvWxYz?x=1", "/molly/keys/sk-molly-AbCdEfGhREDACTED?x=1"},
+		{"/v1/models/gpt-4o?", "/v1/models/gpt-4o?"},
 	} {
 		if got := ScrubURI(tc.in); got != tc.want {
 			t.Errorf("ScrubURI(%q) = %q, want %q", tc.in, got, tc.want)

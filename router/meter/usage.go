@@ -2,6 +2,7 @@ package meter
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,13 +123,34 @@ func (m *Meter) Reported() *Usage {
 	return m.reported
 }
 
-// ReportedUsage reads an OpenAI "usage" object; ok is false when absent or all zero.
+// MaxReportedTokens is the largest token count of one usage report that
+// is believed (2^31 − 1, far above any context window times any n): a
+// larger count, priced, would overflow the ledger's integer nano-USD.
+const MaxReportedTokens = 1<<31 - 1
+
+// ReportedUsage reads an OpenAI "usage" object; ok is false when absent or
+// all zero, and when it is not a report to bill by: prompt_tokens or
+// completion_tokens present but not a JSON integer from 0 to
+// MaxReportedTokens (a negative count would credit the member's budget, a
+// huge one overflow the ledger). The answer is then counted as one without
+// usage is (the caller's estimate).
 func ReportedUsage(u gjson.Result) (prompt, completion int, ok bool) {
 	if !u.IsObject() {
 		return 0, 0, false
 	}
-	prompt, completion = int(u.Get("prompt_tokens").Int()), int(u.Get("completion_tokens").Int())
-	return prompt, completion, prompt > 0 || completion > 0
+	var n [2]int
+	for i, f := range [2]string{"prompt_tokens", "completion_tokens"} {
+		v := u.Get(f)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		k, err := strconv.ParseInt(v.Raw, 10, 64)
+		if v.Type != gjson.Number || err != nil || k < 0 || k > MaxReportedTokens {
+			return 0, 0, false
+		}
+		n[i] = int(k)
+	}
+	return n[0], n[1], n[0] > 0 || n[1] > 0
 }
 
 // AnswerText collects the text of an answer or of one stream chunk:

@@ -160,6 +160,17 @@ func TestReportedUsageAndAnswerText(t *testing.T) {
 		{`{"prompt_tokens":0,"completion_tokens":0}`, 0, 0, false},
 		{`null`, 0, 0, false},
 		{``, 0, 0, false},
+		{`{"prompt_tokens":7}`, 7, 0, true},
+		{`{"prompt_tokens":7,"completion_tokens":null}`, 7, 0, true},
+		// Not a report to bill by: the caller estimates instead.
+		{`{"prompt_tokens":5,"completion_tokens":-1000000}`, 0, 0, false},
+		{`{"prompt_tokens":-5,"completion_tokens":2}`, 0, 0, false},
+		{`{"prompt_tokens":1e30,"completion_tokens":2}`, 0, 0, false},
+		{`{"prompt_tokens":9223372036854775807,"completion_tokens":2}`, 0, 0, false},
+		{`{"prompt_tokens":2147483648,"completion_tokens":2}`, 0, 0, false},
+		{`{"prompt_tokens":2147483647,"completion_tokens":2}`, 2147483647, 2, true},
+		{`{"prompt_tokens":1.5,"completion_tokens":2}`, 0, 0, false},
+		{`{"prompt_tokens":"7","completion_tokens":2}`, 0, 0, false},
 	} {
 		if p, c, ok := ReportedUsage(gjson.Parse(tc.raw)); p != tc.p || c != tc.c || ok != tc.reported {
 			t.Errorf("ReportedUsage(%s) = %d, %d, %v", tc.raw, p, c, ok)

@@ -157,7 +157,13 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		}
 		err = refPrompts(r, root, "prompt")
 	case EndpointEmbeddings:
-		err = refPrompts(r, root, "input")
+		if err = refPrompts(r, root, "input"); err == nil {
+			if v := root.Get("encoding_format"); v.Exists() && v.Type != gjson.Null && (v.Type != gjson.String || v.Str != "float" && v.Str != "base64") {
+				err = InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", v.Raw)
+			} else if _, _, e := refOptPositive(root, "dimensions"); e != nil {
+				err = e
+			}
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -179,9 +185,16 @@ func refChat(r *Request, root gjson.Result) *Error {
 		}
 		r.Logprobs = v.Bool()
 	}
-	if m := root.Get("modalities"); m.IsArray() {
-		for _, x := range m.Array() {
-			if x.Type == gjson.String && x.Str == "audio" {
+	if m := root.Get("modalities"); m.Exists() && m.Type != gjson.Null {
+		if !m.IsArray() {
+			return WrongType("modalities", "an array", m)
+		}
+		for i, x := range m.Array() {
+			if x.Type != gjson.String || x.Str != "text" && x.Str != "audio" {
+				p := "modalities[" + strconv.Itoa(i) + "]"
+				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, x.Raw)
+			}
+			if x.Str == "audio" {
 				r.AudioOut = true
 			}
 		}
@@ -189,6 +202,36 @@ func refChat(r *Request, root gjson.Result) *Error {
 	if v := root.Get("top_logprobs"); v.Exists() && v.Type != gjson.Null {
 		if err := refIntIn(v, "top_logprobs", 0, 20); err != nil {
 			return err
+		}
+	}
+	if tc := root.Get("tool_choice"); tc.Exists() && tc.Type != gjson.Null {
+		switch {
+		case tc.Type == gjson.String:
+			if tc.Str != "none" && tc.Str != "auto" && tc.Str != "required" {
+				return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
+			}
+			r.ToolChoice = tc.Str
+		case !tc.IsObject():
+			return WrongType("tool_choice", "a string or an object", tc)
+		case tc.Get("type").Type != gjson.String:
+			return WrongType("tool_choice.type", "a string", tc.Get("type"))
+		default:
+			ty := tc.Get("type").Str
+			switch ty {
+			case "function", "custom":
+				if o := tc.Get(ty); !o.IsObject() {
+					return WrongType("tool_choice."+ty, "an object", o)
+				} else if o.Get("name").Type != gjson.String {
+					return WrongType("tool_choice."+ty+".name", "a string", o.Get("name"))
+				}
+			case "allowed_tools":
+				if o := tc.Get(ty); !o.IsObject() {
+					return WrongType("tool_choice.allowed_tools", "an object", o)
+				}
+			default:
+				return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", ty)
+			}
+			r.ToolChoice = ty
 		}
 	}
 	for _, list := range []struct{ path, name string }{{"tools", "function.name"}, {"functions", "name"}} {

@@ -220,7 +220,9 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 		}
 		err = r.prompts(d, f.prompt, "prompt")
 	case EndpointEmbeddings:
-		err = r.prompts(d, f.input, "input")
+		if err = r.prompts(d, f.input, "input"); err == nil {
+			err = embeddingOptions(d, &f)
+		}
 	default:
 		err = InvalidRequest("", "The %s endpoint is translated to chat completions before validation.", ep)
 	}
@@ -237,11 +239,12 @@ type rootMembers struct {
 	temperature, topP, presencePenalty, frequencyPenalty, n, responseFormat int
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
 	toolChoice, logitBias, user, topLogprobs, modalities                    int
+	encodingFormat, dimensions                                              int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -292,6 +295,10 @@ func (f *rootMembers) read(d *Doc) {
 			at = &f.logitBias
 		case "user":
 			at = &f.user
+		case "encoding_format":
+			at = &f.encodingFormat
+		case "dimensions":
+			at = &f.dimensions
 		default:
 			continue
 		}
@@ -319,9 +326,18 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		}
 		r.Logprobs = d.Kind(v) == KindTrue
 	}
-	if v := f.modalities; v >= 0 && d.Kind(v) == KindArray {
+	if v := f.modalities; v >= 0 && d.Kind(v) != KindNull {
+		// ResponseModalities: an array of "text" and "audio"; routing reads
+		// it (a spoken answer needs an audio target).
+		if d.Kind(v) != KindArray {
+			return wrongType("modalities", "an array", d, v)
+		}
 		for c, end := v+1, d.Next(v); c < end; c = d.Next(c) {
-			if d.Kind(c) == KindString && d.Str(c) == "audio" {
+			if d.Kind(c) != KindString || d.Str(c) != "text" && d.Str(c) != "audio" {
+				p := "modalities[" + strconv.Itoa(d.Index(c)) + "]"
+				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, d.Raw(c))
+			}
+			if d.Str(c) == "audio" {
 				r.AudioOut = true
 			}
 		}
@@ -335,18 +351,8 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			return err
 		}
 	}
-	if tc := f.toolChoice; tc >= 0 {
-		switch d.Kind(tc) {
-		case KindNull:
-		case KindString:
-			r.ToolChoice = d.Str(tc)
-		case KindObject:
-			if ty := d.Member(tc, "type"); ty >= 0 && d.Kind(ty) == KindString {
-				r.ToolChoice = d.Str(ty)
-			}
-		default:
-			return wrongType("tool_choice", "a string or an object", d, tc)
-		}
+	if err := r.toolChoice(d, f.toolChoice); err != nil {
+		return err
 	}
 	for _, list := range []struct {
 		at         int
@@ -392,6 +398,51 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
 	}
 	r.Messages = i
+	return nil
+}
+
+// toolChoice checks tool_choice (member tc, -1 when absent) against the
+// OpenAPI description's ChatCompletionToolChoiceOption and sets
+// r.ToolChoice: one of the modes none, auto and required, or an object of
+// type function (with function.name), custom (with custom.name) or
+// allowed_tools (with an allowed_tools object). Errors are 400s naming the
+// member at fault: routing reads the choice (none needs no tool-capable
+// target), so a value no upstream would read the same way is refused here.
+func (r *Request) toolChoice(d *Doc, tc int) *Error {
+	switch {
+	case tc < 0 || d.Kind(tc) == KindNull:
+		return nil
+	case d.Kind(tc) == KindString:
+		switch m := d.Str(tc); m {
+		case "none", "auto", "required":
+			r.ToolChoice = m
+			return nil
+		}
+		return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", d.Str(tc))
+	case d.Kind(tc) != KindObject:
+		return wrongType("tool_choice", "a string or an object", d, tc)
+	}
+	ty := d.Member(tc, "type")
+	if ty < 0 || d.Kind(ty) != KindString {
+		return wrongType("tool_choice.type", "a string", d, ty)
+	}
+	switch t := d.Str(ty); t {
+	case "function", "custom":
+		obj := d.Member(tc, t)
+		if obj < 0 || d.Kind(obj) != KindObject {
+			return wrongType("tool_choice."+t, "an object", d, obj)
+		}
+		if n := d.Member(obj, "name"); n < 0 || d.Kind(n) != KindString {
+			return wrongType("tool_choice."+t+".name", "a string", d, n)
+		}
+	case "allowed_tools":
+		if a := d.Member(tc, t); a < 0 || d.Kind(a) != KindObject {
+			return wrongType("tool_choice.allowed_tools", "an object", d, a)
+		}
+	default:
+		return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", t)
+	}
+	r.ToolChoice = d.Str(ty)
 	return nil
 }
 
@@ -537,6 +588,21 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 		return wrongType(field, "a string or an array", d, v)
 	}
 	return nil
+}
+
+// embeddingOptions checks an embeddings request's encoding_format ("float"
+// or "base64") and dimensions (a positive integer), as
+// CreateEmbeddingRequest describes them: a value no upstream reads the
+// same way (the engine read a numeric encoding_format as float) is a 400
+// naming it.
+func embeddingOptions(d *Doc, f *rootMembers) *Error {
+	if v := f.encodingFormat; v >= 0 && d.Kind(v) != KindNull {
+		if d.Kind(v) != KindString || d.Str(v) != "float" && d.Str(v) != "base64" {
+			return InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", d.Raw(v))
+		}
+	}
+	_, _, err := optPositive(d, f.dimensions, "dimensions")
+	return err
 }
 
 // FunctionName reports whether s is a valid function (or schema) name:

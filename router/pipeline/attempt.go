@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,12 +10,14 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/router/egress"
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/relay"
 	"github.com/molly-gateway/molly/router/route"
 	"github.com/molly-gateway/molly/router/tracing"
@@ -166,6 +169,12 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	case resp.StatusCode/100 == 2 && !gjson.ValidBytes(body):
 		o.kind, o.failure = failBadAnswer, "a 200 answer that is not JSON ("+contentType(resp)+")"
 		return o
+	case resp.StatusCode/100 == 2 && ambiguous(body) != "":
+		o.kind, o.failure = failBadAnswer, "a 200 answer "+ambiguous(body)
+		return o
+	case resp.StatusCode/100 == 2 && misshapen(rq.a.Endpoint(), body) != "":
+		o.kind, o.failure = failBadAnswer, "a 200 answer "+misshapen(rq.a.Endpoint(), body)
+		return o
 	case resp.StatusCode/100 == 2:
 		// An error object in a 200 (as some routers send a provider's
 		// failure) is no answer: a failed attempt, as inside a stream.
@@ -178,7 +187,7 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 			return o
 		}
 	}
-	o.body = body
+	o.body = validUTF8(body)
 	if resp.StatusCode/100 == 2 {
 		o.meter.Body(body)
 		o.logprob, o.tokens = MeanLogprob(body)
@@ -189,6 +198,60 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		o.kind, o.failure = failClientGone, "the client went away"
 	}
 	return o
+}
+
+// ambiguous says why the valid JSON text b is no answer to relay, "" when
+// it is one: a member name repeated in one object (Molly's guard and
+// restorer read one value, the client's parser may keep the other: Go's
+// and JavaScript's keep the last), or nesting deeper than
+// openai.MaxJSONDepth (deeper than any answer of the API, and than some
+// clients' parsers recurse).
+func ambiguous(b []byte) string {
+	switch key, dup, deep := openai.CheckStructure(b); {
+	case dup:
+		return fmt.Sprintf("with the key %q twice in one object", key)
+	case deep:
+		return fmt.Sprintf("nested deeper than %d levels", openai.MaxJSONDepth)
+	}
+	return ""
+}
+
+// misshapen says why the valid JSON text b is no answer of endpoint ep,
+// "" when it may be one: a chat or completions answer is an object whose
+// "choices" (when present) is an array of objects (the normaliser would
+// otherwise make an answer up around a string or a number).
+func misshapen(ep openai.Endpoint, b []byte) string {
+	if ep != openai.EndpointChat && ep != openai.EndpointCompletions {
+		return ""
+	}
+	root := gjson.ParseBytes(b)
+	if !root.IsObject() {
+		return "that is not a JSON object"
+	}
+	ch := root.Get("choices")
+	if !ch.Exists() || ch.Type == gjson.Null {
+		return ""
+	}
+	if !ch.IsArray() {
+		return `whose "choices" is not an array`
+	}
+	bad := ""
+	ch.ForEach(func(_, c gjson.Result) bool {
+		if !c.IsObject() {
+			bad = `with a choice that is not an object`
+		}
+		return bad == ""
+	})
+	return bad
+}
+
+// validUTF8 is b with each invalid UTF-8 sequence replaced by U+FFFD (JSON
+// text is UTF-8, RFC 8259 §8.1); b itself when it is valid.
+func validUTF8(b []byte) []byte {
+	if utf8.Valid(b) {
+		return b
+	}
+	return bytes.ToValidUTF8(b, []byte("\uFFFD"))
 }
 
 func contentType(resp *http.Response) string {

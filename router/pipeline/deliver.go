@@ -158,8 +158,12 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		switch {
 		case ev.IsDone():
 			tail()
+		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data) && ambiguous(ev.Data) != "":
+			p.Metrics.Malformed(o.cand.Target.Name, "ambiguous")
+			rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
+				zap.String("reason", "an event "+ambiguous(ev.Data)), zap.Int("bytes", len(ev.Data)))
 		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data):
-			data := ev.Data
+			data := validUTF8(ev.Data)
 			if text != nil {
 				text.appendChunk(data)
 			}

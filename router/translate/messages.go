@@ -46,8 +46,12 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 		return nil, nil, aerr
 	}
 	if aerr := checkKinds(root, [2]string{"stream", "a boolean"}, [2]string{"tools", "an array"}, [2]string{"tool_choice", "an object"},
-		[2]string{"stop_sequences", "an array"}, [2]string{"metadata", "an object"}); aerr != nil {
+		[2]string{"stop_sequences", "an array"}, [2]string{"metadata", "an object"}, [2]string{"top_k", "an integer"},
+		[2]string{"service_tier", "a string"}); aerr != nil {
 		return nil, nil, aerr
+	}
+	if k := root.Get("top_k"); k.Type == gjson.Number && k.Int() < 0 {
+		return nil, nil, openai.InvalidRequest("top_k", "top_k: Input should be greater than or equal to 0, got %s.", k.Raw)
 	}
 	t := &Translation{API: APIMessages, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root}
 	switch th := root.Get("thinking"); {
@@ -69,11 +73,16 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	case sys.Type == gjson.String:
 		msgs = append(msgs, map[string]any{"role": "system", "content": sys.Str})
 	case sys.IsArray():
+		for i, b := range sys.Array() {
+			if b.Get("type").Str != "text" || b.Get("text").Type != gjson.String {
+				return nil, nil, openai.WrongType("system."+strconv.Itoa(i), `a text block ({"type": "text", "text": "..."})`, b)
+			}
+		}
 		// Blocks are separate texts (Claude Code sends its identity and its
 		// instructions as two): joined one per line, never glued together.
 		var parts []string
 		sys.ForEach(func(_, b gjson.Result) bool {
-			if t := b.Get("text"); t.Type == gjson.String && t.Str != "" {
+			if t := b.Get("text"); t.Str != "" {
 				parts = append(parts, t.Str)
 			}
 			return true
@@ -286,8 +295,17 @@ func anthropicTools(root gjson.Result, chat map[string]any) *openai.Error {
 		chat["tools"] = tools
 	}
 	tc := root.Get("tool_choice")
+	if tc.IsObject() && tc.Get("type").Type != gjson.String {
+		return openai.WrongType("tool_choice.type", "a string ('auto', 'any', 'tool' or 'none')", tc.Get("type"))
+	}
+	if tc.Get("type").Str == "tool" && tc.Get("name").Type != gjson.String {
+		return openai.WrongType("tool_choice.name", "a string", tc.Get("name"))
+	}
 	switch tc.Get("type").Str {
 	case "":
+		if tc.IsObject() {
+			return openai.InvalidRequest("tool_choice.type", "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'.")
+		}
 	case "auto":
 		chat["tool_choice"] = "auto"
 	case "any":

@@ -48,8 +48,22 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 		return nil, nil, aerr
 	}
 	if aerr := checkKinds(root, [2]string{"stream", "a boolean"}, [2]string{"store", "a boolean"}, [2]string{"tools", "an array"},
-		[2]string{"parallel_tool_calls", "a boolean"}, [2]string{"metadata", "an object"}, [2]string{"include", "an array"}); aerr != nil {
+		[2]string{"parallel_tool_calls", "a boolean"}, [2]string{"metadata", "an object"}, [2]string{"include", "an array"},
+		[2]string{"top_logprobs", "an integer"}, [2]string{"user", "a string"}, [2]string{"text", "an object"}, [2]string{"text.format", "an object"},
+		[2]string{"truncation", "a string"}, [2]string{"max_tool_calls", "an integer"}, [2]string{"stream_options", "an object"},
+		[2]string{"service_tier", "a string"}, [2]string{"safety_identifier", "a string"}, [2]string{"prompt_cache_key", "a string"}); aerr != nil {
 		return nil, nil, aerr
+	}
+	if v := root.Get("truncation"); v.Type == gjson.String && v.Str != "auto" && v.Str != "disabled" {
+		return nil, nil, openai.InvalidRequest("truncation", "Invalid value for 'truncation': '%s'. Supported values are: 'auto' and 'disabled'.", v.Str)
+	}
+	for i, v := range root.Get("include").Array() {
+		if v.Type != gjson.String || !slices.Contains(includables, v.Str) {
+			return nil, nil, openai.InvalidRequest("include["+strconv.Itoa(i)+"]", "Invalid value for 'include[%d]': %s. Supported values are: '%s'.", i, v.Raw, strings.Join(includables, "', '"))
+		}
+	}
+	if v := root.Get("text.format"); v.IsObject() && v.Get("type").Type != gjson.String {
+		return nil, nil, openai.WrongType("text.format.type", "a string", v.Get("type"))
 	}
 	t := &Translation{API: APIResponses, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root,
 		id: relay.NewID("resp_"), member: member}
@@ -156,6 +170,13 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	return marshal(chat), t, nil
 }
 
+// includables are the values of include (IncludeEnum in OpenAI's API
+// description). Only message.output_text.logprobs asks for something here
+// (chat completions has none of the others' tools or encrypted reasoning);
+// the others are accepted and return nothing more.
+var includables = []string{"file_search_call.results", "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+	"computer_call_output.output.image_url", "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"}
+
 // reasoningEfforts and reasoningSummaries are the values of the Reasoning
 // object's effort (ReasoningEffort) and summary in OpenAI's API description.
 var (
@@ -226,6 +247,12 @@ func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
 			}
 			out = append(out, m)
 		case "function_call":
+			for _, f := range []string{"call_id", "name", "arguments"} {
+				if v := item.Get(f); v.Type != gjson.String {
+					bad = openai.WrongType(param+"."+f, "a string", v)
+					return false
+				}
+			}
 			call := map[string]any{"id": item.Get("call_id").Str, "type": "function",
 				"function": map[string]any{"name": item.Get("name").Str, "arguments": item.Get("arguments").Str}}
 			if n := len(out); n > 0 && out[n-1]["role"] == "assistant" {
@@ -235,7 +262,15 @@ func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
 				out = append(out, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{call}})
 			}
 		case "function_call_output":
+			if v := item.Get("call_id"); v.Type != gjson.String {
+				bad = openai.WrongType(param+".call_id", "a string", v)
+				return false
+			}
 			o := item.Get("output")
+			if o.Type != gjson.String && !o.IsArray() {
+				bad = openai.WrongType(param+".output", "a string or an array of content parts", o)
+				return false
+			}
 			text := o.Str
 			if o.IsArray() {
 				text = joinText(o, "text")
@@ -289,6 +324,10 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 		j++
 		switch p.Get("type").Str {
 		case "input_text", "output_text", "text":
+			if v := p.Get("text"); v.Type != gjson.String {
+				bad = openai.WrongType(pp+".text", "a string", v)
+				return false
+			}
 			parts = append(parts, map[string]any{"type": "text", "text": p.Get("text").Str})
 		case "input_image":
 			url := p.Get("image_url").Str
@@ -362,8 +401,14 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 	switch tc := root.Get("tool_choice"); {
 	case !tc.Exists() || tc.Type == gjson.Null:
 	case tc.Type == gjson.String:
+		if tc.Str != "none" && tc.Str != "auto" && tc.Str != "required" {
+			return openai.InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
+		}
 		chat["tool_choice"] = tc.Str
 	case tc.Get("type").Str == "function":
+		if n := tc.Get("name"); n.Type != gjson.String {
+			return openai.WrongType("tool_choice.name", "a string", n)
+		}
 		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
 	default:
 		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -133,6 +134,10 @@ var kinds = map[string]func(gjson.Result) bool{
 	"an array":  gjson.Result.IsArray,
 	"an object": gjson.Result.IsObject,
 	"a string":  func(v gjson.Result) bool { return v.Type == gjson.String },
+	"an integer": func(v gjson.Result) bool {
+		_, err := strconv.ParseInt(v.Raw, 10, 64)
+		return v.Type == gjson.Number && err == nil
+	},
 }
 
 // checkKinds refuses a top-level parameter of the wrong JSON type, as the

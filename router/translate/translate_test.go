@@ -141,6 +141,28 @@ func TestFromResponses(t *testing.T) {
 		{"tools as an object", `{"model":"m","input":"x","tools":{}}`, "tools", 400},
 		{"a string parallel_tool_calls", `{"model":"m","input":"x","parallel_tool_calls":"no"}`, "parallel_tool_calls", 400},
 		{"a string metadata", `{"model":"m","input":"x","metadata":"x"}`, "metadata", 400},
+		// Parameters read or echoed, of the wrong type or outside their enum
+		// (CreateResponse): refused, not dropped.
+		{"a string top_logprobs", `{"model":"m","input":"x","top_logprobs":"5"}`, "top_logprobs", 400},
+		{"a boolean top_logprobs", `{"model":"m","input":"x","top_logprobs":true}`, "top_logprobs", 400},
+		{"a numeric user", `{"model":"m","input":"x","user":5}`, "user", 400},
+		{"a string text", `{"model":"m","input":"x","text":"json"}`, "text", 400},
+		{"a string text.format", `{"model":"m","input":"x","text":{"format":"json_object"}}`, "text.format", 400},
+		{"a text.format without a type", `{"model":"m","input":"x","text":{"format":{}}}`, "text.format.type", 400},
+		{"an unknown truncation", `{"model":"m","input":"x","truncation":"middle"}`, "truncation", 400},
+		{"a numeric truncation", `{"model":"m","input":"x","truncation":1}`, "truncation", 400},
+		{"a fractional max_tool_calls", `{"model":"m","input":"x","max_tool_calls":1.5}`, "max_tool_calls", 400},
+		{"a string stream_options", `{"model":"m","input":"x","stream":true,"stream_options":"x"}`, "stream_options", 400},
+		{"a numeric service_tier", `{"model":"m","input":"x","service_tier":1}`, "service_tier", 400},
+		{"an unknown include", `{"model":"m","input":"x","include":["message.output_text.logprob"]}`, "include[0]", 400},
+		{"a numeric include", `{"model":"m","input":"x","include":["reasoning.encrypted_content",1]}`, "include[1]", 400},
+		{"an unknown tool_choice mode", `{"model":"m","input":"x","tool_choice":"x"}`, "tool_choice", 400},
+		{"a function tool_choice without a name", `{"model":"m","input":"x","tool_choice":{"type":"function"}}`, "tool_choice.name", 400},
+		{"a numeric input_text", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":5}]}]}`, "input[0].content[0].text", 400},
+		{"a function_call without a name", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call","call_id":"c","arguments":"{}"}]}`, "input[1].name", 400},
+		{"a function_call with object arguments", `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":{}}]}`, "input[0].arguments", 400},
+		{"a function_call_output without call_id", `{"model":"m","input":[{"type":"function_call_output","output":"ok"}]}`, "input[0].call_id", 400},
+		{"a numeric function_call_output", `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":5}]}`, "input[0].output", 400},
 	}
 	for _, tt := range refusals {
 		t.Run("refuses "+tt.name, func(t *testing.T) {
@@ -638,6 +660,17 @@ func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
 		{"a numeric stop sequence", `{"model":"m","max_tokens":5,"stop_sequences":["END",1],"messages":[{"role":"user","content":"x"}]}`, "stop_sequences.1"},
 		{"a string metadata", `{"model":"m","max_tokens":5,"metadata":"u","messages":[{"role":"user","content":"x"}]}`, "metadata"},
 		{"a temperature above 1", `{"model":"m","max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"x"}]}`, "temperature"},
+		// top_k an integer >= 0, service_tier a string, system blocks text
+		// blocks, tool_choice an object with a type (and a name for type tool).
+		{"a string top_k", `{"model":"m","max_tokens":5,"top_k":"5","messages":[{"role":"user","content":"x"}]}`, "top_k"},
+		{"a fractional top_k", `{"model":"m","max_tokens":5,"top_k":1.5,"messages":[{"role":"user","content":"x"}]}`, "top_k"},
+		{"a negative top_k", `{"model":"m","max_tokens":5,"top_k":-1,"messages":[{"role":"user","content":"x"}]}`, "top_k"},
+		{"a numeric service_tier", `{"model":"m","max_tokens":5,"service_tier":1,"messages":[{"role":"user","content":"x"}]}`, "service_tier"},
+		{"a numeric system block", `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"a"},1],"messages":[{"role":"user","content":"x"}]}`, "system.1"},
+		{"a system block without text", `{"model":"m","max_tokens":5,"system":[{"type":"text"}],"messages":[{"role":"user","content":"x"}]}`, "system.0"},
+		{"a tool_choice without a type", `{"model":"m","max_tokens":5,"tool_choice":{},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
+		{"a tool_choice with an empty type", `{"model":"m","max_tokens":5,"tool_choice":{"type":""},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
+		{"a tool tool_choice without a name", `{"model":"m","max_tokens":5,"tool_choice":{"type":"tool"},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.name"},
 	} {
 		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
 			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
