@@ -43,7 +43,7 @@ var walkSeeds = []struct {
 	{openai.EndpointCompletions, `{"model":"m","prompt":["one","two",[1,2,3]],"echo":true}`},
 	{openai.EndpointCompletions, `{"model":"m","prompt":[1,2,3],"messages":[{"role":"user","content":"stray"}]}`},
 	{openai.EndpointEmbeddings, `{"model":"m","input":["a","b"],"encoding_format":"float","dimensions":256}`},
-	{openai.EndpointEmbeddings, `{"model":"m","input":"just text","encoding_format":"base65"}`},
+	{openai.EndpointEmbeddings, `{"model":"m","input":"just text","encoding_format":"base64"}`},
 	{openai.EndpointEmbeddings, `{"model":"m","input":[[1,2],[3]]}`},
 }
 
