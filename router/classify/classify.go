@@ -443,8 +443,53 @@ func (w *walker) walk(i int) {
 	case openai.KindString:
 		w.str(i, d.Str(i))
 	case openai.KindNumber:
-		w.add(i, d.Raw(i), kindNumber)
+		w.add(i, numberText(d.Raw(i)), kindNumber)
 	}
+}
+
+// maxNumberShift bounds the exponent numberText expands: a longer run of
+// zeros carries no more digits of the literal.
+const maxNumberShift = 64
+
+// numberText is the text a JSON number literal is scanned as: the literal
+// itself when it has no exponent, else its value in plain decimal
+// (4.111111111111111e15 and 4111111111111111e0 are 4111111111111111, the
+// digits an upstream's parser gives the model), without leading zeros or
+// a fraction of zeros. An exponent beyond ±maxNumberShift keeps the
+// literal. The literal's grammar is RFC 8259 §6 (openai.Parse checked it).
+func numberText(raw string) string {
+	e := strings.IndexAny(raw, "eE")
+	if e < 0 {
+		return raw
+	}
+	exp, err := strconv.Atoi(strings.TrimPrefix(raw[e+1:], "+"))
+	if err != nil || exp > maxNumberShift || exp < -maxNumberShift {
+		return raw
+	}
+	mant, sign := raw[:e], ""
+	if strings.HasPrefix(mant, "-") {
+		mant, sign = mant[1:], "-"
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	digits := intPart + frac
+	point := len(intPart) + exp // where the decimal point falls in digits
+	var whole, rest string
+	switch {
+	case point <= 0:
+		whole, rest = "0", strings.Repeat("0", -point)+digits
+	case point >= len(digits):
+		whole = digits + strings.Repeat("0", point-len(digits))
+	default:
+		whole, rest = digits[:point], digits[point:]
+	}
+	whole = strings.TrimLeft(whole, "0")
+	if whole == "" {
+		whole = "0"
+	}
+	if rest = strings.TrimRight(rest, "0"); rest != "" {
+		return sign + whole + "." + rest
+	}
+	return sign + whole
 }
 
 func (w *walker) str(node int, s string) {
@@ -649,6 +694,21 @@ func (c *Classifier) sovereignty(a *Annotation) {
 			a.failed = true
 			continue
 		}
+		if f.kind == kindArgs && strings.ContainsAny(f.text, "eE") {
+			more, err, ok := safeScan2(func(text string) ([]redaction.Finding, error) { return c.exponentFindings(text) }, f.text)
+			switch {
+			case !ok || err != nil && !errors.Is(err, redaction.ErrScanBudget):
+				a.failed = true
+				continue
+			case err != nil:
+				a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(i), Reason: ReasonScanBudget})
+				continue
+			}
+			if len(more) > 0 {
+				fs = append(fs, more...)
+				sort.SliceStable(fs, func(x, y int) bool { return fs[x].Start < fs[y].Start })
+			}
+		}
 		for _, fd := range fs {
 			a.findings = append(a.findings, FieldFinding{Field: i, Finding: fd})
 		}
@@ -688,6 +748,48 @@ func safeScan2[T any, R any](scan func(T) (R, error), text T) (out R, err error,
 	}()
 	out, err = scan(text)
 	return out, err, true
+}
+
+// exponentFindings scans the numbers written with an exponent in
+// tool-call arguments text (a JSON document) as their plain decimal value
+// (numberText): the model reads 4111111111111111e0 as the card's digits,
+// which the scan of the text alone does not find next to the 'e'. Each
+// finding covers the whole number literal. Text that is not JSON has none.
+func (c *Classifier) exponentFindings(text string) ([]redaction.Finding, error) {
+	if !gjson.Valid(text) {
+		return nil, nil
+	}
+	var out []redaction.Finding
+	var err error
+	var walk func(v gjson.Result)
+	walk = func(v gjson.Result) {
+		switch {
+		case err != nil:
+		case v.Type == gjson.Number:
+			raw := v.Raw
+			if v.Index <= 0 || v.Index+len(raw) > len(text) || text[v.Index:v.Index+len(raw)] != raw {
+				return
+			}
+			nt := numberText(raw)
+			if nt == raw {
+				return
+			}
+			var fs []redaction.Finding
+			if fs, err = c.scan(nt); err != nil {
+				return
+			}
+			for _, fd := range fs {
+				out = append(out, redaction.Finding{Type: fd.Type, Subtype: fd.Subtype, Start: v.Index, End: v.Index + len(raw)})
+			}
+		case v.IsObject() || v.IsArray():
+			v.ForEach(func(_, e gjson.Result) bool {
+				walk(e)
+				return err == nil
+			})
+		}
+	}
+	walk(gjson.Parse(text))
+	return out, err
 }
 
 // segment is a piece of a field's text that continues in the next segment

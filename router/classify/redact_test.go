@@ -221,3 +221,85 @@ func TestRedactNeverIssuesAPlaceholderTheClientWrote(t *testing.T) {
 		t.Fatalf("restored %q", got)
 	}
 }
+
+// TestRedactNumbersWithAnExponent: a JSON number is scanned as the value
+// an upstream's parser reads, so a card number written with an exponent
+// or as a fraction of a power of ten (4111111111111111e0,
+// 4.111111111111111E15, 41111111.11111111e8) is found and replaced like
+// the plain literal. The oracle is the card's digits, searched in the
+// redacted body with every non-digit removed from each number.
+func TestRedactNumbersWithAnExponent(t *testing.T) {
+	const card = "4111111111111111"
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":{"a":"x"},` +
+		`"x":4111111111111111e0,"y":4.111111111111111E15,"z":41111111.11111111e8,"w":-0.4111111111111111e+16,"v":1.5e3,"u":2e-3}`
+	a := classifyBody(t, openai.EndpointChat, body, "")
+	if a.Findings()["CREDIT_CARD"] != 4 {
+		t.Fatalf("findings %v, want 4 cards", a.Findings())
+	}
+	red, err := a.Redact([]string{"CREDIT_CARD"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"x", "y", "z"} {
+		if got := gjson.Get(red.Body, k); got.Str != "[CREDIT_CARD_1]" {
+			t.Errorf("%s = %s, want the placeholder", k, got.Raw)
+		}
+	}
+	if got := gjson.Get(red.Body, "w").Str; got != "-[CREDIT_CARD_1]" {
+		t.Errorf("w = %q, want -[CREDIT_CARD_1]", got)
+	}
+	gjson.Parse(red.Body).ForEach(func(k, v gjson.Result) bool {
+		digits := strings.Map(func(r rune) rune {
+			if r >= '0' && r <= '9' {
+				return r
+			}
+			return -1
+		}, v.Raw)
+		if v.Type == gjson.Number && strings.Contains(digits, card[:15]) {
+			t.Errorf("%s still holds the card's digits: %s", k, v.Raw)
+		}
+		return true
+	})
+	// Numbers without card digits are left as they were.
+	if gjson.Get(red.Body, "v").Raw != "1.5e3" || gjson.Get(red.Body, "u").Raw != "2e-3" {
+		t.Errorf("other numbers were rewritten: %s", red.Body)
+	}
+}
+
+func TestNumberText(t *testing.T) {
+	for raw, want := range map[string]string{
+		"4111111111111111": "4111111111111111", "3.14": "3.14", "1.5e3": "1500", "2e-3": "0.002",
+		"4.111111111111111E15": "4111111111111111", "4111111111111111e0": "4111111111111111",
+		"-0.4111111111111111e+16": "-4111111111111111", "41111111.11111111e8": "4111111111111111",
+		"1e65": "1e65", "1.25e1": "12.5", "0e5": "0", "100e-2": "1",
+	} {
+		if got := numberText(raw); got != want {
+			t.Errorf("numberText(%s) = %s, want %s", raw, got, want)
+		}
+	}
+}
+
+// TestRedactNumbersWithAnExponentInToolArguments: tool-call arguments are
+// JSON the model reads as text; a card number written there with an
+// exponent is found and replaced by a quoted placeholder (the arguments
+// stay JSON), restored as the literal the client wrote.
+func TestRedactNumbersWithAnExponentInToolArguments(t *testing.T) {
+	for _, n := range []string{"4111111111111111e0", "4.111111111111111E15", "41111111.11111111e+8"} {
+		args := `{"n":` + n + `,"m":[1.5e3]}`
+		body := `{"model":"m","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":` +
+			fmt.Sprintf("%q", args) + `}}]}]}`
+		a := classifyBody(t, openai.EndpointChat, body, "")
+		red, err := a.Redact([]string{"CREDIT_CARD"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := gjson.Get(red.Body, "messages.1.tool_calls.0.function.arguments").Str
+		if got != `{"n":"[CREDIT_CARD_1]","m":[1.5e3]}` {
+			t.Errorf("%s: arguments sent %s, want the number as a quoted placeholder", n, got)
+			continue
+		}
+		if back := string(red.Vault.RestoreJSON([]byte(got))); back != args {
+			t.Errorf("%s: restored %s, want %s", n, back, args)
+		}
+	}
+}
