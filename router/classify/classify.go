@@ -801,26 +801,35 @@ type segment struct {
 
 // splitValues finds values cut across consecutive segments: the texts of
 // the chat messages in order (every role's), the string values of tool-call
-// arguments in order (within one call and across calls), and the prompts or
-// inputs of completions and embeddings (see redaction.Scanner.ScanAcross).
+// arguments in order (within one call and across calls), both together in
+// document order (a message's text, then its tool calls' arguments, then
+// the next message: a value cut between a text and an argument), and the
+// prompts or inputs of completions and embeddings (see
+// redaction.Scanner.ScanAcross).
 // Their parts replace any finding they overlap in a.findings (the joined
 // value is longer); it returns the type of each split value, for counting.
 // A scan failure sets a.failed.
 func (c *Classifier) splitValues(a *Annotation) []string {
-	var msgs, args, prompts []segment
+	var msgs, args, prompts, conv []segment
 	for i, f := range a.fields {
 		switch f.kind {
 		case kindContent:
 			msgs = append(msgs, segment{i, 0, f.text})
+			conv = append(conv, segment{i, 0, f.text})
 		case kindArgs:
+			n := len(args)
 			args = appendArgSegments(args, i, f.text)
+			conv = append(conv, args[n:]...)
 		case kindPrompt:
 			prompts = append(prompts, segment{i, 0, f.text})
 		}
 	}
+	if len(msgs) == 0 || len(args) == 0 {
+		conv = nil // the same segments as msgs or args alone
+	}
 	var types []string
 	var parts []FieldFinding
-	for _, seq := range [][]segment{msgs, args, prompts} {
+	for q, seq := range [][]segment{msgs, args, prompts, conv} {
 		if len(seq) < 2 {
 			continue
 		}
@@ -838,11 +847,32 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 			continue
 		}
 		last := -1
+		var seen map[int]bool // q == 3: values that overlap one found above
+		if q == 3 {
+			// The conversation's content and arguments together: a value
+			// within the messages or within the arguments alone was found
+			// above (and one of its parts may have been joined to a
+			// neighbour here); only a value that crosses from a message's
+			// text into a tool call's arguments, or back, is new.
+			seen = map[int]bool{}
+			for _, sf := range found {
+				sg := seq[sf.Segment]
+				f := sf.Finding
+				f.Start += sg.off
+				f.End += sg.off
+				if overlapsPart(parts, sg.field, f) {
+					seen[sf.Value] = true
+				}
+			}
+		}
 		for _, sf := range found {
 			sg := seq[sf.Segment]
 			f := sf.Finding
 			f.Start += sg.off
 			f.End += sg.off
+			if seen[sf.Value] {
+				continue
+			}
 			parts = append(parts, FieldFinding{Field: sg.field, Finding: f, Split: true})
 			if sf.Value > last {
 				last = sf.Value
@@ -874,6 +904,16 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 		return a.findings[i].Start < a.findings[j].Start
 	})
 	return types
+}
+
+// overlapsPart reports whether f, in field, overlaps one of parts.
+func overlapsPart(parts []FieldFinding, field int, f redaction.Finding) bool {
+	for _, p := range parts {
+		if p.Field == field && p.Start < f.End && f.Start < p.End {
+			return true
+		}
+	}
+	return false
 }
 
 // appendArgSegments adds the string values of tool-call arguments text (a

@@ -303,3 +303,36 @@ func TestRedactNumbersWithAnExponentInToolArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactAValueCutBetweenATextAndToolArguments: a value cut between a
+// message's text and the arguments of the tool call that follows it (or
+// between the arguments and the next message) reads as one to the model;
+// each part is replaced in its own field. The oracle is the value's two
+// halves in the redacted body.
+func TestRedactAValueCutBetweenATextAndToolArguments(t *testing.T) {
+	for _, tc := range []struct{ body, head, tail string }{
+		{`{"model":"m","messages":[{"role":"user","content":"mail mario.rossi@"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"example.com"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`,
+			"mario.rossi@", "example.com"},
+		{`{"model":"m","messages":[{"role":"user","content":"mail mario.rossi@"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"to\":\"example.com\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`,
+			"mario.rossi@", "example.com"},
+		{`{"model":"m","messages":[{"role":"user","content":"pay"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"iban\":\"IT60X05428111\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"01000000123456 accepted"}]}`,
+			"IT60X05428111", "01000000123456"},
+	} {
+		a := classifyBody(t, openai.EndpointChat, tc.body, "")
+		red, err := a.Redact([]string{"EMAIL", "IBAN"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(red.Body, tc.head) || strings.Contains(red.Body, tc.tail) {
+			t.Errorf("the redacted body still holds a part of %s%s: %s", tc.head, tc.tail, red.Body)
+			continue
+		}
+		ph := "[EMAIL_1][EMAIL_2]"
+		if strings.HasPrefix(tc.head, "IT") {
+			ph = "[IBAN_1][IBAN_2]"
+		}
+		if got := red.Vault.Restore(ph); got != tc.head+tc.tail {
+			t.Errorf("restored %q, want %q", got, tc.head+tc.tail)
+		}
+	}
+}
