@@ -228,6 +228,23 @@ func jsonEscape(s string) rune {
 	return r
 }
 
+// hexEscape decodes a \xHH escape at the start of s of a printable ASCII
+// byte or a space, else -1.
+func hexEscape(s string) int {
+	if len(s) < 4 || s[0] != '\\' || s[1] != 'x' {
+		return -1
+	}
+	h, l := hexVal(s[2]), hexVal(s[3])
+	if h < 0 || l < 0 {
+		return -1
+	}
+	b := h<<4 | l
+	if b < 0x20 || b > 0x7e {
+		return -1
+	}
+	return b
+}
+
 // jsonShortEscape decodes a JSON two-character escape (\n \t \r \" \\
 // \/ \b \f) at the start of s into its byte, or returns -1.
 func jsonShortEscape(s string) int {
@@ -368,7 +385,7 @@ func scriptDigit(r rune) rune {
 // digits and letters, ligatures, mathematical alphanumerics become ASCII),
 // decimal digits of every script mapped to ASCII, format characters and
 // combining marks dropped, homoglyphs, dashes and spaces mapped,
-// percent-escapes of printable ASCII, JSON \uXXXX escapes and HTML
+// percent-escapes of printable ASCII, JSON \uXXXX escapes, \xHH escapes and HTML
 // character references decoded. It returns ok=false when the view would
 // equal text, so callers can skip it. Texts over 2 GiB are not normalised
 // (offsets are 32-bit).
@@ -414,6 +431,14 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 				if r := jsonEscape(text[i:]); r >= 0 {
 					w.replace(i, i+6, normRune(r, &nfkc))
 					i += 6
+					continue
+				}
+				// A \xHH escape of C, JavaScript and Python strings (ISO C
+				// §6.4.4.4, ECMA-262 §12.9.4): "mario\x40example.com" is
+				// the address it shows to a reader (and to a model).
+				if b := hexEscape(text[i:]); b >= 0 {
+					w.replaceByte(i, i+4, byte(b))
+					i += 4
 					continue
 				}
 				// The two-character escapes of JSON strings (RFC 8259 §7):
