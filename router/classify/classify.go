@@ -19,6 +19,7 @@ import (
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/capability"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/relay"
 )
 
 // Classifier turns a request body into an Annotation. Safe for concurrent use.
@@ -644,20 +645,9 @@ func (a *Annotation) addModality(m string) {
 	}
 }
 
-// escapePath escapes the characters gjson/sjson paths give meaning to.
-func escapePath(key string) string {
-	if !strings.ContainsAny(key, `.*?\|#@!:=<>%"`) {
-		return key
-	}
-	var b strings.Builder
-	for _, r := range key {
-		if strings.ContainsRune(`.*?\|#@!:=<>%"`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+// escapePath escapes an object member name for a gjson/sjson path
+// (relay.EscapeKey): the path names exactly that member.
+func escapePath(key string) string { return relay.EscapeKey(key) }
 
 // checkModelName refuses model names that carry what looks like a secret
 // or personal data: model names are logged and echoed in errors, so such a

@@ -336,3 +336,32 @@ func TestRedactAValueCutBetweenATextAndToolArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactKeysThatLookLikePathSyntax: a member name is written into an
+// sjson path; one gjson/sjson read as syntax ("[0]" is a multipath, ":x" a
+// flag, "@this" a modifier) named nothing, so the placeholder went into a
+// new member beside the value, which reached the upstream as it was (and a
+// renamed key lost its value: invalid JSON). Every such name, as the key
+// of a value with a finding and as a key with a finding, is redacted in
+// place; the oracle is the address's text in the redacted body, and the
+// body is valid JSON with as many members as before.
+func TestRedactKeysThatLookLikePathSyntax(t *testing.T) {
+	for _, k := range []string{`[0]`, `{a}`, `a,b`, `:x`, `@this`, `!x`, `#`, `*`, `?`, `a|b`, `-1`, ``, `..`, `\\`, `a\\.b`, `x\"y`, `a(b)`, `$`, `%`, `é`} {
+		for _, body := range []string{
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":{"` + k + `":"mail mario.rossi@example.com"},` +
+				`"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"` + k + `":{"type":"string","description":"mario.rossi@example.com"}}}}}}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":{"` + k + `mario.rossi@example.com":"x"},"` + k + `":"mario.rossi@example.com"}`,
+		} {
+			a := classifyBody(t, openai.EndpointChat, body, "")
+			red, err := a.Redact([]string{"EMAIL"})
+			if err != nil {
+				t.Errorf("key %q: %v", k, err)
+				continue
+			}
+			if strings.Contains(red.Body, "mario.rossi") || !gjson.Valid(red.Body) ||
+				gjson.Get(red.Body, "metadata.@keys.#").Int() != gjson.Get(body, "metadata.@keys.#").Int() {
+				t.Errorf("key %q: redacted %s", k, red.Body)
+			}
+		}
+	}
+}
