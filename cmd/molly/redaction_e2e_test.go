@@ -265,7 +265,8 @@ http://127.0.0.1:{PORT} {
 // through the real binary: a card number written as a JSON number with an
 // exponent (in an extra member and in tool-call arguments), an address cut
 // between a message's text and a tool call's arguments, an address with
-// its '@' as a \x40 escape, a card and a key in the forwarded correlation
+// its '@' as a \x40 escape, an address under a member named "[0]" (a
+// gjson multipath, so the placeholder went beside the value), a card and a key in the forwarded correlation
 // headers of a call to T2 (which the body's class allows, the header's
 // values were never classified), and a value the client split across two
 // messages, which the model writes back as its two placeholders: restored
@@ -294,7 +295,7 @@ func TestRedactionBreakItRound5(t *testing.T) {
 		return string(out), resp.Header.Get("X-Molly-Tier")
 	}
 	args, _ := json.Marshal(`{"n":4.111111111111111e15}`)
-	_, tier := post(`{"model":"chat","x":4111111111111111e0,"messages":[{"role":"user","content":"mail mario.rossi@"},` +
+	_, tier := post(`{"model":"chat","x":4111111111111111e0,"metadata":{"[0]":"cc carla.bruni@example.net"},"messages":[{"role":"user","content":"mail mario.rossi@"},` +
 		`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"send","arguments":"example.com"}},` +
 		`{"id":"c2","type":"function","function":{"name":"pay","arguments":` + string(args) + `}}]},` +
 		`{"role":"tool","tool_call_id":"c1","content":"sent"},{"role":"tool","tool_call_id":"c2","content":"paid"},` +
@@ -304,7 +305,7 @@ func TestRedactionBreakItRound5(t *testing.T) {
 		t.Fatalf("tier %s, T3 got %d requests", tier, len(got))
 	}
 	sent := string(got[0])
-	for _, v := range []string{"mario.rossi@", "example.com", "anna.verdi", "41111111111111"} {
+	for _, v := range []string{"mario.rossi@", "example.com", "anna.verdi", "carla.bruni", "41111111111111"} {
 		if strings.Contains(strings.ReplaceAll(sent, ".", ""), strings.ReplaceAll(v, ".", "")) {
 			t.Errorf("T3 received %q: %s", v, sent)
 		}
