@@ -908,8 +908,9 @@ func overlapsPart(parts []FieldFinding, field int, f redaction.Finding) bool {
 
 // appendArgSegments adds the string values of tool-call arguments text (a
 // JSON document) as segments, in document order, or the whole text when it
-// is not JSON. Values holding escapes are skipped: their decoded bytes do
-// not map one to one onto the field's text.
+// is not JSON. A segment is the value as written between its quotes,
+// escapes and all (the scanner's normalised view decodes \uXXXX and the
+// two-character escapes), so its offsets are the field's own.
 func appendArgSegments(segs []segment, field int, text string) []segment {
 	if !gjson.Valid(text) {
 		return append(segs, segment{field, 0, text})
@@ -919,8 +920,7 @@ func appendArgSegments(segs []segment, field int, text string) []segment {
 		switch {
 		case v.Type == gjson.String:
 			raw := v.Raw
-			if v.Index > 0 && v.Index+len(raw) <= len(text) && text[v.Index:v.Index+len(raw)] == raw &&
-				len(raw) >= 2 && !strings.Contains(raw, `\`) {
+			if v.Index > 0 && v.Index+len(raw) <= len(text) && text[v.Index:v.Index+len(raw)] == raw && len(raw) >= 2 {
 				segs = append(segs, segment{field, v.Index + 1, raw[1 : len(raw)-1]})
 			}
 		case v.IsObject() || v.IsArray():

@@ -365,3 +365,36 @@ func TestRedactKeysThatLookLikePathSyntax(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactAValueSplitAcrossEscapedArguments: a value cut between two
+// string values of tool-call arguments is found when a part is written
+// with JSON escapes (a line break, \u0040 for the '@'): such values used
+// to be left out of the sequence joined across values. Each part is
+// replaced; the oracle is the parts' text in the redacted arguments, and
+// the restored placeholders give the value back.
+func TestRedactAValueSplitAcrossEscapedArguments(t *testing.T) {
+	for _, tc := range []struct{ args, want, back string }{
+		{`{"a":"mario.rossi\u0040exa","b":"mple.com"}`, `{"a":"[EMAIL_1]","b":"[EMAIL_2]"}`, "mario.rossi@example.com"},
+		{`{"a":"mario.rossi@exa","b":"mple\u002ecom"}`, `{"a":"[EMAIL_1]","b":"[EMAIL_2]"}`, "mario.rossi@example.com"},
+		{`{"a":"card 4111\n1111","b":"1111 1111"}`, `{"a":"card [CREDIT_CARD_1]","b":"[CREDIT_CARD_2]"}`, "4111\n1111 1111 1111"},
+	} {
+		body := `{"model":"m","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":` +
+			fmt.Sprintf("%q", tc.args) + `}}]}]}`
+		a := classifyBody(t, openai.EndpointChat, body, "")
+		red, err := a.Redact([]string{"CREDIT_CARD", "EMAIL"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := gjson.Get(red.Body, "messages.1.tool_calls.0.function.arguments").Str; got != tc.want {
+			t.Errorf("%s: sent %s, want %s", tc.args, got, tc.want)
+			continue
+		}
+		ph := "[EMAIL_1][EMAIL_2]"
+		if strings.Contains(tc.want, "CARD") {
+			ph = "[CREDIT_CARD_1] [CREDIT_CARD_2]"
+		}
+		if got := red.Vault.Restore(ph); got != tc.back {
+			t.Errorf("%s: restored %q, want %q", tc.args, got, tc.back)
+		}
+	}
+}
