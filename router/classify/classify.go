@@ -515,8 +515,13 @@ func (w *walker) str(node int, s string) {
 	if w.enum(s) {
 		return
 	}
-	if strings.HasPrefix(s, "data:") {
-		w.dataURL(node, s)
+	rest, isData := strings.CutPrefix(s, "data:")
+	if !isData && (w.at("messages", "#", "content", "#", "image_url", "url") || w.at("messages", "#", "content", "#", "file", "file_data")) {
+		// Where a URL goes, as an upstream's URL parser reads it.
+		rest, isData = cutDataScheme(s)
+	}
+	if isData {
+		w.dataURL(node, s, rest)
 		return
 	}
 	switch {
@@ -592,17 +597,38 @@ func textMediaType(mt string) bool {
 		mt == "application/yaml" || mt == "application/x-www-form-urlencoded"
 }
 
-// dataURL handles an RFC 2397 data: URL: a text media type is decoded and
-// scanned (its redaction is re-encoded as a base64 data URL of the same
-// type); a binary one (an image, audio, a PDF) is listed in Unscanned.
-func (w *walker) dataURL(node int, s string) {
-	meta, payload, ok := strings.Cut(s[len("data:"):], ",")
+// cutDataScheme reports whether s is a data: URL as a URL parser reads it
+// (WHATWG URL §4.4: leading and trailing C0 controls and spaces stripped,
+// ASCII tabs and newlines removed anywhere; RFC 3986 §3.1: the scheme in
+// any case, "DATA:" too), and returns what follows the scheme.
+func cutDataScheme(s string) (string, bool) {
+	t := strings.TrimFunc(s, func(r rune) bool { return r <= ' ' })
+	if strings.ContainsAny(t, "\t\n\r") {
+		t = strings.Map(func(r rune) rune {
+			if r == '\t' || r == '\n' || r == '\r' {
+				return -1
+			}
+			return r
+		}, t)
+	}
+	if len(t) < len("data:") || !strings.EqualFold(t[:len("data:")], "data:") {
+		return "", false
+	}
+	return t[len("data:"):], true
+}
+
+// dataURL handles an RFC 2397 data: URL (s, rest after its scheme): a text
+// media type is decoded and scanned (its redaction is re-encoded as a
+// base64 data URL of the same type); a binary one (an image, audio, a
+// PDF) is listed in Unscanned. Parameter names are read in any case.
+func (w *walker) dataURL(node int, s, rest string) {
+	meta, payload, ok := strings.Cut(rest, ",")
 	if w.at("messages", "#", "content", "#", "image_url", "url") {
 		w.a.addModality("image")
 	}
 	params := strings.Split(meta, ";")
-	mt := params[0]
-	b64 := slices.Contains(params[1:], "base64")
+	mt := strings.TrimSpace(params[0])
+	b64 := slices.ContainsFunc(params[1:], func(p string) bool { return strings.EqualFold(strings.TrimSpace(p), "base64") })
 	if !ok {
 		w.add(node, s, kindText)
 		return
