@@ -267,8 +267,9 @@ func jsonShortEscape(s string) int {
 }
 
 // htmlRef decodes an HTML character reference at s[0] == '&': "&#64;",
-// "&#x40;" or a name of htmlEntities, with its ';'. It returns the rune
-// and the reference's length, or -1.
+// "&#x40;" (the ';' of a numeric one may be missing) or a name of
+// htmlEntities with its ';'. It returns the rune and the reference's
+// length, or -1.
 func htmlRef(s string) (rune, int) {
 	if len(s) < 4 {
 		return -1, 0
@@ -287,10 +288,16 @@ func htmlRef(s string) (rune, int) {
 			}
 			r = r*rune(base) + rune(v)
 		}
-		if j == i || j >= len(s) || s[j] != ';' || r < 0x20 || r > unicode.MaxRune || r >= 0xD800 && r <= 0xDFFF {
+		if j == i || r < 0x20 || r > unicode.MaxRune || r >= 0xD800 && r <= 0xDFFF {
 			return -1, 0
 		}
-		return r, j + 1
+		if j < len(s) && s[j] == ';' {
+			return r, j + 1
+		}
+		// Without its ';' a numeric reference still decodes (HTML
+		// Living Standard §13.2.5.80, a parse error browsers forgive):
+		// "mario&#64example.com" shows the address.
+		return r, j
 	}
 	j := 1
 	for j < len(s) && j < 10 && isAlpha(s[j]) {
