@@ -346,6 +346,8 @@ func TestRoundOneEvasions(t *testing.T) {
 		{"an e-mail with (at)", "", "mail maria.rossi (at) example.org", []string{"EMAIL:maria.rossi (at) example.org"}},
 		{"an e-mail with &#64;", "", "mail maria.rossi&#64;example.org", []string{"EMAIL:maria.rossi&#64;example.org"}},
 		{"an e-mail with &commat;", "", "mail maria.rossi&commat;example.org", []string{"EMAIL:maria.rossi&commat;example.org"}},
+		{"an e-mail with &#64 and no ';'", "", "mail maria.rossi&#64example.org", []string{"EMAIL:maria.rossi&#64example.org"}},
+		{"a card in decimal references without ';'", "", "card &#52&#49&#49&#49 1111 1111 1111", []string{"CREDIT_CARD:&#52&#49&#49&#49 1111 1111 1111"}},
 		{"a fully percent-encoded e-mail", "", "m=%6D%61%72%69%61%40%65%78%61%6D%70%6C%65%2E%6F%72%67", []string{"EMAIL:%6D%61%72%69%61%40%65%78%61%6D%70%6C%65%2E%6F%72%67"}},
 		{"an e-mail with combining marks", "", "mail ma\u0301ri\u0308a@example.org", []string{"EMAIL:ma\u0301ri\u0308a@example.org"}},
 		{"an e-mail with the homoglyph ɑ", "", "mail mɑria@exɑmple.org", []string{"EMAIL:mɑria@exɑmple.org"}},

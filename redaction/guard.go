@@ -3,6 +3,7 @@ package redaction
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -86,6 +87,7 @@ type Guard struct {
 	policy  GuardPolicy
 	allowed map[string]bool
 	values  []string
+	lens    []int // the distinct lengths of values, ascending
 }
 
 // NewGuard returns a guard for policy that does not flag the restored
@@ -97,12 +99,20 @@ func (s *Scanner) NewGuard(policy GuardPolicy, restored ...string) *Guard {
 		if v != "" && !g.allowed[v] {
 			g.allowed[v] = true
 			g.values = append(g.values, v)
+			if !slices.Contains(g.lens, len(v)) {
+				g.lens = append(g.lens, len(v))
+			}
 		}
 	}
+	slices.Sort(g.lens)
 	return g
 }
 
-// restored reports whether v is, or is part of, a restored value.
+// restored reports whether v is, or is part of, a restored value, or is
+// restored values written one after another (joined directly or by one
+// space, '-' or '.'): the parts of a value the client split across two
+// messages come back as two placeholders, "[EMAIL_1][EMAIL_2]", restored
+// into the whole value, which no single restored value holds.
 func (g *Guard) restored(v string) bool {
 	if g.allowed[v] {
 		return true
@@ -112,7 +122,40 @@ func (g *Guard) restored(v string) bool {
 			return true
 		}
 	}
-	return false
+	return g.joined(v)
+}
+
+// joined reports whether v is two or more restored values, each directly
+// after the one before or after one separator byte (' ', '-', '.'). It
+// tries, at each reachable offset, one map look-up per distinct value
+// length: O(len(v) × distinct lengths).
+func (g *Guard) joined(v string) bool {
+	if len(g.values) == 0 || len(v) < 2*g.lens[0] {
+		return false
+	}
+	// reach[i]: v[:i] is restored values (and separators), ending in a value.
+	reach := make([]bool, len(v)+1)
+	reach[0] = true
+	for i := 0; i < len(v); i++ {
+		if !reach[i] {
+			continue
+		}
+		from := []int{i}
+		if i > 0 && i+1 < len(v) && (v[i] == ' ' || v[i] == '-' || v[i] == '.') {
+			from = append(from, i+1)
+		}
+		for _, k := range from {
+			for _, n := range g.lens {
+				if k+n > len(v) {
+					break
+				}
+				if (k > 0 || n < len(v)) && g.allowed[v[k:k+n]] {
+					reach[k+n] = true
+				}
+			}
+		}
+	}
+	return reach[len(v)]
 }
 
 // ScanAnswer returns the findings of answer the policy acts on (mask or

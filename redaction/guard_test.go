@@ -224,3 +224,44 @@ func TestRedactJSONRedactsTextThatIsNotJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardLeavesASplitValueRestoredWhole: a value the client split across
+// two messages is two restored values; the model writing both placeholders
+// together gets the whole value back, which the guard does not flag. A
+// value that only starts with a restored part is still flagged.
+func TestGuardLeavesASplitValueRestoredWhole(t *testing.T) {
+	g := mustScanner(t).NewGuard(GuardPolicy{Actions: map[string]GuardAction{TypeEmail: GuardMask, TypeCreditCard: GuardMask}, Default: GuardPass},
+		"mario.rossi@exam", "ple.com", "4111 1111", "1111 1111")
+	for _, tc := range []struct{ in, want string }{
+		{"write to mario.rossi@example.com", "write to mario.rossi@example.com"},
+		{"card 4111 1111 1111 1111 on file", "card 4111 1111 1111 1111 on file"},
+		{"card 4111 11111111 1111 on file", "card 4111 11111111 1111 on file"},
+		{"write to mario.rossi@example.org", "write to [EMAIL]"},
+		{"write to anna@example.com", "write to [EMAIL]"},
+	} {
+		out, _, err := g.Check(tc.in)
+		if err != nil || out != tc.want {
+			t.Errorf("Check(%q) = %q, %v; want %q", tc.in, out, err, tc.want)
+		}
+	}
+	// Streamed in chunks of every size, the same.
+	for size := 1; size < 40; size++ {
+		sg := g.NewStream()
+		in := "write to mario.rossi@example.com today"
+		var b strings.Builder
+		for i := 0; i < len(in); i += size {
+			out, err := sg.Write(in[i:min(i+size, len(in))])
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.WriteString(out)
+		}
+		out, err := sg.Flush()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.WriteString(out); b.String() != in {
+			t.Fatalf("chunks of %d: %q", size, b.String())
+		}
+	}
+}

@@ -16,6 +16,8 @@ func TestJSONEscapesDoNotHideValues(t *testing.T) {
 		{"an escaped at sign in an e-mail address", `{"to":"anna\u0040example.org"}`, TypeEmail, `anna\u0040example.org`},
 		{"escaped digits of a card number", `{"card":"4111\u00201111\u00201111\u00201111"}`, TypeCreditCard, `4111\u00201111\u00201111\u00201111`},
 		{"an upper-case hex escape", `{"to":"anna\u0040EXAMPLE.org"}`, TypeEmail, `anna\u0040EXAMPLE.org`},
+		{"a C or JavaScript \\x escape of the at sign", `mail mario.rossi\x40example.com today`, TypeEmail, `mario.rossi\x40example.com`},
+		{"\\x escapes of a card's digits", `card \x34111111111111111 ok`, TypeCreditCard, `\x34111111111111111`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -32,6 +34,9 @@ func TestJSONEscapesDoNotHideValues(t *testing.T) {
 	}
 	// Escapes that decode to nothing an entity is made of stay unmatched.
 	if fs := s.Scan(`{"note":"\u00e8 \u0041BC"}`); len(fs) != 0 {
+		t.Fatalf("findings %+v in text without entities", fs)
+	}
+	if fs := s.Scan(`C:\x00\xff \x4 \xZZ`); len(fs) != 0 {
 		t.Fatalf("findings %+v in text without entities", fs)
 	}
 	if r := jsonEscape(`\ud83d`); r != -1 {

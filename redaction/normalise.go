@@ -228,6 +228,23 @@ func jsonEscape(s string) rune {
 	return r
 }
 
+// hexEscape decodes a \xHH escape at the start of s of a printable ASCII
+// byte or a space, else -1.
+func hexEscape(s string) int {
+	if len(s) < 4 || s[0] != '\\' || s[1] != 'x' {
+		return -1
+	}
+	h, l := hexVal(s[2]), hexVal(s[3])
+	if h < 0 || l < 0 {
+		return -1
+	}
+	b := h<<4 | l
+	if b < 0x20 || b > 0x7e {
+		return -1
+	}
+	return b
+}
+
 // jsonShortEscape decodes a JSON two-character escape (\n \t \r \" \\
 // \/ \b \f) at the start of s into its byte, or returns -1.
 func jsonShortEscape(s string) int {
@@ -250,8 +267,9 @@ func jsonShortEscape(s string) int {
 }
 
 // htmlRef decodes an HTML character reference at s[0] == '&': "&#64;",
-// "&#x40;" or a name of htmlEntities, with its ';'. It returns the rune
-// and the reference's length, or -1.
+// "&#x40;" (the ';' of a numeric one may be missing) or a name of
+// htmlEntities with its ';'. It returns the rune and the reference's
+// length, or -1.
 func htmlRef(s string) (rune, int) {
 	if len(s) < 4 {
 		return -1, 0
@@ -270,10 +288,16 @@ func htmlRef(s string) (rune, int) {
 			}
 			r = r*rune(base) + rune(v)
 		}
-		if j == i || j >= len(s) || s[j] != ';' || r < 0x20 || r > unicode.MaxRune || r >= 0xD800 && r <= 0xDFFF {
+		if j == i || r < 0x20 || r > unicode.MaxRune || r >= 0xD800 && r <= 0xDFFF {
 			return -1, 0
 		}
-		return r, j + 1
+		if j < len(s) && s[j] == ';' {
+			return r, j + 1
+		}
+		// Without its ';' a numeric reference still decodes (HTML
+		// Living Standard §13.2.5.80, a parse error browsers forgive):
+		// "mario&#64example.com" shows the address.
+		return r, j
 	}
 	j := 1
 	for j < len(s) && j < 10 && isAlpha(s[j]) {
@@ -368,7 +392,7 @@ func scriptDigit(r rune) rune {
 // digits and letters, ligatures, mathematical alphanumerics become ASCII),
 // decimal digits of every script mapped to ASCII, format characters and
 // combining marks dropped, homoglyphs, dashes and spaces mapped,
-// percent-escapes of printable ASCII, JSON \uXXXX escapes and HTML
+// percent-escapes of printable ASCII, JSON \uXXXX escapes, \xHH escapes and HTML
 // character references decoded. It returns ok=false when the view would
 // equal text, so callers can skip it. Texts over 2 GiB are not normalised
 // (offsets are 32-bit).
@@ -414,6 +438,14 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 				if r := jsonEscape(text[i:]); r >= 0 {
 					w.replace(i, i+6, normRune(r, &nfkc))
 					i += 6
+					continue
+				}
+				// A \xHH escape of C, JavaScript and Python strings (ISO C
+				// §6.4.4.4, ECMA-262 §12.9.4): "mario\x40example.com" is
+				// the address it shows to a reader (and to a model).
+				if b := hexEscape(text[i:]); b >= 0 {
+					w.replaceByte(i, i+4, byte(b))
+					i += 4
 					continue
 				}
 				// The two-character escapes of JSON strings (RFC 8259 §7):

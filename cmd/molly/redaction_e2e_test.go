@@ -260,3 +260,86 @@ http://127.0.0.1:{PORT} {
 		}
 	}
 }
+
+// TestRedactionBreakItRound5 runs the leaks a fifth break-it round found
+// through the real binary: a card number written as a JSON number with an
+// exponent (in an extra member and in tool-call arguments), an address cut
+// between a message's text and a tool call's arguments, an address with
+// its '@' as a \x40 escape, an address under a member named "[0]" (a
+// gjson multipath, so the placeholder went beside the value), a card and a key in the forwarded correlation
+// headers of a call to T2 (which the body's class allows, the header's
+// values were never classified), and a value the client split across two
+// messages, which the model writes back as its two placeholders: restored
+// whole, it was masked by the output guard. The oracle is the values' own
+// text (and the card's digits with the number's '.' removed) in what the
+// upstreams received, and the restored text the client got.
+func TestRedactionBreakItRound5(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", "sensitivity EMAIL public\n\t\tsensitivity CREDIT_CARD public"))
+	post := func(body string, hdr ...string) (string, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", g.URL+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+		return string(out), resp.Header.Get("X-Molly-Tier")
+	}
+	args, _ := json.Marshal(`{"n":4.111111111111111e15}`)
+	_, tier := post(`{"model":"chat","x":4111111111111111e0,"metadata":{"[0]":"cc carla.bruni@example.net"},"messages":[{"role":"user","content":"mail mario.rossi@"},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"send","arguments":"example.com"}},` +
+		`{"id":"c2","type":"function","function":{"name":"pay","arguments":` + string(args) + `}}]},` +
+		`{"role":"tool","tool_call_id":"c1","content":"sent"},{"role":"tool","tool_call_id":"c2","content":"paid"},` +
+		`{"role":"user","content":"and write to anna.verdi\\x40example.org"}]}`)
+	got := tr.t3.Drain()
+	if tier != "T3" || len(got) != 1 {
+		t.Fatalf("tier %s, T3 got %d requests", tier, len(got))
+	}
+	sent := string(got[0])
+	for _, v := range []string{"mario.rossi@", "example.com", "anna.verdi", "carla.bruni", "41111111111111"} {
+		if strings.Contains(strings.ReplaceAll(sent, ".", ""), strings.ReplaceAll(v, ".", "")) {
+			t.Errorf("T3 received %q: %s", v, sent)
+		}
+	}
+
+	// A split value comes back whole, not masked, whole and streamed.
+	tr.t3.Answer = func(string) string { return "write to [EMAIL_1][EMAIL_2] today" }
+	split := `{"model":"chat","messages":[{"role":"user","content":"mail mario.rossi@exam"},{"role":"user","content":"ple.com please"}]}`
+	out, _ := post(split)
+	if c := gjson.Get(out, "choices.0.message.content").String(); c != "write to mario.rossi@example.com today" {
+		t.Errorf("answer %q, want the address restored whole", c)
+	}
+	out, _ = post(strings.Replace(split, `"model":"chat",`, `"model":"chat","stream":true,`, 1))
+	var text strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+			text.WriteString(gjson.Get(data, "choices.0.delta.content").String())
+		}
+	}
+	if text.String() != "write to mario.rossi@example.com today" {
+		t.Errorf("streamed %q, want the address restored whole", text.String())
+	}
+
+	// A phone number keeps the body internal (T2); the headers hold a card
+	// and a key the decision never saw.
+	_, tier = post(`{"model":"chat","messages":[{"role":"user","content":"call +39 347 123 4567"}]}`,
+		"X-Request-Id", "4111 1111 1111 1111", "Tracestate", "vendor=ghp_R4nd0mT0k3nV4lu3Xy2Zq8Wm1Lp9Kd7Hs5Jq")
+	heads := tr.t2.Headers()
+	if tier != "T2" || len(heads) == 0 {
+		t.Fatalf("tier %s, T2 got %d requests", tier, len(heads))
+	}
+	h := heads[len(heads)-1]
+	if id := h.Get("X-Request-Id"); strings.Contains(strings.ReplaceAll(id, " ", ""), "4111111111111111") || !strings.HasPrefix(id, "req_") ||
+		strings.Contains(h.Get("Tracestate"), "ghp_") {
+		t.Errorf("T2 got X-Request-Id %q, Tracestate %q", id, h.Get("Tracestate"))
+	}
+}

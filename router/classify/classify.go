@@ -19,6 +19,7 @@ import (
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/capability"
 	"github.com/molly-gateway/molly/router/openai"
+	"github.com/molly-gateway/molly/router/relay"
 )
 
 // Classifier turns a request body into an Annotation. Safe for concurrent use.
@@ -443,8 +444,53 @@ func (w *walker) walk(i int) {
 	case openai.KindString:
 		w.str(i, d.Str(i))
 	case openai.KindNumber:
-		w.add(i, d.Raw(i), kindNumber)
+		w.add(i, numberText(d.Raw(i)), kindNumber)
 	}
+}
+
+// maxNumberShift bounds the exponent numberText expands: a longer run of
+// zeros carries no more digits of the literal.
+const maxNumberShift = 64
+
+// numberText is the text a JSON number literal is scanned as: the literal
+// itself when it has no exponent, else its value in plain decimal
+// (4.111111111111111e15 and 4111111111111111e0 are 4111111111111111, the
+// digits an upstream's parser gives the model), without leading zeros or
+// a fraction of zeros. An exponent beyond ±maxNumberShift keeps the
+// literal. The literal's grammar is RFC 8259 §6 (openai.Parse checked it).
+func numberText(raw string) string {
+	e := strings.IndexAny(raw, "eE")
+	if e < 0 {
+		return raw
+	}
+	exp, err := strconv.Atoi(strings.TrimPrefix(raw[e+1:], "+"))
+	if err != nil || exp > maxNumberShift || exp < -maxNumberShift {
+		return raw
+	}
+	mant, sign := raw[:e], ""
+	if strings.HasPrefix(mant, "-") {
+		mant, sign = mant[1:], "-"
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	digits := intPart + frac
+	point := len(intPart) + exp // where the decimal point falls in digits
+	var whole, rest string
+	switch {
+	case point <= 0:
+		whole, rest = "0", strings.Repeat("0", -point)+digits
+	case point >= len(digits):
+		whole = digits + strings.Repeat("0", point-len(digits))
+	default:
+		whole, rest = digits[:point], digits[point:]
+	}
+	whole = strings.TrimLeft(whole, "0")
+	if whole == "" {
+		whole = "0"
+	}
+	if rest = strings.TrimRight(rest, "0"); rest != "" {
+		return sign + whole + "." + rest
+	}
+	return sign + whole
 }
 
 func (w *walker) str(node int, s string) {
@@ -469,8 +515,13 @@ func (w *walker) str(node int, s string) {
 	if w.enum(s) {
 		return
 	}
-	if strings.HasPrefix(s, "data:") {
-		w.dataURL(node, s)
+	rest, isData := strings.CutPrefix(s, "data:")
+	if !isData && (w.at("messages", "#", "content", "#", "image_url", "url") || w.at("messages", "#", "content", "#", "file", "file_data")) {
+		// Where a URL goes, as an upstream's URL parser reads it.
+		rest, isData = cutDataScheme(s)
+	}
+	if isData {
+		w.dataURL(node, s, rest)
 		return
 	}
 	switch {
@@ -546,17 +597,38 @@ func textMediaType(mt string) bool {
 		mt == "application/yaml" || mt == "application/x-www-form-urlencoded"
 }
 
-// dataURL handles an RFC 2397 data: URL: a text media type is decoded and
-// scanned (its redaction is re-encoded as a base64 data URL of the same
-// type); a binary one (an image, audio, a PDF) is listed in Unscanned.
-func (w *walker) dataURL(node int, s string) {
-	meta, payload, ok := strings.Cut(s[len("data:"):], ",")
+// cutDataScheme reports whether s is a data: URL as a URL parser reads it
+// (WHATWG URL §4.4: leading and trailing C0 controls and spaces stripped,
+// ASCII tabs and newlines removed anywhere; RFC 3986 §3.1: the scheme in
+// any case, "DATA:" too), and returns what follows the scheme.
+func cutDataScheme(s string) (string, bool) {
+	t := strings.TrimFunc(s, func(r rune) bool { return r <= ' ' })
+	if strings.ContainsAny(t, "\t\n\r") {
+		t = strings.Map(func(r rune) rune {
+			if r == '\t' || r == '\n' || r == '\r' {
+				return -1
+			}
+			return r
+		}, t)
+	}
+	if len(t) < len("data:") || !strings.EqualFold(t[:len("data:")], "data:") {
+		return "", false
+	}
+	return t[len("data:"):], true
+}
+
+// dataURL handles an RFC 2397 data: URL (s, rest after its scheme): a text
+// media type is decoded and scanned (its redaction is re-encoded as a
+// base64 data URL of the same type); a binary one (an image, audio, a
+// PDF) is listed in Unscanned. Parameter names are read in any case.
+func (w *walker) dataURL(node int, s, rest string) {
+	meta, payload, ok := strings.Cut(rest, ",")
 	if w.at("messages", "#", "content", "#", "image_url", "url") {
 		w.a.addModality("image")
 	}
 	params := strings.Split(meta, ";")
-	mt := params[0]
-	b64 := slices.Contains(params[1:], "base64")
+	mt := strings.TrimSpace(params[0])
+	b64 := slices.ContainsFunc(params[1:], func(p string) bool { return strings.EqualFold(strings.TrimSpace(p), "base64") })
 	if !ok {
 		w.add(node, s, kindText)
 		return
@@ -599,20 +671,9 @@ func (a *Annotation) addModality(m string) {
 	}
 }
 
-// escapePath escapes the characters gjson/sjson paths give meaning to.
-func escapePath(key string) string {
-	if !strings.ContainsAny(key, `.*?\|#@!:=<>%"`) {
-		return key
-	}
-	var b strings.Builder
-	for _, r := range key {
-		if strings.ContainsRune(`.*?\|#@!:=<>%"`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+// escapePath escapes an object member name for a gjson/sjson path
+// (relay.EscapeKey): the path names exactly that member.
+func escapePath(key string) string { return relay.EscapeKey(key) }
 
 // checkModelName refuses model names that carry what looks like a secret
 // or personal data: model names are logged and echoed in errors, so such a
@@ -648,6 +709,21 @@ func (c *Classifier) sovereignty(a *Annotation) {
 		case err != nil:
 			a.failed = true
 			continue
+		}
+		if f.kind == kindArgs && strings.ContainsAny(f.text, "eE") {
+			more, err, ok := safeScan2(func(text string) ([]redaction.Finding, error) { return c.exponentFindings(text) }, f.text)
+			switch {
+			case !ok || err != nil && !errors.Is(err, redaction.ErrScanBudget):
+				a.failed = true
+				continue
+			case err != nil:
+				a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(i), Reason: ReasonScanBudget})
+				continue
+			}
+			if len(more) > 0 {
+				fs = append(fs, more...)
+				sort.SliceStable(fs, func(x, y int) bool { return fs[x].Start < fs[y].Start })
+			}
 		}
 		for _, fd := range fs {
 			a.findings = append(a.findings, FieldFinding{Field: i, Finding: fd})
@@ -690,6 +766,48 @@ func safeScan2[T any, R any](scan func(T) (R, error), text T) (out R, err error,
 	return out, err, true
 }
 
+// exponentFindings scans the numbers written with an exponent in
+// tool-call arguments text (a JSON document) as their plain decimal value
+// (numberText): the model reads 4111111111111111e0 as the card's digits,
+// which the scan of the text alone does not find next to the 'e'. Each
+// finding covers the whole number literal. Text that is not JSON has none.
+func (c *Classifier) exponentFindings(text string) ([]redaction.Finding, error) {
+	if !gjson.Valid(text) {
+		return nil, nil
+	}
+	var out []redaction.Finding
+	var err error
+	var walk func(v gjson.Result)
+	walk = func(v gjson.Result) {
+		switch {
+		case err != nil:
+		case v.Type == gjson.Number:
+			raw := v.Raw
+			if v.Index <= 0 || v.Index+len(raw) > len(text) || text[v.Index:v.Index+len(raw)] != raw {
+				return
+			}
+			nt := numberText(raw)
+			if nt == raw {
+				return
+			}
+			var fs []redaction.Finding
+			if fs, err = c.scan(nt); err != nil {
+				return
+			}
+			for _, fd := range fs {
+				out = append(out, redaction.Finding{Type: fd.Type, Subtype: fd.Subtype, Start: v.Index, End: v.Index + len(raw)})
+			}
+		case v.IsObject() || v.IsArray():
+			v.ForEach(func(_, e gjson.Result) bool {
+				walk(e)
+				return err == nil
+			})
+		}
+	}
+	walk(gjson.Parse(text))
+	return out, err
+}
+
 // segment is a piece of a field's text that continues in the next segment
 // of its sequence: text == fields[field].text[off:off+len(text)].
 type segment struct {
@@ -699,26 +817,35 @@ type segment struct {
 
 // splitValues finds values cut across consecutive segments: the texts of
 // the chat messages in order (every role's), the string values of tool-call
-// arguments in order (within one call and across calls), and the prompts or
-// inputs of completions and embeddings (see redaction.Scanner.ScanAcross).
+// arguments in order (within one call and across calls), both together in
+// document order (a message's text, then its tool calls' arguments, then
+// the next message: a value cut between a text and an argument), and the
+// prompts or inputs of completions and embeddings (see
+// redaction.Scanner.ScanAcross).
 // Their parts replace any finding they overlap in a.findings (the joined
 // value is longer); it returns the type of each split value, for counting.
 // A scan failure sets a.failed.
 func (c *Classifier) splitValues(a *Annotation) []string {
-	var msgs, args, prompts []segment
+	var msgs, args, prompts, conv []segment
 	for i, f := range a.fields {
 		switch f.kind {
 		case kindContent:
 			msgs = append(msgs, segment{i, 0, f.text})
+			conv = append(conv, segment{i, 0, f.text})
 		case kindArgs:
+			n := len(args)
 			args = appendArgSegments(args, i, f.text)
+			conv = append(conv, args[n:]...)
 		case kindPrompt:
 			prompts = append(prompts, segment{i, 0, f.text})
 		}
 	}
+	if len(msgs) == 0 || len(args) == 0 {
+		conv = nil // the same segments as msgs or args alone
+	}
 	var types []string
 	var parts []FieldFinding
-	for _, seq := range [][]segment{msgs, args, prompts} {
+	for q, seq := range [][]segment{msgs, args, prompts, conv} {
 		if len(seq) < 2 {
 			continue
 		}
@@ -736,11 +863,32 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 			continue
 		}
 		last := -1
+		var seen map[int]bool // q == 3: values that overlap one found above
+		if q == 3 {
+			// The conversation's content and arguments together: a value
+			// within the messages or within the arguments alone was found
+			// above (and one of its parts may have been joined to a
+			// neighbour here); only a value that crosses from a message's
+			// text into a tool call's arguments, or back, is new.
+			seen = map[int]bool{}
+			for _, sf := range found {
+				sg := seq[sf.Segment]
+				f := sf.Finding
+				f.Start += sg.off
+				f.End += sg.off
+				if overlapsPart(parts, sg.field, f) {
+					seen[sf.Value] = true
+				}
+			}
+		}
 		for _, sf := range found {
 			sg := seq[sf.Segment]
 			f := sf.Finding
 			f.Start += sg.off
 			f.End += sg.off
+			if seen[sf.Value] {
+				continue
+			}
 			parts = append(parts, FieldFinding{Field: sg.field, Finding: f, Split: true})
 			if sf.Value > last {
 				last = sf.Value
@@ -774,10 +922,21 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 	return types
 }
 
+// overlapsPart reports whether f, in field, overlaps one of parts.
+func overlapsPart(parts []FieldFinding, field int, f redaction.Finding) bool {
+	for _, p := range parts {
+		if p.Field == field && p.Start < f.End && f.Start < p.End {
+			return true
+		}
+	}
+	return false
+}
+
 // appendArgSegments adds the string values of tool-call arguments text (a
 // JSON document) as segments, in document order, or the whole text when it
-// is not JSON. Values holding escapes are skipped: their decoded bytes do
-// not map one to one onto the field's text.
+// is not JSON. A segment is the value as written between its quotes,
+// escapes and all (the scanner's normalised view decodes \uXXXX and the
+// two-character escapes), so its offsets are the field's own.
 func appendArgSegments(segs []segment, field int, text string) []segment {
 	if !gjson.Valid(text) {
 		return append(segs, segment{field, 0, text})
@@ -787,8 +946,7 @@ func appendArgSegments(segs []segment, field int, text string) []segment {
 		switch {
 		case v.Type == gjson.String:
 			raw := v.Raw
-			if v.Index > 0 && v.Index+len(raw) <= len(text) && text[v.Index:v.Index+len(raw)] == raw &&
-				len(raw) >= 2 && !strings.Contains(raw, `\`) {
+			if v.Index > 0 && v.Index+len(raw) <= len(text) && text[v.Index:v.Index+len(raw)] == raw && len(raw) >= 2 {
 				segs = append(segs, segment{field, v.Index + 1, raw[1 : len(raw)-1]})
 			}
 		case v.IsObject() || v.IsArray():

@@ -1,9 +1,11 @@
 package classify
 
 import (
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -624,5 +626,31 @@ func TestAScanOverItsBudgetMakesTheRequestOpaque(t *testing.T) {
 		{Path: "messages.0.content", Reason: ReasonScanBudget + " (values split across fields)"}}
 	if !a.Opaque() || !reflect.DeepEqual(a.Unscanned(), want) {
 		t.Fatalf("opaque %v, unscanned %+v; want %+v", a.Opaque(), a.Unscanned(), want)
+	}
+}
+
+// TestDataURLsAsAURLParserReadsThem: an image or a file given as a data:
+// URL whose scheme is upper case, or preceded by spaces, or cut by a line
+// break, is a data: URL to a URL parser (RFC 3986 §3.1, WHATWG URL §4.4):
+// its binary bytes are listed as unscanned (the request is opaque), and a
+// text one is decoded and scanned. They used to be scanned as plain text,
+// so the image went to T3 as if it had been read.
+func TestDataURLsAsAURLParserReadsThem(t *testing.T) {
+	for _, url := range []string{"DATA:image/png;base64,iVBORw0KGgo=", " data:image/png;base64,iVBORw0KGgo=", "da\nta:image/png;BASE64,iVBORw0KGgo=", "Data:image/png ; base64,iVBORw0KGgo="} {
+		body := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":` + strconv.Quote(url) + `}}]}]}`
+		a := classifyBody(t, openai.EndpointChat, body, "")
+		if !a.Opaque() || len(a.Unscanned()) != 1 || !strings.HasPrefix(a.Unscanned()[0].Reason, "binary image/png") {
+			t.Errorf("%q: opaque %v, unscanned %v; want the image unscanned", url, a.Opaque(), a.Unscanned())
+		}
+	}
+	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"file","file":{"filename":"a.txt","file_data":"DATA:text/plain;base64,` +
+		base64.StdEncoding.EncodeToString([]byte("mail anna.rossi@example.it")) + `"}}]}]}`
+	a := classifyBody(t, openai.EndpointChat, body, "")
+	if a.Opaque() || a.Findings()["EMAIL"] != 1 {
+		t.Errorf("a text file: opaque %v, findings %v; want the address found", a.Opaque(), a.Findings())
+	}
+	// Prose that starts like a URL is still prose.
+	if a := classifyBody(t, openai.EndpointChat, `{"model":"m","messages":[{"role":"user","content":"Data: 3, 4 and 5"}]}`, ""); a.Opaque() {
+		t.Errorf("prose starting with Data: is opaque: %v", a.Unscanned())
 	}
 }

@@ -221,3 +221,180 @@ func TestRedactNeverIssuesAPlaceholderTheClientWrote(t *testing.T) {
 		t.Fatalf("restored %q", got)
 	}
 }
+
+// TestRedactNumbersWithAnExponent: a JSON number is scanned as the value
+// an upstream's parser reads, so a card number written with an exponent
+// or as a fraction of a power of ten (4111111111111111e0,
+// 4.111111111111111E15, 41111111.11111111e8) is found and replaced like
+// the plain literal. The oracle is the card's digits, searched in the
+// redacted body with every non-digit removed from each number.
+func TestRedactNumbersWithAnExponent(t *testing.T) {
+	const card = "4111111111111111"
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":{"a":"x"},` +
+		`"x":4111111111111111e0,"y":4.111111111111111E15,"z":41111111.11111111e8,"w":-0.4111111111111111e+16,"v":1.5e3,"u":2e-3}`
+	a := classifyBody(t, openai.EndpointChat, body, "")
+	if a.Findings()["CREDIT_CARD"] != 4 {
+		t.Fatalf("findings %v, want 4 cards", a.Findings())
+	}
+	red, err := a.Redact([]string{"CREDIT_CARD"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"x", "y", "z"} {
+		if got := gjson.Get(red.Body, k); got.Str != "[CREDIT_CARD_1]" {
+			t.Errorf("%s = %s, want the placeholder", k, got.Raw)
+		}
+	}
+	if got := gjson.Get(red.Body, "w").Str; got != "-[CREDIT_CARD_1]" {
+		t.Errorf("w = %q, want -[CREDIT_CARD_1]", got)
+	}
+	gjson.Parse(red.Body).ForEach(func(k, v gjson.Result) bool {
+		digits := strings.Map(func(r rune) rune {
+			if r >= '0' && r <= '9' {
+				return r
+			}
+			return -1
+		}, v.Raw)
+		if v.Type == gjson.Number && strings.Contains(digits, card[:15]) {
+			t.Errorf("%s still holds the card's digits: %s", k, v.Raw)
+		}
+		return true
+	})
+	// Numbers without card digits are left as they were.
+	if gjson.Get(red.Body, "v").Raw != "1.5e3" || gjson.Get(red.Body, "u").Raw != "2e-3" {
+		t.Errorf("other numbers were rewritten: %s", red.Body)
+	}
+}
+
+func TestNumberText(t *testing.T) {
+	for raw, want := range map[string]string{
+		"4111111111111111": "4111111111111111", "3.14": "3.14", "1.5e3": "1500", "2e-3": "0.002",
+		"4.111111111111111E15": "4111111111111111", "4111111111111111e0": "4111111111111111",
+		"-0.4111111111111111e+16": "-4111111111111111", "41111111.11111111e8": "4111111111111111",
+		"1e65": "1e65", "1.25e1": "12.5", "0e5": "0", "100e-2": "1",
+	} {
+		if got := numberText(raw); got != want {
+			t.Errorf("numberText(%s) = %s, want %s", raw, got, want)
+		}
+	}
+}
+
+// TestRedactNumbersWithAnExponentInToolArguments: tool-call arguments are
+// JSON the model reads as text; a card number written there with an
+// exponent is found and replaced by a quoted placeholder (the arguments
+// stay JSON), restored as the literal the client wrote.
+func TestRedactNumbersWithAnExponentInToolArguments(t *testing.T) {
+	for _, n := range []string{"4111111111111111e0", "4.111111111111111E15", "41111111.11111111e+8"} {
+		args := `{"n":` + n + `,"m":[1.5e3]}`
+		body := `{"model":"m","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":` +
+			fmt.Sprintf("%q", args) + `}}]}]}`
+		a := classifyBody(t, openai.EndpointChat, body, "")
+		red, err := a.Redact([]string{"CREDIT_CARD"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := gjson.Get(red.Body, "messages.1.tool_calls.0.function.arguments").Str
+		if got != `{"n":"[CREDIT_CARD_1]","m":[1.5e3]}` {
+			t.Errorf("%s: arguments sent %s, want the number as a quoted placeholder", n, got)
+			continue
+		}
+		if back := string(red.Vault.RestoreJSON([]byte(got))); back != args {
+			t.Errorf("%s: restored %s, want %s", n, back, args)
+		}
+	}
+}
+
+// TestRedactAValueCutBetweenATextAndToolArguments: a value cut between a
+// message's text and the arguments of the tool call that follows it (or
+// between the arguments and the next message) reads as one to the model;
+// each part is replaced in its own field. The oracle is the value's two
+// halves in the redacted body.
+func TestRedactAValueCutBetweenATextAndToolArguments(t *testing.T) {
+	for _, tc := range []struct{ body, head, tail string }{
+		{`{"model":"m","messages":[{"role":"user","content":"mail mario.rossi@"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"example.com"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`,
+			"mario.rossi@", "example.com"},
+		{`{"model":"m","messages":[{"role":"user","content":"mail mario.rossi@"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"to\":\"example.com\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`,
+			"mario.rossi@", "example.com"},
+		{`{"model":"m","messages":[{"role":"user","content":"pay"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"iban\":\"IT60X05428111\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"01000000123456 accepted"}]}`,
+			"IT60X05428111", "01000000123456"},
+	} {
+		a := classifyBody(t, openai.EndpointChat, tc.body, "")
+		red, err := a.Redact([]string{"EMAIL", "IBAN"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(red.Body, tc.head) || strings.Contains(red.Body, tc.tail) {
+			t.Errorf("the redacted body still holds a part of %s%s: %s", tc.head, tc.tail, red.Body)
+			continue
+		}
+		ph := "[EMAIL_1][EMAIL_2]"
+		if strings.HasPrefix(tc.head, "IT") {
+			ph = "[IBAN_1][IBAN_2]"
+		}
+		if got := red.Vault.Restore(ph); got != tc.head+tc.tail {
+			t.Errorf("restored %q, want %q", got, tc.head+tc.tail)
+		}
+	}
+}
+
+// TestRedactKeysThatLookLikePathSyntax: a member name is written into an
+// sjson path; one gjson/sjson read as syntax ("[0]" is a multipath, ":x" a
+// flag, "@this" a modifier) named nothing, so the placeholder went into a
+// new member beside the value, which reached the upstream as it was (and a
+// renamed key lost its value: invalid JSON). Every such name, as the key
+// of a value with a finding and as a key with a finding, is redacted in
+// place; the oracle is the address's text in the redacted body, and the
+// body is valid JSON with as many members as before.
+func TestRedactKeysThatLookLikePathSyntax(t *testing.T) {
+	for _, k := range []string{`[0]`, `{a}`, `a,b`, `:x`, `@this`, `!x`, `#`, `*`, `?`, `a|b`, `-1`, ``, `..`, `\\`, `a\\.b`, `x\"y`, `a(b)`, `$`, `%`, `é`} {
+		for _, body := range []string{
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":{"` + k + `":"mail mario.rossi@example.com"},` +
+				`"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"` + k + `":{"type":"string","description":"mario.rossi@example.com"}}}}}}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":{"` + k + `mario.rossi@example.com":"x"},"` + k + `":"mario.rossi@example.com"}`,
+		} {
+			a := classifyBody(t, openai.EndpointChat, body, "")
+			red, err := a.Redact([]string{"EMAIL"})
+			if err != nil {
+				t.Errorf("key %q: %v", k, err)
+				continue
+			}
+			if strings.Contains(red.Body, "mario.rossi") || !gjson.Valid(red.Body) ||
+				gjson.Get(red.Body, "metadata.@keys.#").Int() != gjson.Get(body, "metadata.@keys.#").Int() {
+				t.Errorf("key %q: redacted %s", k, red.Body)
+			}
+		}
+	}
+}
+
+// TestRedactAValueSplitAcrossEscapedArguments: a value cut between two
+// string values of tool-call arguments is found when a part is written
+// with JSON escapes (a line break, \u0040 for the '@'): such values used
+// to be left out of the sequence joined across values. Each part is
+// replaced; the oracle is the parts' text in the redacted arguments, and
+// the restored placeholders give the value back.
+func TestRedactAValueSplitAcrossEscapedArguments(t *testing.T) {
+	for _, tc := range []struct{ args, want, back string }{
+		{`{"a":"mario.rossi\u0040exa","b":"mple.com"}`, `{"a":"[EMAIL_1]","b":"[EMAIL_2]"}`, "mario.rossi@example.com"},
+		{`{"a":"mario.rossi@exa","b":"mple\u002ecom"}`, `{"a":"[EMAIL_1]","b":"[EMAIL_2]"}`, "mario.rossi@example.com"},
+		{`{"a":"card 4111\n1111","b":"1111 1111"}`, `{"a":"card [CREDIT_CARD_1]","b":"[CREDIT_CARD_2]"}`, "4111\n1111 1111 1111"},
+	} {
+		body := `{"model":"m","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":` +
+			fmt.Sprintf("%q", tc.args) + `}}]}]}`
+		a := classifyBody(t, openai.EndpointChat, body, "")
+		red, err := a.Redact([]string{"CREDIT_CARD", "EMAIL"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := gjson.Get(red.Body, "messages.1.tool_calls.0.function.arguments").Str; got != tc.want {
+			t.Errorf("%s: sent %s, want %s", tc.args, got, tc.want)
+			continue
+		}
+		ph := "[EMAIL_1][EMAIL_2]"
+		if strings.Contains(tc.want, "CARD") {
+			ph = "[CREDIT_CARD_1] [CREDIT_CARD_2]"
+		}
+		if got := red.Vault.Restore(ph); got != tc.back {
+			t.Errorf("%s: restored %q, want %q", tc.args, got, tc.back)
+		}
+	}
+}

@@ -132,7 +132,7 @@ type Dispatch struct {
 	stream     bool
 	added      []string // parameters WithParam added (not the client's)
 	// guard finds values in the forwarded headers of a call to a tier
-	// that gets redacted bodies (see Header); nil for other tiers.
+	// off the device (see Header); nil for T0.
 	guard *redaction.Scanner
 }
 
@@ -161,7 +161,11 @@ func (e *Egress) NewDispatch(d policies.Decided, a *classify.Annotation, c route
 	}
 	disp := &Dispatch{egress: e, target: t, model: c.Model, decisionID: dec.ID(), endpoint: a.Endpoint(), stream: a.Stream()}
 	types := dec.Redact(t.Tier)
-	if t.Tier == "T3" || len(types) > 0 {
+	if t.Tier != "T0" {
+		// The forwarded headers were never classified: a value in them
+		// the decision did not see (a card in a request id, a key in
+		// tracestate) must not reach a tier its class forbids, so off
+		// the device none with a finding is sent (see Header).
 		disp.guard = a.Classifier().Scanner()
 	}
 	if a.Endpoint() == openai.EndpointModels {
@@ -255,8 +259,8 @@ func (d *Dispatch) Redacted() int { return d.redacted }
 // ForwardHeaders are the client request headers sent on to upstreams:
 // request correlation and W3C trace context, nothing that identifies the
 // client to an external API. They are free text the classifier never
-// reads, so for T3 and any tier the decision redacts for, a value in which
-// the detectors find anything is not forwarded (Header).
+// reads (the decision did not see them), so to every tier but T0 a value
+// in which the detectors find anything is not forwarded (Header).
 var ForwardHeaders = []string{"X-Request-Id", "Traceparent", "Tracestate"}
 
 // Send performs the upstream call with the headers in hdr that

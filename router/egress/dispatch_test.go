@@ -448,15 +448,16 @@ func TestSendReachesTheEngineInProcess(t *testing.T) {
 }
 
 // TestHeaderLeavesOutForwardedValuesWithFindings: the forwarded
-// correlation headers are client free text the classifier never reads; to
-// an external API a request id or trace state holding an address or a key
-// is not sent (a fresh request id goes instead), while clean values and
-// every value to a self-hosted tier go as they were.
+// correlation headers are client free text the classifier never reads (the
+// decision never saw them); to any tier off the device a request id or
+// trace state holding an address, a card number or a key is not sent (a
+// fresh request id goes instead), while clean values go as they were.
 func TestHeaderLeavesOutForwardedValuesWithFindings(t *testing.T) {
 	t.Setenv("MOLLY_TEST_CLOUD_KEY", "sk-upstream-test")
 	ts := []*route.Target{
 		{Name: "lan", Tier: "T1", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"m"}},
 		{Name: "cloud", Tier: "T3", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"m"}, APIKeyEnv: "MOLLY_TEST_CLOUD_KEY"},
+		{Name: "selfhosted", Tier: "T2", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"m"}},
 	}
 	e := newEgress(t, ts, nil)
 	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -480,8 +481,16 @@ func TestHeaderLeavesOutForwardedValuesWithFindings(t *testing.T) {
 	if h.Get("X-Request-Id") != "req-42" || h.Get("Tracestate") != "vendor=abc" {
 		t.Errorf("clean values to T3: %v", h)
 	}
-	h = header(ts[0], "mario.rossi@example.com", "vendor=mario.rossi@example.com")
-	if h.Get("X-Request-Id") != "mario.rossi@example.com" || h.Get("Tracestate") != "vendor=mario.rossi@example.com" {
-		t.Errorf("a self-hosted tier's headers changed: %v", h)
+	// A self-hosted tier the body's class allows is not allowed a card or
+	// a key the decision never saw.
+	for _, tg := range []*route.Target{ts[0], ts[2]} {
+		h = header(tg, "4111 1111 1111 1111", "vendor=ghp_R4nd0mT0k3nV4lu3Xy2Zq8Wm1Lp9Kd7Hs5Jq")
+		if id := h.Get("X-Request-Id"); !strings.HasPrefix(id, "req_") || h.Get("Tracestate") != "" || h.Get("Traceparent") != traceparent {
+			t.Errorf("%s headers %v, want a fresh request id and no trace state", tg.Tier, h)
+		}
+		h = header(tg, "req-42", "vendor=abc")
+		if h.Get("X-Request-Id") != "req-42" || h.Get("Tracestate") != "vendor=abc" {
+			t.Errorf("clean values to %s: %v", tg.Tier, h)
+		}
 	}
 }

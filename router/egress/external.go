@@ -38,10 +38,11 @@ func (d *Dispatch) URL() *url.URL {
 // ForwardHeaders that hdr has, X-Molly-Decision-Id for a target that is not
 // T3 (external APIs learn nothing about Molly's decisions), and
 // "Authorization: Bearer <key>" when the target has an API key. Nothing
-// else of the client's reaches the upstream. For T3 and any tier whose
-// decision redacts, a forwarded value in which the detectors find
-// anything (an e-mail address as a request id, a token in tracestate) is
-// left out; a request id so left out is replaced by a fresh "req_" id. A new value on every call; it
+// else of the client's reaches the upstream. To every tier but T0 (the
+// values were never classified, so the decision did not see them), a
+// forwarded value in which the detectors find anything (an e-mail address
+// as a request id, a card number or a token in tracestate) is left out; a
+// request id so left out is replaced by a fresh "req_" id. A new value on every call; it
 // holds the upstream key, so never log it.
 func (d *Dispatch) Header(hdr http.Header) http.Header {
 	out := make(http.Header, 6)

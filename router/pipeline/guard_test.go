@@ -164,3 +164,27 @@ func TestGuardBodyCoversEveryMessageText(t *testing.T) {
 		t.Errorf("logprobs = %s, want null", lp.Raw)
 	}
 }
+
+// TestGuardBodyMembersNamedLikePathSyntax: an answer's members whose names
+// gjson/sjson read as path syntax ("[0]", "{a}", "a,b", ":x") are guarded
+// in place: the mask used to go into a new member beside the text, which
+// reached the client as the model wrote it. The oracle is the address's
+// text in the guarded answer.
+func TestGuardBodyMembersNamedLikePathSyntax(t *testing.T) {
+	sc, err := redaction.NewScanner(redaction.Config{Types: []string{redaction.TypeEmail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := sc.NewGuard(redaction.GuardPolicy{Default: redaction.GuardMask})
+	const addr = "bob.builder@corp-mail.org"
+	for _, k := range []string{"[0]", "{a}", "a,b", ":x", "@this"} {
+		body := `{"choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"hi","` + k + `":"` + addr + `","extra":{"` + k + `":"` + addr + `"}}}]}`
+		out, err := guardBody(g, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(out), "bob.builder") || !gjson.ValidBytes(out) {
+			t.Errorf("member %q: guarded %s", k, out)
+		}
+	}
+}

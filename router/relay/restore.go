@@ -199,20 +199,30 @@ func (s *StreamRestore) Event(data []byte) []byte {
 // text the model wrote.
 var streamSkipKeys = map[string]bool{"role": true, "id": true, "type": true, "name": true}
 
-// EscapeKey escapes the characters gjson/sjson paths give meaning to in an
-// object member name (a backslash before each), so that the name can be
-// one segment of a path.
+// EscapeKey escapes an object member name so that it is one segment of a
+// gjson/sjson path that names exactly that member: a backslash before every
+// byte but ASCII letters, digits, '_', '-', bytes below '!' and above '~'
+// (gjson.Escape), and before ':' (a path starting with ':' is sjson's
+// "force" flag). A name left unescaped is read as path syntax — '.', '*',
+// '?', '#', '@', '!', '|', and '[' or '{' (a multipath: "[0]" would select
+// nothing, and sjson would add a new member beside the one it was meant to
+// replace).
 func EscapeKey(key string) string {
-	const special = `.*?\|#@!:=<>%"`
-	if !strings.ContainsAny(key, special) {
-		return key
+	esc := gjson.Escape(key)
+	if !strings.Contains(esc, ":") {
+		return esc
 	}
 	var b strings.Builder
-	for _, r := range key {
-		if strings.ContainsRune(special, r) {
+	for i := 0; i < len(esc); i++ {
+		if esc[i] == '\\' && i+1 < len(esc) {
+			b.WriteString(esc[i : i+2])
+			i++
+			continue
+		}
+		if esc[i] == ':' {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(esc[i])
 	}
 	return b.String()
 }
