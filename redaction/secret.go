@@ -798,10 +798,13 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if r.leadB && wordASCII(before(text, p)) == wordASCII(at(text, p)) {
 			continue
 		}
-		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec, &runs) {
+		// The reach check before the assignment's: in prose both reject
+		// at once, in a flood of one keyword's assignments (key=key=…)
+		// only the reach does.
+		if r.generic && !reach.admits(text, p, r.assign) {
 			continue
 		}
-		if r.generic && !reach.admits(text, p, r.assign) {
+		if r.assign > 0 && !assignmentNear(text, p, r.assign, r.minSec, &runs) {
 			continue
 		}
 		if !b.spend(8) {
