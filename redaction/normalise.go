@@ -184,11 +184,17 @@ func percentByte(s string) int {
 	if len(s) < 3 {
 		return -1
 	}
-	h, l := hexVal(s[1]), hexVal(s[2])
-	if h < 0 || l < 0 {
+	return printableHex(s[1], s[2])
+}
+
+// printableHex is the byte the hex digits h and l write when it is
+// printable ASCII or a space, else -1.
+func printableHex(h, l byte) int {
+	hi, lo := hexVal(h), hexVal(l)
+	if hi < 0 || lo < 0 {
 		return -1
 	}
-	b := h<<4 | l
+	b := hi<<4 | lo
 	if b < 0x20 || b > 0x7e {
 		return -1
 	}
@@ -234,15 +240,7 @@ func hexEscape(s string) int {
 	if len(s) < 4 || s[0] != '\\' || s[1] != 'x' {
 		return -1
 	}
-	h, l := hexVal(s[2]), hexVal(s[3])
-	if h < 0 || l < 0 {
-		return -1
-	}
-	b := h<<4 | l
-	if b < 0x20 || b > 0x7e {
-		return -1
-	}
-	return b
+	return printableHex(s[2], s[3])
 }
 
 // jsonShortEscape decodes a JSON two-character escape (\n \t \r \" \\
