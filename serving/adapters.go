@@ -276,9 +276,17 @@ func contentVersion(data []byte) string {
 	return "sha256:" + hex.EncodeToString(h[:])
 }
 
+// validName checks an adapter name: non-empty, without ':' (which
+// separates it from the base model in "<model>:<adapter>"), '/' or
+// spaces, and not "." or ".." (path segments: URL paths such as
+// /molly/adapters/<name> resolve them away, so such an adapter could be
+// neither addressed nor removed).
 func validName(name string) error {
 	if name == "" || strings.ContainsAny(name, ":/ ") {
 		return fmt.Errorf("adapter name %q must be non-empty without ':', '/' or spaces", name)
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("adapter name %q is a path segment; use letters, digits, '.', '_' or '-'", name)
 	}
 	return nil
 }

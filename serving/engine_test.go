@@ -737,6 +737,11 @@ func TestAdaptersCanBeAddedAndRemovedAtRunTime(t *testing.T) {
 			return e.RemoveAdapter("api")
 		}, "api", false},
 	}
+	for _, name := range []string{".", "..", "", "a/b", "a:b", "a b"} {
+		if err := e.AddAdapter(name, filepath.Join(demoDir, DemoAdapterDir, "legal.gguf")); err == nil {
+			t.Errorf("AddAdapter(%q) accepted a name that cannot be addressed", name)
+		}
+	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
 			t.Fatalf("%s: %v", st.name, err)

@@ -81,8 +81,8 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 		if req.Name == "" || req.Path == "" {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`body must be {"name": "...", "path": "..."}`)}
 		}
-		if !adapterName.MatchString(req.Name) {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("adapter name %q: use letters, digits, '.', '_' or '-' (at most 64)", req.Name)}
+		if !adapterName.MatchString(req.Name) || req.Name == "." || req.Name == ".." { // path segments: /molly/adapters/.. cannot address them
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("adapter name %q: use letters, digits, '.', '_' or '-' (at most 64), not '.' or '..'", req.Name)}
 		}
 		for _, a := range e.Adapters() {
 			if a.Name == req.Name {

@@ -803,6 +803,8 @@ http://127.0.0.1:{PORT} {
 		{"legal", "staged/billing.gguf", http.StatusConflict},
 		{"ghost", "staged/nope.gguf", http.StatusBadRequest},
 		{"a:b/c", "staged/billing.gguf", http.StatusBadRequest},
+		{"..", "staged/billing.gguf", http.StatusBadRequest}, // a path segment: DELETE /molly/adapters/.. could not address it
+		{".", "staged/billing.gguf", http.StatusBadRequest},
 		{"outside", filepath.Join(models, serving.DemoAdapterDir, "billing.gguf"), http.StatusForbidden},
 		{"missing", "/nope.gguf", http.StatusForbidden},
 		{"shadow", "/etc/shadow", http.StatusForbidden},
