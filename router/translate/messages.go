@@ -450,17 +450,36 @@ type messagesStream struct {
 	started bool
 	ended   bool
 	id      string
-	block   int           // the open block's index, -1 for none
-	next    int           // the next block index
-	kind    string        // "thinking", "text" or "tool_use": the open block
-	calls   map[int64]int // chat tool-call index → block index
-	finish  string
-	stopSeq string // the stop sequence that ended the answer (matchedStop)
-	usage   gjson.Result
+	block   int    // the open block's index, -1 for none
+	next    int    // the next block index
+	kind    string // "thinking", "text" or "tool_use": the open block
+	// calls are the chat tool calls by their (normalised) index; live is
+	// the one streamed as the open tool_use block. Anthropic's content
+	// blocks cannot interleave, but an OpenAI-style upstream may stream
+	// parallel calls' argument fragments interleaved (index 0, 1, 0, 1):
+	// a call that begins while another is open is held whole and sent as
+	// a block of its own at the end, so that no call loses the fragments
+	// that come after another began; text and reasoning that come after
+	// a call began are held too (the open call may still grow) and sent
+	// after the calls.
+	calls    map[int64]*streamCall
+	order    []int64 // held calls, in the order they began
+	live     int64   // the live call's index, -1 for none
+	lateText strings.Builder
+	lateRsn  strings.Builder
+	finish   string
+	stopSeq  string // the stop sequence that ended the answer (matchedStop)
+	usage    gjson.Result
+}
+
+// streamCall is one tool call of a Messages stream (see messagesStream).
+type streamCall struct {
+	id, name string
+	args     strings.Builder // held calls only
 }
 
 func newMessagesStream(t *Translation) *messagesStream {
-	return &messagesStream{t: t, block: -1, calls: map[int64]int{}, id: relay.NewID("msg_")}
+	return &messagesStream{t: t, block: -1, live: -1, calls: map[int64]*streamCall{}, id: relay.NewID("msg_")}
 }
 
 func (s *messagesStream) emit(out []byte, typ string, ev map[string]any) []byte {
@@ -498,6 +517,59 @@ func (s *messagesStream) stopBlock(out []byte) []byte {
 	return out
 }
 
+// thinkingDelta appends reasoning text r to the open thinking block,
+// opening one when the open block is another.
+func (s *messagesStream) thinkingDelta(out []byte, r string) []byte {
+	if s.kind != "thinking" {
+		out = s.stopBlock(out)
+		s.block, s.kind = s.next, "thinking"
+		s.next++
+		out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{"type": "thinking", "thinking": "", "signature": ""}})
+	}
+	return s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "thinking_delta", "thinking": r}})
+}
+
+// textDelta appends text to the open text block, opening one when the
+// open block is another.
+func (s *messagesStream) textDelta(out []byte, text string) []byte {
+	if s.kind != "text" {
+		out = s.stopBlock(out)
+		s.block, s.kind = s.next, "text"
+		s.next++
+		out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{"type": "text", "text": ""}})
+	}
+	return s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "text_delta", "text": text}})
+}
+
+// flushHeld closes the open block and sends what was held (see
+// messagesStream): each held tool call as a whole tool_use block, then
+// the reasoning and text that came after the first call.
+func (s *messagesStream) flushHeld(out []byte) []byte {
+	out = s.stopBlock(out)
+	s.live = -1
+	for _, idx := range s.order {
+		c := s.calls[idx]
+		b := s.next
+		s.next++
+		out = s.emit(out, "content_block_start", map[string]any{"index": b, "content_block": map[string]any{
+			"type": "tool_use", "id": c.id, "name": c.name, "input": map[string]any{}}})
+		if c.args.Len() > 0 {
+			out = s.emit(out, "content_block_delta", map[string]any{"index": b, "delta": map[string]any{"type": "input_json_delta", "partial_json": c.args.String()}})
+		}
+		out = s.emit(out, "content_block_stop", map[string]any{"index": b})
+	}
+	s.order = nil
+	if s.lateRsn.Len() > 0 {
+		out = s.thinkingDelta(out, s.lateRsn.String())
+		s.lateRsn.Reset()
+	}
+	if s.lateText.Len() > 0 {
+		out = s.textDelta(out, s.lateText.String())
+		s.lateText.Reset()
+	}
+	return s.stopBlock(out)
+}
+
 // event translates one event of the chat stream.
 func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	if s.ended {
@@ -520,39 +592,48 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	ch := root.Get("choices.0")
 	d := ch.Get("delta")
 	if r := reasoningOf(d); s.t.thinking && r != "" {
-		if s.kind != "thinking" {
-			out = s.stopBlock(out)
-			s.block, s.kind = s.next, "thinking"
-			s.next++
-			out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{"type": "thinking", "thinking": "", "signature": ""}})
+		if len(s.calls) > 0 {
+			s.lateRsn.WriteString(r)
+		} else {
+			out = s.thinkingDelta(out, r)
 		}
-		out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "thinking_delta", "thinking": r}})
 	}
 	for _, f := range []string{"content", "refusal"} {
 		if c := d.Get(f); c.Type == gjson.String && c.Str != "" {
-			if s.kind != "text" {
-				out = s.stopBlock(out)
-				s.block, s.kind = s.next, "text"
-				s.next++
-				out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{"type": "text", "text": ""}})
+			if len(s.calls) > 0 {
+				s.lateText.WriteString(c.Str)
+			} else {
+				out = s.textDelta(out, c.Str)
 			}
-			out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "text_delta", "text": c.Str}})
 		}
 	}
 	d.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
 		idx := tc.Get("index").Int()
-		b, ok := s.calls[idx]
+		a := tc.Get("function.arguments").Str
+		c, ok := s.calls[idx]
 		if !ok {
-			out = s.stopBlock(out)
-			b = s.next
-			s.next++
-			s.calls[idx] = b
-			s.block, s.kind = b, "tool_use"
-			out = s.emit(out, "content_block_start", map[string]any{"index": b, "content_block": map[string]any{
-				"type": "tool_use", "id": tc.Get("id").Str, "name": tc.Get("function.name").Str, "input": map[string]any{}}})
+			c = &streamCall{id: tc.Get("id").Str, name: tc.Get("function.name").Str}
+			s.calls[idx] = c
+			if s.live < 0 && len(s.order) == 0 {
+				// The first call streams as it comes.
+				out = s.stopBlock(out)
+				s.live, s.block, s.kind = idx, s.next, "tool_use"
+				s.next++
+				out = s.emit(out, "content_block_start", map[string]any{"index": s.block, "content_block": map[string]any{
+					"type": "tool_use", "id": c.id, "name": c.name, "input": map[string]any{}}})
+			} else {
+				s.order = append(s.order, idx)
+			}
 		}
-		if a := tc.Get("function.arguments").Str; a != "" && b == s.block {
-			out = s.emit(out, "content_block_delta", map[string]any{"index": b, "delta": map[string]any{"type": "input_json_delta", "partial_json": a}})
+		switch {
+		case a == "":
+		case idx == s.live:
+			out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "input_json_delta", "partial_json": a}})
+		default:
+			if c.name == "" {
+				c.name = tc.Get("function.name").Str
+			}
+			c.args.WriteString(a)
 		}
 		return true
 	})
@@ -571,7 +652,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	if !s.started {
 		out = s.start(out)
 	}
-	out = s.stopBlock(out)
+	out = s.flushHeld(out)
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
 	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
