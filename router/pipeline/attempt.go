@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -146,9 +147,7 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if resp.StatusCode/100 == 2 && disp.Stream() {
 		if !isSSE {
-			resp.Body.Close()
-			o.kind, o.failure = failBadAnswer, "a stream was asked for, the answer is "+contentType(resp)
-			return o
+			return p.notStreamed(rq, o, resp, hold)
 		}
 		return p.hold(rq, o, resp, hold)
 	}
@@ -166,24 +165,9 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	case len(body) > MaxUpstreamBody:
 		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
 		return o
-	case resp.StatusCode/100 == 2 && !gjson.ValidBytes(body):
-		o.kind, o.failure = failBadAnswer, "a 200 answer that is not JSON ("+contentType(resp)+")"
-		return o
-	case resp.StatusCode/100 == 2 && ambiguous(body) != "":
-		o.kind, o.failure = failBadAnswer, "a 200 answer "+ambiguous(body)
-		return o
-	case resp.StatusCode/100 == 2 && misshapen(rq.a.Endpoint(), body) != "":
-		o.kind, o.failure = failBadAnswer, "a 200 answer "+misshapen(rq.a.Endpoint(), body)
-		return o
 	case resp.StatusCode/100 == 2:
-		// An error object in a 200 (as some routers send a provider's
-		// failure) is no answer: a failed attempt, as inside a stream.
-		if e := gjson.GetBytes(body, "error"); e.Exists() && e.Type != gjson.Null {
-			o.kind = failServer
-			if strings.Contains(e.Get("code").String()+e.Get("type").String(), "rate_limit") || e.Get("code").Int() == 429 {
-				o.kind = failRateLimited
-			}
-			o.failure = "an error object in a 200 answer: " + truncate(e.Get("message").String(), 200)
+		if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
+			o.kind, o.failure = kind, why
 			return o
 		}
 	}
@@ -198,6 +182,96 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		o.kind, o.failure = failClientGone, "the client went away"
 	}
 	return o
+}
+
+// wholeAnswer says why the 2xx whole answer body of resp to a request for
+// ep is no answer (failNone when it is one): not JSON, ambiguous,
+// misshapen, or an error object (as some routers send a provider's
+// failure in a 200: a failed attempt, as inside a stream).
+func wholeAnswer(ep openai.Endpoint, resp *http.Response, body []byte) (failure, string) {
+	switch {
+	case !gjson.ValidBytes(body):
+		return failBadAnswer, "a 200 answer that is not JSON (" + contentType(resp) + ")"
+	case ambiguous(body) != "":
+		return failBadAnswer, "a 200 answer " + ambiguous(body)
+	case misshapen(ep, body) != "":
+		return failBadAnswer, "a 200 answer " + misshapen(ep, body)
+	}
+	if e := gjson.GetBytes(body, "error"); e.Exists() && e.Type != gjson.Null {
+		kind := failServer
+		if strings.Contains(e.Get("code").String()+e.Get("type").String(), "rate_limit") || e.Get("code").Int() == 429 {
+			kind = failRateLimited
+		}
+		return kind, "an error object in a 200 answer: " + truncate(e.Get("message").String(), 200)
+	}
+	return failNone, ""
+}
+
+// notStreamed handles a 2xx answer to a streamed request that is not
+// labelled text/event-stream. An event stream under another content type
+// (text/plain, application/json: its first line is an SSE field or
+// comment) is held as one. A whole JSON answer (an upstream that does not
+// stream, or not this request) becomes the stream that says the same
+// (relay.StreamOfAnswer: its choices in one chunk, its usage in a last
+// one), checked first as any whole answer is (wholeAnswer), then held as
+// a stream; anything else is a bad answer.
+func (p *Pipeline) notStreamed(rq *request, o outcome, resp *http.Response, hold int) outcome {
+	br := bufio.NewReader(resp.Body)
+	if looksLikeSSE(br) {
+		resp.Body = readCloser{br, resp.Body}
+		return p.hold(rq, o, resp, hold)
+	}
+	body, err := io.ReadAll(io.LimitReader(br, MaxUpstreamBody+1))
+	resp.Body.Close()
+	o.total = time.Since(o.start)
+	switch {
+	case err != nil && rq.ctx.Err() != nil:
+		o.kind, o.failure = failClientGone, "the client went away"
+		o.meter.Abandoned()
+		return o
+	case err != nil:
+		o.kind, o.failure = failRead, "reading the answer: "+upstreamErr(err)
+		return o
+	case len(body) > MaxUpstreamBody:
+		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
+		return o
+	}
+	if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
+		o.kind, o.failure = kind, "a stream was asked for: "+why
+		return o
+	}
+	sse := relay.StreamOfAnswer(rq.a.Endpoint(), validUTF8(body))
+	if sse == nil {
+		o.kind, o.failure = failBadAnswer, "a stream was asked for, the answer is "+contentType(resp)+" without choices"
+		return o
+	}
+	o.header = o.header.Clone()
+	o.header.Set("Content-Type", "text/event-stream")
+	o.header.Del("Content-Length")
+	resp.Body = io.NopCloser(bytes.NewReader(sse))
+	return p.hold(rq, o, resp, hold)
+}
+
+// looksLikeSSE reports whether the answer read by br begins (after
+// blanks) with an event-stream field name and a colon, or a comment.
+func looksLikeSSE(br *bufio.Reader) bool {
+	head, _ := br.Peek(64)
+	head = bytes.TrimLeft(head, " \t\r\n\ufeff")
+	if len(head) > 0 && head[0] == ':' {
+		return true
+	}
+	for _, f := range []string{"data:", "event:", "id:", "retry:"} {
+		if bytes.HasPrefix(head, []byte(f)) {
+			return true
+		}
+	}
+	return false
+}
+
+// readCloser reads through a buffered reader and closes the body under it.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // ambiguous says why the valid JSON text b is no answer to relay, "" when

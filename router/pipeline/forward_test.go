@@ -342,10 +342,14 @@ func TestAStreamThatFailsBeforeItsFirstTokenFallsBack(t *testing.T) {
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
 		}, 100 * time.Millisecond, "timeout"},
-		{"a 200 that is not a stream", func(w http.ResponseWriter, r *http.Request) {
+		{"a 200 that is neither a stream nor an answer", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			fmt.Fprint(w, `<html>portal</html>`)
+		}, 0, "bad_answer"},
+		{"a whole answer without choices", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprint(w, `{"choices":[]}`)
-		}, 0, "bad_answer"},
+		}, 0, "empty_stream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bad := httptest.NewServer(tc.handler)

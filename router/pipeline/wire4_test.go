@@ -1,0 +1,134 @@
+package pipeline
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/openapitest"
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/relay"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// sseChunks decodes an SSE body that ends with [DONE] into its data
+// payloads (each validated against schema), failing the test otherwise.
+func sseChunks(t *testing.T, spec *openapitest.Spec, schema, body string) [][]byte {
+	t.Helper()
+	d := relay.NewDecoder(bytes.NewReader([]byte(body)))
+	var out [][]byte
+	done := false
+	for {
+		ev, err := d.Next()
+		if err != nil {
+			break
+		}
+		if ev.IsDone() {
+			done = true
+			continue
+		}
+		spec.Validate(t, schema, ev.Data)
+		out = append(out, ev.Data)
+	}
+	if !done {
+		t.Fatalf("stream without [DONE]: %s", body)
+	}
+	return out
+}
+
+// An upstream that answers a streamed request with one whole JSON answer
+// (a server that does not stream, or not this request) is not a 502: the
+// client gets the stream that says the same — spec-valid chunks that
+// openai-go's accumulator turns into the answer, two choices and a tool
+// call included, the usage chunk only when stream_options.include_usage
+// asked for it — and the ledger bills the upstream's usage. Text
+// completions too, and an event stream labelled text/plain is relayed as
+// one.
+func TestAWholeAnswerToAStreamIsStreamed(t *testing.T) {
+	spec := openapitest.Load(t)
+	const chat = `{"id":"chatcmpl-w","object":"chat.completion","created":1700000000,"model":"up","choices":[
+		{"index":0,"message":{"role":"assistant","content":"Oslo is cold.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Oslo\"}"}}]},"finish_reason":"tool_calls","logprobs":null},
+		{"index":1,"message":{"role":"assistant","content":"Rome is warm."},"finish_reason":"stop","logprobs":null}],
+		"usage":{"prompt_tokens":21,"completion_tokens":13,"total_tokens":34}}`
+	const text = `{"id":"cmpl-w","object":"text_completion","created":1700000000,"model":"up","choices":[{"index":0,"text":"two three","finish_reason":"length","logprobs":null}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !gjson.GetBytes(body, "stream").Bool() {
+			t.Errorf("the upstream was not asked to stream: %s", body)
+		}
+		switch {
+		case r.URL.Path == "/v1/completions":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, text)
+		case gjson.GetBytes(body, "messages.0.content").Str == "plain":
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"plain\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, chat)
+		}
+	}))
+	t.Cleanup(up.Close)
+	ledger := &memLedger{}
+	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "up", Tier: "T1", Endpoint: up.URL + "/v1", Models: []string{"m"}}},
+		id: &identity.Identity{Member: "ann", Ledger: ledger}})
+
+	for _, includeUsage := range []bool{true, false} {
+		t.Run(fmt.Sprintf("chat, include_usage %v", includeUsage), func(t *testing.T) {
+			body := `{"model":"m","stream":true,"n":2,"messages":[{"role":"user","content":"weather?"}]}`
+			if includeUsage {
+				body = `{"model":"m","stream":true,"n":2,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"weather?"}]}`
+			}
+			r := post(t, gw.URL+"/v1/chat/completions", body)
+			if r.status != 200 || r.header.Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("status %d %q: %s", r.status, r.header.Get("Content-Type"), r.body)
+			}
+			var acc openai.ChatCompletionAccumulator
+			chunks := sseChunks(t, spec, "CreateChatCompletionStreamResponse", r.body)
+			for _, c := range chunks {
+				var chunk openai.ChatCompletionChunk
+				if err := json.Unmarshal(c, &chunk); err != nil || !acc.AddChunk(chunk) {
+					t.Fatalf("the accumulator refused %s (%v)", c, err)
+				}
+			}
+			if len(acc.Choices) != 2 || acc.Choices[0].Message.Content != "Oslo is cold." || acc.Choices[1].Message.Content != "Rome is warm." ||
+				acc.Choices[0].FinishReason != "tool_calls" || acc.Choices[1].FinishReason != "stop" || len(acc.Choices[0].Message.ToolCalls) != 1 ||
+				acc.Choices[0].Message.ToolCalls[0].ID != "call_1" || acc.Choices[0].Message.ToolCalls[0].Function.Arguments != `{"city":"Oslo"}` || acc.Model != "m" {
+				t.Fatalf("accumulated %s", acc.RawJSON())
+			}
+			last := gjson.ParseBytes(chunks[len(chunks)-1])
+			if gotUsage := last.Get("choices.#").Int() == 0 && last.Get("usage.total_tokens").Int() == 34; gotUsage != includeUsage {
+				t.Fatalf("include_usage %v: last chunk %s", includeUsage, last.Raw)
+			}
+			if rec := ledger.take(); len(rec) != 1 || rec[0].PromptTokens != 21 || rec[0].CompletionTokens != 13 || rec[0].Estimated {
+				t.Fatalf("billed %+v", rec)
+			}
+		})
+	}
+	t.Run("text completions", func(t *testing.T) {
+		r := post(t, gw.URL+"/v1/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"prompt":"one"}`)
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		chunks := sseChunks(t, spec, openapitest.CompletionChunk, r.body)
+		if len(chunks) != 2 || gjson.GetBytes(chunks[0], "choices.0.text").Str != "two three" || gjson.GetBytes(chunks[0], "choices.0.finish_reason").Str != "length" ||
+			gjson.GetBytes(chunks[1], "usage.completion_tokens").Int() != 2 {
+			t.Fatalf("chunks %q", chunks)
+		}
+		ledger.take()
+	})
+	t.Run("an event stream labelled text/plain", func(t *testing.T) {
+		r := post(t, gw.URL+"/v1/chat/completions", streamBody("plain", false))
+		if r.status != 200 || sseContent(t, r.body) != "plain" {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		ledger.take()
+	})
+}
