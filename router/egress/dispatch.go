@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 	"go.uber.org/zap"
 
@@ -184,11 +185,42 @@ func (e *Egress) NewDispatch(d policies.Decided, a *classify.Annotation, c route
 		// the relay strips it again for a client that did not ask.
 		body, err = sjson.SetBytes(body, "stream_options.include_usage", true)
 	}
+	if err == nil && t.Kind != route.KindEngine {
+		body, err = stripExtensions(body)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("rewriting the request for %s: %w", t.Name, err)
 	}
 	disp.body, disp.vault, disp.redacted = body, red.Vault, red.Replaced
 	return disp, nil
+}
+
+// Extensions are the request parameters of Molly's own (the T0 engine's:
+// max_reasoning_tokens, min_reasoning_tokens, n_chains; the Messages API's
+// thinking.budget_tokens arrives as max_reasoning_tokens), which no
+// OpenAI-compatible upstream knows: they are removed from the body sent
+// to a kind openai target (a strict upstream refuses unknown parameters,
+// as OpenAI's "Unrecognized request argument" 400 does); the target's own
+// reasoning defaults apply there. Other non-spec parameters (top_k,
+// vLLM's and Ollama's options) are the client's business and sent as
+// they are.
+var Extensions = []string{"max_reasoning_tokens", "min_reasoning_tokens", "n_chains"}
+
+// stripExtensions removes the top-level Extensions from a JSON body.
+func stripExtensions(body []byte) ([]byte, error) {
+	if !bytes.Contains(body, []byte(`_reasoning_tokens"`)) && !bytes.Contains(body, []byte(`"n_chains"`)) {
+		return body, nil // the common case: nothing to look for
+	}
+	for _, f := range Extensions {
+		if !gjson.GetBytes(body, f).Exists() {
+			continue
+		}
+		var err error
+		if body, err = sjson.DeleteBytes(body, f); err != nil {
+			return nil, err
+		}
+	}
+	return body, nil
 }
 
 // contentFreeParams are the request parameters WithParam may set: they

@@ -494,3 +494,36 @@ func TestHeaderLeavesOutForwardedValuesWithFindings(t *testing.T) {
 		}
 	}
 }
+
+// Molly's own request parameters (the engine's reasoning budget and
+// chains) never reach an OpenAI-compatible upstream, which would refuse
+// them as unknown (OpenAI: "Unrecognized request argument"); the spec's
+// reasoning_effort and a vendor's top_k go as the client sent them, and
+// the in-process engine gets everything.
+func TestNewDispatchKeepsMollysExtensionsOnTheDevice(t *testing.T) {
+	const body = `{"model":"m","max_reasoning_tokens":900,"min_reasoning_tokens":10,"n_chains":3,"reasoning_effort":"low","top_k":4,"messages":[{"role":"user","content":"hi"}]}`
+	e, tg := tierTargets(t)
+	for _, tier := range []string{"T1", "T2", "T3"} {
+		a := annotate(t, nil, openai.EndpointChat, body)
+		disp, err := e.NewDispatch(decided(t, a, allowTiers(allTiers, nil)), a, route.Candidate{Target: tg[tier], Model: "up-m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `{"model":"up-m","reasoning_effort":"low","top_k":4,"messages":[{"role":"user","content":"hi"}]}`; string(disp.Body()) != want {
+			t.Fatalf("%s: body %s, want %s", tier, disp.Body(), want)
+		}
+	}
+	eng := demoEngine(t)
+	ts := []*route.Target{{Name: "device", Tier: "T0", Kind: route.KindEngine, Models: []string{"m=molly-demo"}}}
+	ee := newEgress(t, ts, eng)
+	a := annotate(t, nil, openai.EndpointChat, body)
+	disp, err := ee.NewDispatch(decided(t, a, allowTiers([]string{"T0"}, nil)), a, route.Candidate{Target: ts[0], Model: "molly-demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range Extensions {
+		if !gjson.GetBytes(disp.Body(), f).Exists() {
+			t.Fatalf("the engine did not get %s: %s", f, disp.Body())
+		}
+	}
+}
