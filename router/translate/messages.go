@@ -22,10 +22,14 @@ import (
 //     one per line, their images image_url parts of that user turn),
 //     is_error results prefixed "Error: "; thinking blocks of earlier turns
 //     are skipped;
-//   - thinking {"type": "enabled"} returns the answer's reasoning (a chat
-//     answer's reasoning_content) as a thinking block, first, with an empty
-//     signature; budget_tokens is not sent on (chat completions has no
-//     such field: a reasoning target's own budget applies);
+//   - thinking {"type": "enabled"} (or "adaptive") returns the answer's
+//     reasoning (a chat answer's reasoning_content) as a thinking block,
+//     first, with an empty signature; budget_tokens (required with
+//     "enabled", at least 1024, as Anthropic's API requires) becomes
+//     Molly's max_reasoning_tokens, the T0 engine's reasoning budget
+//     (egress removes it for other targets, whose own reasoning defaults
+//     apply: chat completions has no budget, and reasoning_effort is
+//     refused by models without reasoning);
 //   - tools (name, description, input_schema) become function tools;
 //     tool_choice auto, any, tool and none become auto, required, the named
 //     function and none, disable_parallel_tool_use parallel_tool_calls
@@ -59,7 +63,7 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	case !th.IsObject() || th.Get("type").Type != gjson.String:
 		return nil, nil, openai.WrongType("thinking", `an object with a type ("enabled" or "disabled")`, th)
 	default:
-		t.thinking = th.Get("type").Str == "enabled"
+		t.thinking = th.Get("type").Str == "enabled" || th.Get("type").Str == "adaptive"
 	}
 	chat := map[string]any{"model": t.Model}
 	mt := root.Get("max_tokens")
@@ -67,6 +71,14 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 		return nil, nil, openai.InvalidRequest("max_tokens", "max_tokens: Field required (a positive integer).")
 	}
 	chat["max_tokens"] = json.RawMessage(mt.Raw)
+	if th := root.Get("thinking"); th.Get("type").Str == "enabled" {
+		// Anthropic's budget: required with "enabled", at least 1024.
+		b := th.Get("budget_tokens")
+		if n, err := strconv.Atoi(b.Raw); b.Type != gjson.Number || err != nil || n < 1024 {
+			return nil, nil, openai.InvalidRequest("thinking.budget_tokens", "thinking.budget_tokens: Input should be an integer greater than or equal to 1024.")
+		}
+		chat["max_reasoning_tokens"] = json.RawMessage(b.Raw)
+	}
 	var msgs []any
 	switch sys := root.Get("system"); {
 	case !sys.Exists() || sys.Type == gjson.Null:
@@ -415,14 +427,48 @@ func reasoningOf(m gjson.Result) string {
 	return ""
 }
 
-// messageError is Anthropic's error body for an OpenAI error answer.
-func messageError(status int, body []byte) []byte {
+// messagesParams maps the chat request's parameters to the Messages
+// request's they were translated from, for an error's message, where the
+// names differ.
+var messagesParams = []struct{ chat, messages string }{
+	{"stop", "stop_sequences"},
+	{"max_completion_tokens", "max_tokens"},
+	{"max_reasoning_tokens", "thinking.budget_tokens"},
+	{"min_reasoning_tokens", "thinking"},
+	{"reasoning_effort", "thinking"},
+	{"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"},
+	{"user", "metadata.user_id"},
+}
+
+// messagesParam is the Messages request's name for the chat request's
+// parameter param, with its sub-path; ok is false where the two are one.
+func messagesParam(param string) (name string, ok bool) {
+	for _, m := range messagesParams {
+		if rest, cut := strings.CutPrefix(param, m.chat); cut && (rest == "" || rest[0] == '.' || rest[0] == '[') {
+			return m.messages + rest, true
+		}
+	}
+	return param, false
+}
+
+// messageError is Anthropic's error body for an OpenAI error answer. With
+// chat set (the error answers the translated chat request), an error
+// naming a chat parameter that the client sent under another name
+// (error.param; messagesParams) says, as Anthropic's messages do, which
+// parameter of the client's request it is about: "stop_sequences: ..."
+// for chat's stop.
+func messageError(status int, body []byte, chat bool) []byte {
 	msg := gjson.GetBytes(body, "error.message").Str
 	if msg == "" {
 		msg = strings.TrimSpace(string(body))
 	}
 	if msg == "" {
 		msg = "HTTP " + strconv.Itoa(status)
+	}
+	if p := gjson.GetBytes(body, "error.param"); chat && p.Type == gjson.String {
+		if name, ok := messagesParam(p.Str); ok && !strings.HasPrefix(msg, name+":") {
+			msg = name + ": " + msg
+		}
 	}
 	return marshal(map[string]any{"type": "error", "error": map[string]any{"type": statusType(status), "message": msg}})
 }

@@ -1,24 +1,37 @@
 package translate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go"
 	aoption "github.com/anthropics/anthropic-sdk-go/option"
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/serving"
 )
 
 // messagesServer serves POST /v1/messages by the translation and a Writer,
 // the chat answer being what upstream writes (the pipeline's part).
 func messagesServer(t *testing.T, upstream func(w http.ResponseWriter)) anthropic.Client {
 	t.Helper()
+	return messagesTo(t, func(w http.ResponseWriter, _ *http.Request) { upstream(w) })
+}
+
+// messagesTo is messagesServer whose upstream is a handler of the
+// translated chat request (the T0 engine).
+func messagesTo(t *testing.T, upstream func(w http.ResponseWriter, r *http.Request)) anthropic.Client {
+	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		_, tr, aerr := FromMessages(body)
+		chat, tr, aerr := FromMessages(body)
 		w := NewWriter(rw, r.Context(), APIMessages)
 		if aerr != nil {
 			aerr.Write(w)
@@ -26,7 +39,7 @@ func messagesServer(t *testing.T, upstream func(w http.ResponseWriter)) anthropi
 			return
 		}
 		w.Bind(tr)
-		upstream(w)
+		upstream(w, httptest.NewRequestWithContext(r.Context(), http.MethodPost, "/v1/chat/completions", bytes.NewReader(chat)))
 		w.Finish()
 	}))
 	t.Cleanup(srv.Close)
@@ -88,6 +101,66 @@ func TestMessagesInterleavedToolCallsKeepEveryFragment(t *testing.T) {
 		var in map[string]string
 		if err := json.Unmarshal(b.Input, &in); err != nil || b.ID != w.id || b.Name != w.name || len(in) != 1 || in[w.key] != w.value {
 			t.Fatalf("block %d: %s (%v)", i, b.RawJSON(), err)
+		}
+	}
+}
+
+// demoEngine is the real T0 engine on the generated demo model, with
+// reasoning delimiters and a default (medium) reasoning budget of 5 tokens.
+func demoEngine(t *testing.T) *serving.Engine {
+	t.Helper()
+	dir := t.TempDir()
+	if err := serving.WriteDemo(dir, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := serving.DemoConfig(dir)
+	cfg.NSeqMax, cfg.NCtx, cfg.Threads = 2, 2048, 1
+	cfg.Reasoning = serving.ReasoningConfig{Start: "[plan]", End: "[/plan]", Medium: 5}
+	e, err := serving.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// Through the real T0 engine, with Anthropic's SDK: thinking's
+// budget_tokens is the engine's reasoning budget (the engine's default
+// is 5 tokens; the thinking block of a 1024-token budget is longer than
+// 5 tokens could spell), a budget under Anthropic's minimum of 1024 is a
+// 400 naming thinking.budget_tokens, and more stop_sequences than the
+// engine takes is a 400 whose message names stop_sequences (the
+// parameter the client sent), not chat's stop.
+func TestMessagesThinkingBudgetAndStopSequencesOnTheEngine(t *testing.T) {
+	eng := demoEngine(t)
+	c := messagesTo(t, eng.ServeHTTP)
+	ctx := context.Background()
+	user := []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("plan it"))}
+
+	m, err := c.Messages.New(ctx, anthropic.MessageNewParams{Model: "molly-demo", MaxTokens: 1100, Messages: user, Temperature: anthropic.Float(0),
+		Thinking: anthropic.ThinkingConfigParamOfEnabled(1024)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Content) == 0 || m.Content[0].Type != "thinking" || len(m.Content[0].Thinking) < 256 {
+		t.Fatalf("content %s", m.RawJSON())
+	}
+
+	for _, tc := range []struct {
+		name   string
+		params anthropic.MessageNewParams
+		want   string
+	}{
+		{"a budget under 1024", anthropic.MessageNewParams{Model: "molly-demo", MaxTokens: 2000, Messages: user, Thinking: anthropic.ThinkingConfigParamOfEnabled(1000)}, "thinking.budget_tokens:"},
+		{"five stop sequences", anthropic.MessageNewParams{Model: "molly-demo", MaxTokens: 5, Messages: user, StopSequences: []string{"a", "b", "c", "d", "e"}}, "stop_sequences:"},
+	} {
+		_, err := c.Messages.New(ctx, tc.params)
+		var aerr *anthropic.Error
+		if !errors.As(err, &aerr) || aerr.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if msg := gjson.Get(aerr.RawJSON(), "error.message").Str; !strings.HasPrefix(msg, tc.want) || gjson.Get(aerr.RawJSON(), "type").Str != "error" {
+			t.Fatalf("%s: %s", tc.name, aerr.RawJSON())
 		}
 	}
 }

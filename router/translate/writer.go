@@ -153,7 +153,7 @@ func (w *Writer) Finish() {
 	case chatAnswer:
 		body = w.t.messageFromChat(body)
 	case status >= 400 && w.api == APIMessages:
-		body = messageError(status, body)
+		body = messageError(status, body, w.t != nil)
 	case status >= 400 && w.api == APIResponses:
 		body = responsesParam(body)
 	}
