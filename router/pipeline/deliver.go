@@ -63,7 +63,12 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 		t.setAnswer(body)
 	}
 	if o.status/100 == 2 {
-		body = relay.NormaliseBody(answerOf(rq), body)
+		ans := answerOf(rq)
+		if u := o.usage(); u != nil {
+			// What the ledger recorded replaces a usage it did not believe.
+			ans.Usage = &relay.Counts{Prompt: u.PromptTokens, Completion: u.CompletionTokens}
+		}
+		body = relay.NormaliseBody(ans, body)
 	} else if o.status >= 400 {
 		body = relay.NormaliseError(o.status, body)
 		o.header.Set("Content-Type", "application/json")

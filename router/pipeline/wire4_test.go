@@ -132,3 +132,74 @@ func TestAWholeAnswerToAStreamIsStreamed(t *testing.T) {
 		ledger.take()
 	})
 }
+
+// An upstream's usage that is no count of tokens (negative, fractional,
+// over 2^31-1, a string) reaches no client: the answer's usage, whole or
+// in the stream's usage chunk, is the one Molly billed (its estimate),
+// spec-valid, with total_tokens their sum (a bad count among the details
+// drops the details); an honest report, with Groq's
+// timing members, is passed on as it came.
+func TestAnUpstreamsAbsurdUsageReachesNoClient(t *testing.T) {
+	spec := openapitest.Load(t)
+	usage := map[string]string{
+		"negative":   `{"prompt_tokens":5,"completion_tokens":-1000000,"total_tokens":-999995}`,
+		"fractional": `{"prompt_tokens":5.5,"completion_tokens":2,"total_tokens":7.5}`,
+		"huge":       `{"prompt_tokens":1e30,"completion_tokens":3,"total_tokens":1e30}`,
+		"maxint":     `{"prompt_tokens":9223372036854775807,"completion_tokens":1,"total_tokens":1}`,
+		"string":     `{"prompt_tokens":"7","completion_tokens":"-9","total_tokens":"0"}`,
+		"details":    `{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":-4}}`,
+		"honest":     `{"queue_time":0.037,"prompt_tokens":6,"prompt_time":0.001,"completion_tokens":3,"completion_time":0.01,"total_tokens":9}`,
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		u := usage[gjson.GetBytes(b, "messages.0.content").Str]
+		if gjson.GetBytes(b, "stream").Bool() {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"role":"assistant","content":"fine"},"finish_reason":"stop"}],"usage":`+u+"}\n\ndata: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion","created":1,"model":"up","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"fine","refusal":null}}],"usage":`+u+`}`)
+	}))
+	t.Cleanup(up.Close)
+	ledger := &memLedger{}
+	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "up", Tier: "T1", Endpoint: up.URL + "/v1", Models: []string{"m"}}},
+		id: &identity.Identity{Member: "ann", Ledger: ledger}})
+	for name, raw := range usage {
+		for _, stream := range []bool{false, true} {
+			body := `{"model":"m","messages":[{"role":"user","content":"` + name + `"}]}`
+			if stream {
+				body = `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + name + `"}]}`
+			}
+			r := post(t, gw.URL+"/v1/chat/completions", body)
+			if r.status != 200 {
+				t.Fatalf("%s stream=%v: %d %s", name, stream, r.status, r.body)
+			}
+			var u gjson.Result
+			if stream {
+				chunks := sseChunks(t, spec, "CreateChatCompletionStreamResponse", r.body)
+				u = gjson.GetBytes(chunks[len(chunks)-1], "usage")
+			} else {
+				spec.Validate(t, "CreateChatCompletionResponse", []byte(r.body))
+				u = gjson.Get(r.body, "usage")
+			}
+			rec := ledger.take()
+			if len(rec) != 1 {
+				t.Fatalf("%s stream=%v: billed %+v", name, stream, rec)
+			}
+			if name == "honest" {
+				if rec[0].Estimated || u.Get("prompt_tokens").Raw != "6" || u.Get("completion_tokens").Raw != "3" || u.Get("queue_time").Raw != "0.037" {
+					t.Fatalf("honest stream=%v: usage %s, billed %+v", stream, u.Raw, rec[0])
+				}
+				continue
+			}
+			p, c := u.Get("prompt_tokens"), u.Get("completion_tokens")
+			// A bad count in the details only: the ledger believed the
+			// counts, the details are dropped.
+			if rec[0].Estimated != (name != "details") || p.Raw != fmt.Sprint(rec[0].PromptTokens) || c.Raw != fmt.Sprint(rec[0].CompletionTokens) ||
+				u.Get("total_tokens").Raw != fmt.Sprint(rec[0].PromptTokens+rec[0].CompletionTokens) || u.Get("prompt_tokens_details").Exists() {
+				t.Fatalf("%s stream=%v: the upstream said %s; the client got %s, billed %+v", name, stream, raw, u.Raw, rec[0])
+			}
+		}
+	}
+}

@@ -27,6 +27,46 @@ type Answer struct {
 	// Created is the Unix time (seconds) written where the upstream gave no
 	// "created".
 	Created int64
+	// Usage is the usage Molly recorded for a whole answer (the meter's:
+	// the upstream's report, or Molly's estimate when that report is not
+	// one to believe), written in place of a usage whose token counts are
+	// not integers from 0 to MaxTokenCount; nil leaves such a usage as it is.
+	Usage *Counts
+}
+
+// Counts are an answer's prompt and completion tokens.
+type Counts struct{ Prompt, Completion int }
+
+// MaxTokenCount is the largest token count a usage may carry (2^31 − 1,
+// the ledger's bound: meter.MaxReportedTokens).
+const MaxTokenCount = 1<<31 - 1
+
+// validCount reports a usage member that is a JSON integer from 0 to
+// MaxTokenCount (absent and null members pass).
+func validCount(v gjson.Result) bool {
+	if !v.Exists() || v.Type == gjson.Null {
+		return true
+	}
+	k, err := strconv.ParseInt(v.Raw, 10, 64)
+	return v.Type == gjson.Number && err == nil && k >= 0 && k <= MaxTokenCount
+}
+
+// validCounts reports whether every token count in the usage object u —
+// its members named *_tokens, and those of its details objects — is a
+// validCount (other members, such as Groq's queue_time in seconds, are
+// not counts).
+func validCounts(u gjson.Result) bool {
+	ok := true
+	u.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case v.IsObject():
+			ok = validCounts(v)
+		case strings.HasSuffix(k.Str, "_tokens"):
+			ok = validCount(v)
+		}
+		return ok
+	})
+	return ok
 }
 
 // finishAliases maps finish reasons of OpenAI-compatible servers that are
@@ -158,7 +198,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 	}
 	header(ans, &top, e, prefix, object)
 	if !top[topChoices].IsArray() {
-		normaliseUsage(top[topUsage], "usage", e)
+		normaliseUsage(top[topUsage], "usage", e, ans.Usage)
 		return e.b
 	}
 	top[topChoices].ForEach(func(k, ch gjson.Result) bool {
@@ -243,7 +283,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 		}
 		return true
 	})
-	normaliseUsage(top[topUsage], "usage", e)
+	normaliseUsage(top[topUsage], "usage", e, ans.Usage)
 	return e.b
 }
 
@@ -367,12 +407,18 @@ func logprobFields(path string, lp gjson.Result, e *edit) {
 }
 
 // normaliseUsage makes u (at path) a CompletionUsage: a null or non-object
-// usage is dropped, a missing total_tokens is the sum.
-func normaliseUsage(u gjson.Result, path string, e *edit) {
+// usage is dropped, a missing total_tokens is the sum. A usage with a
+// count that is not an integer from 0 to MaxTokenCount (negative,
+// fractional, huge: the spec's counts are integers, and clients keep them
+// in 32 or 64 bits) becomes recorded's counts (the ledger's estimate)
+// with their sum, its details dropped.
+func normaliseUsage(u gjson.Result, path string, e *edit, recorded *Counts) {
 	switch {
 	case !u.Exists():
 	case !u.IsObject():
 		e.del(path)
+	case recorded != nil && !validCounts(u):
+		e.raw(path, usageOf(int64(recorded.Prompt), int64(recorded.Completion)))
 	default:
 		var f [len(usageNames)]gjson.Result
 		pick(u, usageNames[:], f[:])
@@ -392,6 +438,12 @@ func normaliseUsage(u gjson.Result, path string, e *edit) {
 			}
 		}
 	}
+}
+
+// usageOf is the JSON of a usage of p prompt and c completion tokens.
+func usageOf(p, c int64) string {
+	return `{"prompt_tokens":` + strconv.FormatInt(p, 10) + `,"completion_tokens":` + strconv.FormatInt(c, 10) +
+		`,"total_tokens":` + strconv.FormatInt(p+c, 10) + `}`
 }
 
 func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
@@ -420,6 +472,11 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	u := root.Get("usage")
 	if !u.IsObject() {
 		e.raw("usage", `{"prompt_tokens":0,"total_tokens":0}`)
+		return
+	}
+	if ans.Usage != nil && !validCounts(u) {
+		p := strconv.Itoa(ans.Usage.Prompt)
+		e.raw("usage", `{"prompt_tokens":`+p+`,"total_tokens":`+p+`}`)
 		return
 	}
 	if !u.Get("prompt_tokens").Exists() {
@@ -492,6 +549,7 @@ type choiceState struct {
 // usageSum merges the usage reports of a stream.
 type usageSum struct {
 	seen               bool
+	invalid            bool // a report had a count that is not a validCount
 	prompt, completion int64
 	raw                string // the last usage object, for its other members
 }
@@ -546,6 +604,7 @@ func (s *Stream) Chunk(data []byte) []byte {
 	e := &edit{b: data}
 	if usage.IsObject() {
 		s.usage.seen = true
+		s.usage.invalid = s.usage.invalid || !validCounts(usage)
 		s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())
 		s.usage.completion = max(s.usage.completion, usage.Get("completion_tokens").Int())
 		s.usage.raw = usage.Raw
@@ -780,8 +839,9 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) (given i
 }
 
 // Final returns the stream's last chunk: the usage chunk ("choices": [],
-// the merged usage, or the fallback counts when the upstream reported
-// none; the stream's id, created, system_fingerprint and service_tier)
+// the merged usage, or the fallback counts — the meter's — when the
+// upstream reported none, or a count that is not an integer from 0 to
+// MaxTokenCount; the stream's id, created, system_fingerprint and service_tier)
 // when the client asked for usage, else nil.
 func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	if !s.ans.IncludeUsage {
@@ -811,7 +871,7 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	e.raw("choices", "[]")
 	p, c := int64(fallbackPrompt), int64(fallbackCompletion)
 	u := `{}`
-	if s.usage.seen {
+	if s.usage.seen && !s.usage.invalid {
 		p, c, u = s.usage.prompt, s.usage.completion, s.usage.raw
 	}
 	ue := &edit{b: []byte(u)}
