@@ -415,10 +415,11 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 }
 
 // reasoningOf is a chat message's or delta's reasoning text: its
-// reasoning_content (Molly's engine, DeepSeek, vLLM) or reasoning (as some
-// OpenAI-compatible servers name it); "" for none.
+// reasoning_content (Molly's engine, DeepSeek, vLLM before 0.10) or, when
+// that is absent or "", reasoning (vLLM since 0.10, Ollama, OpenRouter);
+// "" for none.
 func reasoningOf(m gjson.Result) string {
-	if r := m.Get("reasoning_content"); r.Type == gjson.String {
+	if r := m.Get("reasoning_content"); r.Type == gjson.String && r.Str != "" {
 		return r.Str
 	}
 	if r := m.Get("reasoning"); r.Type == gjson.String {

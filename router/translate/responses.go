@@ -537,7 +537,8 @@ func reasoningText(text string) map[string]any {
 // responseFromChat translates a chat completion into a Response, and
 // returns the answer as a chat message, for storing. The message's
 // reasoning_content (the reasoning of the T0 engine, llama.cpp's server,
-// vLLM, DeepSeek) becomes a reasoning item before the message; its tokens
+// DeepSeek) or reasoning (vLLM's name since 0.10, Ollama's, OpenRouter's;
+// reasoningOf) becomes a reasoning item before the message; its tokens
 // are usage.output_tokens_details.reasoning_tokens (responseUsage).
 func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[string]any) {
 	root := gjson.ParseBytes(chat)
@@ -548,8 +549,8 @@ func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[
 	r["incomplete_details"] = incomplete
 	var output []any
 	assistant = map[string]any{"role": "assistant", "content": nil}
-	if rc := msg.Get("reasoning_content"); rc.Type == gjson.String && rc.Str != "" {
-		output = append(output, reasoningItem(relay.NewID("rs_"), rc.Str, "completed"))
+	if rc := reasoningOf(msg); rc != "" {
+		output = append(output, reasoningItem(relay.NewID("rs_"), rc, "completed"))
 	}
 	if c := msg.Get("content"); c.Type == gjson.String && c.Str != "" {
 		output = append(output, map[string]any{"type": "message", "id": relay.NewID("msg_"), "status": "completed", "role": "assistant",

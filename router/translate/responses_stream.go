@@ -106,8 +106,8 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		return out
 	}
 	d := ch.Get("delta")
-	if rc := d.Get("reasoning_content"); rc.Type == gjson.String && rc.Str != "" {
-		out = s.reasoningDelta(out, rc.Str)
+	if rc := reasoningOf(d); rc != "" {
+		out = s.reasoningDelta(out, rc)
 	}
 	if c := d.Get("content"); c.Type == gjson.String && c.Str != "" {
 		out = s.textDelta(out, "output_text", c.Str, s.t.chatLogprobs(ch))

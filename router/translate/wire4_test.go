@@ -15,6 +15,7 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/option"
 	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/openapitest"
 	"github.com/molly-gateway/molly/serving"
 )
 
@@ -162,5 +163,47 @@ func TestMessagesThinkingBudgetAndStopSequencesOnTheEngine(t *testing.T) {
 		if msg := gjson.Get(aerr.RawJSON(), "error.message").Str; !strings.HasPrefix(msg, tc.want) || gjson.Get(aerr.RawJSON(), "type").Str != "error" {
 			t.Fatalf("%s: %s", tc.name, aerr.RawJSON())
 		}
+	}
+}
+
+// A reasoning upstream that names its reasoning "reasoning" (vLLM since
+// 0.10, Ollama, OpenRouter), some with "reasoning_content": "" beside it,
+// gives the Responses API its reasoning item, whole and streamed, and
+// the Messages API its thinking block: the reasoning was dropped.
+func TestReasoningUnderItsOtherName(t *testing.T) {
+	spec := openapitest.Load(t)
+	ctx := context.Background()
+	const answer = `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","logprobs":null,
+		"message":{"role":"assistant","content":"Four.","reasoning_content":"","reasoning":"Two and two.","refusal":null}}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`
+	chunk := func(delta, finish string) string {
+		return `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}`
+	}
+	stream := writeSSE(chunk(`{"role":"assistant","reasoning":"Two "}`, "null"), chunk(`{"reasoning_content":"","reasoning":"and two."}`, "null"),
+		chunk(`{"content":"Four."}`, "null"), chunk(`{}`, `"stop"`), `[DONE]`)
+
+	_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"2+2?"}`), nil, "ana")
+	r := gjson.ParseBytes(serve(t, APIResponses, tr, writeJSON(200, answer)).Body.Bytes())
+	spec.Validate(t, "Response", []byte(r.Raw))
+	if r.Get("output.0.type").Str != "reasoning" || r.Get("output.0.content.0.text").Str != "Two and two." || r.Get("output.1.content.0.text").Str != "Four." {
+		t.Fatalf("response %s", r.Raw)
+	}
+	_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"2+2?"}`), nil, "ana")
+	evs := events(t, serve(t, APIResponses, tr, stream).Body.Bytes())
+	final := gjson.ParseBytes(evs[len(evs)-1].Data).Get("response")
+	if final.Get("output.0.type").Str != "reasoning" || final.Get("output.0.content.0.text").Str != "Two and two." || final.Get("output.1.content.0.text").Str != "Four." {
+		t.Fatalf("final response %s", final.Raw)
+	}
+
+	c := messagesServer(t, stream)
+	st := c.Messages.NewStreaming(ctx, anthropic.MessageNewParams{Model: "m", MaxTokens: 2048, Thinking: anthropic.ThinkingConfigParamOfEnabled(1024),
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("2+2?"))}})
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Err(); err != nil || len(acc.Content) != 2 || acc.Content[0].Thinking != "Two and two." || acc.Content[1].Text != "Four." {
+		t.Fatalf("message %s (%v)", acc.RawJSON(), err)
 	}
 }
