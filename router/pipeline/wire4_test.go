@@ -203,3 +203,47 @@ func TestAnUpstreamsAbsurdUsageReachesNoClient(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that sends a message's content as an array of parts (Mistral's
+// reasoning models: a thinking part, then text parts) gives the client the
+// spec's string content, the text parts joined, and the thinking as
+// reasoning_content, whole and streamed (openai-go's accumulator reads
+// the content).
+func TestContentPartsBecomeTheSpecsString(t *testing.T) {
+	spec := openapitest.Load(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if gjson.GetBytes(b, "stream").Bool() {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, d := range []string{`{"role":"assistant","content":[{"type":"thinking","thinking":[{"type":"text","text":"Two and two."}]}]}`,
+				`{"content":[{"type":"text","text":"Fo"}]}`, `{"content":"ur."}`} {
+				fmt.Fprint(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":`+d+`,"finish_reason":null}]}`+"\n\n")
+			}
+			fmt.Fprint(w, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion","created":1,"model":"up","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant",`+
+			`"content":[{"type":"thinking","thinking":[{"type":"text","text":"Two and two."}]},{"type":"text","text":"Fo"},{"type":"text","text":"ur."}]}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`)
+	}))
+	t.Cleanup(up.Close)
+	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "up", Tier: "T1", Endpoint: up.URL + "/v1", Models: []string{"m"}}}})
+	r := post(t, gw.URL+"/v1/chat/completions", chatBody("2+2?"))
+	spec.Validate(t, "CreateChatCompletionResponse", []byte(r.body))
+	if m := gjson.Get(r.body, "choices.0.message"); m.Get("content").Str != "Four." || m.Get("reasoning_content").Str != "Two and two." {
+		t.Fatalf("answer %s", r.body)
+	}
+	r = post(t, gw.URL+"/v1/chat/completions", streamBody("2+2?", false))
+	var acc openai.ChatCompletionAccumulator
+	reasoning := ""
+	for _, c := range sseChunks(t, spec, "CreateChatCompletionStreamResponse", r.body) {
+		var chunk openai.ChatCompletionChunk
+		if err := json.Unmarshal(c, &chunk); err != nil || !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused %s (%v)", c, err)
+		}
+		reasoning += gjson.GetBytes(c, "choices.0.delta.reasoning_content").Str
+	}
+	if len(acc.Choices) != 1 || acc.Choices[0].Message.Content != "Four." || reasoning != "Two and two." {
+		t.Fatalf("accumulated %s, reasoning %q", acc.RawJSON(), reasoning)
+	}
+}

@@ -239,6 +239,9 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 			if !m[messageContent].Exists() {
 				e.raw(base+".message.content", "null")
 			}
+			if c := m[messageContent]; c.IsArray() {
+				partsContent(c, base+".message", msg, e)
+			}
 			if !m[messageRefusal].Exists() {
 				e.raw(base+".message.refusal", "null")
 			}
@@ -437,6 +440,38 @@ func normaliseUsage(u gjson.Result, path string, e *edit, recorded *Counts) {
 				e.del(path + "." + d)
 			}
 		}
+	}
+}
+
+// partsContent rewrites the content c of the message or delta msg (at
+// path) when it is an array of parts, as Mistral's reasoning models send
+// it ([{"type": "thinking", "thinking": [{"type": "text", "text": ...}]},
+// {"type": "text", "text": ...}]) where the spec has a string: the text
+// parts, joined, become the content; the thinking parts' text, the
+// reasoning_content, when msg has none.
+func partsContent(c gjson.Result, path string, msg gjson.Result, e *edit) {
+	var text, thinking strings.Builder
+	c.ForEach(func(_, part gjson.Result) bool {
+		switch part.Get("type").Str {
+		case "text":
+			text.WriteString(part.Get("text").String())
+		case "thinking":
+			th := part.Get("thinking")
+			if th.Type == gjson.String {
+				thinking.WriteString(th.Str)
+			}
+			if th.IsArray() {
+				th.ForEach(func(_, t gjson.Result) bool {
+					thinking.WriteString(t.Get("text").String())
+					return true
+				})
+			}
+		}
+		return true
+	})
+	e.set(path+".content", text.String())
+	if rc := msg.Get("reasoning_content"); thinking.Len() > 0 && (rc.Type != gjson.String || rc.Str == "") {
+		e.set(path+".reasoning_content", thinking.String())
 	}
 }
 
@@ -721,6 +756,10 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	var role, calls, fcall gjson.Result
 	delta.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
+		case "content":
+			if v.IsArray() {
+				partsContent(v, base+".delta", delta, e)
+			}
 		case "role":
 			role = v
 		case "tool_calls":
