@@ -661,8 +661,9 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 		if !ok {
 			c = &streamCall{id: tc.Get("id").Str, name: tc.Get("function.name").Str}
 			s.calls[idx] = c
-			if s.live < 0 && len(s.order) == 0 {
-				// The first call streams as it comes.
+			if s.live < 0 && len(s.order) == 0 && c.name != "" {
+				// The first call streams as it comes (once it has its name:
+				// a call whose name comes in a later delta is held).
 				out = s.stopBlock(out)
 				s.live, s.block, s.kind = idx, s.next, "tool_use"
 				s.next++
@@ -677,10 +678,10 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 		case idx == s.live:
 			out = s.emit(out, "content_block_delta", map[string]any{"index": s.block, "delta": map[string]any{"type": "input_json_delta", "partial_json": a}})
 		default:
-			if c.name == "" {
-				c.name = tc.Get("function.name").Str
-			}
 			c.args.WriteString(a)
+		}
+		if c.name == "" {
+			c.name = tc.Get("function.name").Str
 		}
 		return true
 	})

@@ -207,3 +207,27 @@ func TestReasoningUnderItsOtherName(t *testing.T) {
 		t.Fatalf("message %s (%v)", acc.RawJSON(), err)
 	}
 }
+
+// A tool call whose name comes in a delta after its id (some servers send
+// the id and type first) is a tool_use block with that name, not "".
+func TestMessagesToolNameInALaterDelta(t *testing.T) {
+	chunk := func(delta, finish string) string {
+		return `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}`
+	}
+	c := messagesServer(t, writeSSE(
+		chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"arguments":""}}]}`, "null"),
+		chunk(`{"tool_calls":[{"index":0,"function":{"name":"weather"}}]}`, "null"),
+		chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":\"Oslo\"}"}}]}`, "null"),
+		chunk(`{}`, `"tool_calls"`), `[DONE]`))
+	st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 64,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("weather?"))}})
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Err(); err != nil || len(acc.Content) != 1 || acc.Content[0].Name != "weather" || acc.Content[0].ID != "call_a" || string(acc.Content[0].Input) != `{"city":"Oslo"}` {
+		t.Fatalf("message %s (%v)", acc.RawJSON(), err)
+	}
+}
