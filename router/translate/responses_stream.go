@@ -128,6 +128,11 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 			out = s.emit(out, "response.output_item.added", map[string]any{"output_index": it.index, "item": map[string]any{
 				"type": "function_call", "id": it.id, "call_id": it.callID, "name": it.name, "arguments": "", "status": "in_progress"}})
 		}
+		if it.name == "" {
+			// The name in a later delta than the id (some servers): the
+			// item's done events and the Response carry it.
+			it.name = tc.Get("function.name").Str
+		}
 		if a := tc.Get("function.arguments").Str; a != "" {
 			it.args.WriteString(a)
 			out = s.emit(out, "response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": it.index, "delta": a})

@@ -209,16 +209,23 @@ func TestReasoningUnderItsOtherName(t *testing.T) {
 }
 
 // A tool call whose name comes in a delta after its id (some servers send
-// the id and type first) is a tool_use block with that name, not "".
+// the id and type first) is a tool_use block with that name, not "", and
+// a Responses function_call item with it.
 func TestMessagesToolNameInALaterDelta(t *testing.T) {
 	chunk := func(delta, finish string) string {
 		return `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}`
 	}
-	c := messagesServer(t, writeSSE(
+	stream := writeSSE(
 		chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"arguments":""}}]}`, "null"),
 		chunk(`{"tool_calls":[{"index":0,"function":{"name":"weather"}}]}`, "null"),
 		chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":\"Oslo\"}"}}]}`, "null"),
-		chunk(`{}`, `"tool_calls"`), `[DONE]`))
+		chunk(`{}`, `"tool_calls"`), `[DONE]`)
+	_, tr, _ := FromResponses(context.Background(), []byte(`{"model":"m","stream":true,"input":"weather?"}`), nil, "ana")
+	evs := events(t, serve(t, APIResponses, tr, stream).Body.Bytes())
+	if final := gjson.ParseBytes(evs[len(evs)-1].Data).Get("response.output.0"); final.Get("name").Str != "weather" || final.Get("call_id").Str != "call_a" {
+		t.Fatalf("function_call item %s", final.Raw)
+	}
+	c := messagesServer(t, stream)
 	st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 64,
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("weather?"))}})
 	var acc anthropic.Message
