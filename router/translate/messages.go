@@ -250,7 +250,10 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 	}
 	if role == "assistant" {
 		msg := map[string]any{"role": "assistant", "content": nil}
-		if text.Len() > 0 {
+		if text.Len() > 0 || len(calls) == 0 {
+			// An assistant turn of thinking blocks only (or none) is an
+			// empty text: OpenAI refuses an assistant message whose content
+			// is null without tool_calls.
 			msg["content"] = text.String()
 		}
 		if len(calls) > 0 {

@@ -27,7 +27,8 @@ import (
 //     chat messages, consecutive function calls in one assistant message;
 //   - function tools and tool_choice, parallel_tool_calls,
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
-//     top_logprobs, user, text.format (as response_format) and
+//     top_logprobs, user, service_tier, safety_identifier,
+//     prompt_cache_key, text.format (as response_format) and
 //     reasoning.effort (as reasoning_effort) map to their chat parameters;
 //     reasoning.summary is echoed but asks for nothing (chat completions
 //     has no summaries); a stream asks for the usage chunk; include
@@ -142,8 +143,11 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 			t.logprobs, chat["logprobs"] = true, true
 		}
 	}
-	if v := root.Get("user"); v.Type == gjson.String {
-		chat["user"] = v.Str
+	// Parameters chat completions has under the same name and meaning.
+	for _, p := range []string{"user", "service_tier", "safety_identifier", "prompt_cache_key"} {
+		if v := root.Get(p); v.Type == gjson.String {
+			chat[p] = v.Str
+		}
 	}
 	switch f := root.Get("text.format"); f.Get("type").Str {
 	case "", "text":

@@ -238,3 +238,29 @@ func TestMessagesToolNameInALaterDelta(t *testing.T) {
 		t.Fatalf("message %s (%v)", acc.RawJSON(), err)
 	}
 }
+
+// The chat requests the translations make carry what the client said in
+// chat completions' own terms: a Responses request's service_tier,
+// safety_identifier and prompt_cache_key (chat has all three; they were
+// dropped), and a Messages assistant turn of thinking blocks only is an
+// empty text, not a null content without tool_calls (which OpenAI
+// refuses); each is a valid CreateChatCompletionRequest.
+func TestTranslatedRequestsKeepTheirParameters(t *testing.T) {
+	spec := openapitest.Load(t)
+	chat, _, aerr := FromResponses(context.Background(), []byte(`{"model":"m","input":"hi","service_tier":"flex","safety_identifier":"s-1","prompt_cache_key":"k-1"}`), nil, "ana")
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	spec.Validate(t, "CreateChatCompletionRequest", chat)
+	if c := gjson.ParseBytes(chat); c.Get("service_tier").Str != "flex" || c.Get("safety_identifier").Str != "s-1" || c.Get("prompt_cache_key").Str != "k-1" {
+		t.Fatalf("chat %s", chat)
+	}
+	chat, _, aerr = FromMessages([]byte(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"s"}]},{"role":"user","content":"again"}]}`))
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	spec.Validate(t, "CreateChatCompletionRequest", chat)
+	if m := gjson.GetBytes(chat, "messages.1"); m.Get("role").Str != "assistant" || m.Get("content").Type != gjson.String || m.Get("tool_calls").Exists() {
+		t.Fatalf("chat %s", chat)
+	}
+}
