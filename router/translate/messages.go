@@ -370,10 +370,16 @@ func (t *Translation) matchedStop(ch gjson.Result) string {
 }
 
 // stopFields are a Message's stop_reason and stop_sequence for a chat
-// choice's finish reason and matched stop sequence.
-func stopFields(finish, matched string) (string, any) {
+// choice's finish reason, matched stop sequence, and whether it called
+// tools: an answer with tool calls that finished "stop" (OpenAI's finish
+// for a forced tool_choice; Ollama's and some vLLM tool parsers' for any
+// call) stopped to use them, as Anthropic's stop_reason says.
+func stopFields(finish, matched string, calls bool) (string, any) {
 	if matched != "" {
 		return "stop_sequence", matched
+	}
+	if calls && finish == "stop" {
+		return "tool_use", nil
 	}
 	return stopReason(finish), nil
 }
@@ -409,7 +415,7 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 			"input": toolInput(tc.Get("function.arguments").Str)})
 		return true
 	})
-	reason, seq := stopFields(ch.Get("finish_reason").Str, t.matchedStop(ch))
+	reason, seq := stopFields(ch.Get("finish_reason").Str, t.matchedStop(ch), msg.Get("tool_calls.#").Int() > 0)
 	return marshal(map[string]any{
 		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
 		"stop_reason": reason, "stop_sequence": seq,
@@ -707,7 +713,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
 	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
-	reason, seq := stopFields(s.finish, s.stopSeq)
+	reason, seq := stopFields(s.finish, s.stopSeq, len(s.calls) > 0)
 	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
 }

@@ -264,3 +264,31 @@ func TestTranslatedRequestsKeepTheirParameters(t *testing.T) {
 		t.Fatalf("chat %s", chat)
 	}
 }
+
+// An answer with tool calls that finished "stop" (OpenAI's finish for a
+// forced tool_choice, Ollama's for any call) is stop_reason tool_use,
+// whole and streamed, as Anthropic's API says of a turn that called tools.
+func TestMessagesToolCallsThatFinishedStopAreToolUse(t *testing.T) {
+	const answer = `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":null,
+		"tool_calls":[{"id":"call_a","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Oslo\"}"}}]}}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`
+	ctx := context.Background()
+	params := anthropic.MessageNewParams{Model: "m", MaxTokens: 64, Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("weather?"))}}
+	whole := messagesServer(t, writeJSON(200, answer))
+	m, err := whole.Messages.New(ctx, params)
+	if err != nil || m.StopReason != anthropic.StopReasonToolUse {
+		t.Fatalf("message %v (%v)", m, err)
+	}
+	streamed := messagesServer(t, writeSSE(
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"weather","arguments":"{}"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, `[DONE]`))
+	st := streamed.Messages.NewStreaming(ctx, params)
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Err(); err != nil || acc.StopReason != anthropic.StopReasonToolUse {
+		t.Fatalf("streamed %s (%v)", acc.RawJSON(), err)
+	}
+}
