@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -538,7 +539,7 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     refusal;
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
 //     never share an index (some servers stream parallel calls all with
-//     index 0), and a first delta without a type gets "function", without
+//     index 0), nor two entries of one delta (Gemini's, without ids), and a first delta without a type gets "function", without
 //     an id (or with "") a made-up one; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
@@ -790,9 +791,23 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	if lp.IsObject() {
 		logprobFields(base+".logprobs", lp, e)
 	}
+	var inChunk []int // the indexes given in this delta
 	calls.ForEach(func(j, tc gjson.Result) bool {
 		p := base + ".delta.tool_calls." + j.String()
 		given, fresh := s.toolIndex(st, j.Int(), tc)
+		if slices.Contains(inChunk, given) && tc.Get("id").Str == "" {
+			// Two entries of one delta are two calls, never two pieces
+			// of one (Gemini's OpenAI-compatible API sends parallel calls
+			// in one delta, all index 0, without ids).
+			given, fresh = len(st.args), true
+			st.args = append(st.args, &strings.Builder{})
+			up := j.Int()
+			if i := tc.Get("index"); i.Type == gjson.Number {
+				up = i.Int()
+			}
+			st.byIndex[up] = given
+		}
+		inChunk = append(inChunk, given)
 		if tc.Get("index").Raw != strconv.Itoa(given) {
 			e.set(p+".index", given)
 		}

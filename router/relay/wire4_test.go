@@ -1,0 +1,44 @@
+package relay
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+
+	oai "github.com/molly-gateway/molly/router/openai"
+)
+
+// Parallel tool calls sent in one delta, all with index 0 and no id
+// (Gemini's OpenAI-compatible API), are two calls for openai-go's
+// accumulator, each with its own arguments and a made-up id; a later
+// delta without an id continues the last of them.
+func TestToolCallsOfOneDeltaAreDistinct(t *testing.T) {
+	s := NewStream(Answer{Endpoint: oai.EndpointChat, Model: "m", Created: 1})
+	var acc openaiAccumulator
+	for _, c := range []string{
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"g","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[` +
+			`{"index":0,"type":"function","function":{"name":"weather","arguments":"{\"city\":\"Rome\"}"}},` +
+			`{"index":0,"type":"function","function":{"name":"time","arguments":"{\"zone\":"}}]},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"g","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"CET\"}"}}]},"finish_reason":"tool_calls"}]}`,
+	} {
+		acc.add(t, s.Chunk([]byte(c)))
+	}
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 2 || calls[0].Function.Name != "weather" || calls[0].Function.Arguments != `{"city":"Rome"}` ||
+		calls[1].Function.Name != "time" || calls[1].Function.Arguments != `{"zone":"CET"}` || calls[0].ID == "" || calls[1].ID == "" || calls[0].ID == calls[1].ID {
+		t.Fatalf("accumulated tool calls %+v", calls)
+	}
+}
+
+type openaiAccumulator struct {
+	openai.ChatCompletionAccumulator
+}
+
+func (a *openaiAccumulator) add(t *testing.T, c []byte) {
+	t.Helper()
+	var chunk openai.ChatCompletionChunk
+	if err := json.Unmarshal(c, &chunk); err != nil || !a.AddChunk(chunk) {
+		t.Fatalf("the accumulator refused %s (%v)", c, err)
+	}
+}
