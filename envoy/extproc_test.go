@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -345,5 +346,32 @@ func TestPolicyPointScrubsTheTargetsKeyFromAnswers(t *testing.T) {
 				t.Fatalf("stream %v in %d pieces: the client got %q (%s), want %q", stream, pieces, answer, out.body, want)
 			}
 		}
+	}
+}
+
+// An upstream that answers a streamed request with one whole JSON answer
+// (a server that does not stream) reaches the client through Envoy as the
+// stream that says the same, as through Molly's own proxy: it was relayed
+// as JSON, which a streaming client cannot read.
+func TestPolicyPointStreamsAWholeAnswerToAStreamedRequest(t *testing.T) {
+	f := startFleet(t, fleetOptions{targets: threeTiers(), ups: []string{"lan", "selfhosted", "external"}})
+	for _, mode := range []struct {
+		name     string
+		buffered bool
+		pieces   int
+	}{{"buffered", true, 1}, {"full duplex in 5 pieces", false, 5}} {
+		t.Run(mode.name, func(t *testing.T) {
+			c := post(chatBody("WHOLE haiku about autumn", true))
+			c.buffered, c.reqPieces, c.respPieces = mode.buffered, mode.pieces, mode.pieces
+			out := f.play(t, c)
+			text, _, done := sseText(t, out.body)
+			if out.status != 200 || !strings.HasPrefix(out.header.Get("content-type"), "text/event-stream") || !done ||
+				text != out.cluster+" says: WHOLE haiku about autumn" {
+				t.Fatalf("%d %q: streamed %q (done %v): %s", out.status, out.header.Get("content-type"), text, done, out.body)
+			}
+			if n := out.header.Get("content-length"); n != "" && n != strconv.Itoa(len(out.body)) {
+				t.Fatalf("content-length %s for %d bytes", n, len(out.body))
+			}
+		})
 	}
 }

@@ -169,7 +169,9 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if !gjson.GetBytes(body, "stream").Bool() {
+	// A prompt holding WHOLE is answered with one JSON answer even when a
+	// stream was asked for (as servers that do not stream answer).
+	if !gjson.GetBytes(body, "stream").Bool() || strings.Contains(prompt, "WHOLE") {
 		var logprobs any
 		if u.Logprob != 0 && gjson.GetBytes(body, "logprobs").Bool() {
 			var content []any

@@ -177,6 +177,9 @@ func (c *Carried) Streaming() bool {
 func (c *Carried) Whole(body []byte) (http.Header, []byte) {
 	o := &c.o
 	body = o.disp.ScrubAnswer(body)
+	if h, out, ok := c.wholeAsStream(body); ok {
+		return h, out
+	}
 	o.body, o.total = body, time.Since(o.start)
 	if o.status/100 == 2 && gjson.ValidBytes(body) {
 		o.meter.Body(body)
@@ -185,6 +188,42 @@ func (c *Carried) Whole(body []byte) (http.Header, []byte) {
 	c.answered = true
 	c.p.deliver(c.rq, o, "")
 	return c.w.header.Clone(), c.w.take()
+}
+
+// wholeAsStream delivers a whole 2xx answer to a streamed request as
+// Serve does (notStreamed): the stream that says the same
+// (relay.StreamOfAnswer), held and relayed by deliverStream; the header
+// carries the stream's Content-Length. ok is false, nothing done, for a
+// request that is not streamed or a body that is no whole answer (Whole
+// then delivers it as it is).
+func (c *Carried) wholeAsStream(body []byte) (http.Header, []byte, bool) {
+	o := &c.o
+	ep := c.rq.a.Endpoint()
+	if o.status/100 != 2 || !o.disp.Stream() {
+		return nil, nil, false
+	}
+	resp := &http.Response{StatusCode: o.status, Header: o.header.Clone()}
+	if kind, _ := wholeAnswer(ep, resp, body); kind != failNone {
+		return nil, nil, false
+	}
+	sse := relay.StreamOfAnswer(ep, validUTF8(body))
+	if sse == nil {
+		return nil, nil, false
+	}
+	resp.Header.Set("Content-Type", "text/event-stream")
+	resp.Header.Del("Content-Length")
+	resp.Body = io.NopCloser(bytes.NewReader(sse))
+	o.header = resp.Header
+	held := c.p.hold(c.rq, *o, resp, 0)
+	if !held.ok() {
+		return nil, nil, false
+	}
+	c.o = held
+	c.answered = true
+	_ = c.p.deliverStream(c.rq, &c.o, "")
+	h, out := c.w.header.Clone(), c.w.take()
+	h.Set("Content-Length", strconv.Itoa(len(out)))
+	return h, out, true
 }
 
 // StartStream begins relaying a streamed answer through Serve's
