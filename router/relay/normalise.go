@@ -208,7 +208,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 		if ch.IsObject() {
 			pick(ch, choiceNames[:], c[:])
 		}
-		if !c[choiceIndex].Exists() {
+		if !present(c[choiceIndex]) {
 			e.set(base+".index", k.Int())
 		}
 		lp := c[choiceLogprobs]
@@ -220,7 +220,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 		}
 		fr := c[choiceFinish].Str
 		if !chat {
-			if !c[choiceText].Exists() {
+			if !present(c[choiceText]) {
 				e.set(base+".text", "")
 			}
 			if want := finishReason(ans.Endpoint, fr); want != fr || c[choiceFinish].Type != gjson.String {
@@ -427,13 +427,13 @@ func normaliseUsage(u gjson.Result, path string, e *edit, recorded *Counts) {
 		var f [len(usageNames)]gjson.Result
 		pick(u, usageNames[:], f[:])
 		p, c := f[0].Int(), f[1].Int()
-		if !f[0].Exists() {
+		if !present(f[0]) {
 			e.set(path+".prompt_tokens", 0)
 		}
-		if !f[1].Exists() {
+		if !present(f[1]) {
 			e.set(path+".completion_tokens", 0)
 		}
-		if !f[2].Exists() {
+		if !present(f[2]) {
 			e.set(path+".total_tokens", p+c)
 		}
 		for i, d := range usageNames[3:] { // the details, objects that servers send as null
@@ -476,6 +476,11 @@ func partsContent(c gjson.Result, path string, msg gjson.Result, e *edit) {
 	}
 }
 
+// present reports a member that is there and not null: a required member
+// some servers write as null (a choice's index, a completion's text, a
+// usage's counts) is written as if it were absent.
+func present(v gjson.Result) bool { return v.Exists() && v.Type != gjson.Null }
+
 // usageOf is the JSON of a usage of p prompt and c completion tokens.
 func usageOf(p, c int64) string {
 	return `{"prompt_tokens":` + strconv.FormatInt(p, 10) + `,"completion_tokens":` + strconv.FormatInt(c, 10) +
@@ -500,7 +505,7 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 		if d.Get("object").Str != "embedding" {
 			e.set("data."+k.String()+".object", "embedding")
 		}
-		if !d.Get("index").Exists() {
+		if !present(d.Get("index")) {
 			e.set("data."+k.String()+".index", k.Int())
 		}
 		return true
@@ -515,10 +520,10 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 		e.raw("usage", `{"prompt_tokens":`+p+`,"total_tokens":`+p+`}`)
 		return
 	}
-	if !u.Get("prompt_tokens").Exists() {
+	if !present(u.Get("prompt_tokens")) {
 		e.set("usage.prompt_tokens", 0)
 	}
-	if !u.Get("total_tokens").Exists() {
+	if !present(u.Get("total_tokens")) {
 		e.set("usage.total_tokens", u.Get("prompt_tokens").Int())
 	}
 }
@@ -735,7 +740,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		s.choices[idx] = st
 	}
 	if !s.chat {
-		if !text.Exists() {
+		if !present(text) {
 			e.set(base+".text", "")
 		}
 		if !lp.Exists() {

@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/openapitest"
 	oai "github.com/molly-gateway/molly/router/openai"
 )
 
@@ -40,5 +42,30 @@ func (a *openaiAccumulator) add(t *testing.T, c []byte) {
 	var chunk openai.ChatCompletionChunk
 	if err := json.Unmarshal(c, &chunk); err != nil || !a.AddChunk(chunk) {
 		t.Fatalf("the accumulator refused %s (%v)", c, err)
+	}
+}
+
+// Required members some servers write as null — a choice's index, a
+// completion's text, a usage's counts — are written as the spec has them
+// (the position, "", 0 or the sum), whole and streamed.
+func TestRequiredMembersWrittenAsNull(t *testing.T) {
+	spec := openapitest.Load(t)
+	chat := NormaliseBody(Answer{Endpoint: oai.EndpointChat, Model: "m", Created: 1},
+		[]byte(`{"id":"x","object":"chat.completion","created":1,"model":"u","choices":[{"index":null,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}],"usage":{"prompt_tokens":3,"completion_tokens":null,"total_tokens":null}}`))
+	spec.Validate(t, "CreateChatCompletionResponse", chat)
+	if u := gjson.GetBytes(chat, "usage"); u.Get("completion_tokens").Raw != "0" || u.Get("total_tokens").Raw != "3" || gjson.GetBytes(chat, "choices.0.index").Raw != "0" {
+		t.Fatalf("answer %s", chat)
+	}
+	text := NormaliseBody(Answer{Endpoint: oai.EndpointCompletions, Model: "m", Created: 1},
+		[]byte(`{"id":"x","object":"text_completion","created":1,"model":"u","choices":[{"index":0,"text":null,"finish_reason":"length","logprobs":null}],"usage":{"prompt_tokens":null,"completion_tokens":2,"total_tokens":null}}`))
+	spec.Validate(t, "CreateCompletionResponse", text)
+	if gjson.GetBytes(text, "choices.0.text").Raw != `""` || gjson.GetBytes(text, "usage.total_tokens").Raw != "2" {
+		t.Fatalf("answer %s", text)
+	}
+	s := NewStream(Answer{Endpoint: oai.EndpointCompletions, Model: "m", Created: 1})
+	chunk := s.Chunk([]byte(`{"id":"x","object":"text_completion","created":1,"model":"u","choices":[{"index":0,"text":null,"finish_reason":null,"logprobs":null}]}`))
+	spec.ValidateCompletionChunk(t, chunk)
+	if gjson.GetBytes(chunk, "choices.0.text").Raw != `""` {
+		t.Fatalf("chunk %s", chunk)
 	}
 }
