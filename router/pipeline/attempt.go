@@ -166,6 +166,16 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
 		return o
 	case resp.StatusCode/100 == 2:
+		if isSSE {
+			// A stream to a request that asked for none (a server that
+			// always streams): the whole answer it says.
+			whole := relay.AnswerOfStream(rq.a.Endpoint(), body)
+			if whole == nil {
+				o.kind, o.failure = failBadAnswer, "a 200 event stream without an answer to a request that asked for none"
+				return o
+			}
+			body = whole
+		}
 		if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
 			o.kind, o.failure = kind, why
 			return o

@@ -247,3 +247,43 @@ func TestContentPartsBecomeTheSpecsString(t *testing.T) {
 		t.Fatalf("accumulated %s, reasoning %q", acc.RawJSON(), reasoning)
 	}
 }
+
+// An upstream that streams its answer to a request that asked for none (a
+// server that always streams) gives the client the whole answer that
+// stream says — two choices, a tool call whose arguments came in
+// fragments, the usage — spec-valid, and the ledger bills its usage.
+func TestAStreamToAWholeRequestIsJoined(t *testing.T) {
+	spec := openapitest.Load(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, c := range []string{
+			`{"id":"s","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"role":"assistant","content":"Os"},"finish_reason":null},{"index":1,"delta":{"role":"assistant","content":"Ro"},"finish_reason":null}]}`,
+			`{"id":"s","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"content":"lo.","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"weather","arguments":"{\"ci"}}]},"finish_reason":null}]}`,
+			`{"id":"s","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"ty\":\"Oslo\"}"}}]},"finish_reason":"tool_calls"},{"index":1,"delta":{"content":"me."},"finish_reason":"stop"}]}`,
+			`{"id":"s","object":"chat.completion.chunk","created":1,"model":"up","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":6,"total_tokens":15}}`,
+			`[DONE]`,
+		} {
+			fmt.Fprint(w, "data: "+c+"\n\n")
+		}
+	}))
+	t.Cleanup(up.Close)
+	ledger := &memLedger{}
+	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "up", Tier: "T1", Endpoint: up.URL + "/v1", Models: []string{"m"}}},
+		id: &identity.Identity{Member: "ann", Ledger: ledger}})
+	r := post(t, gw.URL+"/v1/chat/completions", `{"model":"m","n":2,"messages":[{"role":"user","content":"weather?"}]}`)
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	spec.Validate(t, "CreateChatCompletionResponse", []byte(r.body))
+	var c openai.ChatCompletion
+	if err := json.Unmarshal([]byte(r.body), &c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Choices) != 2 || c.Choices[0].Message.Content != "Oslo." || c.Choices[1].Message.Content != "Rome." || c.Choices[0].FinishReason != "tool_calls" ||
+		len(c.Choices[0].Message.ToolCalls) != 1 || c.Choices[0].Message.ToolCalls[0].Function.Arguments != `{"city":"Oslo"}` || c.Usage.TotalTokens != 15 || c.Model != "m" {
+		t.Fatalf("answer %s", r.body)
+	}
+	if rec := ledger.take(); len(rec) != 1 || rec[0].PromptTokens != 9 || rec[0].CompletionTokens != 6 || rec[0].Estimated {
+		t.Fatalf("billed %+v", rec)
+	}
+}
