@@ -69,3 +69,26 @@ func TestRequiredMembersWrittenAsNull(t *testing.T) {
 		t.Fatalf("chunk %s", chunk)
 	}
 }
+
+// A text completion streamed in pieces joins into one spec-valid answer
+// (NormaliseBody then gives it what the spec requires).
+func TestAnswerOfAStreamedCompletion(t *testing.T) {
+	spec := openapitest.Load(t)
+	var sse []byte
+	for _, c := range []string{
+		`{"id":"t","object":"text_completion","created":1,"model":"u","choices":[{"index":0,"text":"two ","finish_reason":null,"logprobs":null}]}`,
+		`{"id":"t","object":"text_completion","created":1,"model":"u","choices":[{"index":0,"text":"three","finish_reason":"length","logprobs":null}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`,
+		`[DONE]`,
+	} {
+		sse = AppendData(sse, []byte(c))
+	}
+	whole := AnswerOfStream(oai.EndpointCompletions, sse)
+	body := NormaliseBody(Answer{Endpoint: oai.EndpointCompletions, Model: "m", Created: 1}, whole)
+	spec.Validate(t, "CreateCompletionResponse", body)
+	if gjson.GetBytes(body, "choices.0.text").Str != "two three" || gjson.GetBytes(body, "choices.0.finish_reason").Str != "length" || gjson.GetBytes(body, "usage.total_tokens").Int() != 3 {
+		t.Fatalf("answer %s", body)
+	}
+	if AnswerOfStream(oai.EndpointCompletions, AppendData(nil, []byte("[DONE]"))) != nil {
+		t.Fatal("an empty stream made an answer")
+	}
+}
