@@ -373,10 +373,16 @@ func (t *Translation) matchedStop(ch gjson.Result) string {
 // choice's finish reason, matched stop sequence, and whether it called
 // tools: an answer with tool calls that finished "stop" (OpenAI's finish
 // for a forced tool_choice; Ollama's and some vLLM tool parsers' for any
-// call) stopped to use them, as Anthropic's stop_reason says.
-func stopFields(finish, matched string, calls bool) (string, any) {
+// call) stopped to use them, as Anthropic's stop_reason says; one that
+// carried a refusal was a refusal.
+func stopFields(finish, matched string, calls, refused bool) (string, any) {
 	if matched != "" {
 		return "stop_sequence", matched
+	}
+	if refused && finish == "stop" {
+		// A chat refusal (the model declined: OpenAI's message.refusal) is
+		// Anthropic's stop_reason refusal.
+		return "refusal", nil
 	}
 	if calls && finish == "stop" {
 		return "tool_use", nil
@@ -415,7 +421,7 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 			"input": toolInput(tc.Get("function.arguments").Str)})
 		return true
 	})
-	reason, seq := stopFields(ch.Get("finish_reason").Str, t.matchedStop(ch), msg.Get("tool_calls.#").Int() > 0)
+	reason, seq := stopFields(ch.Get("finish_reason").Str, t.matchedStop(ch), msg.Get("tool_calls.#").Int() > 0, msg.Get("refusal").String() != "")
 	return marshal(map[string]any{
 		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
 		"stop_reason": reason, "stop_sequence": seq,
@@ -524,6 +530,7 @@ type messagesStream struct {
 	lateText strings.Builder
 	lateRsn  strings.Builder
 	finish   string
+	refused  bool   // a refusal delta came
 	stopSeq  string // the stop sequence that ended the answer (matchedStop)
 	usage    gjson.Result
 }
@@ -656,6 +663,7 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	}
 	for _, f := range []string{"content", "refusal"} {
 		if c := d.Get(f); c.Type == gjson.String && c.Str != "" {
+			s.refused = s.refused || f == "refusal"
 			if len(s.calls) > 0 {
 				s.lateText.WriteString(c.Str)
 			} else {
@@ -713,7 +721,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
 	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
-	reason, seq := stopFields(s.finish, s.stopSeq, len(s.calls) > 0)
+	reason, seq := stopFields(s.finish, s.stopSeq, len(s.calls) > 0, s.refused)
 	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
 }

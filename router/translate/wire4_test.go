@@ -292,3 +292,29 @@ func TestMessagesToolCallsThatFinishedStopAreToolUse(t *testing.T) {
 		t.Fatalf("streamed %s (%v)", acc.RawJSON(), err)
 	}
 }
+
+// A chat refusal (message.refusal, streamed or whole) is Anthropic's
+// stop_reason refusal, the refusal text its text block.
+func TestMessagesRefusalIsStopReasonRefusal(t *testing.T) {
+	const answer = `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":null,"refusal":"I can't help with that."}}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`
+	ctx := context.Background()
+	params := anthropic.MessageNewParams{Model: "m", MaxTokens: 64, Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("x"))}}
+	whole := messagesServer(t, writeJSON(200, answer))
+	m, err := whole.Messages.New(ctx, params)
+	if err != nil || m.StopReason != anthropic.StopReasonRefusal || len(m.Content) != 1 || m.Content[0].Text != "I can't help with that." {
+		t.Fatalf("message %s (%v)", m.RawJSON(), err)
+	}
+	streamed := messagesServer(t, writeSSE(
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","refusal":"I can't "},"finish_reason":null}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"refusal":"help with that."},"finish_reason":"stop"}]}`, `[DONE]`))
+	st := streamed.Messages.NewStreaming(ctx, params)
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Err(); err != nil || acc.StopReason != anthropic.StopReasonRefusal || len(acc.Content) != 1 || acc.Content[0].Text != "I can't help with that." {
+		t.Fatalf("streamed %s (%v)", acc.RawJSON(), err)
+	}
+}
