@@ -375,3 +375,25 @@ func TestPolicyPointStreamsAWholeAnswerToAStreamedRequest(t *testing.T) {
 		})
 	}
 }
+
+// An upstream that streams its answer to a request that asked for none
+// reaches the client through Envoy as the whole JSON answer that stream
+// says, as through Molly's own proxy: it was relayed as a stream.
+func TestPolicyPointJoinsAStreamToAWholeRequest(t *testing.T) {
+	f := startFleet(t, fleetOptions{targets: threeTiers(), ups: []string{"lan", "selfhosted", "external"}})
+	for _, mode := range []struct {
+		name     string
+		buffered bool
+		pieces   int
+	}{{"buffered", true, 1}, {"full duplex in 5 pieces", false, 5}} {
+		t.Run(mode.name, func(t *testing.T) {
+			c := post(chatBody("ALWAYSSTREAM haiku about autumn", false))
+			c.buffered, c.reqPieces, c.respPieces = mode.buffered, mode.pieces, mode.pieces
+			out := f.play(t, c)
+			if out.status != 200 || !strings.HasPrefix(out.header.Get("content-type"), "application/json") ||
+				gjson.GetBytes(out.body, "choices.0.message.content").Str != out.cluster+" says: ALWAYSSTREAM haiku about autumn" {
+				t.Fatalf("%d %q: %s", out.status, out.header.Get("content-type"), out.body)
+			}
+		})
+	}
+}

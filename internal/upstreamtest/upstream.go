@@ -170,8 +170,9 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// A prompt holding WHOLE is answered with one JSON answer even when a
-	// stream was asked for (as servers that do not stream answer).
-	if !gjson.GetBytes(body, "stream").Bool() || strings.Contains(prompt, "WHOLE") {
+	// stream was asked for (as servers that do not stream answer), one
+	// holding ALWAYSSTREAM with a stream even when none was.
+	if (!gjson.GetBytes(body, "stream").Bool() && !strings.Contains(prompt, "ALWAYSSTREAM")) || strings.Contains(prompt, "WHOLE") {
 		var logprobs any
 		if u.Logprob != 0 && gjson.GetBytes(body, "logprobs").Bool() {
 			var content []any

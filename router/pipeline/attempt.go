@@ -175,6 +175,8 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 				return o
 			}
 			body = whole
+			o.header = o.header.Clone()
+			o.header.Set("Content-Type", "application/json")
 		}
 		if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
 			o.kind, o.failure = kind, why

@@ -165,9 +165,10 @@ func (c *Carried) Respond(status int, h http.Header) error {
 }
 
 // Streaming reports whether the answer Respond took is a stream to relay
-// with StartStream: a 2xx server-sent event stream.
+// with StartStream: a 2xx server-sent event stream to a streamed request
+// (one to a request that asked for none is joined by Whole).
 func (c *Carried) Streaming() bool {
-	return c.o.status/100 == 2 && strings.HasPrefix(c.o.header.Get("Content-Type"), "text/event-stream")
+	return c.o.status/100 == 2 && strings.HasPrefix(c.o.header.Get("Content-Type"), "text/event-stream") && c.o.disp.Stream()
 }
 
 // Whole delivers a whole (non-streamed) answer whose body the upstream
@@ -179,6 +180,15 @@ func (c *Carried) Whole(body []byte) (http.Header, []byte) {
 	body = o.disp.ScrubAnswer(body)
 	if h, out, ok := c.wholeAsStream(body); ok {
 		return h, out
+	}
+	if o.status/100 == 2 && !o.disp.Stream() && strings.HasPrefix(o.header.Get("Content-Type"), "text/event-stream") {
+		// A stream to a request that asked for none: the answer it says
+		// (as Serve's attempt joins it).
+		if whole := relay.AnswerOfStream(c.rq.a.Endpoint(), body); whole != nil {
+			body = whole
+			o.header = o.header.Clone()
+			o.header.Set("Content-Type", "application/json")
+		}
 	}
 	o.body, o.total = body, time.Since(o.start)
 	if o.status/100 == 2 && gjson.ValidBytes(body) {

@@ -271,8 +271,8 @@ func TestAStreamToAWholeRequestIsJoined(t *testing.T) {
 	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "up", Tier: "T1", Endpoint: up.URL + "/v1", Models: []string{"m"}}},
 		id: &identity.Identity{Member: "ann", Ledger: ledger}})
 	r := post(t, gw.URL+"/v1/chat/completions", `{"model":"m","n":2,"messages":[{"role":"user","content":"weather?"}]}`)
-	if r.status != 200 {
-		t.Fatalf("status %d: %s", r.status, r.body)
+	if r.status != 200 || r.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d %q: %s", r.status, r.header.Get("Content-Type"), r.body)
 	}
 	spec.Validate(t, "CreateChatCompletionResponse", []byte(r.body))
 	var c openai.ChatCompletion
