@@ -86,8 +86,12 @@ var (
 )
 
 // finishReason maps a finish reason to the spec's enum for ep: aliases to
-// their word, anything else unknown to "stop".
+// their word, in any case (Gemini's and Vertex's STOP, MAX_TOKENS,
+// SAFETY), anything else unknown to "stop".
 func finishReason(ep openai.Endpoint, r string) string {
+	if !chatFinish[r] {
+		r = strings.ToLower(r)
+	}
 	if a, ok := finishAliases[r]; ok {
 		r = a
 	}

@@ -92,3 +92,15 @@ func TestAnswerOfAStreamedCompletion(t *testing.T) {
 		t.Fatal("an empty stream made an answer")
 	}
 }
+
+// Finish reasons in another case (Gemini's and Vertex's STOP, MAX_TOKENS,
+// SAFETY) map to the spec's words: MAX_TOKENS was "stop", hiding a cut.
+func TestFinishReasonsInCapitals(t *testing.T) {
+	for in, want := range map[string]string{"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter", "Length": "length", "TOOL_CALLS": "tool_calls", "OTHER": "stop"} {
+		body := NormaliseBody(Answer{Endpoint: oai.EndpointChat, Model: "m", Created: 1},
+			[]byte(`{"id":"x","object":"chat.completion","created":1,"model":"u","choices":[{"index":0,"finish_reason":"`+in+`","logprobs":null,"message":{"role":"assistant","content":"hi","refusal":null}}]}`))
+		if got := gjson.GetBytes(body, "choices.0.finish_reason").Str; got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
