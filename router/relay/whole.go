@@ -206,7 +206,12 @@ func AnswerOfStream(ep openai.Endpoint, body []byte) []byte {
 					if v := tc.Get("function.name").Str; v != "" && cl.name == "" {
 						cl.name = v
 					}
-					cl.args.WriteString(tc.Get("function.arguments").Str)
+					switch a := tc.Get("function.arguments"); {
+					case a.Type == gjson.String:
+						cl.args.WriteString(a.Str)
+					case a.IsObject() || a.IsArray():
+						cl.args.WriteString(argsText(a)) // Ollama's arguments object
+					}
 					return true
 				})
 			}

@@ -88,6 +88,11 @@ func TestAnswerOfAStreamedCompletion(t *testing.T) {
 	if gjson.GetBytes(body, "choices.0.text").Str != "two three" || gjson.GetBytes(body, "choices.0.finish_reason").Str != "length" || gjson.GetBytes(body, "usage.total_tokens").Int() != 3 {
 		t.Fatalf("answer %s", body)
 	}
+	// A tool call's arguments streamed as an object (Ollama) are its JSON text.
+	chat := AnswerOfStream(oai.EndpointChat, AppendData(nil, []byte(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"u","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":{"a": 1}}}]},"finish_reason":"tool_calls"}]}`)))
+	if a := gjson.GetBytes(chat, "choices.0.message.tool_calls.0.function.arguments"); a.Str != `{"a":1}` {
+		t.Fatalf("answer %s", chat)
+	}
 	if AnswerOfStream(oai.EndpointCompletions, AppendData(nil, []byte("[DONE]"))) != nil {
 		t.Fatal("an empty stream made an answer")
 	}
