@@ -332,6 +332,12 @@ func anthropicTools(root gjson.Result, chat map[string]any) *openai.Error {
 	default:
 		return openai.InvalidRequest("tool_choice.type", "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'.")
 	}
+	if len(tools) == 0 {
+		// OpenAI refuses a tool_choice without tools ("'tool_choice' is
+		// only allowed when 'tools' are specified"): with none, there is
+		// nothing to choose.
+		delete(chat, "tool_choice")
+	}
 	if tc.Get("disable_parallel_tool_use").Bool() && len(tools) > 0 {
 		chat["parallel_tool_calls"] = false
 	}

@@ -244,7 +244,8 @@ func TestMessagesToolNameInALaterDelta(t *testing.T) {
 // safety_identifier and prompt_cache_key (chat has all three; they were
 // dropped), and a Messages assistant turn of thinking blocks only is an
 // empty text, not a null content without tool_calls (which OpenAI
-// refuses); each is a valid CreateChatCompletionRequest.
+// refuses), and a tool_choice without tools is left out (OpenAI refuses
+// it too); each is a valid CreateChatCompletionRequest.
 func TestTranslatedRequestsKeepTheirParameters(t *testing.T) {
 	spec := openapitest.Load(t)
 	chat, _, aerr := FromResponses(context.Background(), []byte(`{"model":"m","input":"hi","service_tier":"flex","safety_identifier":"s-1","prompt_cache_key":"k-1"}`), nil, "ana")
@@ -262,6 +263,11 @@ func TestTranslatedRequestsKeepTheirParameters(t *testing.T) {
 	spec.Validate(t, "CreateChatCompletionRequest", chat)
 	if m := gjson.GetBytes(chat, "messages.1"); m.Get("role").Str != "assistant" || m.Get("content").Type != gjson.String || m.Get("tool_calls").Exists() {
 		t.Fatalf("chat %s", chat)
+	}
+	// A tool_choice without tools is not sent (OpenAI refuses it).
+	chat, _, aerr = FromMessages([]byte(`{"model":"m","max_tokens":9,"tool_choice":{"type":"auto"},"messages":[{"role":"user","content":"hi"}]}`))
+	if aerr != nil || gjson.GetBytes(chat, "tool_choice").Exists() {
+		t.Fatalf("chat %s (%v)", chat, aerr)
 	}
 }
 
