@@ -32,7 +32,8 @@ import (
 //     refused by models without reasoning);
 //   - tools (name, description, input_schema) become function tools;
 //     tool_choice auto, any, tool and none become auto, required, the named
-//     function and none, disable_parallel_tool_use parallel_tool_calls
+//     function and none (sent only with tools, as OpenAI requires),
+//     disable_parallel_tool_use parallel_tool_calls
 //     false; max_tokens, stop_sequences (as stop), temperature, top_p and
 //     metadata.user_id (as user) map to their chat parameters (top_k has
 //     no chat equivalent and is dropped); a stream asks for the usage chunk;
