@@ -434,6 +434,12 @@ func spacedDotBefore(s string, e int) int {
 	return j
 }
 
+// maxWrittenEmail bounds the bytes of a written-out address (in the
+// view): the longest addr-spec, 318 bytes (RFC 5321 §4.5.3.1), with room
+// for dot-words and spaced dots, and under GuardHoldBytes less the
+// context a stream guard needs.
+const maxWrittenEmail = 440
+
 // writtenEmail checks a written-out address around the at-word text[p:q]
 // (without the spaces of a spaced word) and returns its span.
 func writtenEmail(text string, p, q int, strong bool) (int, int, bool) {
@@ -505,6 +511,9 @@ func writtenEmailW(text string, p, q int, strong bool) (int, int, bool, bool) {
 	}
 	if !strong && !written && !joined {
 		return 0, 0, false, false // "meet at example.com"
+	}
+	if e-s > maxWrittenEmail {
+		return 0, 0, false, false
 	}
 	return s, e, written, true
 }

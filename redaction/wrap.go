@@ -14,8 +14,8 @@ import "strings"
 // covering every line it spans.
 
 const (
-	maxWrapLines   = 8    // lines of one wrapped value
-	maxWrapBytes   = 1024 // bytes of one joined text
+	maxWrapLines   = 64   // lines of one wrapped value
+	maxWrapBytes   = 4096 // bytes of one joined text
 	wrapContext    = 80   // bytes before the first line's run kept for the keyword
 	wrapMinRun     = 20   // a run at least this long may be wrapped, whatever it holds
 	wrapMinKeyLike = 12   // a shorter one must hold a digit and a letter
@@ -130,7 +130,8 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		end := re
 		for ns >= 0 && len(pieces) < maxWrapLines && len(joined) < maxWrapBytes {
 			ne := ns
-			for ne < len(text) && isB64Byte(text[ne]) && ne-ns < maxWrapBytes {
+			// The line's token: base64 bytes and dots (a JWT's parts).
+			for ne < len(text) && (isB64Byte(text[ne]) || text[ne] == '.' && isB64Byte(at(text, ne+1))) && ne-ns < maxWrapBytes {
 				ne++
 			}
 			for q := 0; q < 2 && at(text, ne) == '='; q++ {
