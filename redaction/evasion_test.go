@@ -53,6 +53,11 @@ func TestScanFindsEvasions(t *testing.T) {
 		{"a quoted-printable at", "From: john=40example.com", "john=40example.com", TypeEmail},
 		{"a quoted-printable at and a soft break", "To: john.doe=40exa=\r\nmple.com\r\n", "john.doe=40exa=\r\nmple.com", TypeEmail},
 		{"a quoted-printable fullwidth at", "mail john=EF=BC=A0example.com now", "john=EF=BC=A0example.com", TypeEmail},
+		{"a percent-escape encoded twice", "mail john%2540example.com now", "john%2540example.com", TypeEmail},
+		{"a percent-escape encoded three times", "mail john%252540example.com now", "john%252540example.com", TypeEmail},
+		{"a character reference escaped again", "mail john&amp;#64;example&amp;#46;com now", "john&amp;#64;example&amp;#46;com", TypeEmail},
+		{"a JSON escape escaped again", `mail john\\u0040example.com now`, `john\\u0040example.com`, TypeEmail},
+		{"a hex escape escaped again", `mail john\\x40example.com now`, `john\\x40example.com`, TypeEmail},
 		{"a quoted-printable assignment", "api_key=3D\"ghp_0123456789abcdefghijABCDEFGHIJ012345\"", "ghp_0123456789abcdefghijABCDEFGHIJ012345", TypeSecret},
 	}
 	for _, tc := range cases {
@@ -89,6 +94,7 @@ func TestScanLeavesLookalikesAlone(t *testing.T) {
 		"The quick brown fox jumps over the lazy dog and\nkeeps running through the extraordinarily\nlong meadow until dusk.",
 		"func someVeryLongFunctionName2024(x int)\n    return anotherLongIdentifier42",
 		"The ratio is 3 . 5 and the score 4 . 2 at best.",
+		`path C:\\users\\x41bc and 100%25 off, 50%2525 more &amp;amp; less`,
 	} {
 		if fs := s.Scan(text); len(fs) != 0 {
 			t.Errorf("Scan(%q) = %v, want none", text, fs)

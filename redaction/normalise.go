@@ -519,8 +519,19 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 			switch c {
 			case '%':
 				if b := percentByte(text[i:]); b >= 0 {
-					w.replaceByte(i, i+3, byte(b))
-					i += 3
+					// Encoded again ("%2540" is "%40" once decoded, '@'
+					// twice): decode while the result is a '%' before two
+					// hex digits.
+					n := 3
+					for b == '%' && i+n+2 <= len(text) {
+						c := printableHex(text[i+n], text[i+n+1])
+						if c < 0 {
+							break
+						}
+						b, n = c, n+2
+					}
+					w.replaceByte(i, i+n, byte(b))
+					i += n
 					continue
 				}
 			case '\\':
@@ -541,6 +552,21 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 				// tool results and arguments are JSON inside a JSON string,
 				// so "a\n4111 …" must read as a line break before the number.
 				if b := jsonShortEscape(text[i:]); b >= 0 {
+					// An escaped backslash before an escape is that
+					// escape escaped again (JSON in a JSON string:
+					// "\\u0040" reads "\u0040" once decoded, '@' twice).
+					if b == '\\' {
+						if r := jsonEscape(text[i+1:]); r >= 0 {
+							w.replace(i, i+7, normRune(r, &nfkc))
+							i += 7
+							continue
+						}
+						if c := hexEscape(text[i+1:]); c >= 0 {
+							w.replaceByte(i, i+5, byte(c))
+							i += 5
+							continue
+						}
+					}
 					w.replaceByte(i, i+2, byte(b))
 					i += 2
 					continue
@@ -564,6 +590,17 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 				}
 			case '&':
 				if r, n := htmlRef(text[i:]); n > 0 {
+					// A reference escaped again ("&amp;#64;"): the '&' it
+					// decodes to starts the next one (htmlRef does not
+					// read the byte at its start, here the first one's
+					// last).
+					for k := 0; r == '&' && k < 4; k++ {
+						r2, n2 := htmlRef(text[i+n-1:])
+						if n2 == 0 {
+							break
+						}
+						r, n = r2, n+n2-1
+					}
 					w.replace(i, i+n, normRune(r, &nfkc))
 					i += n
 					continue

@@ -21,6 +21,7 @@
 //     combining marks dropped, Unicode TR #39 homoglyphs, dashes and
 //     spaces mapped, percent-escapes of printable ASCII, JSON \uXXXX
 //     escapes and HTML character references (&#64;, &commat;) decoded,
+//     also when escaped again ("%2540", "&amp;#64;", "\\u0040"),
 //     quoted-printable soft line breaks ("=" ending a line) removed.
 //     Findings are mapped back to byte offsets in the original text, so the
 //     original bytes are what gets replaced. A text that holds
