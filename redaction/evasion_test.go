@@ -43,6 +43,7 @@ func TestScanFindsEvasions(t *testing.T) {
 		{"a key in two adjacent string literals", "token = \"ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345\"", "ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345", TypeSecret},
 		{"a key in concatenated literals", "const k = \"ghp_0123456789abcdefghij\" +\n\t\"ABCDEFGHIJ012345\";", "ghp_0123456789abcdefghij\" +\n\t\"ABCDEFGHIJ012345", TypeSecret},
 		{"a key over three lines", "export GH=ghp_0123456789ab\\\ncdefghijABCDEFGH\\\nIJ012345 ok", "ghp_0123456789ab\\\ncdefghijABCDEFGH\\\nIJ012345", TypeSecret},
+		{"a key wrapped after its prefix", "OPENAI_API_KEY=\"sk-\"\n  \"proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ0123456789abcdefghij\"", "sk-\"\n  \"proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ0123456789abcdefghij", TypeSecret},
 		{"an address with spaced dots and a spaced at", "write to john . doe @ example . com today", "john . doe @ example . com", TypeEmail},
 		{"an address with a spaced at only", "write to john.doe @ example.com today", "john.doe @ example.com", TypeEmail},
 		{"an address with a spaced dot in the domain", "write to john.doe@example . com today", "john.doe@example . com", TypeEmail},

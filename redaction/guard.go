@@ -344,13 +344,24 @@ func joinedAcross(buf string, cut int) int {
 			return ts
 		}
 	}
-	if !keyLike(buf, ts, te) {
-		return -1
-	}
 	if strings.IndexByte(buf[te:cut], '\n') < 0 {
 		return -1 // not at a line break
 	}
-	if strings.TrimLeft(buf[cut:], " \t\"'+.") == "" || wrapGap(buf, te) >= 0 {
+	// The next line's token, when it has come: a key-like run on either
+	// side may be a wrapped key (see detectWrapped and tokenBefore), and
+	// one that reaches the end of buf may still become one.
+	ns := wrapGap(buf, te)
+	if ns < 0 {
+		if keyLike(buf, ts, te) && strings.TrimLeft(buf[cut:], " \t\"'+.") == "" {
+			return ts
+		}
+		return -1
+	}
+	ne := ns
+	for ne < len(buf) && isB64Byte(buf[ne]) {
+		ne++
+	}
+	if keyLike(buf, ts, te) || ne == len(buf) || keyLike(buf, ns, ne) {
 		return ts
 	}
 	return -1

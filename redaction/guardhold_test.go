@@ -21,6 +21,10 @@ func TestStreamGuardHoldsLongValuesWhole(t *testing.T) {
 	for i := 0; i < len(tok); i += 64 {
 		wrapped = append(wrapped, tok[i:min(i+64, len(tok))])
 	}
+	var prefixed []string // the same token with its first line cut after "eyJ"
+	for i := 3; i < len(tok); i += 64 {
+		prefixed = append(prefixed, tok[i:min(i+64, len(tok))])
+	}
 	long := strings.Repeat("a", 60) + ".rossi@" + strings.Repeat("b", 60) + "." + strings.Repeat("c", 60) + "." + strings.Repeat("d", 60) + ".example.com"
 	var hx []string
 	for _, c := range []byte(long) {
@@ -39,6 +43,7 @@ func TestStreamGuardHoldsLongValuesWhole(t *testing.T) {
 		parts       []string // pieces of the value that must not be emitted
 	}{
 		{"a token wrapped over eleven lines", "token = " + strings.Join(wrapped, "\n        "), wrapped},
+		{"a token wrapped after its first three bytes", "jwt: eyJ\n    " + strings.Join(prefixed, "\n    "), append([]string{"jwt: eyJ\n"}, prefixed...)},
 		{"an address in spaced hex", strings.Join(hx, " "), splitEvery(strings.Join(hx, " "), 48)},
 		{"an address in numeric references with spaced dots", strings.Join(esc, ""), esc[:len(esc)-1]},
 	}

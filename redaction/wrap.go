@@ -64,6 +64,33 @@ func wrapGap(text string, e int) int {
 	return j
 }
 
+// tokenBefore returns the token (base64 bytes) ending the line before the
+// one that starts at s (after its indentation and quote), when a wrap
+// joins the two (see wrapGap), else s, s.
+func tokenBefore(text string, s int) (int, int) {
+	j := s
+	if c := before(text, j); c == '"' || c == '\'' {
+		j--
+	}
+	for k := 0; k < 32 && (before(text, j) == ' ' || before(text, j) == '\t'); k++ {
+		j--
+	}
+	if before(text, j) != '\n' {
+		return s, s
+	}
+	for k := 0; k < 16 && j > 0 && !isB64Byte(text[j-1]); k++ {
+		j--
+	}
+	e := j
+	for j > 0 && e-j < maxWrapBytes && isB64Byte(text[j-1]) {
+		j--
+	}
+	if j == e || wrapGap(text, e) != s {
+		return s, s
+	}
+	return j, e
+}
+
 // keyLike reports whether the run text[s:e] may be the first line of a
 // wrapped key (see wrapMinRun).
 func keyLike(text string, s, e int) bool {
@@ -118,7 +145,13 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		}
 		ns := wrapGap(text, re)
 		if ns < 0 {
-			continue
+			// The run may be the second line of a key whose first line is
+			// short ("sk-\n  proj-…"): start from that line's token.
+			ps, pe := tokenBefore(text, rs)
+			if ps < done || ps == pe {
+				continue
+			}
+			rs, re, ns = ps, pe, rs
 		}
 		// The first piece, with the keyword context before it on its line.
 		cs := rs
