@@ -64,9 +64,9 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 
 // fiscalSep reports the bytes that may separate the groups of a fiscal
 // code written grouped ("RSS MRA 80A01 H501U", "RSS-MRA-80A01-H501U",
-// "RSS.MRA.80A01.H501U"); the view maps every dash and space to '-' and
-// ' '.
-func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' }
+// "RSS.MRA.80A01.H501U", "RSS_MRA_80A01_H501U", "RSS/MRA/80A01/H501U");
+// the view maps every dash and space to '-' and ' '.
+func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_' || c == '/' }
 
 // detectFiscalGrouped finds fiscal codes written in groups: 16 characters
 // with single separators (fiscalSep) between some of them, read from the

@@ -96,7 +96,10 @@ func mapRune(r rune) rune {
 	switch {
 	case r >= 0x2010 && r <= 0x2015, r == 0x2212, r == 0xFE58, r == 0xFE63, r == 0xFF0D, r == 0x2043:
 		return '-'
-	case r == 0x2024, r == 0xFF0E, r == 0x3002:
+	case r == 0x2024, r == 0xFF0E, r == 0x3002, r == 0x00B7, r == 0x2219, r == 0x30FB, r == 0x2027:
+		// One dot leader, fullwidth and ideographic full stops, and the
+		// middle dots (Latin, bullet operator, katakana, hyphenation
+		// point) that separate digit groups ("4111·1111·…").
 		return '.'
 	case r == 0x2800, r == 0x3164, r == 0xFFA0:
 		return ' '

@@ -137,7 +137,7 @@ func continuation(text string, s, e int) bool {
 func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *budget, depth int) []Finding {
 	done := 0
 	var pieces []piece
-	joined := make([]byte, 0, 256)
+	var joined []byte
 	for _, r := range runs {
 		rs, re := int(r[0]), int(r[1])
 		if rs < done || !keyLike(text, rs, re) {
@@ -179,6 +179,9 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 			ns = wrapGap(text, ne)
 		}
 		done = end
+		if len(pieces) < 2 {
+			continue // the next line does not continue it
+		}
 		// A closing quote or bracket after the last piece, for the
 		// rules that read one.
 		if c := at(text, end); c == '"' || c == '\'' || c == '`' {
