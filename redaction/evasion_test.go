@@ -42,6 +42,11 @@ func TestScanFindsEvasions(t *testing.T) {
 		{"a fiscal code in slashed groups", "cf RSS/MRA/80A01/H501U", "RSS/MRA/80A01/H501U", TypeITFiscalCode},
 		{"a card in groups apart by middle dots", "card 4111·1111·1111·1111 ok", "4111·1111·1111·1111", TypeCreditCard},
 		{"a card in groups apart by katakana middle dots", "カード: 4111・1111・1111・1111 です", "4111・1111・1111・1111", TypeCreditCard},
+		{"a card glued to Japanese", "カード4111 1111 1111 1111です", "4111 1111 1111 1111", TypeCreditCard},
+		{"a card glued to Chinese", "卡号4111111111111111谢谢", "4111111111111111", TypeCreditCard},
+		{"a card glued to Korean", "카드4111-1111-1111-1111입니다", "4111-1111-1111-1111", TypeCreditCard},
+		{"an IBAN glued to Chinese", "IBAN是DE89370400440532013000谢谢", "DE89370400440532013000", TypeIBAN},
+		{"a phone number glued to Chinese", "电话+8613812345678", "+8613812345678", TypePhone},
 		{"a key wrapped at a line break", "token: ghp_0123456789abcdefghij\n  ABCDEFGHIJ012345 end", "ghp_0123456789abcdefghij\n  ABCDEFGHIJ012345", TypeSecret},
 		{"a key wrapped at CRLF", "key sk-proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ01\r\n23456789abcdefghij", "sk-proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ01\r\n23456789abcdefghij", TypeSecret},
 		{"a key in two adjacent string literals", "token = \"ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345\"", "ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345", TypeSecret},
@@ -99,6 +104,8 @@ func TestScanLeavesLookalikesAlone(t *testing.T) {
 		"The quick brown fox jumps over the lazy dog and\nkeeps running through the extraordinarily\nlong meadow until dusk.",
 		"func someVeryLongFunctionName2024(x int)\n    return anotherLongIdentifier42",
 		"The ratio is 3 . 5 and the score 4 . 2 at best.",
+		"cartéDE89370400440532013000 is a word, not an IBAN",
+		"订单号2024-118734。バージョン1.4.2。주문번호 2024-118735",
 		`path C:\\users\\x41bc and 100%25 off, 50%2525 more &amp;amp; less`,
 	} {
 		if fs := s.Scan(text); len(fs) != 0 {
