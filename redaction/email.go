@@ -321,6 +321,9 @@ func dotWordAt(s string, i int) (int, bool) {
 	if at(s, i) == '.' {
 		return 1, false
 	}
+	if n := spacedDotAt(s, i); n > 0 {
+		return n, true
+	}
 	for _, w := range dotWords {
 		if w[0] == ' ' {
 			if hasPrefixFold(s, i, w) {
@@ -346,6 +349,9 @@ func dotWordAt(s string, i int) (int, bool) {
 // dotWordBefore returns where a '.'-word (with its spaces) ending at s
 // starts, or -1.
 func dotWordBefore(s string, e int) int {
+	if k := spacedDotBefore(s, e); k >= 0 {
+		return k
+	}
 	for _, w := range dotWords {
 		if w[0] == ' ' {
 			if e >= len(w) && hasPrefixFold(s, e-len(w), w) {
@@ -368,9 +374,82 @@ func dotWordBefore(s string, e int) int {
 	return -1
 }
 
+// spacedDotAt returns the length of a '.' set apart by one or two spaces
+// on each side (" . ", the spaced dot of "john . doe @ example . com") at
+// s[i:], or 0. A dot with a space on one side only ends a sentence far
+// more often than it joins labels ("write to me @ home. It …").
+func spacedDotAt(s string, i int) int {
+	j := i
+	for j < len(s) && s[j] == ' ' && j-i < 2 {
+		j++
+	}
+	if j == i || at(s, j) != '.' {
+		return 0
+	}
+	k := j + 1
+	for k < len(s) && s[k] == ' ' && k-j <= 2 {
+		k++
+	}
+	if k == j+1 {
+		return 0
+	}
+	return k - i
+}
+
+// spacedDotNear reports whether a spaced dot follows (after) the label
+// starting at i, or precedes (!after) the word ending at i: the labels
+// and words of an address are at most 64 bytes.
+func spacedDotNear(s string, i int, after bool) bool {
+	if after {
+		j := i
+		for j < len(s) && j-i < 64 && (isAlnum(s[j]) || s[j] == '-') {
+			j++
+		}
+		return j > i && spacedDotAt(s, j) > 0
+	}
+	j := i
+	for j > 0 && i-j < 64 && (isAlnum(s[j-1]) || s[j-1] == '_' || s[j-1] == '-' || s[j-1] == '+') {
+		j--
+	}
+	return j < i && spacedDotBefore(s, j) >= 0
+}
+
+// spacedDotBefore returns where a spaced dot (see spacedDotAt) ending at
+// e starts, or -1.
+func spacedDotBefore(s string, e int) int {
+	k := e
+	for k > 0 && s[k-1] == ' ' && e-k < 2 {
+		k--
+	}
+	if k == e || before(s, k) != '.' {
+		return -1
+	}
+	j := k - 1
+	for j > 0 && s[j-1] == ' ' && k-1-j < 2 {
+		j--
+	}
+	if j == k-1 {
+		return -1
+	}
+	return j
+}
+
+// maxWrittenEmail bounds the bytes of a written-out address (in the
+// view): the longest addr-spec, 318 bytes (RFC 5321 §4.5.3.1), with room
+// for dot-words and spaced dots, and under GuardHoldBytes less the
+// context a stream guard needs.
+const maxWrittenEmail = 440
+
 // writtenEmail checks a written-out address around the at-word text[p:q]
 // (without the spaces of a spaced word) and returns its span.
 func writtenEmail(text string, p, q int, strong bool) (int, int, bool) {
+	s, e, _, ok := writtenEmailW(text, p, q, strong)
+	return s, e, ok
+}
+
+// writtenEmailW is writtenEmail, also reporting whether a dot of the
+// address is written out (a dot-word or a spaced dot).
+func writtenEmailW(text string, p, q int, strong bool) (int, int, bool, bool) {
 	// Domain: labels joined by '.' or dot-words, the last one a TLD.
 	i := q
 	for at(text, i) == ' ' && i-q < 2 {
@@ -398,10 +477,10 @@ func writtenEmail(text string, p, q int, strong bool) (int, int, bool) {
 		i += n
 	}
 	if labels < 2 || !isAllAlpha(last) {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	if _, icann := publicsuffix.PublicSuffix(strings.ToLower(last)); !icann {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	// Local part: atext words joined by '.', '_', '-' or dot-words, ending
 	// right before the at-word (spaces allowed between).
@@ -428,12 +507,15 @@ func writtenEmail(text string, p, q int, strong bool) (int, int, bool) {
 		s, joined, written = d, true, true
 	}
 	if s == k || wordByte(before(text, s)) {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	if !strong && !written && !joined {
-		return 0, 0, false // "meet at example.com"
+		return 0, 0, false, false // "meet at example.com"
 	}
-	return s, e, true
+	if e-s > maxWrittenEmail {
+		return 0, 0, false, false
+	}
+	return s, e, written, true
 }
 
 // detectEmails finds the addresses around the '@'s and at-words of text.
@@ -445,9 +527,20 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 		if int(p) < last {
 			continue
 		}
-		if st, e, ok := emailAt(text, int(p), breaks, last); ok {
+		st, e, ok := emailAt(text, int(p), breaks, last)
+		if ok {
 			dst = append(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e
+		}
+		// An address whose dots are set apart by spaces around a plain
+		// '@' ("john.doe@example . com", "john . doe@example.com"): read
+		// as a written-out one when a spaced dot is next to the '@''s
+		// parts (cheap tests first: most '@'s have none).
+		if !ok && spacedDotNear(text, int(p)+1, true) || ok && (spacedDotBefore(text, st) >= 0 || spacedDotAt(text, e) > 0) || !ok && spacedDotNear(text, int(p), false) {
+			if ws, we, written, wok := writtenEmailW(text, int(p), int(p)+1, true); wok && written && (!ok || ws < st || we > e) {
+				dst = append(dst, Finding{Type: TypeEmail, Subtype: "written", Start: ws, End: we})
+				last = max(last, we)
+			}
 		}
 	}
 	for _, h := range a.kw {

@@ -206,14 +206,19 @@ func (g *Guard) apply(text string, fs []Finding) (string, error) {
 	return b.String(), nil
 }
 
-// GuardHoldBytes is how many bytes a StreamGuard holds back from the end
-// of what it has seen: the longest value any bounded pattern can span and
-// the context it needs. The longest is an e-mail address, 64 + 1 + 253 =
-// 318 bytes (RFC 5321 §4.5.3.1), or a gitleaks semi-generic assignment,
-// under 400 bytes (see secretDetector.detectAt); the 40 bytes of context
-// before a bare number and the cue before a name fit in the rest. A run
-// without white space, or a PEM block, still open at the cut is held whole
-// up to GuardMaxHoldBytes.
+// GuardHoldBytes is how many bytes of the normalised view (see normalise)
+// a StreamGuard holds back from the end of what it has seen: the longest
+// value any bounded pattern can span and the context it needs. The longest
+// is an e-mail address, 64 + 1 + 253 = 318 bytes (RFC 5321 §4.5.3.1; a
+// written-out one is bounded at maxWrittenEmail), or a gitleaks
+// semi-generic assignment, under 400 bytes (see secretDetector.detectAt);
+// the 40 bytes of context before a bare number and the cue before a name
+// fit in the rest. Values with no such bound are held whole while still
+// open at the cut, up to GuardMaxHoldBytes: a run without white space, a
+// PEM block, a key wrapped over lines and a spaced-hex run (see
+// joinedAcross). The guarantee: no byte of a value the detectors find in
+// the whole answer is emitted unmasked, for any value whose text spans at
+// most GuardMaxHoldBytes bytes; a longer one may be emitted in part.
 const (
 	GuardHoldBytes    = 512
 	GuardMaxHoldBytes = 64 << 10
@@ -272,13 +277,38 @@ func (sg *StreamGuard) Flush() (string, error) {
 	return sg.step(buf, true)
 }
 
-// holdFrom returns where the held-back tail of buf starts.
+// holdFrom returns where the held-back tail of buf starts: GuardHoldBytes
+// of its normalised view (escapes and invisible characters take no room),
+// moved back to white space, then back over every gap of white space that
+// a detector reads through when the bytes on both sides may be one value
+// (see joinedAcross: a key wrapped over lines, spaced hex), and to the
+// start of an open PEM block; never further back than GuardMaxHoldBytes.
 func holdFrom(buf string) int {
 	cut := len(buf) - GuardHoldBytes
+	if v, ok := normalise(buf); ok {
+		if len(v.text) <= GuardHoldBytes {
+			cut = 0
+		} else {
+			o, _ := v.orig(len(v.text) - GuardHoldBytes)
+			cut = min(cut, o)
+		}
+	}
 	floor := max(0, len(buf)-GuardMaxHoldBytes)
+	cut = max(cut, floor)
 	// Do not cut a token (a key, a base64 run, a long address) in two.
 	for cut > floor && !isSpaceByte(buf[cut-1]) {
 		cut--
+	}
+	// Nor a value that goes on over the white space before the cut.
+	for cut > floor {
+		ts := joinedAcross(buf, cut)
+		if ts < 0 {
+			break
+		}
+		cut = max(ts, floor)
+		for cut > floor && !isSpaceByte(buf[cut-1]) {
+			cut--
+		}
 	}
 	// A PEM block still open before the cut is held from its start.
 	if b := strings.LastIndex(buf[:cut], "-----BEGIN"); b >= floor && b > strings.LastIndex(buf[:cut], "-----END") {
@@ -288,6 +318,53 @@ func holdFrom(buf string) int {
 		cut--
 	}
 	return max(cut, 0)
+}
+
+// joinedAcross returns the start of the token before the white space
+// ending at cut when a detector may read it and what follows the white
+// space as one value, else -1: two hex pairs apart by one space (spaced
+// hex, see encodedSegments), or a key-like run ending its line and a
+// token continuing it on the next (see wrapGap), also when the buffer
+// ends before the next line has come.
+func joinedAcross(buf string, cut int) int {
+	te := cut
+	for k := 0; te > 0 && k < 48 && (isSpaceByte(buf[te-1]) || strings.IndexByte("\"'+\\.", buf[te-1]) >= 0); k++ {
+		te--
+	}
+	ts := te
+	for ts > 0 && te-ts <= maxWrapBytes && isB64Byte(buf[ts-1]) {
+		ts--
+	}
+	if ts == te {
+		return -1
+	}
+	// Spaced hex: "61 62" with the cut after the space.
+	if te-ts == 2 && isHex(buf[ts]) && isHex(buf[ts+1]) && cut == te+1 && (buf[te] == ' ' || buf[te] == ':') {
+		if cut == len(buf) || cut+1 == len(buf) && isHex(buf[cut]) || cut+2 <= len(buf) && isHex(buf[cut]) && isHex(buf[cut+1]) {
+			return ts
+		}
+	}
+	if strings.IndexByte(buf[te:cut], '\n') < 0 {
+		return -1 // not at a line break
+	}
+	// The next line's token, when it has come: a key-like run on either
+	// side may be a wrapped key (see detectWrapped and tokenBefore), and
+	// one that reaches the end of buf may still become one.
+	ns := wrapGap(buf, te)
+	if ns < 0 {
+		if keyLike(buf, ts, te) && strings.TrimLeft(buf[cut:], " \t\"'+.") == "" {
+			return ts
+		}
+		return -1
+	}
+	ne := ns
+	for ne < len(buf) && isB64Byte(buf[ne]) {
+		ne++
+	}
+	if keyLike(buf, ts, te) || ne == len(buf) || keyLike(buf, ns, ne) {
+		return ts
+	}
+	return -1
 }
 
 func (sg *StreamGuard) step(buf string, final bool) (string, error) {

@@ -62,6 +62,114 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 	return dst
 }
 
+// fiscalSep reports the bytes that may separate the groups of a fiscal
+// code written grouped ("RSS MRA 80A01 H501U", "RSS-MRA-80A01-H501U",
+// "RSS.MRA.80A01.H501U", "RSS_MRA_80A01_H501U", "RSS/MRA/80A01/H501U");
+// the view maps every dash and space to '-' and ' '.
+func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_' || c == '/' }
+
+// detectFiscalGrouped finds fiscal codes written in groups: 16 characters
+// with single separators (fiscalSep) between some of them, read from the
+// digit runs of the prefilter. Every fiscal code but a fully omocodic one
+// holds a digit run of one to three digits (year, day, place) no more than
+// 14 characters after its start, so each such run is walked back over to
+// the group starts before it, and from each a code is read and checked as
+// detectFiscal checks one: structure, day and check letter. The letters
+// are all upper or all lower case. A code without any separator is left to
+// detectFiscal.
+func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
+	var up [16]byte
+	tried := -1 // the last start tried (starts are tried in increasing order)
+	for _, d := range digits {
+		i := int(d)
+		n := i
+		for n < len(text) && isDigit(text[n]) {
+			n++
+		}
+		if n-i > 3 {
+			continue // no group of a fiscal code holds four digits
+		}
+		// Group starts behind the run: at most 14 characters back.
+		var starts [16]int
+		ns := 0
+		chars, k := 0, i
+		for k > 0 && chars < 14 {
+			c := text[k-1]
+			if isAlnum(c) {
+				k--
+				chars++
+				if !isAlnum(before(text, k)) && ns < len(starts) {
+					starts[ns] = k
+					ns++
+				}
+				continue
+			}
+			if fiscalSep(c) && isAlnum(before(text, k-1)) {
+				k--
+				continue
+			}
+			break
+		}
+		for q := ns - 1; q >= 0; q-- {
+			st := starts[q]
+			if st <= tried {
+				continue
+			}
+			tried = st
+			if !isAlpha(text[st]) || wordByte(before(text, st)) || before(text, st) == '-' && isAlnum(before(text, st-1)) {
+				continue
+			}
+			if e, ok := fiscalGroupedAt(text, st, &up); ok {
+				dst = append(dst, Finding{Type: TypeITFiscalCode, Start: st, End: e})
+				tried = e
+				break
+			}
+		}
+	}
+	return dst
+}
+
+// fiscalGroupedAt reads a grouped fiscal code starting at st into up and
+// returns its end.
+func fiscalGroupedAt(text string, st int, up *[16]byte) (int, bool) {
+	j, seps, lower, upper := st, 0, false, false
+	for k := 0; k < 16; k++ {
+		if k > 0 && fiscalSep(at(text, j)) && isAlnum(at(text, j+1)) {
+			j++
+			seps++
+		}
+		c := at(text, j)
+		switch {
+		case isLower(c):
+			lower = true
+			c -= 'a' - 'A'
+		case isUpper(c):
+			upper = true
+		case !isDigit(c):
+			return 0, false
+		}
+		var ok bool
+		switch k {
+		case 0, 1, 2, 3, 4, 5, 11, 15:
+			ok = isUpper(c)
+		case 8:
+			ok = strings.IndexByte(fiscalMonths, c) >= 0
+		default:
+			ok = isDigit(c) || strings.IndexByte("LMNPQRSTUV", c) >= 0
+		}
+		if !ok {
+			return 0, false
+		}
+		up[k] = c
+		j++
+	}
+	if seps == 0 || lower && upper || wordByte(at(text, j)) || at(text, j) == '-' && isAlnum(at(text, j+1)) ||
+		!fiscalDayOK(up[9], up[10]) || !fiscalCheck(up[:]) {
+		return 0, false
+	}
+	return j, true
+}
+
 func fiscalDigit(c byte) int {
 	if isDigit(c) {
 		return int(c - '0')

@@ -96,7 +96,10 @@ func mapRune(r rune) rune {
 	switch {
 	case r >= 0x2010 && r <= 0x2015, r == 0x2212, r == 0xFE58, r == 0xFE63, r == 0xFF0D, r == 0x2043:
 		return '-'
-	case r == 0x2024, r == 0xFF0E, r == 0x3002:
+	case r == 0x2024, r == 0xFF0E, r == 0x3002, r == 0x00B7, r == 0x2219, r == 0x30FB, r == 0x2027:
+		// One dot leader, fullwidth and ideographic full stops, and the
+		// middle dots (Latin, bullet operator, katakana, hyphenation
+		// point) that separate digit groups ("4111·1111·…").
 		return '.'
 	case r == 0x2800, r == 0x3164, r == 0xFFA0:
 		return ' '
@@ -211,6 +214,89 @@ func softBreak(s string) int {
 		return 3
 	}
 	return 0
+}
+
+// qpByte decodes a quoted-printable escape ("=" and two upper-case hex
+// digits, RFC 2045 §6.7 rule 1) at the start of s, or returns -1.
+func qpByte(s string) int {
+	if len(s) < 3 || s[0] != '=' || isLower(s[1]) || isLower(s[2]) {
+		return -1
+	}
+	hi, lo := hexVal(s[1]), hexVal(s[2])
+	if hi < 0 || lo < 0 {
+		return -1
+	}
+	return hi<<4 | lo
+}
+
+// qpRune decodes the quoted-printable escapes at the start of s: one of a
+// printable ASCII byte, or the two to four of one UTF-8 character. It
+// returns the rune and the escapes' length, or 0.
+func qpRune(s string) (rune, int) {
+	b := qpByte(s)
+	switch {
+	case b < 0:
+		return -1, 0
+	case b >= 0x20 && b <= 0x7e:
+		return rune(b), 3
+	case b < 0xC2:
+		return -1, 0
+	}
+	var enc [utf8.UTFMax]byte
+	n := 0
+	for n < len(enc) && n*3 < len(s) {
+		c := qpByte(s[n*3:])
+		if c < 0 || n > 0 && c&0xC0 != 0x80 {
+			break
+		}
+		enc[n] = byte(c)
+		n++
+		if utf8.FullRune(enc[:n]) {
+			break
+		}
+	}
+	r, size := utf8.DecodeRune(enc[:n])
+	if r == utf8.RuneError || size != n {
+		return -1, 0
+	}
+	return r, 3 * n
+}
+
+// qpEscaped reports whether text holds a quoted-printable escape of the
+// bytes that shape addresses and assignments ("=40" '@', "=3D" '=', "=2E"
+// '.') or two escapes of UTF-8 bytes in a row: the sign that it is quoted-printable, which Scan then also reads
+// decoded.
+func qpEscaped(text string) bool {
+	for i := strings.IndexByte(text, '='); i >= 0 && i+2 < len(text); {
+		switch text[i+1 : i+3] {
+		case "40", "3D", "2E":
+			return true
+		}
+		if qpByte(text[i:]) >= 0x80 && qpByte(text[i+3:]) >= 0x80 {
+			return true // the escapes of a UTF-8 character ("=C3=A9")
+		}
+		k := strings.IndexByte(text[i+1:], '=')
+		if k < 0 {
+			break
+		}
+		i += 1 + k
+	}
+	return false
+}
+
+// hasQPEscape reports whether s holds any quoted-printable escape.
+func hasQPEscape(s string) bool {
+	for i := strings.IndexByte(s, '='); i >= 0; {
+		if qpByte(s[i:]) >= 0 {
+			return true
+		}
+		k := strings.IndexByte(s[i+1:], '=')
+		if k < 0 {
+			break
+		}
+		i += 1 + k
+	}
+	return false
 }
 
 // jsonEscape decodes a JSON \uXXXX escape (RFC 8259 §7) at the start of s,
@@ -395,14 +481,17 @@ func scriptDigit(r rune) rune {
 // equal text, so callers can skip it. Texts over 2 GiB are not normalised
 // (offsets are 32-bit).
 func normalise(text string) (v view, ok bool) {
-	v, ok, _, _ = normaliseInto(text, nil, nil)
+	v, ok, _, _ = normaliseInto(text, nil, nil, false)
 	return v, ok
 }
 
 // normaliseInto is normalise writing the view into buf and its marks into
 // marks (both reused by the caller across scans). The view's text aliases
 // buf: it is valid until buf is reused. It returns the buffers for reuse.
-func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, _ []byte, _ []viewMark) {
+// With qp set, quoted-printable escapes ("=40", RFC 2045 §6.7 rule 1: '='
+// and two upper-case hex digits) of printable ASCII are decoded too, and
+// runs of them that spell one UTF-8 character ("=EF=BC=A0").
+func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, ok bool, _ []byte, _ []viewMark) {
 	if len(text) >= 1<<31-1 {
 		return view{}, false, buf, marks
 	}
@@ -417,7 +506,12 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 				// Most text is plain ASCII: skip it eight bytes at a time,
 				// up to the first byte that is not.
 				for i+8 <= len(text) {
-					if m := special8(le64(text[i:])); m != 0 {
+					w := le64(text[i:])
+					m := special8(w)
+					if qp {
+						m |= eqByte(w&^msb, '=') &^ (w & msb)
+					}
+					if m != 0 {
 						i += bits.TrailingZeros64(m) >> 3
 						break
 					}
@@ -428,8 +522,19 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 			switch c {
 			case '%':
 				if b := percentByte(text[i:]); b >= 0 {
-					w.replaceByte(i, i+3, byte(b))
-					i += 3
+					// Encoded again ("%2540" is "%40" once decoded, '@'
+					// twice): decode while the result is a '%' before two
+					// hex digits.
+					n := 3
+					for b == '%' && i+n+2 <= len(text) {
+						c := printableHex(text[i+n], text[i+n+1])
+						if c < 0 {
+							break
+						}
+						b, n = c, n+2
+					}
+					w.replaceByte(i, i+n, byte(b))
+					i += n
 					continue
 				}
 			case '\\':
@@ -450,6 +555,21 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 				// tool results and arguments are JSON inside a JSON string,
 				// so "a\n4111 …" must read as a line break before the number.
 				if b := jsonShortEscape(text[i:]); b >= 0 {
+					// An escaped backslash before an escape is that
+					// escape escaped again (JSON in a JSON string:
+					// "\\u0040" reads "\u0040" once decoded, '@' twice).
+					if b == '\\' {
+						if r := jsonEscape(text[i+1:]); r >= 0 {
+							w.replace(i, i+7, normRune(r, &nfkc))
+							i += 7
+							continue
+						}
+						if c := hexEscape(text[i+1:]); c >= 0 {
+							w.replaceByte(i, i+5, byte(c))
+							i += 5
+							continue
+						}
+					}
 					w.replaceByte(i, i+2, byte(b))
 					i += 2
 					continue
@@ -464,8 +584,26 @@ func normaliseInto(text string, buf []byte, marks []viewMark) (v view, ok bool, 
 					i += n
 					continue
 				}
+				if qp {
+					if r, n := qpRune(text[i:]); n > 0 {
+						w.replace(i, i+n, normRune(r, &nfkc))
+						i += n
+						continue
+					}
+				}
 			case '&':
 				if r, n := htmlRef(text[i:]); n > 0 {
+					// A reference escaped again ("&amp;#64;"): the '&' it
+					// decodes to starts the next one (htmlRef does not
+					// read the byte at its start, here the first one's
+					// last).
+					for k := 0; r == '&' && k < 4; k++ {
+						r2, n2 := htmlRef(text[i+n-1:])
+						if n2 == 0 {
+							break
+						}
+						r, n = r2, n+n2-1
+					}
 					w.replace(i, i+n, normRune(r, &nfkc))
 					i += n
 					continue

@@ -3,6 +3,8 @@ package redaction
 import (
 	"net/netip"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -200,6 +202,9 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 // after a word byte ("ORD-2024-…", "v1.2", "#4155…").
 func leftGlued(text string, s int) bool {
 	p := before(text, s)
+	if p >= 0x80 {
+		return numGlueBefore(text, s)
+	}
 	if wordByte(p) || p == '$' || p == '#' && !isNumSSNHash(text, s) {
 		return true
 	}
@@ -207,6 +212,28 @@ func leftGlued(text string, s int) bool {
 		return wordByte(before(text, s-1))
 	}
 	return false
+}
+
+// numGlueBefore and numGlueAt report whether the non-ASCII character
+// before s (at e) glues a number to a word: a letter, digit or mark of a
+// script written with spaces. Chinese, Japanese and Korean are written
+// without spaces between words, so a number right after "卡号" or before
+// "です" stands alone (see cjk); so does one next to a symbol.
+func numGlueBefore(text string, s int) bool {
+	r, _ := utf8.DecodeLastRuneInString(text[:s])
+	return numGlueRune(r)
+}
+
+func numGlueAt(text string, e int) bool {
+	r, _ := utf8.DecodeRuneInString(text[e:])
+	return numGlueRune(r)
+}
+
+func numGlueRune(r rune) bool {
+	if r == utf8.RuneError {
+		return true // part of a non-UTF-8 run: keep the old reading
+	}
+	return (unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r)) && !cjk(r)
 }
 
 // isNumSSNHash reports whether the '#' before s is "SS#" / "SSN#".
@@ -221,7 +248,9 @@ var ssnHash = newCtxWords("ss#", "ssn#")
 func rightGlued(text string, e int) bool {
 	nx := at(text, e)
 	switch {
-	case wordByte(nx) && !strings.HasPrefix(text[e:], "€"):
+	case nx >= 0x80 && !strings.HasPrefix(text[e:], "€"):
+		return numGlueAt(text, e)
+	case wordByte(nx):
 		return true
 	case nx == ',' && isDigit(at(text, e+1)), nx == ':' && isDigit(at(text, e+1)), nx == '%':
 		return true
@@ -501,7 +530,7 @@ func (ns *numScan) iban() {
 		k--
 		cc[n] = text[k] &^ 0x20
 	}
-	if wordByte(before(text, k)) {
+	if p := before(text, k); p >= 0x80 && numGlueBefore(text, k) || p < 0x80 && wordByte(p) {
 		return
 	}
 	want, ok := ibanLength[string(cc[:])]
@@ -527,7 +556,7 @@ func (ns *numScan) iban() {
 		}
 		j = g
 	}
-	if got != want || isAlnum(at(text, j)) || at(text, j) >= 0x80 {
+	if got != want || isAlnum(at(text, j)) || at(text, j) >= 0x80 && numGlueAt(text, j) {
 		return
 	}
 	if ibanValid(buf[:got]) {

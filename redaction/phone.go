@@ -207,6 +207,34 @@ var identifierWords = map[string]bool{"order": true, "ordine": true, "invoice": 
 	"epoch": true, "build": true, "référence": true, "reference": true, "referencia": true, "riferimento": true, "serial": true,
 	"matricola": true, "lot": true, "customer": true, "cliente": true, "client": true, "kunde": true, "number": true, "nummer": true}
 
+// cjkIdentifierWords are the identifier words of identifierWords in
+// Chinese, Japanese and Korean (order, order number, serial number,
+// ticket, version, invoice); words that name a phone or a card ("电话号码",
+// "電話番号", "卡号") are not among them.
+var cjkIdentifierWords = []string{"订单号", "订单编号", "订单", "單號", "单号", "编号", "編號", "工单", "发票", "版本", "批号",
+	"注文番号", "注文", "受付番号", "伝票番号", "請求書", "バージョン", "주문번호", "주문", "송장번호", "버전", "일련번호"}
+
+// cjkIdentifierBefore reports whether the text right before i ends with
+// one of cjkIdentifierWords (after a ':' or spaces): Chinese, Japanese and
+// Korean put no space between the word and the number ("订单号2024-118734"),
+// which numbers glued to those scripts are read apart from (see
+// numGlueBefore).
+func cjkIdentifierBefore(text string, i int) bool {
+	k := i
+	for k > 0 && (text[k-1] == ' ' || text[k-1] == ':') && i-k < 4 {
+		k--
+	}
+	if before(text, k) < 0x80 {
+		return false
+	}
+	for _, c := range cjkIdentifierWords {
+		if strings.HasSuffix(text[:k], c) {
+			return true
+		}
+	}
+	return false
+}
+
 // identifierBefore reports whether one of the two words before i is an
 // identifier word ("order 3471234567", "customer id 347…", "n. 347…").
 func identifierBefore(text string, i int) bool {
@@ -225,6 +253,7 @@ func identifierBefore(text string, i int) bool {
 		if identifierWords[strings.ToLower(text[k:e])] {
 			return true
 		}
+
 	}
 	return false
 }
@@ -293,6 +322,9 @@ func (ns *numScan) phone(i, j int) {
 	if j-i == 2 && c.gap(text, i+1) == "." && before(text, start) == ' ' && before(text, start-1) == ',' && isDigit(before(text, start-2)) {
 		return
 	}
+	if cjkIdentifierBefore(text, start) {
+		return
+	}
 	bare := j-i == 1 && !intl
 	itMobile := false
 	if bare {
@@ -333,6 +365,8 @@ func isYear(a string) bool {
 func leftGluedPhone(text string, s int) bool {
 	p := before(text, s)
 	switch {
+	case p >= 0x80:
+		return numGlueBefore(text, s)
 	case wordByte(p), p == '#', p == '$', p == '.' && isDigit(before(text, s-1)), p == '-' && wordByte(before(text, s-1)), p == '/' && wordByte(before(text, s-1)):
 		return true
 	case p == ':' && isDigit(before(text, s-1)):

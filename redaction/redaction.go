@@ -21,9 +21,12 @@
 //     combining marks dropped, Unicode TR #39 homoglyphs, dashes and
 //     spaces mapped, percent-escapes of printable ASCII, JSON \uXXXX
 //     escapes and HTML character references (&#64;, &commat;) decoded,
+//     also when escaped again ("%2540", "&amp;#64;", "\\u0040"),
 //     quoted-printable soft line breaks ("=" ending a line) removed.
 //     Findings are mapped back to byte offsets in the original text, so the
-//     original bytes are what gets replaced.
+//     original bytes are what gets replaced. A text that holds
+//     quoted-printable escapes of '@', '=' or '.' ("=40", "=3D", "=2E") or
+//     of UTF-8 bytes is read a second time with every =XX decoded.
 //   - One prefilter pass (prefilter.go) collects the literal anchors of
 //     every detector: digit runs, '@', ':' next to hex digits, base64 and
 //     spaced-hex runs, 16-byte tokens, capitalised words and, through one
@@ -33,10 +36,13 @@
 //     3-gram filter of the keywords at every offset without branching.
 //   - Validators only look at those candidates: numbers (cards, IBANs,
 //     SSNs, phones, IPv4) from digit clusters that see through any
-//     spacing (numeric.go; phone patterns run as automata over digits), e-mail addresses from '@' and at-words,
-//     secrets by gitleaks' rules anchored at their keyword hits behind
-//     necessary conditions read off each rule's syntax tree, names from
-//     cues and name lists. Runs of base64 and hex that decode to text are
+//     spacing (numeric.go; phone patterns run as automata over digits), e-mail addresses from '@' and at-words
+//     (also with spaced dots, "john . doe @ example . com"), fiscal codes
+//     from 16-character tokens and, written in groups ("RSS MRA 80A01
+//     H501U"), from short digit runs, secrets by gitleaks' rules anchored
+//     at their keyword hits behind necessary conditions read off each
+//     rule's syntax tree, also over line breaks (wrap.go: a key wrapped
+//     over lines or string literals), names from cues and name lists. Runs of base64 and hex that decode to text are
 //     scanned too, nested up to three levels; a run hiding a value becomes
 //     one finding covering the whole run.
 //   - A scan budget (Config.ScanTimeout, Config.MaxScanBytes and a work
@@ -442,11 +448,37 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 		return nil
 	}
 	st := s.state()
+	cand := s.pass(text, st, b, depth, false)
+	if qpEscaped(text) {
+		// Quoted-printable text (RFC 2045 §6.7): a second pass over the
+		// view with its =XX escapes decoded ("john=40example.com"). Not in
+		// the first view: "width=40" or "key=41bc…" in code would read as
+		// "width@" and "keyAbc…". Only what this pass finds through an
+		// escape is new.
+		for _, f := range s.pass(text, st, b, depth, true) {
+			if hasQPEscape(text[f.Start:f.End]) {
+				cand = append(cand, f)
+			}
+		}
+	}
+	cand = s.resolveWith(cand, &st.res)
+	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 {
+		// Keep the pool small after a huge text.
+		st.view, st.marks, st.res = []byte{}, []viewMark{}, resolveScratch{}
+	}
+	s.states.Put(st)
+	return cand
+}
+
+// pass runs the detectors on the normalised view of text (with
+// quoted-printable escapes decoded when qp is set) and returns their
+// candidates in text's offsets.
+func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool) []Finding {
 	// The view aliases st.view until st goes back to the pool, after the
 	// findings are mapped back (nothing else keeps it).
 	var v view
 	var ok bool
-	v, ok, st.view, st.marks = normaliseInto(text, st.view, st.marks)
+	v, ok, st.view, st.marks = normaliseInto(text, st.view, st.marks, qp)
 	scan := text
 	if ok {
 		// The view only removes obfuscation (see normalise), so scanning
@@ -464,12 +496,6 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
 		}
 	}
-	cand = s.resolveWith(cand, &st.res)
-	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 {
-		// Keep the pool small after a huge text.
-		st.view, st.marks, st.res = []byte{}, []viewMark{}, resolveScratch{}
-	}
-	s.states.Put(st)
 	return cand
 }
 
@@ -488,6 +514,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 	}
 	if s.en.ITFiscalCode {
 		cand = detectFiscal(text, a.tok16, cand)
+		cand = detectFiscalGrouped(text, a.digits, cand)
 	}
 	var schemes []int32
 	for _, h := range a.kw {
@@ -524,6 +551,9 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 			break
 		}
 		cand = d.Detect(text, cand)
+	}
+	if depth == 0 && s.secrets != nil && len(a.runs) > 0 {
+		cand = s.detectWrapped(text, a.runs, cand, b, depth)
 	}
 	if depth < maxEncodedDepth && (len(a.runs) > 0 || len(a.hex2) >= 5) {
 		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth)

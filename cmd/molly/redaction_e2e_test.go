@@ -343,3 +343,74 @@ func TestRedactionBreakItRound5(t *testing.T) {
 		t.Errorf("T2 got X-Request-Id %q, Tracestate %q", id, h.Get("Tracestate"))
 	}
 }
+
+// TestRedactionBreakItRound6: the evasions of the sixth round, through the
+// real binary; the oracle is each value's characters (letters and digits
+// only), searched in what the T3 upstream received, also with its
+// separators and encodings undone.
+func TestRedactionBreakItRound6(t *testing.T) {
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", "sensitivity EMAIL public\n\t\tsensitivity CREDIT_CARD public\n\t\tsensitivity IT_FISCAL_CODE public"))
+	post := func(path, body string) string {
+		t.Helper()
+		req, _ := http.NewRequest("POST", g.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+		return resp.Header.Get("X-Molly-Tier")
+	}
+	alnum := func(s string) string {
+		return strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+				return r
+			}
+			if r >= 'A' && r <= 'Z' {
+				return r + 'a' - 'A'
+			}
+			return -1
+		}, s)
+	}
+	// What the upstream received, with escapes undone the way a reader
+	// (or a model) undoes them.
+	undo := func(b []byte) string {
+		s := string(b)
+		for _, r := range [][2]string{{"%25", "%"}, {"%40", "@"}, {"=40", "@"}, {"=\r\n", ""}, {"&amp;", "&"}, {"&#64;", "@"}, {"·", ""}} {
+			s = strings.ReplaceAll(s, r[0], r[1])
+		}
+		return alnum(s)
+	}
+	content := strings.Join([]string{
+		"write to john . doe @ example . com",
+		"or to anna.verdi=40exam=\r\nple.org",
+		"or to carla%2540bruni.example.net",
+		"codice fiscale RSS MRA 80A01 H501U",
+		"卡号4111111111111111谢谢",
+		"card 5555·5555·5555·4444",
+	}, "\n")
+	c, _ := json.Marshal(content)
+	if tier := post("/chat/completions", `{"model":"chat","messages":[{"role":"user","content":`+string(c)+`}]}`); tier != "T3" {
+		t.Fatalf("tier %s, want T3", tier)
+	}
+	if tier := post("/completions", `{"model":"chat","prompt":"my other card is 4012 8888","suffix":"8888 1881 thanks","max_tokens":5}`); tier != "T3" {
+		t.Fatalf("completions tier %s, want T3", tier)
+	}
+	got := tr.t3.Drain()
+	if len(got) != 2 {
+		t.Fatalf("T3 got %d requests, want 2", len(got))
+	}
+	for _, b := range got {
+		sent := undo(b)
+		for _, v := range []string{"johndoe", "annaverdi", "carla", "rssmra80a01h501u", "4111111111111111", "5555555555554444", "4012888888881881", "40128888", "88881881"} {
+			if strings.Contains(sent, v) {
+				t.Errorf("T3 received %q: %s", v, b)
+			}
+		}
+	}
+}

@@ -72,6 +72,7 @@ type Annotation struct {
 	body       string      // the body as received, immutable
 	doc        *openai.Doc // the body's values, read once (nil for the model listing)
 	fields     []field
+	suffix     int            // index + 1 in fields of the completions suffix; 0 when none
 	findings   []FieldFinding // sorted by field, then offset
 	counts     map[string]int // per entity type; a split value counts once
 	detected   Sensitivity    // from the findings alone

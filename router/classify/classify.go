@@ -554,6 +554,9 @@ func (w *walker) str(node int, s string) {
 		if w.at("messages", "#", "content", "#", "image_url", "url") {
 			w.a.addModality("image")
 		}
+		if w.at("suffix") {
+			w.a.suffix = len(w.a.fields) + 1
+		}
 		w.add(node, s, kindText)
 	}
 }
@@ -819,8 +822,9 @@ type segment struct {
 // the chat messages in order (every role's), the string values of tool-call
 // arguments in order (within one call and across calls), both together in
 // document order (a message's text, then its tool calls' arguments, then
-// the next message: a value cut between a text and an argument), and the
-// prompts or inputs of completions and embeddings (see
+// the next message: a value cut between a text and an argument), the
+// prompts or inputs of completions and embeddings, and each completions
+// prompt with the suffix, in both orders (see
 // redaction.Scanner.ScanAcross).
 // Their parts replace any finding they overlap in a.findings (the joined
 // value is longer); it returns the type of each split value, for counting.
@@ -843,9 +847,19 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 	if len(msgs) == 0 || len(args) == 0 {
 		conv = nil // the same segments as msgs or args alone
 	}
+	seqs := [][]segment{msgs, args, prompts, conv}
+	if a.suffix > 0 {
+		// A completions suffix is the text after the insertion point: a
+		// value cut between a prompt and the suffix is joined in either
+		// order (the upstream holds both, whichever it reads first).
+		sx := segment{a.suffix - 1, 0, a.fields[a.suffix-1].text}
+		for _, p := range prompts {
+			seqs = append(seqs, []segment{p, sx}, []segment{sx, p})
+		}
+	}
 	var types []string
 	var parts []FieldFinding
-	for q, seq := range [][]segment{msgs, args, prompts, conv} {
+	for q, seq := range seqs {
 		if len(seq) < 2 {
 			continue
 		}
@@ -863,8 +877,8 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 			continue
 		}
 		last := -1
-		var seen map[int]bool // q == 3: values that overlap one found above
-		if q == 3 {
+		var seen map[int]bool // q >= 3: values that overlap one found above
+		if q >= 3 {
 			// The conversation's content and arguments together: a value
 			// within the messages or within the arguments alone was found
 			// above (and one of its parts may have been joined to a

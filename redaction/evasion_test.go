@@ -1,0 +1,115 @@
+package redaction
+
+import (
+	"strings"
+	"testing"
+)
+
+// covered reports whether the findings fs cover every byte of
+// text[start:end].
+func covered(fs []Finding, start, end int) bool {
+	for k := start; k < end; k++ {
+		in := false
+		for _, f := range fs {
+			if f.Start <= k && k < f.End {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	}
+	return true
+}
+
+// TestScanFindsEvasions: each text hides one value, written by hand
+// (the oracle is the value's bytes as written, not a detector's output);
+// the scan must cover all of them with findings of the value's type.
+func TestScanFindsEvasions(t *testing.T) {
+	s, err := NewScanner(Config{DefaultRegion: "IT"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, text, value, typ string
+	}{
+		{"a fiscal code in groups of three and five", "codice fiscale RSS MRA 80A01 H501U, grazie", "RSS MRA 80A01 H501U", TypeITFiscalCode},
+		{"a fiscal code in dashed groups", "CF: RSS-MRA-80A01-H501U.", "RSS-MRA-80A01-H501U", TypeITFiscalCode},
+		{"a fiscal code in two groups, lower case", "il mio cf è rssmra 80a01h501u ok", "rssmra 80a01h501u", TypeITFiscalCode},
+		{"a fiscal code in dotted groups", "cf RSS.MRA.80A01.H501U", "RSS.MRA.80A01.H501U", TypeITFiscalCode},
+		{"a fiscal code in underscored groups", "cf RSS_MRA_80A01_H501U", "RSS_MRA_80A01_H501U", TypeITFiscalCode},
+		{"a fiscal code in slashed groups", "cf RSS/MRA/80A01/H501U", "RSS/MRA/80A01/H501U", TypeITFiscalCode},
+		{"a card in groups apart by middle dots", "card 4111·1111·1111·1111 ok", "4111·1111·1111·1111", TypeCreditCard},
+		{"a card in groups apart by katakana middle dots", "カード: 4111・1111・1111・1111 です", "4111・1111・1111・1111", TypeCreditCard},
+		{"a card glued to Japanese", "カード4111 1111 1111 1111です", "4111 1111 1111 1111", TypeCreditCard},
+		{"a card glued to Chinese", "卡号4111111111111111谢谢", "4111111111111111", TypeCreditCard},
+		{"a card glued to Korean", "카드4111-1111-1111-1111입니다", "4111-1111-1111-1111", TypeCreditCard},
+		{"an IBAN glued to Chinese", "IBAN是DE89370400440532013000谢谢", "DE89370400440532013000", TypeIBAN},
+		{"a phone number glued to Chinese", "电话+8613812345678", "+8613812345678", TypePhone},
+		{"a key wrapped at a line break", "token: ghp_0123456789abcdefghij\n  ABCDEFGHIJ012345 end", "ghp_0123456789abcdefghij\n  ABCDEFGHIJ012345", TypeSecret},
+		{"a key wrapped at CRLF", "key sk-proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ01\r\n23456789abcdefghij", "sk-proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ01\r\n23456789abcdefghij", TypeSecret},
+		{"a key in two adjacent string literals", "token = \"ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345\"", "ghp_0123456789abcdefghij\"\n    \"ABCDEFGHIJ012345", TypeSecret},
+		{"a key in concatenated literals", "const k = \"ghp_0123456789abcdefghij\" +\n\t\"ABCDEFGHIJ012345\";", "ghp_0123456789abcdefghij\" +\n\t\"ABCDEFGHIJ012345", TypeSecret},
+		{"a key over three lines", "export GH=ghp_0123456789ab\\\ncdefghijABCDEFGH\\\nIJ012345 ok", "ghp_0123456789ab\\\ncdefghijABCDEFGH\\\nIJ012345", TypeSecret},
+		{"a key wrapped after its prefix", "OPENAI_API_KEY=\"sk-\"\n  \"proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ0123456789abcdefghij\"", "sk-\"\n  \"proj-abcdefghijABCDEFGHIJ0123456789abcdefghijABCDEFGHIJ0123456789abcdefghij", TypeSecret},
+		{"an address with spaced dots and a spaced at", "write to john . doe @ example . com today", "john . doe @ example . com", TypeEmail},
+		{"an address with a spaced at only", "write to john.doe @ example.com today", "john.doe @ example.com", TypeEmail},
+		{"an address with a spaced dot in the domain", "write to john.doe@example . com today", "john.doe@example . com", TypeEmail},
+		{"an address with a spaced dot in the local part", "write to john . doe@example.com today", "john . doe@example.com", TypeEmail},
+		{"an address with a spaced dot after a dotted domain", "write to anna@mail.example . org today", "anna@mail.example . org", TypeEmail},
+		{"an address with [at] and [dot]", "write to john [at] example [dot] com today", "john [at] example [dot] com", TypeEmail},
+		{"an address with (at) and (dot)", "write to john(at)example(dot)com today", "john(at)example(dot)com", TypeEmail},
+		{"a quoted-printable at", "From: john=40example.com", "john=40example.com", TypeEmail},
+		{"a quoted-printable at and a soft break", "To: john.doe=40exa=\r\nmple.com\r\n", "john.doe=40exa=\r\nmple.com", TypeEmail},
+		{"a quoted-printable fullwidth at", "mail john=EF=BC=A0example.com now", "john=EF=BC=A0example.com", TypeEmail},
+		{"a percent-escape encoded twice", "mail john%2540example.com now", "john%2540example.com", TypeEmail},
+		{"a percent-escape encoded three times", "mail john%252540example.com now", "john%252540example.com", TypeEmail},
+		{"a character reference escaped again", "mail john&amp;#64;example&amp;#46;com now", "john&amp;#64;example&amp;#46;com", TypeEmail},
+		{"a JSON escape escaped again", `mail john\\u0040example.com now`, `john\\u0040example.com`, TypeEmail},
+		{"a hex escape escaped again", `mail john\\x40example.com now`, `john\\x40example.com`, TypeEmail},
+		{"a quoted-printable assignment", "api_key=3D\"ghp_0123456789abcdefghijABCDEFGHIJ012345\"", "ghp_0123456789abcdefghijABCDEFGHIJ012345", TypeSecret},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			i := strings.Index(tc.text, tc.value)
+			if i < 0 {
+				t.Fatalf("bad case: %q not in %q", tc.value, tc.text)
+			}
+			fs := s.Scan(tc.text)
+			var typed []Finding
+			for _, f := range fs {
+				if f.Type == tc.typ {
+					typed = append(typed, f)
+				}
+			}
+			if !covered(typed, i, i+len(tc.value)) {
+				t.Errorf("Scan(%q) = %v: %s %q not covered", tc.text, fs, tc.typ, tc.value)
+			}
+		})
+	}
+}
+
+// TestScanLeavesLookalikesAlone: texts shaped like the evasions above
+// that hold no value.
+func TestScanLeavesLookalikesAlone(t *testing.T) {
+	s, err := NewScanner(Config{DefaultRegion: "IT"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{
+		"<td width=40 height=3D>x</td> and a=3D b=40 c=2E",
+		"meet me @ home. It was late . Then we left",
+		"See section RSS MRA 80A01 H501X of the manual.", // wrong check letter
+		"The quick brown fox jumps over the lazy dog and\nkeeps running through the extraordinarily\nlong meadow until dusk.",
+		"func someVeryLongFunctionName2024(x int)\n    return anotherLongIdentifier42",
+		"The ratio is 3 . 5 and the score 4 . 2 at best.",
+		"cartéDE89370400440532013000 is a word, not an IBAN",
+		"订单号2024-118734。バージョン1.4.2。주문번호 2024-118735",
+		`path C:\\users\\x41bc and 100%25 off, 50%2525 more &amp;amp; less`,
+	} {
+		if fs := s.Scan(text); len(fs) != 0 {
+			t.Errorf("Scan(%q) = %v, want none", text, fs)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package redaction
+
+import "strings"
+
+// Secrets wrapped over lines: a long key or token that an editor, a
+// terminal or a config file broke over two or more lines ("ghp_0123…\n
+// ABCD…"), also as string literals joined by their language (Python's
+// adjacent literals, "…" + "…" in JavaScript, Java and Go, a shell's
+// trailing backslash). The gitleaks rules match the token whole, so the
+// lines are read joined: from every base64 run of the prefilter that
+// looks like key material (maxWrapLines lines at most), the pieces are
+// joined without their line breaks, indentation and quotes, the joined
+// text is scanned, and a secret that crosses a join becomes one finding
+// covering every line it spans.
+
+const (
+	maxWrapLines   = 64   // lines of one wrapped value
+	maxWrapBytes   = 4096 // bytes of one joined text
+	wrapContext    = 80   // bytes before the first line's run kept for the keyword
+	wrapMinRun     = 20   // a run at least this long may be wrapped, whatever it holds
+	wrapMinKeyLike = 12   // a shorter one must hold a digit and a letter
+)
+
+// wrapGap returns where the token continuing the run that ends at e
+// starts, after the line break between them (with an optional closing
+// quote, concatenation operator or backslash before it and indentation
+// and an opening quote after it), or -1.
+func wrapGap(text string, e int) int {
+	j := e
+	if c := at(text, j); c == '"' || c == '\'' {
+		j++
+	}
+	for k := 0; k < 8 && (at(text, j) == ' ' || at(text, j) == '\t'); k++ {
+		j++
+	}
+	if c := at(text, j); c == '+' || c == '\\' || c == '.' {
+		j++
+		for k := 0; k < 8 && (at(text, j) == ' ' || at(text, j) == '\t'); k++ {
+			j++
+		}
+	}
+	if at(text, j) == '\r' {
+		j++
+	}
+	if at(text, j) != '\n' {
+		return -1
+	}
+	j++
+	for k := 0; k < 32 && (at(text, j) == ' ' || at(text, j) == '\t'); k++ {
+		j++
+	}
+	if c := at(text, j); c == '+' || c == '.' {
+		j++
+		for k := 0; k < 8 && at(text, j) == ' '; k++ {
+			j++
+		}
+	}
+	if c := at(text, j); c == '"' || c == '\'' {
+		j++
+	}
+	if !isB64Byte(at(text, j)) {
+		return -1
+	}
+	return j
+}
+
+// tokenBefore returns the token (base64 bytes) ending the line before the
+// one that starts at s (after its indentation and quote), when a wrap
+// joins the two (see wrapGap), else s, s.
+func tokenBefore(text string, s int) (int, int) {
+	j := s
+	if c := before(text, j); c == '"' || c == '\'' {
+		j--
+	}
+	for k := 0; k < 32 && (before(text, j) == ' ' || before(text, j) == '\t'); k++ {
+		j--
+	}
+	if before(text, j) != '\n' {
+		return s, s
+	}
+	for k := 0; k < 16 && j > 0 && !isB64Byte(text[j-1]); k++ {
+		j--
+	}
+	e := j
+	for j > 0 && e-j < maxWrapBytes && isB64Byte(text[j-1]) {
+		j--
+	}
+	if j == e || wrapGap(text, e) != s {
+		return s, s
+	}
+	return j, e
+}
+
+// keyLike reports whether the run text[s:e] may be the first line of a
+// wrapped key (see wrapMinRun).
+func keyLike(text string, s, e int) bool {
+	if e-s >= wrapMinRun {
+		return true
+	}
+	if e-s < wrapMinKeyLike {
+		return false
+	}
+	digit, letter := false, false
+	for k := s; k < e; k++ {
+		digit = digit || isDigit(text[k])
+		letter = letter || isAlpha(text[k])
+	}
+	return digit && letter
+}
+
+// continuation reports whether the token text[s:e] at the start of a
+// line may continue a wrapped key: it holds a digit, is long, or is all
+// its line holds (a closing quote or bracket and punctuation aside), as
+// the last piece of a wrapped key is; a plain word followed by more words
+// is the next line of prose.
+func continuation(text string, s, e int) bool {
+	if e-s >= wrapMinRun {
+		return true
+	}
+	for k := s; k < e; k++ {
+		if isDigit(text[k]) {
+			return true
+		}
+	}
+	if wrapGap(text, e) >= 0 {
+		return true // wrapped again
+	}
+	j := e
+	for j < len(text) && j-e < 4 && strings.IndexByte("\"'`,;)]} \t", text[j]) >= 0 {
+		j++
+	}
+	return j == len(text) || text[j] == '\n' || text[j] == '\r'
+}
+
+// detectWrapped appends the secrets of text wrapped over lines (see
+// above), found from the base64 runs of the prefilter.
+func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *budget, depth int) []Finding {
+	done := 0
+	var pieces []piece
+	var joined []byte
+	for _, r := range runs {
+		rs, re := int(r[0]), int(r[1])
+		if rs < done || !keyLike(text, rs, re) {
+			continue
+		}
+		ns := wrapGap(text, re)
+		if ns < 0 {
+			// The run may be the second line of a key whose first line is
+			// short ("sk-\n  proj-…"): start from that line's token.
+			ps, pe := tokenBefore(text, rs)
+			if ps < done || ps == pe {
+				continue
+			}
+			rs, re, ns = ps, pe, rs
+		}
+		// The first piece, with the keyword context before it on its line.
+		cs := rs
+		for cs > 0 && rs-cs < wrapContext && text[cs-1] != '\n' {
+			cs--
+		}
+		pieces = append(pieces[:0], piece{off: cs, n: re - cs})
+		joined = append(joined[:0], text[cs:re]...)
+		end := re
+		for ns >= 0 && len(pieces) < maxWrapLines && len(joined) < maxWrapBytes {
+			ne := ns
+			// The line's token: base64 bytes and dots (a JWT's parts).
+			for ne < len(text) && (isB64Byte(text[ne]) || text[ne] == '.' && isB64Byte(at(text, ne+1))) && ne-ns < maxWrapBytes {
+				ne++
+			}
+			for q := 0; q < 2 && at(text, ne) == '='; q++ {
+				ne++
+			}
+			if !continuation(text, ns, ne) {
+				break
+			}
+			pieces = append(pieces, piece{off: ns, at: len(joined), n: ne - ns})
+			joined = append(joined, text[ns:ne]...)
+			end = ne
+			ns = wrapGap(text, ne)
+		}
+		done = end
+		if len(pieces) < 2 {
+			continue // the next line does not continue it
+		}
+		// A closing quote or bracket after the last piece, for the
+		// rules that read one.
+		if c := at(text, end); c == '"' || c == '\'' || c == '`' {
+			joined = append(joined, c)
+		}
+		if !b.spend(len(joined) / 16) {
+			return dst
+		}
+		for _, f := range s.scan(string(joined), b, depth+1) {
+			if f.Type != TypeSecret {
+				continue
+			}
+			first, last := -1, -1
+			for k, p := range pieces {
+				if f.Start < p.at+p.n && f.End > p.at {
+					if first < 0 {
+						first = k
+					}
+					last = k
+				}
+			}
+			if first < 0 || first == last {
+				continue // within one line: the plain scan finds it
+			}
+			st := pieces[first].off + max(0, f.Start-pieces[first].at)
+			en := pieces[last].off + min(pieces[last].n, f.End-pieces[last].at)
+			dst = append(dst, Finding{Type: f.Type, Subtype: f.Subtype, Start: st, End: en})
+		}
+	}
+	return dst
+}
