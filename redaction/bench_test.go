@@ -87,6 +87,15 @@ var adversarial = []struct{ name, unit string }{
 	{"base64-text", "bWFyaW8ucm9zc2lAZXhhbXBsZS5pdCBhbmQgbW9yZSB0ZXh0IA"},
 	{"nested-base64", base64.StdEncoding.EncodeToString([]byte(base64.StdEncoding.EncodeToString([]byte("mario.rossi@example.it and more text, ")))) + " "},
 	{"capitalised", "Dear Mr. Maria Rossi "},
+	// Shapes of the wrapped-key, quoted-printable, spaced-dot, grouped
+	// fiscal code and CJK boundary readers: MIME/PEM base64 bodies (every
+	// line ends in a key-like run), "=40" in code, spaced dots, short
+	// digit groups between capitals, digits glued to CJK text.
+	{"wrapped-base64", "TWFyaW8gUm9zc2kgbGl2ZXMgaW4gUm9tZSBhbmQgd29ya3MgYXQgdGhlIGJhbmsgb2YgSXRhbHkg\n"},
+	{"qp-equals", "width=40 height=3D "},
+	{"spaced-dots", "a . b @ c . "},
+	{"fiscal-groups", "RSS MRA 80A "},
+	{"cjk-digits", "卡号41 "},
 }
 
 // BenchmarkScan reports detection throughput (MB/s on one core) of the

@@ -72,7 +72,9 @@ func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_
 // with single separators (fiscalSep) between some of them, read from the
 // digit runs of the prefilter. Every fiscal code but a fully omocodic one
 // holds a digit run of one to three digits (year, day, place) no more than
-// 14 characters after its start, so each such run is walked back over to
+// 14 characters after its start, and every code with at most four
+// omocodic letters holds its year's run (fiscalYearAt), so each such run
+// is walked back over to
 // the group starts before it, and from each a code is read and checked as
 // detectFiscal checks one: structure, day and check letter. The letters
 // are all upper or all lower case. A code without any separator is left to
@@ -88,6 +90,9 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 		}
 		if n-i > 3 {
 			continue // no group of a fiscal code holds four digits
+		}
+		if !fiscalYearAt(text, i, n) {
+			continue
 		}
 		// Group starts behind the run: at most 14 characters back.
 		var starts [16]int
@@ -127,6 +132,57 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 		}
 	}
 	return dst
+}
+
+// fiscalYearAt reports whether the digit run text[i:n] may be a fiscal
+// code's year: one or two digits (one when a separator splits the year)
+// after six letters (single separators between them), followed by a
+// month letter and a digit (fiscalMonthAfter). Omocodic codes replace
+// digits from the right (positions 14, 13, 12, 10, 9, 7, 6), so every
+// code with at most four replaced digits holds this shape; it is the
+// cheap test that keeps detectFiscalGrouped off the digit runs of prose,
+// hashes and identifiers.
+func fiscalYearAt(text string, i, n int) bool {
+	if n-i > 2 || !fiscalMonthAfter(text, n) {
+		return false
+	}
+	k := i
+	if n-i == 1 && fiscalSep(before(text, k)) && isDigit(before(text, k-1)) {
+		k -= 2 // "8 0": the year's first digit
+	}
+	for range 6 {
+		if k > 1 && fiscalSep(text[k-1]) && isAlpha(text[k-2]) {
+			k--
+		}
+		if !isAlpha(before(text, k)) {
+			return false
+		}
+		k--
+	}
+	return true
+}
+
+// fiscalMonthAfter reports whether the digit run ending at n may be a
+// fiscal code's year: it is followed (after at most one separator) by a
+// month letter (fiscalMonths, either case) and then (after at most one
+// separator) by a digit, the day's first.
+func fiscalMonthAfter(text string, n int) bool {
+	j := n
+	if fiscalSep(at(text, j)) {
+		j++
+	}
+	c := at(text, j)
+	if isLower(c) {
+		c -= 'a' - 'A'
+	}
+	if !isUpper(c) || strings.IndexByte(fiscalMonths, c) < 0 {
+		return false
+	}
+	j++
+	if fiscalSep(at(text, j)) {
+		j++
+	}
+	return isDigit(at(text, j))
 }
 
 // fiscalGroupedAt reads a grouped fiscal code starting at st into up and

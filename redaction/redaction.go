@@ -203,6 +203,10 @@ type Scanner struct {
 	timeout      time.Duration
 	maxBytes     int
 	states       sync.Pool
+	// secretsOnly is this Scanner with only the secret rules enabled
+	// (nil when they are off): detectWrapped keeps only the secrets of
+	// the lines it joins, so it scans them with this one.
+	secretsOnly *Scanner
 }
 
 // enabled says which built-in types a Scanner runs.
@@ -350,6 +354,11 @@ func NewScanner(cfg Config) (*Scanner, error) {
 	}
 	s.detectors = append(s.detectors, custom...)
 	s.types = append(s.types, customTypes...)
+	if s.secrets != nil {
+		s.secretsOnly = &Scanner{types: s.types, prio: s.prio, on: s.on, en: enabled{Secret: true}, secrets: s.secrets,
+			index: s.index, kwRules: s.kwRules, atWord: s.atWord, schemeKW: s.schemeKW, phoneRegions: s.phoneRegions,
+			timeout: s.timeout, maxBytes: s.maxBytes}
+	}
 	return s, nil
 }
 

@@ -190,7 +190,12 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		if !b.spend(len(joined) / 16) {
 			return dst
 		}
-		for _, f := range s.scan(string(joined), b, depth+1) {
+		// Only secrets are kept, so only the secret rules run (the other
+		// detectors read the lines where they are), on the joined text as
+		// it is: its base64 is decoded line by line by detectEncoded, so a
+		// block of encoded lines (a MIME body, a PEM) costs one more read,
+		// not a second decoding.
+		for _, f := range s.secretsOnly.scan(string(joined), b, maxEncodedDepth) {
 			if f.Type != TypeSecret {
 				continue
 			}
