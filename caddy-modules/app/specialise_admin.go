@@ -180,6 +180,9 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 		} else if err != nil {
 			return apiErr(http.StatusInternalServerError, "%v", err)
 		}
+		if c.Scope == registry.ConsentKey {
+			c.Name = registry.DisplayPrefix(c.Name) // as stored: a whole key is kept as its prefix
+		}
 		return writeJSON(w, http.StatusOK, c)
 	case "GET /molly/traces/export":
 		return a.exportSet(w, r)
