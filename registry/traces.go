@@ -262,9 +262,15 @@ func (r *Registry) PruneTraces(ctx context.Context, now time.Time, defaultDays i
 	return int(n), nil
 }
 
-// SetTraceConsent stores a standing consent. Errors: ErrInvalid for an
-// unknown scope, an empty name or a negative retention; the store's.
+// SetTraceConsent stores a standing consent. A key's consent is stored
+// under its prefix (DisplayPrefix), the name requests are matched by, when
+// the name is the whole key: keys are never stored in the clear. Errors:
+// ErrInvalid for an unknown scope, an empty name or a negative retention;
+// the store's.
 func (r *Registry) SetTraceConsent(ctx context.Context, c TraceConsent) error {
+	if c.Scope != ConsentMember {
+		c.Name = DisplayPrefix(c.Name) // before any error names it
+	}
 	if (c.Scope != ConsentMember && c.Scope != ConsentKey) || c.Name == "" || c.RetentionDays < 0 {
 		return fmt.Errorf("registry: consent scope %q name %q retention %d: want member|key, a name, days ≥ 0: %w", c.Scope, c.Name, c.RetentionDays, ErrInvalid)
 	}

@@ -185,17 +185,25 @@ func (Check) Routes() []caddy.AdminRoute { return nil }
 // came over a Unix socket (the OS checked the caller) or over Caddy's
 // remote admin endpoint (a verified client certificate, whose access
 // control Caddy enforced). Anything else — a plaintext TCP admin listener
-// that got past Validate somehow — is 403.
+// that got past Validate somehow — is 403. An error h returns is answered
+// here in OpenAI's error shape (Error), not Caddy's {"error": "..."}, and
+// logged as Caddy logs it; Guard then returns nil.
 func Guard(h caddy.AdminHandler) caddy.AdminHandler {
 	return caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		tw := &trackingWriter{ResponseWriter: w}
+		var err error
 		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && la.Network() == "unix" {
-			return h.ServeHTTP(w, r)
+			err = h.ServeHTTP(tw, r)
+		} else if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+			err = h.ServeHTTP(tw, r)
+		} else {
+			err = caddy.APIError{HTTPStatus: http.StatusForbidden,
+				Err: errors.New("Molly's admin routes answer only on the admin Unix socket or on the remote admin endpoint (mutual TLS)")}
 		}
-		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
-			return h.ServeHTTP(w, r)
+		if err != nil {
+			writeError(tw, err)
 		}
-		return caddy.APIError{HTTPStatus: http.StatusForbidden,
-			Err: errors.New("Molly's admin routes answer only on the admin Unix socket or on the remote admin endpoint (mutual TLS)")}
+		return nil
 	})
 }
 

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -91,10 +92,7 @@ func TestGuardAnswersOnlyOnTheSocket(t *testing.T) {
 	}))
 	serve := func(w http.ResponseWriter, r *http.Request) {
 		if err := h.ServeHTTP(w, r); err != nil {
-			var ae caddy.APIError
-			if errors.As(err, &ae) {
-				http.Error(w, ae.Err.Error(), ae.HTTPStatus)
-			}
+			t.Errorf("Guard returned %v to Caddy: it answers errors itself", err)
 		}
 	}
 	tcp := httptest.NewServer(http.HandlerFunc(serve))
@@ -126,5 +124,78 @@ func TestGuardAnswersOnlyOnTheSocket(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || string(b) != "secret" {
 		t.Fatalf("over the socket: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestGuardAnswersErrorsInOpenAIShape: an error a Molly admin route
+// returns reaches the client over the socket as OpenAI's error object with
+// the route's status — not Caddy's {"error": "..."} — a 405 with Allow, a
+// body over a MaxBytesReader's limit as 413, and an error after the route
+// began its answer leaves that answer alone.
+func TestGuardAnswersErrorsInOpenAIShape(t *testing.T) {
+	routes := map[string]caddy.AdminHandlerFunc{
+		"/missing": func(http.ResponseWriter, *http.Request) error {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New(`no key "sk-molly-ab"`)}
+		},
+		"/bad": func(http.ResponseWriter, *http.Request) error {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("name is required")}
+		},
+		"/method": func(_ http.ResponseWriter, r *http.Request) error {
+			return MethodNotAllowed(r, http.MethodGet, http.MethodPost)
+		},
+		"/large": func(w http.ResponseWriter, r *http.Request) error {
+			_, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 8))
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding body: %w", err)}
+		},
+		"/plain": func(http.ResponseWriter, *http.Request) error { return errors.New("registry: disk full") },
+		"/begun": func(w http.ResponseWriter, _ *http.Request) error {
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, "[1,")
+			return errors.New("encoding failed half-way")
+		},
+	}
+	mux := http.NewServeMux()
+	for p, h := range routes {
+		g := Guard(h)
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			if err := g.ServeHTTP(w, r); err != nil {
+				t.Errorf("%s: Guard returned %v to Caddy, which would answer it in its own shape", p, err)
+			}
+		})
+	}
+	sock := filepath.Join(t.TempDir(), "a.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	us := &httptest.Server{Listener: ln, Config: &http.Server{Handler: mux}}
+	us.Start()
+	t.Cleanup(us.Close)
+	c := &http.Client{Transport: &http.Transport{Dial: func(_, _ string) (net.Conn, error) { return net.Dial("unix", sock) }}}
+	for _, tc := range []struct {
+		path, method, body string
+		status             int
+		want, allow        string
+	}{
+		{"/missing", "GET", "", 404, `{"error":{"code":"not_found","message":"no key \"sk-molly-ab\"","param":null,"type":"invalid_request_error"}}`, ""},
+		{"/bad", "POST", "{}", 400, `{"error":{"code":null,"message":"name is required","param":null,"type":"invalid_request_error"}}`, ""},
+		{"/method", "DELETE", "", 405, `{"error":{"code":"method_not_supported","message":"DELETE is not supported on /method; use GET, POST","param":null,"type":"invalid_request_error"}}`, "GET, POST"},
+		{"/large", "POST", "0123456789", 413, `{"error":{"code":"request_too_large","message":"the body is over the route's limit of 8 bytes","param":null,"type":"invalid_request_error"}}`, ""},
+		{"/plain", "GET", "", 500, `{"error":{"code":null,"message":"registry: disk full","param":null,"type":"server_error"}}`, ""},
+		{"/begun", "GET", "", 200, `[1,`, ""},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://admin"+tc.path, strings.NewReader(tc.body))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || string(b) != tc.want || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %s (Allow %q)\nwant %d %s (Allow %q)", tc.method, tc.path, resp.StatusCode, b, resp.Header.Get("Allow"), tc.status, tc.want, tc.allow)
+		}
+		if tc.status >= 400 && resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: Content-Type %q", tc.path, resp.Header.Get("Content-Type"))
+		}
 	}
 }

@@ -3,12 +3,14 @@ package admin
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+	"github.com/tidwall/gjson"
 )
 
 // Flags adds the flags every Molly admin command takes, resolved as Caddy's
@@ -42,7 +44,7 @@ func Call(c *cobra.Command, method, uri string, body, out any) error {
 	}
 	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, nil, rd)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, strings.SplitN(uri, "?", 2)[0], err)
+		return fmt.Errorf("%s %s: %w", method, strings.SplitN(uri, "?", 2)[0], readable(err))
 	}
 	defer resp.Body.Close()
 	if out == nil {
@@ -52,4 +54,23 @@ func Call(c *cobra.Command, method, uri string, body, out any) error {
 		return fmt.Errorf("%s %s: decoding the answer: %w", method, uri, err)
 	}
 	return nil
+}
+
+// readable shortens Caddy's "caddy responded with error: HTTP 404:
+// <body>" to "HTTP 404: <message>" when the body is the OpenAI error
+// object Molly's admin routes answer with; other errors are kept.
+func readable(err error) error {
+	s := err.Error()
+	_, rest, ok := strings.Cut(s, "caddy responded with error: ")
+	if !ok {
+		return err
+	}
+	status, body, ok := strings.Cut(rest, ": ")
+	if !ok {
+		return err
+	}
+	if m := gjson.Get(body, "error.message"); m.Type == gjson.String && gjson.Get(body, "error.type").Exists() {
+		return errors.New(status + ": " + m.Str)
+	}
+	return err
 }

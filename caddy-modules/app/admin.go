@@ -14,6 +14,7 @@ import (
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/pipeline"
 )
 
@@ -30,11 +31,12 @@ import (
 // (pipeline.DirectTier: no model asked for it) and the member and scopes of
 // the body (scopes as molly_auth gives them: an empty tool scope admits
 // every tool); its arguments and result are classified with the default
-// detectors. Errors: 400 for a bad body, 404 for an unknown tool (or none
-// configured), 405 for another method, 403 {"error", "code":
-// "permission_denied", "reasons"} for a policy denial, 502 {"error",
-// "code"} for a failed tool call with the tool's code (unavailable when
-// the plugin is down). Every call writes the tool loop's "tool call" audit
+// detectors. Errors are in OpenAI's shape (admin.Guard): 400 for a bad
+// body, 413 for one over 1 MiB, 404 for an unknown tool (or none
+// configured), 405 for another method, 403 type policy_denied, code
+// permission_denied, with the policy's "reasons" in the error object for
+// a policy denial, 502 type upstream_error with the tool's code for a
+// failed tool call (unavailable when the plugin is down). Every call writes the tool loop's "tool call" audit
 // line (decision_id empty, tool_call_id the idempotency key, target
 // "direct").
 type ToolsAdmin struct{}
@@ -83,7 +85,7 @@ func serveTools(w http.ResponseWriter, r *http.Request, f *pipeline.Pipeline, cl
 	name, sub := strings.CutPrefix(r.URL.Path, "/molly/tools/")
 	if !sub {
 		if r.Method != http.MethodGet {
-			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+			return admin.MethodNotAllowed(r, http.MethodGet)
 		}
 		out := []toolInfo{}
 		for _, s := range f.Tools.Tools() {
@@ -92,7 +94,7 @@ func serveTools(w http.ResponseWriter, r *http.Request, f *pipeline.Pipeline, cl
 		return writeJSON(w, http.StatusOK, out)
 	}
 	if r.Method != http.MethodPost {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+		return admin.MethodNotAllowed(r, http.MethodPost)
 	}
 	known := false
 	for _, s := range f.Tools.Tools() {
@@ -126,9 +128,12 @@ func serveTools(w http.ResponseWriter, r *http.Request, f *pipeline.Pipeline, cl
 	case te == nil:
 		return writeJSON(w, http.StatusOK, map[string]json.RawMessage{"result": res})
 	case te.Code == "permission_denied":
-		return writeJSON(w, http.StatusForbidden, map[string]any{"error": te.Message, "code": te.Code, "reasons": reasons})
+		if reasons == nil {
+			reasons = []string{}
+		}
+		return &openai.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: te.Code, Message: te.Message, Extra: map[string]any{"reasons": reasons}}
 	default:
-		return writeJSON(w, http.StatusBadGateway, map[string]any{"error": te.Message, "code": te.Code})
+		return &openai.Error{Status: http.StatusBadGateway, Type: "upstream_error", Code: te.Code, Message: te.Message}
 	}
 }
 

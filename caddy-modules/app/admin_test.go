@@ -3,16 +3,15 @@ package app
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/classify"
@@ -51,13 +50,9 @@ func TestToolsAdmin(t *testing.T) {
 	f := &pipeline.Pipeline{Tools: runner, Policy: policy, Logger: zap.New(core)}
 	do := func(method, path, body string) (int, string) {
 		w := httptest.NewRecorder()
-		err := serveTools(w, httptest.NewRequest(method, path, strings.NewReader(body)), f, cl)
-		var ae caddy.APIError
-		if errors.As(err, &ae) {
-			return ae.HTTPStatus, ae.Err.Error()
-		}
-		if err != nil {
-			t.Fatal(err)
+		if err := serveTools(w, httptest.NewRequest(method, path, strings.NewReader(body)), f, cl); err != nil {
+			e := admin.Error(err) // as admin.Guard answers it
+			return e.Status, string(e.Body())
 		}
 		return w.Code, strings.TrimSpace(w.Body.String())
 	}
@@ -71,16 +66,25 @@ func TestToolsAdmin(t *testing.T) {
 		{"call", "POST", "/molly/tools/echo", `{"member":"ann","scopes":["tool:echo","tier:T1"],"arguments":{"x":1},"idempotency_key":"k1"}`, 200,
 			`{"result":{"ok":true}}`},
 		{"denied", "POST", "/molly/tools/echo", `{"member":"bob","scopes":["tool:other"],"arguments":{}}`, 403,
-			`{"code":"permission_denied","error":"policy: tool echo is not in the tool scope of member bob","reasons":["tool echo is not in the tool scope of member bob"]}`},
+			`{"error":{"code":"permission_denied","message":"policy: tool echo is not in the tool scope of member bob","param":null,"reasons":["tool echo is not in the tool scope of member bob"],"type":"policy_denied"}}`},
 		{"tool error", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{"fail":true},"idempotency_key":"k2"}`, 502,
-			`{"code":"conflict","error":"key reused"}`},
-		{"unknown tool", "POST", "/molly/tools/nope", `{"member":"ann","arguments":{}}`, 404, `no tool "nope" is configured`},
-		{"no member", "POST", "/molly/tools/echo", `{"arguments":{}}`, 400, "member is required"},
-		{"arguments not an object", "POST", "/molly/tools/echo", `{"member":"ann","arguments":[1]}`, 400, "arguments must be a JSON object"},
-		{"unknown field", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{},"colour":1}`, 400, `decoding body: json: unknown field "colour"`},
-		{"bad scope", "POST", "/molly/tools/echo", `{"member":"ann","scopes":["admin"],"arguments":{}}`, 400, `scope "admin": want model:<name>, tier:<tier> or tool:<name>`},
-		{"list by POST", "POST", "/molly/tools", "", 405, "method POST not allowed"},
-		{"call by GET", "GET", "/molly/tools/echo", "", 405, "method GET not allowed"},
+			`{"error":{"code":"conflict","message":"key reused","param":null,"type":"upstream_error"}}`},
+		{"unknown tool", "POST", "/molly/tools/nope", `{"member":"ann","arguments":{}}`, 404,
+			`{"error":{"code":"not_found","message":"no tool \"nope\" is configured","param":null,"type":"invalid_request_error"}}`},
+		{"no member", "POST", "/molly/tools/echo", `{"arguments":{}}`, 400,
+			`{"error":{"code":null,"message":"member is required","param":null,"type":"invalid_request_error"}}`},
+		{"arguments not an object", "POST", "/molly/tools/echo", `{"member":"ann","arguments":[1]}`, 400,
+			`{"error":{"code":null,"message":"arguments must be a JSON object","param":null,"type":"invalid_request_error"}}`},
+		{"unknown field", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{},"colour":1}`, 400,
+			`{"error":{"code":null,"message":"decoding body: json: unknown field \"colour\"","param":null,"type":"invalid_request_error"}}`},
+		{"bad scope", "POST", "/molly/tools/echo", `{"member":"ann","scopes":["admin"],"arguments":{}}`, 400,
+			`{"error":{"code":null,"message":"scope \"admin\": want model:\u003cname\u003e, tier:\u003ctier\u003e or tool:\u003cname\u003e","param":null,"type":"invalid_request_error"}}`},
+		{"a body over 1 MiB", "POST", "/molly/tools/echo", `{"member":"ann","arguments":{"x":"` + strings.Repeat("a", 1<<20) + `"}}`, 413,
+			`{"error":{"code":"request_too_large","message":"the body is over the route's limit of 1048576 bytes","param":null,"type":"invalid_request_error"}}`},
+		{"list by POST", "POST", "/molly/tools", "", 405,
+			`{"error":{"code":"method_not_supported","message":"POST is not supported on /molly/tools; use GET","param":null,"type":"invalid_request_error"}}`},
+		{"call by GET", "GET", "/molly/tools/echo", "", 405,
+			`{"error":{"code":"method_not_supported","message":"GET is not supported on /molly/tools/echo; use POST","param":null,"type":"invalid_request_error"}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

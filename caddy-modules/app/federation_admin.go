@@ -72,7 +72,13 @@ func (a *App) serveFederation(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, http.StatusOK, out)
 	}
-	return apiErr(http.StatusNotFound, "no federation route %s %s", r.Method, r.URL.Path)
+	return admin.NotRouted(r, federationRoutes)
+}
+
+// federationRoutes are the methods of each federation route.
+var federationRoutes = map[string][]string{
+	"/molly/federation/status": {http.MethodGet},
+	"/molly/federation/run":    {http.MethodPost},
 }
 
 // Interface guards.

@@ -116,7 +116,7 @@ type targetStatus struct {
 
 func serveTargets(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+		return admin.MethodNotAllowed(r, http.MethodGet)
 	}
 	cur := Current()
 	if cur == nil || cur.pipeline == nil {

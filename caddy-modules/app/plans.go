@@ -54,7 +54,7 @@ func (PlansAdmin) Routes() []caddy.AdminRoute {
 // servePlans answers the plans routes from s.
 func servePlans(w http.ResponseWriter, r *http.Request, s *orchestrate.Store) error {
 	if r.Method != http.MethodGet {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+		return admin.MethodNotAllowed(r, http.MethodGet)
 	}
 	id, one := strings.CutPrefix(r.URL.Path, "/molly/plans/")
 	if !one || id == "" {

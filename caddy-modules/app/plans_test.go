@@ -2,16 +2,15 @@ package app
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/molly-gateway/molly/caddy-modules/admin"
 	"github.com/molly-gateway/molly/router/orchestrate"
 )
 
@@ -19,17 +18,17 @@ func TestPlansAdminAnswersFromTheStore(t *testing.T) {
 	s := orchestrate.NewStore(4)
 	do := func(method, path string) (int, string) {
 		w := httptest.NewRecorder()
-		err := servePlans(w, httptest.NewRequest(method, path, nil), s)
-		var ae caddy.APIError
-		if errors.As(err, &ae) {
-			return ae.HTTPStatus, ae.Err.Error()
+		if err := servePlans(w, httptest.NewRequest(method, path, nil), s); err != nil {
+			e := admin.Error(err) // as admin.Guard answers it
+			return e.Status, string(e.Body())
 		}
 		return w.Code, w.Body.String()
 	}
 	if code, body := do(http.MethodGet, "/molly/plans"); code != 200 || strings.TrimSpace(body) != "[]" {
 		t.Errorf("the empty listing: %d %s", code, body)
 	}
-	if code, body := do(http.MethodGet, "/molly/plans/0000"); code != 404 || !strings.Contains(body, `no plan "0000"`) {
+	if code, body := do(http.MethodGet, "/molly/plans/0000"); code != 404 ||
+		body != `{"error":{"code":"not_found","message":"no plan \"0000\" is kept","param":null,"type":"invalid_request_error"}}` {
 		t.Errorf("an unknown plan: %d %s", code, body)
 	}
 	if code, _ := do(http.MethodDelete, "/molly/plans/0000"); code != 405 {

@@ -35,7 +35,7 @@ func (PolicyAdmin) Routes() []caddy.AdminRoute {
 
 func servePolicy(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+		return admin.MethodNotAllowed(r, http.MethodGet)
 	}
 	cur := Current()
 	if cur == nil || cur.policy == nil {

@@ -53,9 +53,11 @@ import (
 //	POST   /molly/adapter-versions/promote     {"name", "version" (a hash prefix), "reason"}
 //	POST   /molly/adapter-versions/rollback    {"name", "reason"}
 //
-// Without a specialise block every route answers 404. Errors: 400 for a
-// bad body or query, 404 for an unknown set or version, 409 for a
-// version of another base or no earlier version to roll back to.
+// Without a specialise block every route answers 404. Errors are in
+// OpenAI's shape (admin.Guard): 400 for a bad body or query, 413 for a body
+// over the route's limit, 404 for an unknown set or version, 405 (with
+// Allow) for a route's other methods, 409 for a version of another base or
+// no earlier version to roll back to.
 type LearningAdmin struct{}
 
 func init() { caddy.RegisterModule(LearningAdmin{}) }
@@ -104,7 +106,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return apiErr(http.StatusBadRequest, "decoding body: %v", err)
+		return apiErr(http.StatusBadRequest, "decoding body: %w", err)
 	}
 	return nil
 }
@@ -178,6 +180,9 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 		} else if err != nil {
 			return apiErr(http.StatusInternalServerError, "%v", err)
 		}
+		if c.Scope == registry.ConsentKey {
+			c.Name = registry.DisplayPrefix(c.Name) // as stored: a whole key is kept as its prefix
+		}
 		return writeJSON(w, http.StatusOK, c)
 	case "GET /molly/traces/export":
 		return a.exportSet(w, r)
@@ -188,7 +193,7 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 		}
 		set, rep, err := curate.Import(name, domain, http.MaxBytesReader(w, r.Body, 64<<20), curate.Options{})
 		if err != nil {
-			return apiErr(http.StatusBadRequest, "%v", err)
+			return apiErr(http.StatusBadRequest, "%w", err)
 		}
 		if err := a.registry.PutCuratedSet(ctx, set); err != nil {
 			return apiErr(http.StatusInternalServerError, "%v", err)
@@ -269,7 +274,20 @@ func (a *App) serveLearning(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, map[string]string{"name": body.Name, "version": v.Version,
 			"model": a.engine.Name() + ":" + body.Name, "pinned": a.engine.Name() + ":" + adapters.Pinned(body.Name, v.Version)})
 	}
-	return apiErr(http.StatusNotFound, "no route %s", route)
+	return admin.NotRouted(r, learningRoutes)
+}
+
+// learningRoutes are the methods of each learning route.
+var learningRoutes = map[string][]string{
+	"/molly/specialise/run":            {http.MethodPost},
+	"/molly/specialise/share":          {http.MethodGet},
+	"/molly/traces":                    {http.MethodGet, http.MethodDelete},
+	"/molly/traces/consent":            {http.MethodPost},
+	"/molly/traces/export":             {http.MethodGet},
+	"/molly/traces/import":             {http.MethodPost},
+	"/molly/adapter-versions":          {http.MethodGet, http.MethodPost},
+	"/molly/adapter-versions/promote":  {http.MethodPost},
+	"/molly/adapter-versions/rollback": {http.MethodPost},
 }
 
 // inAdapterDir resolves path — absolute, or relative to the engine's

@@ -29,8 +29,10 @@ import (
 //	GET    /molly/usage?member=<m>    usage in the current budget period (registry.Summary); without
 //	                                  member, an array with every member's
 //
-// Errors are Caddy's admin errors ({"error": "..."}): 400 for a bad body,
-// 404 for an unknown member or key, 503 when no molly_auth handler runs.
+// Errors are in OpenAI's shape, {"error":{"message","type","param","code"}}
+// (admin.Guard): 400 for a bad body, 413 for one over 64 KiB, 404 for an
+// unknown member or key, 405 (with Allow) for another method, 503 when no
+// molly_auth handler runs.
 type Admin struct{}
 
 func init() { caddy.RegisterModule(Admin{}) }
@@ -89,9 +91,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
-func notAllowed(r *http.Request) error {
-	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("%s %s not supported", r.Method, r.URL.Path)}
-}
+func notAllowed(r *http.Request, allow ...string) error { return admin.MethodNotAllowed(r, allow...) }
 
 func (Admin) members(w http.ResponseWriter, r *http.Request) error {
 	rg, err := reg()
@@ -121,7 +121,7 @@ func (Admin) members(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, status, stored)
 	}
-	return notAllowed(r)
+	return notAllowed(r, http.MethodGet, http.MethodPost)
 }
 
 func (Admin) keys(w http.ResponseWriter, r *http.Request) error {
@@ -156,7 +156,7 @@ func (Admin) keys(w http.ResponseWriter, r *http.Request) error {
 			registry.Key
 		}{secret, k})
 	}
-	return notAllowed(r)
+	return notAllowed(r, http.MethodGet, http.MethodPost)
 }
 
 func (Admin) key(w http.ResponseWriter, r *http.Request) error {
@@ -165,8 +165,11 @@ func (Admin) key(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	prefix := strings.TrimPrefix(r.URL.Path, "/molly/keys/")
-	if r.Method != http.MethodDelete || prefix == "" {
-		return notAllowed(r)
+	if prefix == "" {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no key prefix: DELETE /molly/keys/<prefix>")}
+	}
+	if r.Method != http.MethodDelete {
+		return notAllowed(r, http.MethodDelete)
 	}
 	if err := rg.RevokeKey(r.Context(), prefix); err != nil {
 		return apiErr(err)
@@ -181,7 +184,7 @@ func (Admin) usage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if r.Method != http.MethodGet {
-		return notAllowed(r)
+		return notAllowed(r, http.MethodGet)
 	}
 	if member := r.URL.Query().Get("member"); member != "" {
 		s, err := rg.Summarize(r.Context(), member, recentUsage)

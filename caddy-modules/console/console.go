@@ -167,7 +167,7 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 func (Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/molly/console/state", Handler: admin.Guard(caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
-			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+			return admin.MethodNotAllowed(r, http.MethodGet)
 		}
 		cur := app.Current()
 		if cur == nil {

@@ -108,7 +108,7 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, http.StatusCreated, map[string]any{"model": e.Name() + ":" + req.Name, "version": version})
 	}
-	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+	return admin.MethodNotAllowed(r, http.MethodGet, http.MethodPost)
 }
 
 func (Admin) adapter(w http.ResponseWriter, r *http.Request) error {
@@ -123,14 +123,18 @@ func (Admin) adapter(w http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 		}
 		return writeJSON(w, http.StatusOK, e.Adapters())
-	case r.Method == http.MethodDelete && name != "":
+	case name == "":
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no adapter name: DELETE /molly/adapters/<name>")}
+	case name == "rescan":
+		return admin.MethodNotAllowed(r, http.MethodPost)
+	case r.Method == http.MethodDelete:
 		if err := e.RemoveAdapter(name); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
 		}
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("%s %s not supported", r.Method, r.URL.Path)}
+	return admin.MethodNotAllowed(r, http.MethodDelete)
 }
 
 func (Admin) state(w http.ResponseWriter, r *http.Request) error {
@@ -139,7 +143,7 @@ func (Admin) state(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if r.Method != http.MethodGet {
-		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+		return admin.MethodNotAllowed(r, http.MethodGet)
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"model": e.Name(), "models": e.Models(), "versions": e.ModelVersions(), "stats": e.Stats(), "adapters": e.Adapters()})
 }

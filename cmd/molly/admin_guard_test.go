@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/tidwall/gjson"
 )
 
 // TestEveryMollyAdminRouteIsGuarded: every route of every Molly admin API
@@ -40,14 +40,20 @@ func TestEveryMollyAdminRouteIsGuarded(t *testing.T) {
 				for _, method := range methods {
 					r := httptest.NewRequest(method, "http://localhost"+path, strings.NewReader("{}"))
 					r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, over))
-					err := route.Handler.ServeHTTP(httptest.NewRecorder(), r)
-					var apiErr caddy.APIError
-					forbidden := errors.As(err, &apiErr) && apiErr.HTTPStatus == http.StatusForbidden
-					if over == tcp && !forbidden {
-						t.Errorf("%s %s %s over TCP: %v, want 403", info.ID, method, path, err)
+					w := httptest.NewRecorder()
+					if err := route.Handler.ServeHTTP(w, r); err != nil {
+						t.Errorf("%s %s %s: the route returned %v to Caddy, which answers it as {\"error\": \"...\"}", info.ID, method, path, err)
+					}
+					// Every refusal is OpenAI's error object.
+					forbidden := w.Code == http.StatusForbidden && gjson.Get(w.Body.String(), "error.code").Str == "permission_denied"
+					if over == tcp && (!forbidden || !strings.Contains(gjson.Get(w.Body.String(), "error.message").Str, "Unix socket")) {
+						t.Errorf("%s %s %s over TCP: %d %s, want 403", info.ID, method, path, w.Code, w.Body)
 					}
 					if over == unix && forbidden {
-						t.Errorf("%s %s %s over the socket: 403 %v", info.ID, method, path, err)
+						t.Errorf("%s %s %s over the socket: 403 %s", info.ID, method, path, w.Body)
+					}
+					if w.Code >= 400 && (!gjson.Get(w.Body.String(), "error.message").Exists() || !gjson.Get(w.Body.String(), "error.type").Exists()) {
+						t.Errorf("%s %s %s: %d %s is not OpenAI's error shape", info.ID, method, path, w.Code, w.Body)
 					}
 				}
 			}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/router/classify"
 )
@@ -177,11 +178,22 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 			t.Fatalf("creating %v: %d %s", m["name"], code, body)
 		}
 	}
-	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "dave", "period": "week"}); code != http.StatusBadRequest || !strings.Contains(body, "period") {
+	// The admin routes' errors are OpenAI's error objects, as the site's are.
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "dave", "period": "week"}); code != http.StatusBadRequest ||
+		!strings.Contains(gjson.Get(body, "error.message").Str, "period") || gjson.Get(body, "error.type").Str != "invalid_request_error" {
 		t.Fatalf("a bad period: %d %s", code, body)
 	}
-	if code, _ := adminCall(t, admin, http.MethodPost, "/molly/keys", map[string]string{"member": "nobody"}); code != http.StatusNotFound {
-		t.Fatalf("a key for an unknown member: %d", code)
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/keys", map[string]string{"member": "nobody"}); code != http.StatusNotFound ||
+		gjson.Get(body, "error.code").Str != "not_found" || !gjson.Get(body, "error.param").Exists() {
+		t.Fatalf("a key for an unknown member: %d %s", code, body)
+	}
+	if code, body := adminCall(t, admin, http.MethodPut, "/molly/members", nil); code != http.StatusMethodNotAllowed ||
+		gjson.Get(body, "error.code").Str != "method_not_supported" {
+		t.Fatalf("PUT /molly/members: %d %s", code, body)
+	}
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": strings.Repeat("a", 1<<17)}); code != http.StatusRequestEntityTooLarge ||
+		gjson.Get(body, "error.code").Str != "request_too_large" {
+		t.Fatalf("a body over 64 KiB: %d %s", code, body)
 	}
 	aliceKey, _ := newKey(t, admin, "alice")
 	bobKey, _ := newKey(t, admin, "bob")

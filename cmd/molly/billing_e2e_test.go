@@ -114,7 +114,7 @@ http://127.0.0.1:{PORT} {
 		code, body = adminCall(t, admin, http.MethodPost, "/molly/tools/billing", map[string]any{"member": "molly-gateway", "idempotency_key": id,
 			"arguments": map[string]any{"op": "record_usage", "decision_id": id, "member": "anonymous", "model": "chat", "tier": "T1", "target": "lan",
 				"prompt_tokens": prompt, "completion_tokens": completion, "cost_nano_usd": cost + 1}})
-		if code != 502 || gjson.Get(body, "code").Str != "conflict" {
+		if code != 502 || gjson.Get(body, "error.code").Str != "conflict" || gjson.Get(body, "error.type").Str != "upstream_error" {
 			t.Fatalf("recording decision %s again with another cost: %d %s, want 502 conflict", id, code, body)
 		}
 	}
@@ -125,13 +125,13 @@ http://127.0.0.1:{PORT} {
 		t.Fatalf("GET /molly/tools: %d %s", code, body)
 	}
 	code, body = adminCall(t, admin, http.MethodPost, "/molly/tools/payments", call)
-	if code != 404 || strings.TrimSpace(body) != `{"error":"no tool \"payments\" is configured"}` {
+	if code != 404 || strings.TrimSpace(body) != `{"error":{"code":"not_found","message":"no tool \"payments\" is configured","param":null,"type":"invalid_request_error"}}` {
 		t.Fatalf("unknown tool: %d %s", code, body)
 	}
 	call["scopes"] = []string{"tool:support"}
 	code, body = adminCall(t, admin, http.MethodPost, "/molly/tools/billing", call)
-	if code != 403 || gjson.Get(body, "code").Str != "permission_denied" ||
-		gjson.Get(body, "reasons").Raw != `["tool billing is not in the tool scope of member auditor"]` {
+	if code != 403 || gjson.Get(body, "error.code").Str != "permission_denied" || gjson.Get(body, "error.type").Str != "policy_denied" ||
+		gjson.Get(body, "error.reasons").Raw != `["tool billing is not in the tool scope of member auditor"]` {
 		t.Fatalf("out of scope: %d %s", code, body)
 	}
 

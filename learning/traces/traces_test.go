@@ -193,3 +193,38 @@ func TestPruneAppliesRetention(t *testing.T) {
 		t.Fatalf("after the default retention pruned %d, want alice's", n)
 	}
 }
+
+// TestAKeysConsentGivenByTheWholeKeyStoresItsPrefix: `molly traces consent
+// --key` given the key itself (as an operator holding it would) applies to
+// that key, and the registry keeps only its prefix: keys are never stored
+// in the clear.
+func TestAKeysConsentGivenByTheWholeKeyStoresItsPrefix(t *testing.T) {
+	reg := openRegistry(t)
+	ctx := context.Background()
+	if _, _, err := reg.PutMember(ctx, registry.Member{Name: "dana"}); err != nil {
+		t.Fatal(err)
+	}
+	secret, k, err := reg.CreateKey(ctx, "dana", "laptop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(reg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.SetConsent(ctx, registry.TraceConsent{Scope: registry.ConsentKey, Name: secret, Trace: true}); err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	if !r.Consents(req, &identity.Identity{Member: "dana", KeyPrefix: k.Prefix}) {
+		t.Errorf("the key %s… has not consented", k.Prefix)
+	}
+	cs, err := reg.TraceConsents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 1 || cs[0].Name != k.Prefix {
+		t.Fatalf("stored consents %+v, want one named %s", cs, k.Prefix)
+	}
+}
