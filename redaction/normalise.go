@@ -420,6 +420,37 @@ func nfkcIdentity(r rune, s string) bool {
 	return nfkcSame[r/64]&(1<<(r%64)) != 0
 }
 
+// plainBMP has bit r set for each rune r of the Basic Multilingual Plane
+// that normaliseInto keeps as it is: not fullwidth ASCII, no script
+// digit, not dropped (dropRune), not mapped (mapRune) and its own NFKC
+// form (nfkcIdentity). Every one of those is a function of the rune
+// alone, so the bitmap (8 KB, built on first use) answers them in one
+// test: CJK, Cyrillic or Greek text costs a lookup per rune instead of
+// Unicode table searches.
+var (
+	plainBMP  [0x10000 / 64]uint64
+	plainOnce sync.Once
+)
+
+// plainRune reports whether normaliseInto keeps r (in the BMP) as it is.
+func plainRune(r rune) bool {
+	if r >= 0x10000 {
+		return false
+	}
+	plainOnce.Do(func() {
+		var buf [4]byte
+		for c := rune(0x80); c < 0x10000; c++ {
+			if c >= 0xD800 && c <= 0xDFFF || c >= 0xFF01 && c <= 0xFF5E || scriptDigit(c) >= 0 || dropRune(c) || mapRune(c) >= 0 {
+				continue
+			}
+			if n := utf8.EncodeRune(buf[:], c); nfkcIdentity(c, string(buf[:n])) {
+				plainBMP[c/64] |= 1 << (c % 64)
+			}
+		}
+	})
+	return plainBMP[r/64]&(1<<(r%64)) != 0
+}
+
 // viewBuilder writes a view lazily: until the first change nothing is
 // copied.
 type viewBuilder struct {
@@ -617,6 +648,11 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(text[i:])
+		if plainRune(r) {
+			// The view keeps it (most of the text of non-Latin scripts).
+			i += size
+			continue
+		}
 		// Fast paths for the common rewrites: fullwidth ASCII (NFKC maps
 		// U+FF01–U+FF5E to U+0021–U+007E) and the decimal digits of the
 		// Arabic-Indic, extended Arabic-Indic, Devanagari and Bengali
