@@ -27,13 +27,15 @@ const (
 // and an opening quote after it), or -1.
 func wrapGap(text string, e int) int {
 	j := e
+	quoted := false // '+' and '.' join string literals, not bare words ("the end.\n2024 …")
 	if c := at(text, j); c == '"' || c == '\'' {
 		j++
+		quoted = true
 	}
 	for k := 0; k < 8 && (at(text, j) == ' ' || at(text, j) == '\t'); k++ {
 		j++
 	}
-	if c := at(text, j); c == '+' || c == '\\' || c == '.' {
+	if c := at(text, j); c == '\\' || quoted && (c == '+' || c == '.') {
 		j++
 		for k := 0; k < 8 && (at(text, j) == ' ' || at(text, j) == '\t'); k++ {
 			j++
@@ -53,6 +55,9 @@ func wrapGap(text string, e int) int {
 		j++
 		for k := 0; k < 8 && at(text, j) == ' '; k++ {
 			j++
+		}
+		if c := at(text, j); c != '"' && c != '\'' {
+			return -1
 		}
 	}
 	if c := at(text, j); c == '"' || c == '\'' {
