@@ -153,6 +153,17 @@ func ReportedUsage(u gjson.Result) (prompt, completion int, ok bool) {
 	return n[0], n[1], n[0] > 0 || n[1] > 0
 }
 
+// ChunkUsage is the usage object of one stream chunk: its "usage", or,
+// when it has none, Groq's "x_groq.usage" (Groq reports a stream's usage
+// there, on its last chunk, instead of in a usage chunk). The result does
+// not exist when the chunk carries neither.
+func ChunkUsage(root gjson.Result) gjson.Result {
+	if u := root.Get("usage"); u.IsObject() {
+		return u
+	}
+	return root.Get("x_groq.usage")
+}
+
 // AnswerText collects the text of an answer or of one stream chunk:
 // message or delta content, refusal, tool call names and arguments,
 // completion text.
@@ -215,7 +226,7 @@ func (m *Meter) Event(data []byte) (out []byte, drop bool) {
 		before = m.text.Len()
 		return true
 	})
-	if p, c, ok := ReportedUsage(root.Get("usage")); ok {
+	if p, c, ok := ReportedUsage(ChunkUsage(root)); ok {
 		if m.reported == nil {
 			m.reported = &Usage{}
 		}

@@ -387,6 +387,27 @@ func (p *Pipeline) reserve(rq *request) error {
 	return nil
 }
 
+// reserveAgain holds the plan's worst case once more, for one more
+// attempt after a billed failed one (see single), so that attempts
+// together never spend past what the ledger admitted; its refusal
+// (over budget, rate limited) ends the request.
+func (p *Pipeline) reserveAgain(rq *request) error {
+	if rq.id == nil {
+		return nil
+	}
+	rv, ok := rq.id.Ledger.(meter.Reserver)
+	if !ok {
+		return nil
+	}
+	release, err := rv.Reserve(rq.ctx, rq.plan.Reserve.Tokens, rq.plan.Reserve.CostUSD)
+	if err != nil {
+		return err
+	}
+	prev := rq.release
+	rq.release = func() { release(); prev() }
+	return nil
+}
+
 type decidedKey struct{}
 
 // WithDecided returns ctx carrying d, from the policy step to the route step.

@@ -24,6 +24,15 @@ func (p *Pipeline) single(rq *request, cands []route.Candidate) error {
 		}
 		if !o.ok() {
 			rq.note(o)
+			if o.meter.Recorded() && i < len(cands)-1 {
+				// The failed attempt was billed (a stream that reported
+				// usage or streamed text, then broke): the plan's
+				// reservation holds one attempt, so the next one is
+				// admitted only with a reservation of its own.
+				if err := p.reserveAgain(rq); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if why := contextExceeded(&o); why != "" && i < len(cands)-1 {

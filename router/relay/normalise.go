@@ -552,7 +552,8 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     an id (or with "") a made-up one; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
-//   - usage is taken out of every chunk and merged (a provider may report
+//   - usage is taken out of every chunk (its "usage", else Groq's
+//     "x_groq.usage") and merged (a provider may report
 //     prompt tokens on its first chunk and completion tokens on its last:
 //     each count keeps its largest report); Final returns the one usage
 //     chunk the spec places last, with "choices": [], when the client asked
@@ -619,7 +620,7 @@ func (s *Stream) Chunk(data []byte) []byte {
 	if !root.IsObject() {
 		return data
 	}
-	var id, object, created, model, fp, usage, choices, errObj, tier gjson.Result
+	var id, object, created, model, fp, usage, choices, errObj, tier, xgroq gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "id":
@@ -640,6 +641,8 @@ func (s *Stream) Chunk(data []byte) []byte {
 			errObj = v
 		case "service_tier":
 			tier = v
+		case "x_groq":
+			xgroq = v
 		}
 		return true
 	})
@@ -647,7 +650,13 @@ func (s *Stream) Chunk(data []byte) []byte {
 		return data
 	}
 	e := &edit{b: data}
-	if usage.IsObject() {
+	reported := usage
+	if !reported.IsObject() {
+		// Groq's stream reports its usage under x_groq, on the last chunk.
+		reported = xgroq.Get("usage")
+	}
+	if reported.IsObject() {
+		usage := reported
 		s.usage.seen = true
 		s.usage.invalid = s.usage.invalid || !validCounts(usage)
 		s.usage.prompt = max(s.usage.prompt, usage.Get("prompt_tokens").Int())

@@ -19,8 +19,8 @@ import (
 // response.reasoning_text.delta…, then .done events; for the text,
 // response.output_item.added (a message), response.content_part.added,
 // response.output_text.delta…, then .done events; for each tool call,
-// response.output_item.added (a function_call),
-// response.function_call_arguments.delta…, .done, response.output_item.done;
+// response.output_item.added (a function_call, sent once its name is
+// known), response.function_call_arguments.delta…, .done, response.output_item.done;
 // last response.completed (or response.incomplete) with the whole
 // Response, usage included. Every event has the next sequence_number.
 type responsesStream struct {
@@ -121,26 +121,42 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		if it == nil {
 			out = s.closeReasoning(out, "completed")
 			out = s.closeMessage(out, "completed")
-			it = &outItem{index: s.next, id: relay.NewID("fc_"), callID: tc.Get("id").Str, name: tc.Get("function.name").Str, isCall: true}
-			s.next++
+			it = &outItem{index: -1, id: relay.NewID("fc_"), callID: tc.Get("id").Str, isCall: true}
 			s.calls[idx] = it
-			s.order = append(s.order, it)
-			out = s.emit(out, "response.output_item.added", map[string]any{"output_index": it.index, "item": map[string]any{
-				"type": "function_call", "id": it.id, "call_id": it.callID, "name": it.name, "arguments": "", "status": "in_progress"}})
 		}
 		if it.name == "" {
-			// The name in a later delta than the id (some servers): the
-			// item's done events and the Response carry it.
 			it.name = tc.Get("function.name").Str
 		}
-		if a := tc.Get("function.arguments").Str; a != "" {
-			it.args.WriteString(a)
+		a := tc.Get("function.arguments").Str
+		it.args.WriteString(a)
+		switch {
+		case it.index < 0 && it.name != "":
+			out = s.announce(out, it)
+		case it.index >= 0 && a != "":
 			out = s.emit(out, "response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": it.index, "delta": a})
 		}
 		return true
 	})
 	if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
 		s.finish = fr.Str
+	}
+	return out
+}
+
+// announce sends response.output_item.added for a function call, giving
+// it the next output_index, and one response.function_call_arguments.delta
+// with the arguments held so far. A call is announced once its name is
+// known: some servers send a call's id in one delta and its name in a
+// later one, and the added item's name is the one the Response carries
+// (a client keeps the added item and appends the argument deltas).
+func (s *responsesStream) announce(out []byte, it *outItem) []byte {
+	it.index = s.next
+	s.next++
+	s.order = append(s.order, it)
+	out = s.emit(out, "response.output_item.added", map[string]any{"output_index": it.index, "item": map[string]any{
+		"type": "function_call", "id": it.id, "call_id": it.callID, "name": it.name, "arguments": "", "status": "in_progress"}})
+	if a := it.args.String(); a != "" {
+		out = s.emit(out, "response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": it.index, "delta": a})
 	}
 	return out
 }
@@ -277,6 +293,18 @@ func (s *responsesStream) end(out []byte) []byte {
 		out = s.start(out, time.Now().Unix())
 	}
 	status, incomplete := statusOf(s.finish)
+	// A call whose name never came is announced now, in the chat
+	// stream's tool-call order, with the name it has ("").
+	idxs := make([]int64, 0, len(s.calls))
+	for i := range s.calls {
+		idxs = append(idxs, i)
+	}
+	sort.Slice(idxs, func(i, j int) bool { return idxs[i] < idxs[j] })
+	for _, i := range idxs {
+		if c := s.calls[i]; c.index < 0 {
+			out = s.announce(out, c)
+		}
+	}
 	// The item the answer stopped in (the last) is incomplete when the
 	// Response is: the ones before it were finished.
 	itemStatus := func(it *outItem) string {
