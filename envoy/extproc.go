@@ -159,6 +159,14 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	if aerr != nil {
 		return x.immediate(aerr, nil)
 	}
+	if ep == openai.EndpointResponses || ep == openai.EndpointMessages {
+		// In-Caddy, molly_classify translates these to chat completions
+		// and the answer back; the policy point does not, and the
+		// classifier's "translated before validation" 400 would blame the
+		// client's body for it.
+		return x.immediate(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unsupported_endpoint",
+			Message: "POST " + path + " is not served in fleet mode (Envoy); use POST /v1/chat/completions, or Molly's own listener, which translates it."}, nil)
+	}
 	x.ep, x.path = ep, path
 	key, hasKey := keyauth.Key(x.header)
 	if x.pp.Auth == nil {

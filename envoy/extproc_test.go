@@ -203,6 +203,11 @@ func TestPolicyPointAnswersErrorsInOpenAIShape(t *testing.T) {
 		{"a model outside the key's scope is a 403", withKey(post(chatBody("hi", false)), scoped), 403, ""},
 		{"a body that is not a chat request is a 400", withKey(post([]byte(`{"model":"chat"}`)), alice), 400, ""},
 		{"an unknown model is a 404", withKey(post([]byte(`{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)), alice), 404, "model_not_found"},
+		{"the Messages API is a 404 in fleet mode", withKey(call{method: "POST", path: "/v1/messages", header: map[string]string{"anthropic-version": "2023-06-01"},
+			body: []byte(`{"model":"chat","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)}, alice), 404, "unsupported_endpoint"},
+		{"the Responses API is a 404 in fleet mode", withKey(call{method: "POST", path: "/v1/responses", header: map[string]string{},
+			body: []byte(`{"model":"chat","input":"hi"}`)}, alice), 404, "unsupported_endpoint"},
+		{"malformed JSON is a 400", withKey(post([]byte(`{"model":"chat","messages":[`)), alice), 400, ""},
 		{"an unknown URL is a 404", withKey(call{method: "POST", path: "/v1/nothing", header: map[string]string{}, body: []byte("{}")}, alice), 404, "unknown_url"},
 	}
 	for _, tc := range cases {
