@@ -281,7 +281,11 @@ func (x *exchange) decide(trailers bool) error {
 // requestMutation is the request as the dispatch makes it: its path, the
 // headers egress sends (Dispatch.Header) and nothing else of the
 // client's, the route headers (HeaderCluster, HeaderModel) and the length
-// of the rewritten body.
+// of the rewritten body. The request's x-envoy-* headers are removed too:
+// a client's would steer Envoy's router (x-envoy-max-retries,
+// x-envoy-retry-on, x-envoy-upstream-rq-timeout-ms on a request Envoy
+// deems internal) and reach the target, which the in-Caddy path never
+// sends; the router adds its own after this filter.
 func (x *exchange) requestMutation(model string, n int) *extprocv3.HeaderMutation {
 	disp := x.carried.Dispatch()
 	up := disp.Header(x.header)
@@ -299,8 +303,8 @@ func (x *exchange) requestMutation(model string, n int) *extprocv3.HeaderMutatio
 	set("content-length", strconv.Itoa(n))
 	for k := range x.header {
 		lk := strings.ToLower(k)
-		if _, keep := up[k]; keep || lk == "host" || lk == "content-length" || lk == HeaderCluster || lk == HeaderModel || strings.HasPrefix(lk, "x-envoy-") {
-			continue // set above (a client's own x-molly-cluster is overwritten), or Envoy's
+		if _, keep := up[k]; keep || lk == "host" || lk == "content-length" || lk == HeaderCluster || lk == HeaderModel {
+			continue // set above (a client's own x-molly-cluster is overwritten)
 		}
 		m.RemoveHeaders = append(m.RemoveHeaders, lk)
 	}

@@ -402,3 +402,29 @@ func TestPolicyPointJoinsAStreamToAWholeRequest(t *testing.T) {
 		})
 	}
 }
+
+// TestPolicyPointSendsNoneOfTheClientsEnvoyHeaders: x-envoy-* headers a
+// client sends (retry and timeout overrides Envoy's router honours on a
+// request it deems internal, or anything else under that prefix) are
+// removed with the client's other headers: the upstream gets none, as
+// in-Caddy's dispatch sends none.
+func TestPolicyPointSendsNoneOfTheClientsEnvoyHeaders(t *testing.T) {
+	f := startFleet(t, fleetOptions{targets: threeTiers(), ups: []string{"lan", "selfhosted", "external"}})
+	for _, buffered := range []bool{true, false} {
+		c := post(chatBody("hi", false))
+		c.buffered = buffered
+		c.header["x-envoy-max-retries"] = "50"
+		c.header["x-envoy-retry-on"] = "5xx"
+		c.header["x-envoy-upstream-rq-timeout-ms"] = "1"
+		c.header["x-envoy-note"] = "AKIAIOSFODNN7EXAMPLE"
+		out := f.play(t, c)
+		if out.status != 200 {
+			t.Fatalf("buffered=%v: %d %s", buffered, out.status, out.body)
+		}
+		for k := range out.sentHead {
+			if strings.HasPrefix(strings.ToLower(k), "x-envoy-") {
+				t.Fatalf("buffered=%v: the upstream was sent the client's %s: %v", buffered, k, out.sentHead)
+			}
+		}
+	}
+}
