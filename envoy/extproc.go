@@ -159,6 +159,14 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	if aerr != nil {
 		return x.immediate(aerr, nil)
 	}
+	if ep == openai.EndpointResponses || ep == openai.EndpointMessages {
+		// In-Caddy, molly_classify translates these to chat completions
+		// and the answer back; the policy point does not, and the
+		// classifier's "translated before validation" 400 would blame the
+		// client's body for it.
+		return x.immediate(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unsupported_endpoint",
+			Message: "POST " + path + " is not served in fleet mode (Envoy); use POST /v1/chat/completions, or Molly's own listener, which translates it."}, nil)
+	}
 	x.ep, x.path = ep, path
 	key, hasKey := keyauth.Key(x.header)
 	if x.pp.Auth == nil {
@@ -273,7 +281,11 @@ func (x *exchange) decide(trailers bool) error {
 // requestMutation is the request as the dispatch makes it: its path, the
 // headers egress sends (Dispatch.Header) and nothing else of the
 // client's, the route headers (HeaderCluster, HeaderModel) and the length
-// of the rewritten body.
+// of the rewritten body. The request's x-envoy-* headers are removed too:
+// a client's would steer Envoy's router (x-envoy-max-retries,
+// x-envoy-retry-on, x-envoy-upstream-rq-timeout-ms on a request Envoy
+// deems internal) and reach the target, which the in-Caddy path never
+// sends; the router adds its own after this filter.
 func (x *exchange) requestMutation(model string, n int) *extprocv3.HeaderMutation {
 	disp := x.carried.Dispatch()
 	up := disp.Header(x.header)
@@ -291,8 +303,8 @@ func (x *exchange) requestMutation(model string, n int) *extprocv3.HeaderMutatio
 	set("content-length", strconv.Itoa(n))
 	for k := range x.header {
 		lk := strings.ToLower(k)
-		if _, keep := up[k]; keep || lk == "host" || lk == "content-length" || lk == HeaderCluster || lk == HeaderModel || strings.HasPrefix(lk, "x-envoy-") {
-			continue // set above (a client's own x-molly-cluster is overwritten), or Envoy's
+		if _, keep := up[k]; keep || lk == "host" || lk == "content-length" || lk == HeaderCluster || lk == HeaderModel {
+			continue // set above (a client's own x-molly-cluster is overwritten)
 		}
 		m.RemoveHeaders = append(m.RemoveHeaders, lk)
 	}

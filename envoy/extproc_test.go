@@ -203,6 +203,11 @@ func TestPolicyPointAnswersErrorsInOpenAIShape(t *testing.T) {
 		{"a model outside the key's scope is a 403", withKey(post(chatBody("hi", false)), scoped), 403, ""},
 		{"a body that is not a chat request is a 400", withKey(post([]byte(`{"model":"chat"}`)), alice), 400, ""},
 		{"an unknown model is a 404", withKey(post([]byte(`{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)), alice), 404, "model_not_found"},
+		{"the Messages API is a 404 in fleet mode", withKey(call{method: "POST", path: "/v1/messages", header: map[string]string{"anthropic-version": "2023-06-01"},
+			body: []byte(`{"model":"chat","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)}, alice), 404, "unsupported_endpoint"},
+		{"the Responses API is a 404 in fleet mode", withKey(call{method: "POST", path: "/v1/responses", header: map[string]string{},
+			body: []byte(`{"model":"chat","input":"hi"}`)}, alice), 404, "unsupported_endpoint"},
+		{"malformed JSON is a 400", withKey(post([]byte(`{"model":"chat","messages":[`)), alice), 400, ""},
 		{"an unknown URL is a 404", withKey(call{method: "POST", path: "/v1/nothing", header: map[string]string{}, body: []byte("{}")}, alice), 404, "unknown_url"},
 	}
 	for _, tc := range cases {
@@ -395,5 +400,31 @@ func TestPolicyPointJoinsAStreamToAWholeRequest(t *testing.T) {
 				t.Fatalf("%d %q: %s", out.status, out.header.Get("content-type"), out.body)
 			}
 		})
+	}
+}
+
+// TestPolicyPointSendsNoneOfTheClientsEnvoyHeaders: x-envoy-* headers a
+// client sends (retry and timeout overrides Envoy's router honours on a
+// request it deems internal, or anything else under that prefix) are
+// removed with the client's other headers: the upstream gets none, as
+// in-Caddy's dispatch sends none.
+func TestPolicyPointSendsNoneOfTheClientsEnvoyHeaders(t *testing.T) {
+	f := startFleet(t, fleetOptions{targets: threeTiers(), ups: []string{"lan", "selfhosted", "external"}})
+	for _, buffered := range []bool{true, false} {
+		c := post(chatBody("hi", false))
+		c.buffered = buffered
+		c.header["x-envoy-max-retries"] = "50"
+		c.header["x-envoy-retry-on"] = "5xx"
+		c.header["x-envoy-upstream-rq-timeout-ms"] = "1"
+		c.header["x-envoy-note"] = "AKIAIOSFODNN7EXAMPLE"
+		out := f.play(t, c)
+		if out.status != 200 {
+			t.Fatalf("buffered=%v: %d %s", buffered, out.status, out.body)
+		}
+		for k := range out.sentHead {
+			if strings.HasPrefix(strings.ToLower(k), "x-envoy-") {
+				t.Fatalf("buffered=%v: the upstream was sent the client's %s: %v", buffered, k, out.sentHead)
+			}
+		}
 	}
 }

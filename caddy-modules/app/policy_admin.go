@@ -1,7 +1,7 @@
 package app
 
 import (
-	"fmt"
+	"errors"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,8 +16,9 @@ import (
 //	                     "last_error" and "last_error_at" (why the newest content did not load; absent
 //	                     when it did), "healthy"}
 //
-// 405 for another method, 503 when no molly app is running. Like every
-// Molly admin route it answers only on the Unix socket or the mutual-TLS
+// 405 for another method, 404 when no molly app is running (a feature not
+// configured, as every Molly admin route answers it; 503 is only transient
+// capacity). Like every Molly admin route it answers only on the Unix socket or the mutual-TLS
 // remote admin endpoint (admin.Guard).
 type PolicyAdmin struct{}
 
@@ -39,7 +40,7 @@ func servePolicy(w http.ResponseWriter, r *http.Request) error {
 	}
 	cur := Current()
 	if cur == nil || cur.policy == nil {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("no molly app is running")}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no molly app is running")}
 	}
 	return writeJSON(w, http.StatusOK, cur.policy.Status())
 }

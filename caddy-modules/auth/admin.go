@@ -31,8 +31,10 @@ import (
 //
 // Errors are in OpenAI's shape, {"error":{"message","type","param","code"}}
 // (admin.Guard): 400 for a bad body, 413 for one over 64 KiB, 404 for an
-// unknown member or key, 405 (with Allow) for another method, 503 when no
-// molly_auth handler runs.
+// unknown member or key, 405 (with Allow) for another method, 404 when no
+// molly_auth handler runs (a feature not configured, as the engine,
+// specialise and federation routes answer; 503 is only for transient
+// capacity).
 type Admin struct{}
 
 func init() { caddy.RegisterModule(Admin{}) }
@@ -58,7 +60,7 @@ const recentUsage = 50
 func reg() (*registry.Registry, error) {
 	r := active.Load()
 	if r == nil {
-		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.New("no molly_auth handler is running, so there is no key registry")}
+		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no molly_auth handler is running, so there is no key registry")}
 	}
 	return r, nil
 }

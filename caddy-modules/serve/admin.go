@@ -22,7 +22,7 @@ import (
 //
 //	GET    /molly/adapters          list adapters: content version (sha256), base checksum,
 //	                                quantization, state (hot|warm|cold), draining old versions
-//	POST   /molly/adapters          {"name": "...", "path": "file.gguf"} add an adapter: a file inside the
+//	POST   /molly/adapters          {"name": "...", "path": "file.gguf"} (no other field) add an adapter: a file inside the
 //	                                engine's adapter directory (absolute, or relative to it); 403 for
 //	                                any other path or when no adapter directory is configured;
 //	                                answers {"model", "version"}
@@ -75,8 +75,13 @@ func (Admin) adapters(w http.ResponseWriter, r *http.Request) error {
 			Name string `json:"name"`
 			Path string `json:"path"`
 		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil {
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+		dec.DisallowUnknownFields() // as the other admin routes: a misspelt field is an error, not ignored
+		if err := dec.Decode(&req); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding body: %w", err)}
+		}
+		if dec.More() {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("body must be one JSON object")}
 		}
 		if req.Name == "" || req.Path == "" {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`body must be {"name": "...", "path": "..."}`)}

@@ -817,6 +817,12 @@ http://127.0.0.1:{PORT} {
 			t.Fatalf("adding %q from %s: %s", tc.name, tc.path, body)
 		}
 	}
+	// A field the route does not know is refused, as on the other admin
+	// routes, naming it (a typo such as "file" must not be dropped).
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/adapters",
+		map[string]string{"name": "typo", "path": "staged/billing.gguf", "file": "staged/billing.gguf"}); code != http.StatusBadRequest || !strings.Contains(body, `unknown field \"file\"`) {
+		t.Fatalf("an unknown field: %d %s, want 400 naming \"file\"", code, body)
+	}
 	if err := ask("molly-demo:alien"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("a refused adapter must not be served, got %v", err)
 	}

@@ -33,6 +33,9 @@ var (
 	ErrMismatch = errors.New("delta does not match the round's matrices")
 	// ErrUnknownPeer: the sender is not a configured participant.
 	ErrUnknownPeer = errors.New("unknown peer")
+	// ErrWrongRound: the delta's header names another domain or round
+	// than the path it was posted to.
+	ErrWrongRound = errors.New("delta posted to another round")
 	// ErrTooFew: the round closed with fewer reports than
 	// MinParticipants.
 	ErrTooFew = errors.New("round closed with too few participants")
@@ -202,27 +205,33 @@ func (a *Aggregator) Current(domain string) RoundState {
 	return RoundState{Domain: domain, Round: r.ID, Reported: len(r.reports), Deadline: r.Deadline}
 }
 
-// Submit decodes and checks one encoded delta from peer and adds it to
-// its domain's open round; the round closes at once when every peer has
-// reported. Errors: ErrUnknownPeer, ErrTooLarge, ErrMalformed,
+// Submit decodes and checks one encoded delta from peer, posted for
+// round of domain, and adds it to that domain's open round; the round
+// closes at once when every peer has reported. Errors: ErrUnknownPeer,
+// ErrWrongRound (the delta's header names another domain or round),
+// ErrTooLarge, ErrMalformed,
 // ErrOtherBase, ErrReplay (an old round or a repeat), ErrFutureRound,
 // ErrMismatch. A refused delta is logged (peer, reason) and changes
 // nothing.
-func (a *Aggregator) Submit(peer string, b []byte) (RoundState, error) {
-	st, err := a.submit(peer, b)
+func (a *Aggregator) Submit(peer, domain string, round uint64, b []byte) (RoundState, error) {
+	st, err := a.submit(peer, domain, round, b)
 	if err != nil {
 		a.cfg.Logger.Warn("federation delta refused", zap.String("peer", peer), zap.Int("bytes", len(b)), zap.Error(err))
 	}
 	return st, err
 }
 
-func (a *Aggregator) submit(peer string, b []byte) (RoundState, error) {
+func (a *Aggregator) submit(peer, domain string, round uint64, b []byte) (RoundState, error) {
 	if !slices.Contains(a.cfg.Peers, peer) {
 		return RoundState{}, fmt.Errorf("%w %q", ErrUnknownPeer, peer)
 	}
 	d, err := DecodeDelta(b, a.cfg.MaxDeltaBytes)
 	if err != nil {
 		return RoundState{}, err
+	}
+	if d.Domain != domain || d.Round != round {
+		return RoundState{}, fmt.Errorf("%w: posted for round %d of %s, its header names round %d of %s",
+			ErrWrongRound, round, domain, d.Round, d.Domain)
 	}
 	if d.Base != a.cfg.Base {
 		return RoundState{}, fmt.Errorf("%w: trained against %s %.12s… %s, this federation's base is %s %.12s… %s",

@@ -197,3 +197,14 @@ func (f *federation) participant(t *testing.T, name string, ca *pki, dp *DP) (*P
 	}
 	return p, rec
 }
+
+// client is a plain HTTP client with a certificate named name of the
+// federation's CA, for requests the Participant would not make.
+func (f *federation) client(t *testing.T, name string) *http.Client {
+	t.Helper()
+	tc, err := ClientTLS(f.pki.issue(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: time.Minute}
+}

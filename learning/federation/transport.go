@@ -12,7 +12,10 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 // TLSFiles names a peer's certificate, its key and the CA bundle that
@@ -85,8 +88,8 @@ const (
 	// PathRound: GET the open round of {domain} (RoundState JSON).
 	PathRound = "/federation/v1/rounds/{domain}"
 	// PathDeltas: POST an encoded delta (application/octet-stream) for
-	// round {round} of {domain} (the delta's header decides which round
-	// it joins); 202 with RoundState JSON.
+	// round {round} of {domain}; its header must name the same domain and
+	// round (400 round_mismatch otherwise); 202 with RoundState JSON.
 	PathDeltas = "/federation/v1/rounds/{domain}/{round}/deltas"
 	// PathAggregate: GET the aggregate adapter GGUF of round {round} of
 	// {domain}, waiting up to ?wait= (a Go duration, at most 10m) for the
@@ -97,9 +100,12 @@ const (
 
 // Handler serves the federation API for a. Every request must come over
 // mutual TLS from a peer in a's list (403 otherwise). Errors are OpenAI
-// error JSON: 400 malformed, 403 unknown peer, 404 unknown or still open
-// round, 409 replayed or other-base or mismatched delta, 413 oversized,
-// 410 a round that closed without an aggregate.
+// error JSON ({"error":{"message","type","param","code"}}): 400 malformed
+// or posted to a round its header does not name, 403 unknown peer, 404
+// unknown or still open round or a path the API does not have, 405 a
+// method its path does not serve (with Allow), 409 replayed or other-base
+// or mismatched delta, 413 oversized, 410 a round that closed without an
+// aggregate.
 func (a *Aggregator) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+PathRound, func(w http.ResponseWriter, r *http.Request) {
@@ -123,7 +129,12 @@ func (a *Aggregator) Handler() http.Handler {
 			writeError(w, http.StatusBadRequest, "unreadable_body", err)
 			return
 		}
-		st, err := a.Submit(peer, body)
+		round, err := strconv.ParseUint(r.PathValue("round"), 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "bad_round", fmt.Errorf("round %q is not a number", r.PathValue("round")))
+			return
+		}
+		st, err := a.Submit(peer, r.PathValue("domain"), round, body)
 		if err != nil {
 			writeError(w, statusOf(err), codeOf(err), err)
 			return
@@ -168,6 +179,23 @@ func (a *Aggregator) Handler() http.Handler {
 		h.Set("X-Molly-Federation-Energy-Kept", strconv.FormatFloat(res.EnergyKept, 'g', 6, 64))
 		w.Write(data)
 	})
+	// Anything no route above serves: 405 with the methods its path has,
+	// else 404, in the same error shape (the mux's own are plain text).
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pattern := mux.Handler(probe); pattern != "/" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			openai.MethodNotAllowed(r.Method, r.URL.Path, strings.Join(allow, ", ")).Write(w)
+			return
+		}
+		writeError(w, http.StatusNotFound, "not_found", fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := PeerName(r.TLS, a.cfg.Peers)
 		if !ok {
@@ -185,6 +213,8 @@ func statusOf(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrUnknownPeer):
 		return http.StatusForbidden
+	case errors.Is(err, ErrWrongRound):
+		return http.StatusBadRequest
 	case errors.Is(err, ErrReplay), errors.Is(err, ErrFutureRound), errors.Is(err, ErrOtherBase), errors.Is(err, ErrMismatch):
 		return http.StatusConflict
 	}
@@ -195,7 +225,7 @@ func codeOf(err error) string {
 	for _, c := range []struct {
 		err  error
 		code string
-	}{{ErrTooLarge, "delta_too_large"}, {ErrUnknownPeer, "unknown_peer"}, {ErrReplay, "replayed_delta"},
+	}{{ErrTooLarge, "delta_too_large"}, {ErrUnknownPeer, "unknown_peer"}, {ErrWrongRound, "round_mismatch"}, {ErrReplay, "replayed_delta"},
 		{ErrFutureRound, "round_not_open"}, {ErrOtherBase, "other_base"}, {ErrMismatch, "delta_mismatch"}, {ErrMalformed, "malformed_delta"}} {
 		if errors.Is(err, c.err) {
 			return c.code
@@ -210,8 +240,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// writeError writes OpenAI's error shape.
+// writeError writes OpenAI's error shape (openai.Error): type
+// invalid_request_error for 4xx, server_error for 5xx, param null.
 func writeError(w http.ResponseWriter, status int, code string, err error) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{
-		"message": err.Error(), "type": "invalid_request_error", "code": code}})
+	typ := "invalid_request_error"
+	if status >= 500 {
+		typ = "server_error"
+	}
+	(&openai.Error{Status: status, Type: typ, Code: code, Message: err.Error()}).Write(w)
 }

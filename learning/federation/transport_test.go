@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -134,7 +135,7 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer again.Close()
-	if _, err := again.Submit("alice", mustEncode(t, small(1, 5))); !errors.Is(err, ErrReplay) {
+	if _, err := again.Submit("alice", "orders", 1, mustEncode(t, small(1, 5))); !errors.Is(err, ErrReplay) {
 		t.Fatalf("after a restart a round-1 delta: %v, want ErrReplay", err)
 	}
 	if st := again.Current("orders"); st.Round != 2 {
@@ -260,4 +261,76 @@ func mustEncode(t *testing.T, d *Delta) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestUnroutedAnswersOpenAIErrors: a path the API does not have is 404
+// and a method its path does not serve is 405 with Allow, both in
+// OpenAI's error JSON (the mux's own answers are plain text).
+func TestUnroutedAnswersOpenAIErrors(t *testing.T) {
+	fed := startFederation(t, AggregatorConfig{Base: testBase, Peers: []string{"alice"}, MinParticipants: 1,
+		Deadline: time.Minute, MaxDeltaBytes: 4096})
+	c := fed.client(t, "alice")
+	for _, tc := range []struct {
+		name, method, path string
+		status             int
+		code, allow        string
+	}{
+		{"an unknown path is 404", http.MethodGet, "/federation/v1/nothing", http.StatusNotFound, "not_found", ""},
+		{"DELETE on a round is 405 naming GET", http.MethodDelete, "/federation/v1/rounds/orders", http.StatusMethodNotAllowed, "method_not_supported", "GET"},
+		{"GET on deltas is 405 naming POST", http.MethodGet, "/federation/v1/rounds/orders/1/deltas", http.StatusMethodNotAllowed, "method_not_supported", "POST"},
+		{"POST on an aggregate is 405 naming GET", http.MethodPost, "/federation/v1/rounds/orders/1/aggregate", http.StatusMethodNotAllowed, "method_not_supported", "GET"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, fed.srv.URL+tc.path, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var body struct {
+				Error map[string]any `json:"error"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+				t.Fatalf("%d body is not JSON: %v", resp.StatusCode, err)
+			}
+			if resp.StatusCode != tc.status || body.Error["code"] != tc.code || resp.Header.Get("Allow") != tc.allow {
+				t.Fatalf("got %d %v Allow %q, want %d %s Allow %q", resp.StatusCode, body.Error, resp.Header.Get("Allow"), tc.status, tc.code, tc.allow)
+			}
+			for _, k := range []string{"message", "type", "param", "code"} {
+				if _, ok := body.Error[k]; !ok {
+					t.Fatalf("error object lacks %q: %v", k, body.Error)
+				}
+			}
+		})
+	}
+}
+
+// TestDeltaPostedToAnotherRoundIsRefused: a delta whose header names
+// round 1 of orders, posted to round 2 or to another domain's path, is
+// 400 round_mismatch and joins no round.
+func TestDeltaPostedToAnotherRoundIsRefused(t *testing.T) {
+	fed := startFederation(t, AggregatorConfig{Base: testBase, Peers: []string{"alice", "bob"}, MinParticipants: 2,
+		Deadline: time.Minute, MaxDeltaBytes: 4096})
+	c := fed.client(t, "alice")
+	body := mustEncode(t, small(1, 5))
+	for _, path := range []string{"/federation/v1/rounds/orders/2/deltas", "/federation/v1/rounds/billing/1/deltas"} {
+		resp, err := c.Post(fed.srv.URL+path, "application/octet-stream", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || e.Error.Code != "round_mismatch" {
+			t.Fatalf("%s: got %d %q, want 400 round_mismatch", path, resp.StatusCode, e.Error.Code)
+		}
+	}
+	if st := fed.agg.Current("orders"); st.Reported != 0 {
+		t.Fatalf("a mis-posted delta joined round %d: %v", st.Round, st.Reported)
+	}
+	if st := fed.agg.Current("billing"); st.Reported != 0 {
+		t.Fatalf("a mis-posted delta joined billing: %v", st.Reported)
+	}
 }

@@ -166,7 +166,11 @@ func TestHandlerServesThePageAndTheState(t *testing.T) {
 	}
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/console/state", nil))
-	if rec.Code != http.StatusMethodNotAllowed {
-		t.Fatalf("POST: %d", rec.Code)
+	var e struct {
+		Error struct{ Code, Type string } `json:"error"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &e); rec.Code != http.StatusMethodNotAllowed || err != nil ||
+		e.Error.Code != "method_not_supported" || rec.Header().Get("Allow") != "GET, HEAD" {
+		t.Fatalf("POST: %d Allow %q %s", rec.Code, rec.Header().Get("Allow"), rec.Body.String())
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+
+	"github.com/molly-gateway/molly/router/openai"
 )
 
 //go:embed page.html
@@ -15,7 +17,8 @@ const StateDecisions = 50
 
 // Handler serves the console under any prefix: GET <prefix> (or
 // <prefix>/) is the page, GET <prefix>/state the State as JSON; any
-// other path below the prefix is the page too. Other methods are 405. Access control is the caller's (the
+// other path below the prefix is the page too. Other methods are 405
+// method_not_supported in OpenAI's error JSON, with Allow: GET, HEAD. Access control is the caller's (the
 // admin endpoint's, or molly_console's key check).
 type Handler struct {
 	Recorder *Recorder
@@ -25,8 +28,9 @@ type Handler struct {
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		// OpenAI's error JSON with Allow, as every other Molly route answers
+		// (the site's molly_console passes other methods here).
+		openai.MethodNotAllowed(r.Method, r.URL.Path, "GET, HEAD").Write(w)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
