@@ -151,21 +151,11 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		}
 		return p.hold(rq, o, resp, hold)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamBody+1))
-	resp.Body.Close()
-	o.total = time.Since(o.start)
-	switch {
-	case err != nil && rq.ctx.Err() != nil:
-		o.kind, o.failure = failClientGone, "the client went away"
-		o.meter.Abandoned()
+	body, ok := readAnswer(rq, &o, resp, resp.Body)
+	if !ok {
 		return o
-	case err != nil:
-		o.kind, o.failure = failRead, "reading the answer: "+upstreamErr(err)
-		return o
-	case len(body) > MaxUpstreamBody:
-		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
-		return o
-	case resp.StatusCode/100 == 2:
+	}
+	if resp.StatusCode/100 == 2 {
 		if isSSE {
 			// A stream to a request that asked for none (a server that
 			// always streams): the whole answer it says.
@@ -194,6 +184,28 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		o.kind, o.failure = failClientGone, "the client went away"
 	}
 	return o
+}
+
+// readAnswer reads a whole answer of at most MaxUpstreamBody bytes from r
+// (resp's body, or a reader over it) and closes resp's body; when it
+// cannot (the client left, a read error, an answer too large) it sets
+// o's failure and reports false.
+func readAnswer(rq *request, o *outcome, resp *http.Response, r io.Reader) ([]byte, bool) {
+	body, err := io.ReadAll(io.LimitReader(r, MaxUpstreamBody+1))
+	resp.Body.Close()
+	o.total = time.Since(o.start)
+	switch {
+	case err != nil && rq.ctx.Err() != nil:
+		o.kind, o.failure = failClientGone, "the client went away"
+		o.meter.Abandoned()
+	case err != nil:
+		o.kind, o.failure = failRead, "reading the answer: "+upstreamErr(err)
+	case len(body) > MaxUpstreamBody:
+		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
+	default:
+		return body, true
+	}
+	return nil, false
 }
 
 // wholeAnswer says why the 2xx whole answer body of resp to a request for
@@ -233,19 +245,8 @@ func (p *Pipeline) notStreamed(rq *request, o outcome, resp *http.Response, hold
 		resp.Body = readCloser{br, resp.Body}
 		return p.hold(rq, o, resp, hold)
 	}
-	body, err := io.ReadAll(io.LimitReader(br, MaxUpstreamBody+1))
-	resp.Body.Close()
-	o.total = time.Since(o.start)
-	switch {
-	case err != nil && rq.ctx.Err() != nil:
-		o.kind, o.failure = failClientGone, "the client went away"
-		o.meter.Abandoned()
-		return o
-	case err != nil:
-		o.kind, o.failure = failRead, "reading the answer: "+upstreamErr(err)
-		return o
-	case len(body) > MaxUpstreamBody:
-		o.kind, o.failure = failTooLarge, fmt.Sprintf("answer over %d bytes", MaxUpstreamBody)
+	body, ok := readAnswer(rq, &o, resp, br)
+	if !ok {
 		return o
 	}
 	if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {

@@ -371,27 +371,23 @@ func (l exclusionList) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 // reserve holds the plan's worst case on the caller's ledger when it is a
 // meter.Reserver, before any upstream call.
 func (p *Pipeline) reserve(rq *request) error {
-	rq.release = func() {}
-	if rq.id == nil {
-		return nil
+	rq.release = nil
+	err := p.holdWorstCase(rq)
+	if rq.release == nil {
+		rq.release = func() {}
 	}
-	rv, ok := rq.id.Ledger.(meter.Reserver)
-	if !ok {
-		return nil
-	}
-	release, err := rv.Reserve(rq.ctx, rq.plan.Reserve.Tokens, rq.plan.Reserve.CostUSD)
-	if err != nil {
-		return err
-	}
-	rq.release = release
-	return nil
+	return err
 }
 
 // reserveAgain holds the plan's worst case once more, for one more
 // attempt after a billed failed one (see single), so that attempts
 // together never spend past what the ledger admitted; its refusal
 // (over budget, rate limited) ends the request.
-func (p *Pipeline) reserveAgain(rq *request) error {
+func (p *Pipeline) reserveAgain(rq *request) error { return p.holdWorstCase(rq) }
+
+// holdWorstCase reserves the plan's worst case on the caller's ledger
+// (when it is a meter.Reserver) and adds its release to rq.release.
+func (p *Pipeline) holdWorstCase(rq *request) error {
 	if rq.id == nil {
 		return nil
 	}
@@ -403,8 +399,11 @@ func (p *Pipeline) reserveAgain(rq *request) error {
 	if err != nil {
 		return err
 	}
-	prev := rq.release
-	rq.release = func() { release(); prev() }
+	if prev := rq.release; prev != nil {
+		rq.release = func() { release(); prev() }
+	} else {
+		rq.release = release
+	}
 	return nil
 }
 
