@@ -33,13 +33,7 @@ func StreamOfAnswer(ep openai.Endpoint, body []byte) []byte {
 	if ep == openai.EndpointChat {
 		object = "chat.completion.chunk"
 	}
-	head := &edit{b: []byte(`{}`)}
-	for _, f := range []string{"id", "created", "model", "system_fingerprint", "service_tier"} {
-		if v := root.Get(f); v.Exists() {
-			head.raw(f, v.Raw)
-		}
-	}
-	head.set("object", object)
+	head := headOf(root, object)
 	chunk := &edit{b: append([]byte(nil), head.b...)}
 	chunk.raw("choices", "[]")
 	choices.ForEach(func(k, ch gjson.Result) bool {
@@ -225,13 +219,7 @@ func AnswerOfStream(ep openai.Endpoint, body []byte) []byte {
 	if chat {
 		object = "chat.completion"
 	}
-	out := &edit{b: []byte(`{}`)}
-	for _, f := range []string{"id", "created", "model", "system_fingerprint", "service_tier"} {
-		if v := head.Get(f); v.Exists() {
-			out.raw(f, v.Raw)
-		}
-	}
-	out.set("object", object)
+	out := headOf(head, object)
 	out.raw("choices", "[]")
 	for k, idx := range order {
 		c := choices[idx]
@@ -271,4 +259,17 @@ func AnswerOfStream(ep openai.Endpoint, body []byte) []byte {
 		out.raw("usage", usage.Raw)
 	}
 	return out.b
+}
+
+// headOf is a new answer object with src's id, created, model,
+// system_fingerprint and service_tier (those it has) and the given object.
+func headOf(src gjson.Result, object string) *edit {
+	e := &edit{b: []byte(`{}`)}
+	for _, f := range []string{"id", "created", "model", "system_fingerprint", "service_tier"} {
+		if v := src.Get(f); v.Exists() {
+			e.raw(f, v.Raw)
+		}
+	}
+	e.set("object", object)
+	return e
 }
