@@ -66,6 +66,16 @@ type ValueSubject interface {
 	PolicyValue() ast.Value
 }
 
+// MemberSubject is an optional faster path of a ValueSubject: PolicyMembers
+// returns PolicyValue's "request", "capability" and "sovereignty" members
+// (nil where absent; all nil where PolicyValue is not an object), which
+// Decide puts into the input without PolicyValue's own object. The terms
+// must not be mutated.
+type MemberSubject interface {
+	ValueSubject
+	PolicyMembers() (request, capability, sovereignty *ast.Term)
+}
+
 // Input is what a route decision is asked about.
 type Input struct {
 	// Subject supplies input.request, input.capability and

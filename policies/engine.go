@@ -444,11 +444,21 @@ var (
 
 // routeInput builds the route decision's input document as an ast.Object:
 // the Subject's request, capability and sovereignty members (from
-// PolicyValue when the Subject has it), identity ({} when nil), targets
+// PolicyMembers or PolicyValue when the Subject has them), identity ({} when nil), targets
 // ([] when nil) and derived (absent when nil).
 func routeInput(in Input) (ast.Object, error) {
 	obj := ast.NewObjectWithCapacity(6)
-	if vs, ok := in.Subject.(ValueSubject); ok {
+	if ms, ok := in.Subject.(MemberSubject); ok {
+		req, capability, sov := ms.PolicyMembers()
+		if req == nil && capability == nil && sov == nil {
+			return nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", ms.PolicyValue())
+		}
+		for i, v := range [3]*ast.Term{req, capability, sov} {
+			if v != nil {
+				obj.Insert([3]*ast.Term{keyRequest, keyCapability, keySovereignty}[i], v)
+			}
+		}
+	} else if vs, ok := in.Subject.(ValueSubject); ok {
 		so, ok := vs.PolicyValue().(ast.Object)
 		if !ok {
 			return nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", vs.PolicyValue())

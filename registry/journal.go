@@ -110,6 +110,7 @@ type journal struct {
 
 	mu        sync.Mutex
 	f         *os.File      // current segment
+	fd        int           // f's descriptor, for gone's fstat(2)
 	seg       int           // its number
 	size      int64         // its length
 	segs      []int         // segments not yet removed, oldest first (current last)
@@ -342,7 +343,8 @@ func (j *journal) rotate() error {
 		j.f.Close()
 	}
 	j.seg++
-	j.f, j.size = f, 0
+	// Fd leaves a regular file as it is (it is never in the poller).
+	j.f, j.fd, j.size = f, int(f.Fd()), 0
 	j.segs = append(j.segs, j.seg)
 	return nil
 }
@@ -357,14 +359,14 @@ func segName(owner string, seg int) string { return owner + "." + strconv.Itoa(s
 // deleted while running): what is appended there could not be replayed
 // after a crash. One fstat(2) per append (well under a microsecond).
 // Entries appended before the removal are still committed from memory;
-// only a crash before that commit loses them.
+// only a crash before that commit loses them. Called with j.mu held and
+// j.f open, so j.fd is f's.
 func (j *journal) gone() bool {
-	fi, err := j.f.Stat()
-	if err != nil {
+	var st syscall.Stat_t // on the stack: os.File.Stat would allocate a FileInfo
+	if err := syscall.Fstat(j.fd, &st); err != nil {
 		return true
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && st.Nlink == 0
+	return st.Nlink == 0
 }
 
 // mark is the count of entries appended so far.

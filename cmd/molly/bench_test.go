@@ -87,9 +87,10 @@ func BenchmarkGateway(b *testing.B) {
 }
 
 // BenchmarkGatewayLoad sends b.N 2 KB or 32 KB chat requests through
-// Molly's path alone with benchClients concurrent clients, or one (-c1):
-// the load to profile (go test -bench GatewayLoad -cpuprofile cpu.out
-// ./cmd/molly/).
+// Molly's path alone with benchClients concurrent clients, or one (-c1),
+// and bare Caddy's (caddy-): the load to profile (go test -bench
+// 'GatewayLoad/^2KB$' -cpuprofile cpu.out ./cmd/molly/; a sub-benchmark's
+// pattern needs its own ^ and $).
 // Its figures are not a comparison; BenchmarkGateway's are.
 func BenchmarkGatewayLoad(b *testing.B) {
 	p := startBenchPair(b)
@@ -108,6 +109,14 @@ func BenchmarkGatewayLoad(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+		// Bare Caddy's path under the same load: the profile to hold
+		// Molly's against.
+		b.Run(fmt.Sprintf("caddy-%dKB", kb), func(b *testing.B) {
+			b.ReportAllocs()
+			b.ResetTimer()
+			rps := p.burst(b, p.proxy, body, b.N)
+			b.ReportMetric(rps, "req/s")
 		})
 	}
 }

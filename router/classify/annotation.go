@@ -96,8 +96,10 @@ type Annotation struct {
 	classifier *Classifier
 	digest     policies.Digest
 
-	policyOnce  sync.Once
-	policyValue ast.Value // PolicyValue, built on first use
+	policyOnce    sync.Once
+	policyMembers [3]*ast.Term // PolicyMembers, built on first use
+	valueOnce     sync.Once
+	policyValue   ast.Value // PolicyValue, from policyMembers
 }
 
 // Endpoint is the OpenAI operation.

@@ -24,7 +24,7 @@ func TestPolicyValueIsPolicyInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, in := range []Input{
+	inputs := []Input{
 		{Endpoint: openai.EndpointChat, Body: []byte(chatBody("hello"))},
 		{Endpoint: openai.EndpointChat, Declared: "confidential", Residency: "EU",
 			Body: []byte(`{"model":"m","stream":true,"max_tokens":9,"n":2,"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":[{"type":"text","text":"mail alice@example.com, +39 333 123 4567"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)},
@@ -33,7 +33,28 @@ func TestPolicyValueIsPolicyInput(t *testing.T) {
 		{Endpoint: openai.EndpointCompletions, Body: []byte(`{"model":"m","prompt":[[1,2],"x"],"best_of":3}`)},
 		{Endpoint: openai.EndpointEmbeddings, Declared: "internal", Body: []byte(`{"model":"m","input":"bob@example.org"}`)},
 		{Endpoint: openai.EndpointModels, Path: "/v1/models"},
-	} {
+	}
+	// Inputs alike but for one member field each, after the ones they
+	// resemble: the request and sovereignty members shared between alike
+	// annotations (termCache) must never be another annotation's.
+	base := `{"model":"m","messages":[{"role":"user","content":"mail alice@example.com"}]}`
+	variants := []Input{
+		{Endpoint: openai.EndpointChat, Body: []byte(base)},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, `"m"`, `"m2"`, 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, `"m"`, `"m","stream":true`, 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, `"m"`, `"m","n":3`, 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, `"m"`, `"m","tools":[{"type":"function","function":{"name":"g"}}]`, 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, `"m"`, `"m","tools":[{"type":"function","function":{"name":"h"}}]`, 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, "alice@example.com", "alice@example.com and bob@example.org", 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, "alice@example.com", "alice@example.com and 4111 1111 1111 1111", 1))},
+		{Endpoint: openai.EndpointChat, Body: []byte(strings.Replace(base, "alice@example.com", "nothing personal", 1))},
+		{Endpoint: openai.EndpointChat, Declared: "confidential", Body: []byte(base)},
+		{Endpoint: openai.EndpointChat, Residency: "EU", Body: []byte(base)},
+		{Endpoint: openai.EndpointCompletions, Body: []byte(`{"model":"m","prompt":"mail alice@example.com"}`)},
+	}
+	// Twice: the second pass finds every member in the caches.
+	inputs = append(append(append(inputs, variants...), inputs...), variants...)
+	for _, in := range inputs {
 		a, err := c.Classify(in)
 		if err != nil {
 			t.Fatal(err)
@@ -44,6 +65,12 @@ func TestPolicyValueIsPolicyInput(t *testing.T) {
 		}
 		if got := a.PolicyValue(); ast.Compare(got, want) != 0 {
 			t.Fatalf("%s: PolicyValue =\n%v\nPolicyInput converted =\n%v", in.Body, got, want)
+		}
+		req, capability, sov := a.PolicyMembers()
+		for k, m := range map[string]*ast.Term{"request": req, "capability": capability, "sovereignty": sov} {
+			if w := want.(ast.Object).Get(ast.StringTerm(k)); m == nil || ast.Compare(m.Value, w.Value) != 0 {
+				t.Fatalf("%s: PolicyMembers' %s = %v, PolicyInput's %v", in.Body, k, m, w)
+			}
 		}
 		fast := eng.Decide(context.Background(), policies.Input{Subject: a}).Decision()
 		slow := eng.Decide(context.Background(), policies.Input{Subject: mapsOnly{a}}).Decision()
