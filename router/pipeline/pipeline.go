@@ -352,8 +352,9 @@ func (p *Pipeline) logPlan(rq *request, o route.Overrides) {
 type candidateList []route.Candidate
 
 func (l candidateList) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	var buf [160]byte
 	for _, c := range l {
-		enc.AppendString(route.Describe(c))
+		enc.AppendByteString(route.AppendDescribe(buf[:0], c))
 	}
 	return nil
 }

@@ -2,17 +2,27 @@ package route
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
 // Describe is one candidate in the decision log:
 // "lan/m q=0.7000 (learned 3) cost=0.002000 lat=1.000 score=0.6300".
-func Describe(c Candidate) string {
-	src := "config"
+func Describe(c Candidate) string { return string(AppendDescribe(nil, c)) }
+
+// AppendDescribe appends Describe(c) to b (numbers as fmt's %.4f, %.6f
+// and %.3f write them: strconv's 'f' format).
+func AppendDescribe(b []byte, c Candidate) []byte {
+	b = append(append(append(b, c.Target.Name...), '/'), c.Model...)
+	b = strconv.AppendFloat(append(b, " q="...), c.Quality, 'f', 4, 64)
 	if c.Learned > 0 {
-		src = fmt.Sprintf("learned %d", c.Learned)
+		b = append(strconv.AppendInt(append(b, " (learned "...), int64(c.Learned), 10), ')')
+	} else {
+		b = append(b, " (config)"...)
 	}
-	return fmt.Sprintf("%s/%s q=%.4f (%s) cost=%.6f lat=%.3f score=%.4f", c.Target.Name, c.Model, c.Quality, src, c.CostUSD, c.LatencyS, c.Score)
+	b = strconv.AppendFloat(append(b, " cost="...), c.CostUSD, 'f', 6, 64)
+	b = strconv.AppendFloat(append(b, " lat="...), c.LatencyS, 'f', 3, 64)
+	return strconv.AppendFloat(append(b, " score="...), c.Score, 'f', 4, 64)
 }
 
 // Label is "<target>/<model>".
@@ -27,27 +37,29 @@ func (c Candidate) Same(o Candidate) bool { return c.Target == o.Target && c.Mod
 // "; fallback" when chosen was not the first choice, then "; excluded
 // <target>: <reason>" for each excluded target. Scores have 4 decimals.
 func RouteHeader(chosen Candidate, cands []Candidate, excluded []Exclusion) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s/%s score=%.4f", chosen.Target.Name, chosen.Model, chosen.Score)
+	b := make([]byte, 0, 128)
+	b = append(append(append(b, chosen.Target.Name...), '/'), chosen.Model...)
+	b = strconv.AppendFloat(append(b, " score="...), chosen.Score, 'f', 4, 64)
 	runnerUp := false
 	for _, c := range cands {
 		if c.Same(chosen) {
 			continue
 		}
-		fmt.Fprintf(&b, "; runner-up %s/%s score=%.4f", c.Target.Name, c.Model, c.Score)
+		b = append(append(append(append(b, "; runner-up "...), c.Target.Name...), '/'), c.Model...)
+		b = strconv.AppendFloat(append(b, " score="...), c.Score, 'f', 4, 64)
 		runnerUp = true
 		break
 	}
 	if !runnerUp {
-		b.WriteString("; runner-up none")
+		b = append(b, "; runner-up none"...)
 	}
 	if len(cands) > 0 && !cands[0].Same(chosen) {
-		b.WriteString("; fallback")
+		b = append(b, "; fallback"...)
 	}
 	for _, e := range excluded {
-		fmt.Fprintf(&b, "; excluded %s: %s", e.Target, headerSafe(e.Reason))
+		b = append(append(append(append(b, "; excluded "...), e.Target...), ": "...), headerSafe(e.Reason)...)
 	}
-	return b.String()
+	return string(b)
 }
 
 // ExcludedHeader is the X-Molly-Route value of a request no candidate was
