@@ -32,7 +32,7 @@ type piece struct{ seg, off, at, n int }
 // scans the last and first 256 bytes around it, the segments joined
 // directly (a value cut anywhere: "mario.rossi@" + "example.it") or with
 // one space (a grouped number cut between groups: "4111 1111" + "1111
-// 1111"), and keeps the findings that cover bytes of two or more segments. A candidate is dropped when one of its parts holds a whole
+// 1111"; not after a part ending in '.', '!' or '?'), and keeps the findings that cover bytes of two or more segments. A candidate is dropped when one of its parts holds a whole
 // value of the same type on its own (a complete value glued to the next
 // segment, such as "alice@example.com" + "cc"). Each part is reported in
 // its own segment's byte offsets, so every segment can be redacted on its
@@ -141,7 +141,23 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 				masks = append(masks, m)
 			}
 		}
+		// A space adds nothing after a part ending a sentence: no value
+		// holds ". ", "! " or "? " (a grouped number is cut between
+		// groups, a name between words), and the join without it is
+		// scanned anyway.
+		ends := 0
+		for i, p := range spans[:inner] {
+			if p.n > 0 && strings.IndexByte(".!?", segments[p.seg][p.off+p.n-1]) >= 0 {
+				ends |= 1 << i
+			}
+		}
 		for _, mask := range masks {
+			if m := mask &^ ends; m != mask {
+				if inner <= 3 || m == 0 {
+					continue // m is among the masks
+				}
+				mask = m
+			}
 			w.Reset()
 			pieces = pieces[:0]
 			for i, p := range spans {

@@ -177,6 +177,26 @@ func BenchmarkScanAcross(b *testing.B) {
 	}
 }
 
+// BenchmarkScanAcrossChat measures ScanAcrossBounded on the gateway
+// table's 2 KB chat (cmd/molly/bench_test.go, benchBody): a system
+// message ending a sentence, then the user's message; its cost adds to
+// scanning each message on every request.
+func BenchmarkScanAcrossChat(b *testing.B) {
+	s := mustScanner(b)
+	para := "Hello team, we have been using the gateway for our internal support assistant for three weeks now. " +
+		"Most answers are good, but some replies about invoices arrive late and a few mention the wrong contract dates. " +
+		"Could you check the configuration of the routing rules and tell us whether the latency targets are realistic? "
+	user := "Please draft a reply to the customer below. Keep it polite and short, and summarise what we will do next.\n\n" +
+		strings.Repeat(para, 5) + "\nYou can reach me at giulia.bianchi@example.com or through the usual ticket queue.\nBest regards, Giulia"
+	segs := []string{"You are a helpful support assistant for a software company.", user}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.ScanAcrossBounded(segs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // gatewayDensePara is the dense paragraph of the gateway's `make bench`
 // detector table (cmd/molly/bench_test.go): densePara without its last
 // line.
