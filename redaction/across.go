@@ -32,9 +32,14 @@ type piece struct{ seg, off, at, n int }
 // scans the last and first 256 bytes around it, the segments joined
 // directly (a value cut anywhere: "mario.rossi@" + "example.it") or with
 // one space (a grouped number cut between groups: "4111 1111" + "1111
-// 1111"), and keeps the findings that cover bytes of two or more segments. A candidate is dropped when one of its parts holds a whole
+// 1111"), and, where white space holding a line break lies at the boundary,
+// once more without that white space (a value cut where its writer broke
+// the line: "AKIAIOSFOD\n" + "NN7EXAMPLE"), and keeps the findings that
+// cover bytes of two or more segments. A candidate is dropped when one of its parts holds a whole
 // value of the same type on its own (a complete value glued to the next
-// segment, such as "alice@example.com" + "cc"). Each part is reported in
+// segment, such as "alice@example.com" + "cc"; at a line break also a
+// line ending in a plain word before a whole value, "Thanks\n" +
+// "alice@example.com"). Each part is reported in
 // its own segment's byte offsets, so every segment can be redacted on its
 // own. Values inside one segment are not reported (Scan finds them). Overlapping candidates resolve as in
 // Scan, longest first. The result is sorted by Segment, then Start. Safe
