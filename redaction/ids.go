@@ -196,8 +196,9 @@ func omocodicAfter(text string, n int) int {
 // fiscalMonthAfter reports whether the digit run ending at n may be a
 // fiscal code's year: it is followed (after at most one separator) by a
 // month letter (fiscalMonths, either case) and then (after at most one
-// separator) by the day's first character, a digit or an omocodic letter.
-// n < 0 reports false.
+// separator) by the day's first character: a digit, or an omocodic letter
+// followed by the rest of a code whose digits are all replaced from there
+// on. n < 0 reports false.
 func fiscalMonthAfter(text string, n int) bool {
 	if n < 0 {
 		return false
@@ -217,7 +218,27 @@ func fiscalMonthAfter(text string, n int) bool {
 	if fiscalSep(at(text, j)) {
 		j++
 	}
-	return isDigit(at(text, j)) || isOmocodic(at(text, j))
+	if isDigit(at(text, j)) {
+		return true
+	}
+	// The day's first digit is replaced only when every digit after it
+	// is: omocodic letters for the day's second digit and the place's
+	// three, a letter between them and the check letter at the end.
+	for k := 9; k < 16; k++ {
+		if k > 9 && fiscalSep(at(text, j)) {
+			j++
+		}
+		c := at(text, j)
+		if k == 11 || k == 15 {
+			if !isAlpha(c) {
+				return false
+			}
+		} else if !isOmocodic(c) {
+			return false
+		}
+		j++
+	}
+	return true
 }
 
 // fiscalGroupedAt reads a grouped fiscal code starting at st into up and
