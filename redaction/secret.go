@@ -362,9 +362,16 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 			return dst
 		}
 		if r.grouped {
+			// Grouped keys are all as long: of overlapping ones, resolve
+			// keeps the first, so a hit inside the last is not read.
+			end := -1
 			for _, h := range hs {
+				if int(h) < end {
+					continue
+				}
 				if e := groupedAWSKeyAt(text, int(h)); e > 0 {
 					dst = append(dst, Finding{Type: TypeSecret, Subtype: r.subtype, Start: int(h), End: e})
+					end = e
 				}
 			}
 		}
