@@ -16,7 +16,7 @@ package redaction
 
 // groupedAWSKeyAt returns the end of an AWS access key id written in five
 // groups of four from p (the prefix AKIA, ASIA, ABIA, ACCA or A3T plus one
-// character, then sixteen upper-case letters and digits), with one
+// character, then sixteen characters of the key alphabet), with one
 // separator between groups, the same each time (' ', or '-': the view maps
 // every dash and space to these), or -1. The key stands apart from the
 // text around it (no word byte before or after, and when the groups are

@@ -74,10 +74,10 @@ func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_
 // holds a digit run of one to three digits (year, day, place) no more than
 // 14 characters after its start, and every code with at most six
 // omocodic letters holds its year's run (fiscalYearAt), so each such run
-// is walked back over to the group starts before it, and from each a code is read and checked as
-// detectFiscal checks one: structure, day and check letter. The letters
-// are all upper or all lower case. A code without any separator is left to
-// detectFiscal.
+// is walked back over to the group starts before it, and from each a code
+// is read and checked as detectFiscal checks one: structure, day and check
+// letter. The letters are all upper or all lower case. A code without any
+// separator is left to detectFiscal.
 func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 	var up [16]byte
 	tried := -1 // the last start tried (starts are tried in increasing order)
