@@ -32,9 +32,15 @@ type piece struct{ seg, off, at, n int }
 // scans the last and first 256 bytes around it, the segments joined
 // directly (a value cut anywhere: "mario.rossi@" + "example.it") or with
 // one space (a grouped number cut between groups: "4111 1111" + "1111
-// 1111"; not after a part ending in '.', '!' or '?'), and keeps the findings that cover bytes of two or more segments. A candidate is dropped when one of its parts holds a whole
+// 1111"; not after a part ending in '.', '!' or '?'), and, where white
+// space holding a line break lies at the boundary, once more without that
+// white space (a value cut where its writer broke the line: "AKIAIOSFOD\n"
+// + "NN7EXAMPLE"), and keeps the findings that cover bytes of two or more
+// segments. A candidate is dropped when one of its parts holds a whole
 // value of the same type on its own (a complete value glued to the next
-// segment, such as "alice@example.com" + "cc"). Each part is reported in
+// segment, such as "alice@example.com" + "cc"; at a line break also a
+// line ending in a plain word before a whole value, "Thanks\n" +
+// "alice@example.com"). Each part is reported in
 // its own segment's byte offsets, so every segment can be redacted on its
 // own. Values inside one segment are not reported (Scan finds them). Overlapping candidates resolve as in
 // Scan, longest first. The result is sorted by Segment, then Start. Safe
@@ -57,8 +63,9 @@ func (s *Scanner) ScanAcrossBounded(segments []string) ([]SegmentFinding, error)
 	for _, seg := range segments {
 		n += len(seg)
 	}
-	// Each boundary scans up to four windows of 2 × acrossWindow bytes.
-	b, err := s.newBudget(n + 8*acrossWindow*len(segments))
+	// Each boundary scans a few windows of 2 × acrossWindow bytes (one
+	// per choice of separators), twice as many at a line break.
+	b, err := s.newBudget(n + 16*acrossWindow*len(segments))
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +98,7 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 	// costs less than leaking "jo". A part that holds a whole value of a
 	// type earlier in the tie-break order is that value, not part of a
 	// weaker one.
-	glued := func(typ string, parts []piece) bool {
+	glued := func(typ string, parts []piece, broken bool) bool {
 		for qi, q := range parts {
 			// A message ending a sentence ("Please continue.") does not
 			// continue into the next one's address.
@@ -126,11 +133,17 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 				if f.End == q.off+q.n && qi+1 < len(parts) && plainWord(segments, parts[qi+1]) {
 					return true
 				}
+				// At a line break, also the mirror: a line ending in a
+				// plain word, then a line starting with a whole value
+				// ("Thanks\n" + "alice@example.com"), are two lines.
+				if broken && f.Start == q.off && qi > 0 && plainWord(segments, parts[qi-1]) {
+					return true
+				}
 			}
 		}
 		return false
 	}
-	process := func(spans []piece) {
+	process := func(spans []piece, broken bool) {
 		// Every choice of separator per inner boundary when there are at
 		// most three (a value cut in four), else all-nothing and all-space.
 		inner := len(spans) - 1
@@ -177,7 +190,7 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 						parts = append(parts, piece{seg: p.seg, off: p.off + st - p.at, n: en - st})
 					}
 				}
-				if len(parts) < 2 || glued(f.Type, parts) {
+				if len(parts) < 2 || glued(f.Type, parts, broken) {
 					continue
 				}
 				var key strings.Builder
@@ -193,6 +206,21 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 				seen[key.String()] = true
 				groups = append(groups, group{typ: f.Type, sub: f.Subtype, parts: parts, size: size})
 			}
+		}
+	}
+	// run processes the pieces around a boundary as they are and, when a
+	// line break lies at one of their boundaries, once more without the
+	// white space around it: a value cut where its writer broke the line
+	// ("My IBAN is DE89 3704 0044\n" + "0532 0130 00", "AKIAIOSFOD\n" +
+	// "NN7EXAMPLE") is read as if cut there without one. Only the
+	// detectors that read across white space (numbers) see through the
+	// line break itself.
+	var trimmed []piece
+	run := func(spans []piece) {
+		process(spans, false)
+		var ok bool
+		if trimmed, ok = breakTrimmed(segments, spans, trimmed[:0]); ok {
+			process(trimmed, true)
 		}
 	}
 	var spans []piece
@@ -221,7 +249,7 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 			spans = append(spans, piece{seg: k, n: end})
 			need -= end + 1
 		}
-		process(spans)
+		run(spans)
 	}
 	// A value split around another turn: the tail of segment k joined
 	// with the head of segment k+2 (an IBAN in two user messages
@@ -238,7 +266,7 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 				end--
 			}
 			spans = append(spans[:0], piece{seg: k, off: off, n: len(tail) - off}, piece{seg: k + d, n: end})
-			process(spans)
+			run(spans)
 		}
 	}
 	if len(groups) == 0 {
@@ -287,6 +315,38 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 		out[i].Value = id
 	}
 	return out
+}
+
+// breakTrimmed appends to dst the pieces of spans with the white space
+// (spaces, tabs, CR, LF) around each boundary between two of them
+// removed where that white space holds a line break, dropping the pieces
+// left empty, and reports whether it removed any.
+func breakTrimmed(segments []string, spans []piece, dst []piece) ([]piece, bool) {
+	dst = append(dst, spans...)
+	changed := false
+	for i := 0; i+1 < len(dst); i++ {
+		l, r := &dst[i], &dst[i+1]
+		lt, rt := segments[l.seg][l.off:l.off+l.n], segments[r.seg][r.off:r.off+r.n]
+		tl := strings.TrimRight(lt, " \t\r\n")
+		tr := strings.TrimLeft(rt, " \t\r\n")
+		if !strings.Contains(lt[len(tl):], "\n") && !strings.Contains(rt[:len(rt)-len(tr)], "\n") {
+			continue
+		}
+		changed = true
+		l.n = len(tl)
+		r.off += len(rt) - len(tr)
+		r.n = len(tr)
+	}
+	if !changed {
+		return dst, false
+	}
+	out := dst[:0]
+	for _, p := range dst {
+		if p.n > 0 {
+			out = append(out, p)
+		}
+	}
+	return out, len(out) > 1
 }
 
 // plainWord reports whether part p is a plain word: letters only, and

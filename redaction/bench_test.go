@@ -88,7 +88,7 @@ var adversarial = []struct{ name, unit string }{
 	{"nested-base64", base64.StdEncoding.EncodeToString([]byte(base64.StdEncoding.EncodeToString([]byte("mario.rossi@example.it and more text, ")))) + " "},
 	{"capitalised", "Dear Mr. Maria Rossi "},
 	// Shapes of the wrapped-key, quoted-printable, spaced-dot, grouped
-	// fiscal code and CJK boundary readers: MIME/PEM base64 bodies (every
+	// fiscal code, grouped key and CJK boundary readers: MIME/PEM base64 bodies (every
 	// line ends in a key-like run), "=40" in code, spaced dots, short
 	// digit groups between capitals, digits glued to CJK text.
 	{"wrapped-base64", "TWFyaW8gUm9zc2kgbGl2ZXMgaW4gUm9tZSBhbmQgd29ya3MgYXQgdGhlIGJhbmsgb2YgSXRhbHkg\n"},
@@ -96,6 +96,11 @@ var adversarial = []struct{ name, unit string }{
 	{"spaced-dots", "a . b @ c . "},
 	{"fiscal-groups", "RSS MRA 80A "},
 	{"cjk-digits", "卡号41 "},
+	// Grouped AWS key ids (every prefix starts a read of four groups that
+	// fails at the last) and grouped omocodic fiscal codes (a one-digit
+	// year followed by omocodic letters).
+	{"aws-groups", "AKIA IOSF ODNN 7EXA "},
+	{"fiscal-omocodic", "RSS MRA 8LALM "},
 }
 
 // BenchmarkScan reports detection throughput (MB/s on one core) of the

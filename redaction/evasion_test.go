@@ -43,6 +43,19 @@ func TestScanFindsEvasions(t *testing.T) {
 		{"a fiscal code with every character apart", "cf R S S M R A 8 0 A 0 1 H 5 0 1 U.", "R S S M R A 8 0 A 0 1 H 5 0 1 U", TypeITFiscalCode},
 		{"a fiscal code with its year split", "cf RSS MRA 8 0 A01 H501U", "RSS MRA 8 0 A01 H501U", TypeITFiscalCode},
 		{"an omocodic fiscal code in groups", "codice RSS MRA 85T10 A56NH", "RSS MRA 85T10 A56NH", TypeITFiscalCode},
+		// RSSMRA80A01H501U with its last five and six digits replaced by
+		// omocodic letters (LMNPQRSTUV), the check letter computed by hand
+		// with the DM 23/12/1976 tables (and by fiscalCheckByHand below).
+		{"a fiscal code with five omocodic letters in groups", "codice RSS MRA 80ALM HRLMV grazie", "RSS MRA 80ALM HRLMV", TypeITFiscalCode},
+		{"a fiscal code with six omocodic letters in groups", "codice RSS MRA 8LALM HRLMG grazie", "RSS MRA 8LALM HRLMG", TypeITFiscalCode},
+		{"a fiscal code with six omocodic letters in dashed groups, lower case", "cf: rss-mra-8lalm-hrlmg.", "rss-mra-8lalm-hrlmg", TypeITFiscalCode},
+		// AWS's documented example access key id, AKIAIOSFODNN7EXAMPLE,
+		// written in groups of four.
+		{"an AWS key id in groups of four", "my key is AKIA IOSF ODNN 7EXA MPLE, thanks", "AKIA IOSF ODNN 7EXA MPLE", TypeSecret},
+		{"an AWS key id in dashed groups", "aws_access_key_id: AKIA-IOSF-ODNN-7EXA-MPLE", "AKIA-IOSF-ODNN-7EXA-MPLE", TypeSecret},
+		{"an AWS key id in groups apart by en dashes", "key (AKIA–IOSF–ODNN–7EXA–MPLE)", "AKIA–IOSF–ODNN–7EXA–MPLE", TypeSecret},
+		{"an AWS key id in groups apart by no-break spaces", "key AKIA IOSF ODNN 7EXA MPLE.", "AKIA IOSF ODNN 7EXA MPLE", TypeSecret},
+		{"a temporary AWS key id in groups", "ASIA Y34F ZKBO KMUT VVIX here", "ASIA Y34F ZKBO KMUT VVIX", TypeSecret},
 		{"a card in groups apart by middle dots", "card 4111·1111·1111·1111 ok", "4111·1111·1111·1111", TypeCreditCard},
 		{"a card in groups apart by katakana middle dots", "カード: 4111・1111・1111・1111 です", "4111・1111・1111・1111", TypeCreditCard},
 		{"a card glued to Japanese", "カード4111 1111 1111 1111です", "4111 1111 1111 1111", TypeCreditCard},
@@ -104,6 +117,16 @@ func TestScanLeavesLookalikesAlone(t *testing.T) {
 		"<td width=40 height=3D>x</td> and a=3D b=40 c=2E",
 		"meet me @ home. It was late . Then we left",
 		"See section RSS MRA 80A01 H501X of the manual.", // wrong check letter
+		"cf RSS MRA 8LALM HRLMH",                         // six omocodic letters, wrong check letter
+		// Capitals in groups of four after an AWS prefix: words, a year
+		// (0 is not in the key alphabet), too few groups, a longer dashed
+		// code, groups of five.
+		"ASIA WILL HOST GAME SOON AND THEN",
+		"ASIA TOUR 2024 LIVE SHOW TONIGHT",
+		"ACCA EXAM PREP TIPS BOOK",
+		"ref AKIA IOSF ODNN 7EXA only",
+		"serial XQ7Z-AKIA-IOSF-ODNN-7EXA-MPLE",
+		"serial AKIA-IOSF-ODNN-7EXA-MPLE-XQ7Z",
 		"The quick brown fox jumps over the lazy dog and\nkeeps running through the extraordinarily\nlong meadow until dusk.",
 		"func someVeryLongFunctionName2024(x int)\n    return anotherLongIdentifier42",
 		"The ratio is 3 . 5 and the score 4 . 2 at best.",
@@ -113,6 +136,59 @@ func TestScanLeavesLookalikesAlone(t *testing.T) {
 	} {
 		if fs := s.Scan(text); len(fs) != 0 {
 			t.Errorf("Scan(%q) = %v, want none", text, fs)
+		}
+	}
+}
+
+// fiscalCheckByHand is the check letter of the first 15 characters of a
+// fiscal code, written from the tables of DM 23/12/1976 (annex) apart
+// from the detector's: odd positions (1st, 3rd, …) by the decree's table,
+// even positions by their rank (0-9, A-Z = 0-25), the sum modulo 26 as a
+// letter.
+func fiscalCheckByHand(code string) byte {
+	odd := map[byte]int{
+		'0': 1, '1': 0, '2': 5, '3': 7, '4': 9, '5': 13, '6': 15, '7': 17, '8': 19, '9': 21,
+		'A': 1, 'B': 0, 'C': 5, 'D': 7, 'E': 9, 'F': 13, 'G': 15, 'H': 17, 'I': 19, 'J': 21, 'K': 2, 'L': 4, 'M': 18,
+		'N': 20, 'O': 11, 'P': 3, 'Q': 6, 'R': 8, 'S': 12, 'T': 14, 'U': 16, 'V': 10, 'W': 22, 'X': 25, 'Y': 24, 'Z': 23,
+	}
+	sum := 0
+	for i := 0; i < 15; i++ {
+		c := code[i]
+		switch {
+		case i%2 == 0:
+			sum += odd[c]
+		case c >= '0' && c <= '9':
+			sum += int(c - '0')
+		default:
+			sum += int(c - 'A')
+		}
+	}
+	return byte('A' + sum%26)
+}
+
+// TestGroupedOmocodicFiscalCodes: RSSMRA80A01H501U with one to six of its
+// digits replaced by omocodic letters, in the order the Agenzia delle
+// Entrate replaces them (from the right: positions 15, 14, 13, 11, 10, 8,
+// 7 counted from 1), each written in the usual groups 3-3-5-5 and found.
+// The check letters come from fiscalCheckByHand; those of five and six
+// letters were also computed by hand (V and G).
+func TestGroupedOmocodicFiscalCodes(t *testing.T) {
+	s := mustScanner(t)
+	code := []byte("RSSMRA80A01H501U")
+	want := map[int]string{5: "RSSMRA80ALMHRLMV", 6: "RSSMRA8LALMHRLMG"}
+	for n, pos := range []int{14, 13, 12, 10, 9, 7} {
+		code[pos] = "LMNPQRSTUV"[code[pos]-'0']
+		code[15] = fiscalCheckByHand(string(code))
+		c := string(code)
+		if w, ok := want[n+1]; ok && c != w {
+			t.Fatalf("%d letters: built %s, computed by hand %s", n+1, c, w)
+		}
+		grouped := c[:3] + " " + c[3:6] + " " + c[6:11] + " " + c[11:]
+		text := "il codice fiscale è " + grouped + ", grazie"
+		fs := s.Scan(text)
+		i := strings.Index(text, grouped)
+		if len(fs) != 1 || fs[0].Type != TypeITFiscalCode || fs[0].Start != i || fs[0].End != i+len(grouped) {
+			t.Errorf("%d omocodic letters: Scan(%q) = %v, want the code %q", n+1, text, fs, grouped)
 		}
 	}
 }

@@ -222,7 +222,7 @@ func (g *Guard) apply(text string, fs []Finding) (string, error) {
 const (
 	GuardHoldBytes    = 512
 	GuardMaxHoldBytes = 64 << 10
-	guardContextBytes = 64 // already emitted text scanned again for context
+	guardContextBytes = 64 // already emitted input scanned again for context (as written, not masked)
 )
 
 // StreamGuard guards one streamed answer (e.g. the delta.content of SSE
@@ -234,7 +234,11 @@ const (
 type StreamGuard struct {
 	g       *Guard
 	pending string
-	ctx     string // the last bytes emitted, for context
+	// ctx is the last input bytes emitted, as they came (before any
+	// mask), scanned again for context: a mask would change what the
+	// rules read before a value ("token for [IP_ADDRESS]: …" no longer
+	// has gitleaks' generic shape, "token for 10.0.0.12: …" has).
+	ctx     string
 	err     error
 	found   []Finding
 	emitted int // bytes of input emitted so far (finding offsets are in input bytes)
@@ -412,7 +416,7 @@ func (sg *StreamGuard) step(buf string, final bool) (string, error) {
 	}
 	sg.emitted += cut
 	sg.pending = buf[cut:]
-	c := sg.ctx + out
+	c := sg.ctx + buf[:cut]
 	if len(c) > guardContextBytes {
 		k := len(c) - guardContextBytes
 		for k < len(c) && !utf8.RuneStart(c[k]) {

@@ -72,13 +72,12 @@ func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_
 // with single separators (fiscalSep) between some of them, read from the
 // digit runs of the prefilter. Every fiscal code but a fully omocodic one
 // holds a digit run of one to three digits (year, day, place) no more than
-// 14 characters after its start, and every code with at most four
+// 14 characters after its start, and every code with at most six
 // omocodic letters holds its year's run (fiscalYearAt), so each such run
-// is walked back over to
-// the group starts before it, and from each a code is read and checked as
-// detectFiscal checks one: structure, day and check letter. The letters
-// are all upper or all lower case. A code without any separator is left to
-// detectFiscal.
+// is walked back over to the group starts before it, and from each a code
+// is read and checked as detectFiscal checks one: structure, day and check
+// letter. The letters are all upper or all lower case. A code without any
+// separator is left to detectFiscal.
 func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 	var up [16]byte
 	tried := -1 // the last start tried (starts are tried in increasing order)
@@ -137,18 +136,28 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 // fiscalYearAt reports whether the digit run text[i:n] may be a fiscal
 // code's year: one or two digits (one when a separator splits the year)
 // after six letters (single separators between them), followed by a
-// month letter and a digit (fiscalMonthAfter). Omocodic codes replace
-// digits from the right (positions 14, 13, 12, 10, 9, 7, 6), so every
-// code with at most four replaced digits holds this shape; it is the
-// cheap test that keeps detectFiscalGrouped off the digit runs of prose,
-// hashes and identifiers.
+// month letter and the day's first character (fiscalMonthAfter), or one
+// digit followed by an omocodic letter and then the month (the year's
+// second digit replaced). Omocodic codes replace digits from the right
+// (positions 14, 13, 12, 10, 9, 7, 6), so every code with at most six
+// replaced digits holds this shape; it is the cheap test that keeps
+// detectFiscalGrouped off the digit runs of prose, hashes and
+// identifiers. A fully omocodic code (no digit at all) is found unbroken
+// only (detectFiscal).
 func fiscalYearAt(text string, i, n int) bool {
-	if n-i > 2 || !fiscalMonthAfter(text, n) {
+	if n-i > 2 {
 		return false
 	}
 	k := i
-	if n-i == 1 && fiscalSep(before(text, k)) && isDigit(before(text, k-1)) {
-		k -= 2 // "8 0": the year's first digit
+	switch {
+	case fiscalMonthAfter(text, n):
+		if n-i == 1 && fiscalSep(before(text, k)) && isDigit(before(text, k-1)) {
+			k -= 2 // "8 0": the year's first digit
+		}
+	case n-i == 1 && fiscalMonthAfter(text, omocodicAfter(text, n)):
+		// "8L": the year's second digit replaced (six omocodic letters).
+	default:
+		return false
 	}
 	for range 6 {
 		if k > 1 && fiscalSep(text[k-1]) && isAlpha(text[k-2]) {
@@ -162,11 +171,38 @@ func fiscalYearAt(text string, i, n int) bool {
 	return true
 }
 
+// isOmocodic reports whether c is a letter that replaces a digit in an
+// omocodic fiscal code (LMNPQRSTUV for 0-9), either case.
+func isOmocodic(c byte) bool {
+	if isLower(c) {
+		c -= 'a' - 'A'
+	}
+	return c >= 'L' && c <= 'V' && c != 'O'
+}
+
+// omocodicAfter returns the end of the omocodic letter after the digit
+// run ending at n (after at most one separator), or -1.
+func omocodicAfter(text string, n int) int {
+	j := n
+	if fiscalSep(at(text, j)) {
+		j++
+	}
+	if !isOmocodic(at(text, j)) {
+		return -1
+	}
+	return j + 1
+}
+
 // fiscalMonthAfter reports whether the digit run ending at n may be a
 // fiscal code's year: it is followed (after at most one separator) by a
 // month letter (fiscalMonths, either case) and then (after at most one
-// separator) by a digit, the day's first.
+// separator) by the day's first character: a digit, or an omocodic letter
+// followed by the rest of a code whose digits are all replaced from there
+// on. n < 0 reports false.
 func fiscalMonthAfter(text string, n int) bool {
+	if n < 0 {
+		return false
+	}
 	j := n
 	if fiscalSep(at(text, j)) {
 		j++
@@ -182,7 +218,27 @@ func fiscalMonthAfter(text string, n int) bool {
 	if fiscalSep(at(text, j)) {
 		j++
 	}
-	return isDigit(at(text, j))
+	if isDigit(at(text, j)) {
+		return true
+	}
+	// The day's first digit is replaced only when every digit after it
+	// is: omocodic letters for the day's second digit and the place's
+	// three, a letter between them and the check letter at the end.
+	for k := 9; k < 16; k++ {
+		if k > 9 && fiscalSep(at(text, j)) {
+			j++
+		}
+		c := at(text, j)
+		if k == 11 || k == 15 {
+			if !isAlpha(c) {
+				return false
+			}
+		} else if !isOmocodic(c) {
+			return false
+		}
+		j++
+	}
+	return true
 }
 
 // fiscalGroupedAt reads a grouped fiscal code starting at st into up and

@@ -299,7 +299,17 @@ func TestScanConcurrentMatchesSequential(t *testing.T) {
 // bytes; on the rule set's two-byte keywords it may hold more.
 func TestThirdBytesCoverAdmits(t *testing.T) {
 	admitted := func(f *startFilter, kw string, c byte) bool {
-		for _, tail := range []string{strings.Repeat(string(c), 40), strings.Repeat("A", 40), strings.Repeat("a", 40), strings.Repeat("0", 40), strings.Repeat("_", 40)} {
+		tails := []string{strings.Repeat(string(c), 40), strings.Repeat("A", 40), strings.Repeat("a", 40), strings.Repeat("0", 40), strings.Repeat("_", 40)}
+		// And the rest of each literal that goes on with c ("sk-proj"
+		// after "sk-"), then those runs.
+		for _, a := range f.alts {
+			if l := len(kw) + 1; len(a.lit) > l && strings.EqualFold(a.lit[:l], kw+string(c)) {
+				for _, r := range tails[1:] {
+					tails = append(tails, a.lit[l:]+r)
+				}
+			}
+		}
+		for _, tail := range tails {
 			if f.admits(kw+string(c)+tail, 0) {
 				return true
 			}

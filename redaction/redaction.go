@@ -39,7 +39,9 @@
 //     spacing (numeric.go; phone patterns run as automata over digits), e-mail addresses from '@' and at-words
 //     (also with spaced dots, "john . doe @ example . com"), fiscal codes
 //     from 16-character tokens and, written in groups ("RSS MRA 80A01
-//     H501U"), from short digit runs, secrets by gitleaks' rules anchored
+//     H501U", omocodic ones with up to six letters for digits), from short
+//     digit runs, AWS access key ids also in groups of four ("AKIA IOSF
+//     ODNN 7EXA MPLE", grouped.go), secrets by gitleaks' rules anchored
 //     at their keyword hits behind necessary conditions read off each
 //     rule's syntax tree, also over line breaks (wrap.go: a key wrapped
 //     over lines or string literals), names from cues and name lists. Runs of base64 and hex that decode to text are

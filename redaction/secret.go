@@ -41,7 +41,10 @@ type secretRule struct {
 	// privateKey: gitleaks' private-key rule, matched by hand
 	// (matchPrivateKeyGitleaks).
 	privateKey bool
-	orig       string // the pattern before the speed-ups (for tests)
+	// grouped: the rule's keys are also read written in groups of four
+	// (groupedAWSKeyAt, see grouped.go).
+	grouped bool
+	orig    string // the pattern before the speed-ups (for tests)
 }
 
 // semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts
@@ -217,6 +220,7 @@ func buildSecretDetector() (*secretDetector, error) {
 		d.rules = append(d.rules, secretRule{
 			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
 			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB, orig: h.re,
+			grouped: h.subtype == "aws_access_key",
 		})
 		d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 	}
@@ -356,6 +360,20 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 		r := &d.rules[i]
 		if !b.spend(len(hs)) {
 			return dst
+		}
+		if r.grouped {
+			// Grouped keys are all as long: of overlapping ones, resolve
+			// keeps the first, so a hit inside the last is not read.
+			end := -1
+			for _, h := range hs {
+				if int(h) < end {
+					continue
+				}
+				if e := groupedAWSKeyAt(text, int(h)); e > 0 {
+					dst = append(dst, Finding{Type: TypeSecret, Subtype: r.subtype, Start: int(h), End: e})
+					end = e
+				}
+			}
 		}
 		if !r.windowed {
 			if !b.spend(len(text) / 256) {
@@ -611,15 +629,18 @@ func (rs *reachScan) admits(text string, p, assign int) bool {
 // hitFilter returns a necessary condition for a keyword hit to matter to
 // any of rules (by index), or nil when one of them has none: the start
 // filter of a rule anchored at its own start, the assignment shape of a
-// semi-generic one.
+// semi-generic one, or, for a rule whose keys are read grouped, a key
+// written in groups from the hit (groupedAWSKeyAt).
 func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 	type cond struct {
 		start          *startFilter
 		assign, minSec int
 	}
 	var conds []cond
+	grouped := false
 	for _, ri := range rules {
 		r := &d.rules[ri]
+		grouped = grouped || r.grouped
 		// Only start filters: they reject most hits of short keywords
 		// ("ey", "sk") at once; an assignment shape is checked later.
 		if r.start == nil {
@@ -627,10 +648,13 @@ func (d *secretDetector) hitFilter(rules []int32) func(string, int) bool {
 		}
 		conds = append(conds, cond{start: r.start})
 	}
-	if len(conds) == 1 {
+	if len(conds) == 1 && !grouped {
 		return conds[0].start.admits
 	}
 	return func(text string, p int) bool {
+		if grouped && groupedAWSKeyAt(text, p) >= 0 {
+			return true // a key written in groups (see grouped.go)
+		}
 		for _, c := range conds {
 			if c.start != nil && c.start.admits(text, p) || c.assign > 0 && assignmentNear(text, p, c.assign, c.minSec, nil) {
 				return true

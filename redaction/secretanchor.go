@@ -83,12 +83,39 @@ func alternatives(re *syntax.Regexp) [][]*syntax.Regexp {
 		}
 		var out [][]*syntax.Regexp
 		for _, head := range alternatives(re.Sub[0]) {
+			// A literal before an alternation is the prefix the parser
+			// factored out of it ("AKIA|ASIA" is parsed as A(?:KIA|SIA)):
+			// each branch is an alternative of its own, up to a few.
+			if len(re.Sub) > 1 && allLiteral(head) && (re.Sub[1].Op == syntax.OpAlternate || re.Sub[1].Op == syntax.OpCapture && re.Sub[1].Sub[0].Op == syntax.OpAlternate) {
+				tails := alternatives(&syntax.Regexp{Op: syntax.OpConcat, Sub: re.Sub[1:]})
+				if len(out)+len(tails) <= maxStartAlternatives {
+					for _, tail := range tails {
+						out = append(out, append(append([]*syntax.Regexp(nil), head...), tail...))
+					}
+					continue
+				}
+			}
 			seq := append(append([]*syntax.Regexp(nil), head...), re.Sub[1:]...)
 			out = append(out, seq)
 		}
 		return out
 	}
 	return [][]*syntax.Regexp{{re}}
+}
+
+// maxStartAlternatives bounds the alternatives alternatives makes by
+// distributing a factored prefix over its alternation.
+const maxStartAlternatives = 64
+
+// allLiteral reports whether seq is only literals (the empty sequence
+// too).
+func allLiteral(seq []*syntax.Regexp) bool {
+	for _, n := range seq {
+		if n.Op != syntax.OpLiteral {
+			return false
+		}
+	}
+	return true
 }
 
 // altStartOf reads the literal prefix of a node sequence and the class
