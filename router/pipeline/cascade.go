@@ -106,7 +106,7 @@ func (p *Pipeline) selfCheck(rq *request, o outcome) (float64, bool) {
 	if err != nil || resp.StatusCode/100 != 2 {
 		return 0, false
 	}
-	p.newMeter(rq, o.cand, a.PromptTokens()).Body(out)
+	p.newMeter(rq, o.cand, a.PromptTokens(), route.SelfCheckTokens).Body(out)
 	m := selfCheckNumber.FindString(gjson.GetBytes(out, "choices.0.message.content").String())
 	c, err := strconv.ParseFloat(m, 64)
 	if err != nil || c < 0 || c > 10 {

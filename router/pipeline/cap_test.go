@@ -1,0 +1,304 @@
+package pipeline
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/router/identity"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/relay"
+	"github.com/molly-gateway/molly/router/route"
+)
+
+// runaway is an upstream that ignores max_tokens: a stream goes on with a
+// chunk of one token ("word ") at a time — each with its running usage
+// when usageEvery is set, as some providers report — until its client
+// closes the connection or it has sent runawayChunks; a whole answer is
+// runawayChunks words with usage saying so (or no usage when quiet). It
+// keeps what it was sent and, for each stream, how many chunks it wrote
+// before it stopped and whether its client closed it first.
+type runaway struct {
+	srv        *httptest.Server
+	usageEvery bool
+	quiet      bool
+	honest     []string // when set, the stream sends these chunks and finishes with "length", as an upstream at its cap
+
+	mu       sync.Mutex
+	bodies   [][]byte
+	streamed chan streamEnd
+}
+
+type streamEnd struct {
+	chunks int
+	closed bool // the client closed the stream before it ended
+}
+
+const runawayChunks = 20000
+
+func startRunaway(t *testing.T) *runaway {
+	u := &runaway{streamed: make(chan streamEnd, 8)}
+	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *runaway) URL() string { return u.srv.URL + "/v1" }
+
+func (u *runaway) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	u.mu.Lock()
+	u.bodies = append(u.bodies, body)
+	u.mu.Unlock()
+	if !gjson.GetBytes(body, "stream").Bool() {
+		w.Header().Set("Content-Type", "application/json")
+		usage := fmt.Sprintf(`,"usage":{"prompt_tokens":3,"completion_tokens":%d,"total_tokens":%d}`, runawayChunks, runawayChunks+3)
+		if u.quiet {
+			usage = ""
+		}
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":%q}}]%s}`,
+			strings.Repeat("word ", runawayChunks), usage)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	if u.honest != nil {
+		for _, c := range u.honest {
+			fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q},\"finish_reason\":null}]}\n\n", c)
+		}
+		fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n")
+		fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", len(u.honest), len(u.honest)+3)
+		u.streamed <- streamEnd{chunks: len(u.honest)}
+		return
+	}
+	for i := 1; i <= runawayChunks; i++ {
+		if r.Context().Err() != nil {
+			u.streamed <- streamEnd{chunks: i - 1, closed: true}
+			return
+		}
+		usage := ""
+		if u.usageEvery {
+			usage = fmt.Sprintf(`,"usage":{"prompt_tokens":3,"completion_tokens":%d,"total_tokens":%d}`, i, i+3)
+		}
+		if _, err := fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"word \"},\"finish_reason\":null}]%s}\n\n", usage); err != nil {
+			u.streamed <- streamEnd{chunks: i - 1, closed: true}
+			return
+		}
+		fl.Flush()
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	u.streamed <- streamEnd{chunks: runawayChunks}
+}
+
+func (u *runaway) last() []byte {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.bodies[len(u.bodies)-1]
+}
+
+// streamed reads an SSE answer: its content chunks, the finish reasons of
+// choice 0, the usage chunk's, and whether it ended with [DONE].
+type streamed struct {
+	contentChunks int
+	finish        []string
+	usage         gjson.Result
+	done          bool
+}
+
+func readStream(t *testing.T, body string) streamed {
+	t.Helper()
+	var s streamed
+	d := relay.NewDecoder(strings.NewReader(body))
+	for {
+		ev, err := d.Next()
+		if err != nil {
+			break
+		}
+		if ev.IsDone() {
+			s.done = true
+			continue
+		}
+		if s.done {
+			t.Fatalf("an event after [DONE]: %s", ev.Data)
+		}
+		if e := gjson.GetBytes(ev.Data, "error"); e.Exists() {
+			t.Fatalf("an error event: %s", ev.Data)
+		}
+		if u := gjson.GetBytes(ev.Data, "usage"); u.IsObject() {
+			s.usage = u
+		}
+		gjson.GetBytes(ev.Data, "choices").ForEach(func(_, ch gjson.Result) bool {
+			if ch.Get("delta.content").String() != "" {
+				s.contentChunks++
+			}
+			if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
+				s.finish = append(s.finish, fr.Str)
+			}
+			return true
+		})
+	}
+	return s
+}
+
+// TestAnUpstreamIgnoringMaxTokensIsBilledAtMostTheReservation: Molly sends
+// upstream the completion cap its reservation holds (the client's
+// max_tokens, or route.DefaultCompletionTokens for a budgeted caller who set
+// none) and holds the upstream to it. A stream that runs past it is ended
+// by the gateway as OpenAI ends an answer at its max_tokens — finish_reason
+// "length", the usage chunk when asked for, [DONE] — after no more text
+// deltas than the cap (each is at least a token), and the upstream's
+// connection is closed; the usage billed is at most the cap, unless the
+// upstream reported more (then as reported, and counted). A whole answer
+// whose upstream reports more is billed what it reports (its real cost),
+// with a warning and molly_completion_over_cap_total naming the target;
+// one without usage is billed at the cap. An honest upstream at its cap is
+// relayed whole.
+func TestAnUpstreamIgnoringMaxTokensIsBilledAtMostTheReservation(t *testing.T) {
+	up := startRunaway(t)
+	targets := []*route.Target{{Name: "runaway", Tier: "T2", Endpoint: up.URL(), Models: []string{"m"}, PriceIn: 1, PriceOut: 2}}
+	ledger := &memLedger{}
+	metrics, reg := meter.NewMetrics(), prometheus.NewRegistry()
+	if err := metrics.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	gw, _ := startGateway(t, setup{targets: targets, id: &identity.Identity{Member: "alice", Budgeted: true, RemainingUSD: 1, Ledger: ledger},
+		edit: func(p *Pipeline) { p.Metrics = metrics }})
+	url := gw.URL + "/v1/chat/completions"
+	overCap := func(reason string) float64 {
+		return metricValue(t, reg, "molly_completion_over_cap_total", map[string]string{"target": "runaway", "reason": reason})
+	}
+	billed := func(t *testing.T) meter.Usage {
+		t.Helper()
+		got := ledger.take()
+		if len(got) != 1 {
+			t.Fatalf("recorded %d usages, want 1: %+v", len(got), got)
+		}
+		return got[0]
+	}
+
+	streams := []struct {
+		name       string
+		body       string
+		usageEvery bool
+		cap        int    // the completion tokens reserved, and sent upstream
+		sent       string // the limit the upstream got, as the gateway sent it
+	}{
+		{"a stream with max_tokens", `{"model":"m","stream":true,"max_tokens":7,"messages":[{"role":"user","content":"go on"}]}`, false, 7, "max_tokens"},
+		{"a stream with max_completion_tokens and usage asked for", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":5,"messages":[{"role":"user","content":"go on"}]}`, false, 5, "max_completion_tokens"},
+		{"a stream without a limit, of a budgeted caller", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"go on"}]}`, false, route.DefaultCompletionTokens, "max_tokens"},
+		{"a stream reporting its running usage", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":6,"messages":[{"role":"user","content":"go on"}]}`, true, 6, "max_tokens"},
+	}
+	for _, tt := range streams {
+		t.Run(tt.name+" is ended at its cap", func(t *testing.T) {
+			up.usageEvery = tt.usageEvery
+			cutBefore, reportedBefore := overCap("cut"), overCap("reported")
+			r := post(t, url, tt.body, "X-Molly-Sensitivity", "internal")
+			if r.status != 200 {
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+			if got := gjson.GetBytes(up.last(), tt.sent).Int(); got != int64(tt.cap) {
+				t.Fatalf("the upstream was sent %s %d, want %d: %s", tt.sent, got, tt.cap, up.last())
+			}
+			end := <-up.streamed
+			if !end.closed || end.chunks >= runawayChunks {
+				t.Fatalf("the upstream wrote %d chunks (closed by the gateway: %v); the gateway should have closed it past %d", end.chunks, end.closed, tt.cap)
+			}
+			s := readStream(t, r.body)
+			if !s.done || len(s.finish) != 1 || s.finish[0] != "length" {
+				t.Fatalf("done %v, finish reasons %v; want one \"length\" and [DONE]:\n%.2000s", s.done, s.finish, r.body)
+			}
+			if s.contentChunks > tt.cap || s.contentChunks == 0 {
+				t.Fatalf("the client got %d text deltas, want 1..%d (each is at least a token)", s.contentChunks, tt.cap)
+			}
+			u := billed(t)
+			switch {
+			case tt.usageEvery:
+				// The upstream reported the chunk that crossed the cap (not
+				// relayed): it generated it, and bills it.
+				if u.CompletionTokens != tt.cap+1 || u.Estimated {
+					t.Fatalf("billed %+v, want the %d completion tokens the upstream reported last", u, tt.cap+1)
+				}
+				if got := overCap("reported") - reportedBefore; got != 1 {
+					t.Fatalf("molly_completion_over_cap_total{reason=reported} rose by %v, want 1", got)
+				}
+			case u.CompletionTokens > tt.cap || u.CompletionTokens < s.contentChunks:
+				t.Fatalf("billed %d completion tokens for %d relayed, cap %d", u.CompletionTokens, s.contentChunks, tt.cap)
+			}
+			if want := (float64(u.PromptTokens)*1 + float64(u.CompletionTokens)*2) / 1e6; fmt.Sprintf("%.12f", u.CostUSD) != fmt.Sprintf("%.12f", want) {
+				t.Fatalf("cost %v, want %v", u.CostUSD, want)
+			}
+			if strings.Contains(tt.body, "include_usage") {
+				if int(s.usage.Get("completion_tokens").Int()) != u.CompletionTokens || !s.usage.Get("prompt_tokens").Exists() {
+					t.Fatalf("the usage chunk %s, billed %+v", s.usage.Raw, u)
+				}
+			} else if s.usage.Exists() {
+				t.Fatalf("a usage chunk the client did not ask for: %s", s.usage.Raw)
+			}
+			if got := overCap("cut") - cutBefore; got != 1 {
+				t.Fatalf("molly_completion_over_cap_total{reason=cut} rose by %v, want 1", got)
+			}
+		})
+	}
+	up.usageEvery = false
+
+	t.Run("a whole answer reporting more than its cap is billed as reported and counted", func(t *testing.T) {
+		before := overCap("reported")
+		r := post(t, url, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"go on"}]}`, "X-Molly-Sensitivity", "internal")
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		if u := billed(t); u.CompletionTokens != runawayChunks || u.Estimated {
+			t.Fatalf("billed %+v, want the %d completion tokens the upstream reports", u, runawayChunks)
+		}
+		if got := overCap("reported") - before; got != 1 {
+			t.Fatalf("molly_completion_over_cap_total{reason=reported} rose by %v, want 1", got)
+		}
+	})
+	t.Run("a whole answer without usage is billed at its cap", func(t *testing.T) {
+		up.quiet = true
+		defer func() { up.quiet = false }()
+		before := overCap("estimated")
+		r := post(t, url, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"go on"}]}`, "X-Molly-Sensitivity", "internal")
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		if u := billed(t); u.CompletionTokens != 9 || !u.Estimated {
+			t.Fatalf("billed %+v, want the cap of 9 completion tokens, estimated", u)
+		}
+		if got := overCap("estimated") - before; got != 1 {
+			t.Fatalf("molly_completion_over_cap_total{reason=estimated} rose by %v, want 1", got)
+		}
+	})
+	t.Run("an honest upstream at its cap is relayed whole", func(t *testing.T) {
+		// Ten tokens of 7 characters on average, twice the estimate's
+		// 4: the estimate of the text (18) is well over the cap, the
+		// text deltas are not.
+		up.honest = strings.Split(" the| understanding| of| tokens| is| approximate| and| conservative| by| design", "|")
+		defer func() { up.honest = nil }()
+		before := overCap("cut")
+		r := post(t, url, `{"model":"m","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"go on"}]}`, "X-Molly-Sensitivity", "internal")
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		if end := <-up.streamed; end.closed {
+			t.Fatalf("the gateway closed an honest stream after %d chunks", end.chunks)
+		}
+		s := readStream(t, r.body)
+		if s.contentChunks != 10 || len(s.finish) != 1 || s.finish[0] != "length" {
+			t.Fatalf("%d text deltas, finish %v; want all 10 and the upstream's \"length\"", s.contentChunks, s.finish)
+		}
+		if u := billed(t); u.CompletionTokens != 10 {
+			t.Fatalf("billed %+v, want the 10 completion tokens reported", u)
+		}
+		if overCap("cut") != before {
+			t.Fatal("an honest stream was counted as cut")
+		}
+	})
+}
