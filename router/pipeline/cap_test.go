@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/relay"
@@ -301,4 +304,65 @@ func TestAnUpstreamIgnoringMaxTokensIsBilledAtMostTheReservation(t *testing.T) {
 			t.Fatal("an honest stream was counted as cut")
 		}
 	})
+}
+
+// bulkyTool is a governed read tool whose every result is result: a
+// plugin's answer, outside the gateway.
+type bulkyTool struct{ result []byte }
+
+func (b bulkyTool) Tools() []ToolSpec {
+	return []ToolSpec{{Name: "lookup", Description: "Looks a customer record up by id and returns all of it.", SideEffect: "read",
+		Parameters: json.RawMessage(`{"type":"object","properties":{"id":{"type":"string","description":"the record id"}},"required":["id"]}`)}}
+}
+
+func (b bulkyTool) Invoke(context.Context, string, []byte, string, []string, string) ([]byte, error) {
+	return b.result, nil
+}
+
+// TestToolRoundsHoldWhatTheirConversationMayCost: a model that calls
+// three tools in parallel in one round gets three results of nearly the
+// result bound each, and every round carries the offered tools'
+// definitions — more than route's tool reservation assumes (one result a
+// round, no definitions). Before each round the gateway holds what the
+// rounds so far may cost past the plan's reservation, so that what it
+// held covers the worst the upstream could bill for what it was sent: a
+// token per byte of each request, plus its max_tokens.
+func TestToolRoundsHoldWhatTheirConversationMayCost(t *testing.T) {
+	lan := upstreamtest.Start("lan")
+	t.Cleanup(lan.Close)
+	lan.ToolCalls = func(body []byte) []upstreamtest.ToolCall {
+		if strings.Contains(gjson.GetBytes(body, "messages.#.role").Raw, `"tool"`) {
+			return nil
+		}
+		return []upstreamtest.ToolCall{{ID: "call_1", Name: "lookup", Arguments: `{"id":"1"}`},
+			{ID: "call_2", Name: "lookup", Arguments: `{"id":"2"}`}, {ID: "call_3", Name: "lookup", Arguments: `{"id":"3"}`}}
+	}
+	result := []byte(`{"record":"` + strings.Repeat("x", route.DefaultToolResultTokens-64) + `"}`)
+	ledger := &reservingLedger{released: make(chan int, 8)}
+	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "lan", Tier: "T1", Endpoint: lan.URL(), Models: []string{"m"}, PriceIn: 1, PriceOut: 1}},
+		id: &identity.Identity{Member: "alice", Ledger: ledger},
+		edit: func(p *Pipeline) {
+			p.Tools, p.Strategies.Tools, p.Strategies.ToolSteps = bulkyTool{result}, true, 1
+		}})
+	r := post(t, gw.URL+"/v1/chat/completions", `{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"look up customers 1, 2 and 3"}]}`)
+	if r.status != 200 || r.header.Get(HeaderPlan) != "tools" {
+		t.Fatalf("status %d strategy %q: %s", r.status, r.header.Get(HeaderPlan), r.body)
+	}
+	bodies := lan.Received()
+	if len(bodies) != 2 || strings.Count(string(bodies[1]), `"tool_call_id"`) != 3 {
+		t.Fatalf("the upstream got %d requests, want a round of three calls and the answer", len(bodies))
+	}
+	worst := 0
+	for _, b := range bodies {
+		worst += len(b) + int(gjson.GetBytes(b, "max_tokens").Int())
+	}
+	ledger.mu.Lock()
+	held, usd := 0, 0.0
+	for i := range ledger.tokens {
+		held, usd = held+ledger.tokens[i], usd+ledger.usd[i]
+	}
+	ledger.mu.Unlock()
+	if held < worst || usd < float64(worst)/1e6-1e-12 {
+		t.Fatalf("held %d tokens (%.6f USD) for a conversation that may cost %d tokens (%.6f USD)", held, usd, worst, float64(worst)/1e6)
+	}
 }
