@@ -105,8 +105,9 @@ type asked struct {
 // her budget and to what Molly says she spent; no record bills more
 // completion tokens than its request's cap; the second target was billed
 // exactly what it counted; every runaway stream reached its client ended as
-// one at its max_tokens (finish_reason "length", [DONE]) after no more
-// text deltas than the cap; and every refusal is a 429 insufficient_quota
+// one at its max_tokens (finish_reason "length", [DONE]; stop_reason
+// "max_tokens" through the Messages API) after no more text deltas than
+// the cap; and every refusal is a 429 insufficient_quota
 // in OpenAI's error shape.
 func TestNoUpstreamTakesAMemberPastItsBudget(t *testing.T) {
 	const (
@@ -160,6 +161,45 @@ http://127.0.0.1:{PORT} {
 
 	var mu sync.Mutex
 	var all []asked
+
+	// Anthropic's Messages API, streamed to the runaway target: the
+	// translated stream ends as one at its max_tokens.
+	{
+		hr, _ := http.NewRequest(http.MethodPost, g.URL+"/messages", strings.NewReader(
+			`{"model":"chat","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"alice: tell me everything"}]}`))
+		hr.Header.Set("Authorization", "Bearer "+key)
+		hr.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		deltas, stop, stopped := 0, "", false
+		for _, line := range strings.Split(string(out), "\n") {
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok {
+				continue
+			}
+			switch gjson.Get(data, "type").Str {
+			case "content_block_delta":
+				if gjson.Get(data, "delta.text").Str != "" {
+					deltas++
+				}
+			case "message_delta":
+				stop = gjson.Get(data, "delta.stop_reason").Str
+			case "message_stop":
+				stopped = true
+			case "error":
+				t.Errorf("an error event: %s", data)
+			}
+		}
+		if resp.StatusCode != 200 || resp.Header.Get("X-Molly-Target") != "runaway" || stop != "max_tokens" || !stopped || deltas == 0 || deltas > 5 {
+			t.Fatalf("Messages stream: status %d target %q, %d text deltas, stop_reason %q, message_stop %v:\n%.2000s",
+				resp.StatusCode, resp.Header.Get("X-Molly-Target"), deltas, stop, stopped, out)
+		}
+		all = append(all, asked{decision: resp.Header.Get("X-Molly-Decision-Id"), cap: 5, stream: true, status: 200, target: "runaway", body: "messages"})
+	}
 	var wg sync.WaitGroup
 	for i := range clients {
 		rng := rand.New(rand.NewPCG(7, uint64(i)))
@@ -213,7 +253,7 @@ http://127.0.0.1:{PORT} {
 		switch {
 		case a.status == http.StatusOK:
 			outcomes["200 "+a.target]++
-			if a.stream && a.target == "runaway" {
+			if a.stream && a.target == "runaway" && a.body != "messages" {
 				deltas, finish, done := readSSE(t, a.body)
 				if !done || finish != "length" || deltas == 0 || deltas > a.cap {
 					t.Errorf("a runaway stream capped at %d reached its client with %d text deltas, finish %q, [DONE] %v", a.cap, deltas, finish, done)
