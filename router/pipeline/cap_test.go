@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
+	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/meter"
 	"github.com/molly-gateway/molly/router/relay"
@@ -365,4 +369,89 @@ func TestToolRoundsHoldWhatTheirConversationMayCost(t *testing.T) {
 	if held < worst || usd < float64(worst)/1e6-1e-12 {
 		t.Fatalf("held %d tokens (%.6f USD) for a conversation that may cost %d tokens (%.6f USD)", held, usd, worst, float64(worst)/1e6)
 	}
+}
+
+// editedPolicy is the embedded default policies with rule (the exact text
+// of one rule of file) taken out, as an operator may edit them.
+func editedPolicy(t *testing.T, file, rule string) *policies.Engine {
+	t.Helper()
+	dir := t.TempDir()
+	err := fs.WalkDir(policies.Default, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".rego") || strings.HasSuffix(path, "_test.rego") {
+			return err
+		}
+		b, err := fs.ReadFile(policies.Default, path)
+		if err != nil {
+			return err
+		}
+		if filepath.Base(path) == file {
+			if !strings.Contains(string(b), rule) {
+				t.Fatalf("%s no longer has the rule %q", file, rule)
+			}
+			b = []byte(strings.Replace(string(b), rule, "", 1))
+		}
+		return os.WriteFile(filepath.Join(dir, filepath.Base(path)), b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := policies.New(t.Context(), policies.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestACascadeObtainsNoMoreAnswersThanItReserved: the plan of a cascade
+// holds max_attempts answers. Under an escalation policy that no longer
+// stops at max_attempts, three low-confidence answers in a row still get
+// only two asked; and a held stream that fails once billed is followed by
+// an attempt only with a reservation of its own.
+func TestACascadeObtainsNoMoreAnswersThanItReserved(t *testing.T) {
+	t.Run("max_attempts holds whatever the escalation policy says", func(t *testing.T) {
+		ups, targets := cascadeTiers(t, [3]float64{-3, -3, -3})
+		pol := editedPolicy(t, "escalation.rego", `escalation_blockers contains sprintf("%v answer(s) reached max_attempts %v", [object.get(input, ["attempt", "answers"], null), object.get(input, ["attempt", "max_attempts"], null)]) if {
+	not attempts_left
+}
+`)
+		ledger := &reservingLedger{released: make(chan int, 4)}
+		gw, _ := startGateway(t, setup{targets: targets, policy: pol, id: &identity.Identity{Member: "alice", Ledger: ledger},
+			edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 2}, nil)})
+		r := post(t, gw.URL+"/v1/chat/completions", chatBody("what is the capital of France?"))
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		if got := [3]int{ups[0].Count(), ups[1].Count(), ups[2].Count()}; got != [3]int{1, 1, 0} {
+			t.Fatalf("lan, remote, cloud got %v requests; a cascade of max_attempts 2 asks two", got)
+		}
+		if ledger.mu.Lock(); len(ledger.tokens) != 1 {
+			t.Errorf("%d reservations, want the plan's one", len(ledger.tokens))
+		}
+		ledger.mu.Unlock()
+	})
+	t.Run("a billed failed stream is followed by a reservation of its own", func(t *testing.T) {
+		// lan streams two chunks and drops the connection (held, billed,
+		// failed); remote's one-chunk answer is unsure, cloud's sure: three
+		// billed attempts where the plan holds two answers.
+		ups, targets := cascadeTiers(t, [3]float64{-0.1, -3, -0.1})
+		ups[1].Chunks, ups[2].Chunks = 1, 1 // too short to be cut off by TRUNCATE
+		ledger := &reservingLedger{released: make(chan int, 8)}
+		gw, _ := startGateway(t, setup{targets: targets, id: &identity.Identity{Member: "alice", Ledger: ledger},
+			edit: withCascade(route.Cascade{Threshold: -1.5, MaxAttempts: 2, HoldTokens: 4}, nil)})
+		r := post(t, gw.URL+"/v1/chat/completions", streamBody("TRUNCATE please", true))
+		if r.status != 200 || r.header.Get(HeaderTarget) != "cloud" {
+			t.Fatalf("status %d target %q: %s", r.status, r.header.Get(HeaderTarget), r.body)
+		}
+		if got := [3]int{ups[0].Count(), ups[1].Count(), ups[2].Count()}; got != [3]int{1, 1, 1} {
+			t.Fatalf("lan, remote, cloud got %v requests", got)
+		}
+		if n := len(ledger.take()); n != 3 {
+			t.Fatalf("%d usages recorded, want the failed stream, the escalated and the answer", n)
+		}
+		ledger.mu.Lock()
+		defer ledger.mu.Unlock()
+		if len(ledger.tokens) != 2 {
+			t.Fatalf("%d reservations, want the plan's (two answers) and one more after the billed failure", len(ledger.tokens))
+		}
+	})
 }
