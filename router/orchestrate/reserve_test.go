@@ -1,6 +1,7 @@
 package orchestrate
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"io/fs"
@@ -14,10 +15,13 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/molly-gateway/molly/internal/upstreamtest"
 	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/registry"
 	"github.com/molly-gateway/molly/router/identity"
 	"github.com/molly-gateway/molly/router/keyauth"
+	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/pipeline"
 	"github.com/molly-gateway/molly/router/route"
 )
 
@@ -121,5 +125,93 @@ func TestAPlanIsReservedAtItsWorstCaseWhateverItsBudgetSays(t *testing.T) {
 	}
 	if r.status != http.StatusTooManyRequests || gjson.Get(r.body, "error.code").String() != "insufficient_quota" || gjson.Get(r.body, "error.type").String() != "insufficient_quota" {
 		t.Fatalf("status %d: %s, want the ledger's 429 insufficient_quota", r.status, r.body)
+	}
+}
+
+// noteLedger reserves whatever it is asked and notes it: what the
+// orchestrator and the pipeline held for the request.
+type noteLedger struct {
+	mu     sync.Mutex
+	tokens []int
+}
+
+func (l *noteLedger) Record(context.Context, meter.Usage) error { return nil }
+
+func (l *noteLedger) Reserve(_ context.Context, tokens int, _ float64) (func(), error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tokens = append(l.tokens, tokens)
+	return func() {}, nil
+}
+
+// bulkyTool is a governed read tool whose every result is result.
+type bulkyTool struct{ result []byte }
+
+func (b bulkyTool) Tools() []pipeline.ToolSpec {
+	return []pipeline.ToolSpec{{Name: "lookup", Description: "Looks a customer record up by id and returns all of it.", SideEffect: "read",
+		Parameters: json.RawMessage(`{"type":"object","properties":{"id":{"type":"string"}},"required":["id"]}`)}}
+}
+
+func (b bulkyTool) Invoke(context.Context, string, []byte, string, []string, string) ([]byte, error) {
+	return b.result, nil
+}
+
+// TestASubtasksToolRoundsHoldWhatTheyMayCost: a model subtask with tools
+// whose model calls three tools at once gets three results of nearly the
+// result bound — more than the plan's worst case assumed for its one tool
+// round. The controller's reservation covers its call, and the plan's with
+// what the subtask's rounds held past it (on the caller's ledger, through
+// RunDerived) covers the subtask: the worst each upstream could bill for
+// what it was sent, a token per byte of each request and its
+// max_completion_tokens.
+func TestASubtasksToolRoundsHoldWhatTheyMayCost(t *testing.T) {
+	ctl, ctlTarget := controllerAnswering(t, `{"subtasks": [
+		{"id": "look", "instruction": "Look the customers up.", "specialist": {"model": "m", "tools": true}, "budget": {"max_tokens": 64}}]}`)
+	spec := upstreamtest.Start("spec")
+	t.Cleanup(spec.Close)
+	spec.ToolCalls = func(body []byte) []upstreamtest.ToolCall {
+		if strings.Contains(gjson.GetBytes(body, "messages.#.role").Raw, `"tool"`) {
+			return nil
+		}
+		return []upstreamtest.ToolCall{{ID: "call_1", Name: "lookup", Arguments: `{"id":"1"}`},
+			{ID: "call_2", Name: "lookup", Arguments: `{"id":"2"}`}, {ID: "call_3", Name: "lookup", Arguments: `{"id":"3"}`}}
+	}
+	result := []byte(`{"record":"` + strings.Repeat("x", route.DefaultToolResultTokens-64) + `"}`)
+	ledger := &noteLedger{}
+	g := startGateway(t, setup{targets: []*route.Target{ctlTarget, target("spec", "T1", spec.URL(), 0.5, "m")}, cfg: Config{Controller: "planner"},
+		id: &identity.Identity{Member: "alice", Ledger: ledger},
+		edit: func(p *pipeline.Pipeline) { p.Tools, p.Strategies.Tools, p.Strategies.ToolSteps = bulkyTool{result}, true, 1 }})
+	r := post(t, t.Context(), g.url, chat("m", "Look up customers 1, 2 and 3."), HeaderMode, ModeOrchestrate)
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	bodies := spec.Received()
+	if len(bodies) != 2 || strings.Count(string(bodies[1]), `"tool_call_id"`) != 3 {
+		t.Fatalf("the specialist got %d requests, want a round of three calls and the answer", len(bodies))
+	}
+	worst := func(bodies ...[]byte) int {
+		n := 0
+		for _, b := range bodies {
+			n += len(b) + int(max(gjson.GetBytes(b, "max_completion_tokens").Int(), gjson.GetBytes(b, "max_tokens").Int()))
+		}
+		return n
+	}
+	var planning [][]byte
+	for _, c := range ctl.received() {
+		planning = append(planning, c.body)
+	}
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	// The controller's call holds its own reservation, first; the plan's
+	// and what its subtask held past it follow.
+	if len(ledger.tokens) < 2 || ledger.tokens[0] < worst(planning...) {
+		t.Fatalf("held %v; the planning call may cost %d", ledger.tokens, worst(planning...))
+	}
+	held := 0
+	for _, n := range ledger.tokens[1:] {
+		held += n
+	}
+	if held < worst(bodies...) {
+		t.Fatalf("held %d tokens (%v) for a subtask that may cost %d", held, ledger.tokens[1:], worst(bodies...))
 	}
 }
