@@ -180,7 +180,9 @@ func TestASubtasksToolRoundsHoldWhatTheyMayCost(t *testing.T) {
 	ledger := &noteLedger{}
 	g := startGateway(t, setup{targets: []*route.Target{ctlTarget, target("spec", "T1", spec.URL(), 0.5, "m")}, cfg: Config{Controller: "planner"},
 		id: &identity.Identity{Member: "alice", Ledger: ledger},
-		edit: func(p *pipeline.Pipeline) { p.Tools, p.Strategies.Tools, p.Strategies.ToolSteps = bulkyTool{result}, true, 1 }})
+		edit: func(p *pipeline.Pipeline) {
+			p.Tools, p.Strategies.Tools, p.Strategies.ToolSteps = bulkyTool{result}, true, 1
+		}})
 	r := post(t, t.Context(), g.url, chat("m", "Look up customers 1, 2 and 3."), HeaderMode, ModeOrchestrate)
 	if r.status != http.StatusOK {
 		t.Fatalf("status %d: %s", r.status, r.body)
