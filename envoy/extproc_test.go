@@ -428,3 +428,36 @@ func TestPolicyPointSendsNoneOfTheClientsEnvoyHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyPointCapsTheCompletionOfABudgetedCaller: Envoy sends the
+// dispatch's body, so the completion cap Molly's reservation holds for a
+// budgeted member's request without max_tokens (route.DefaultCompletionTokens)
+// must be in that body, as it is in Molly's own upstream calls; a caller
+// without a budget or TPM gets the client's body unchanged.
+func TestPolicyPointCapsTheCompletionOfABudgetedCaller(t *testing.T) {
+	targets := []*route.Target{{Name: "external", Tier: "T3", Models: []string{"chat=gpt-4o-mini"}, PriceIn: 1, PriceOut: 1}}
+	f := startFleet(t, fleetOptions{targets: targets, ups: []string{"external"}, keys: true})
+	ctx := context.Background()
+	for _, m := range []registry.Member{{Name: "bob", BudgetUSD: 1}, {Name: "free"}} {
+		if _, _, err := f.reg.PutMember(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		key, _, err := f.reg.CreateKey(ctx, m.Name, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := post(chatBody("tell me about the sea", false))
+		c.header["authorization"] = "Bearer " + key
+		out := f.play(t, c)
+		if out.cluster != "external" || out.status != 200 {
+			t.Fatalf("%s: status %d cluster %q: %s", m.Name, out.status, out.cluster, out.body)
+		}
+		got, want := gjson.GetBytes(out.sent, "max_tokens"), int64(route.DefaultCompletionTokens)
+		if m.BudgetUSD == 0 {
+			want = 0
+		}
+		if got.Int() != want {
+			t.Fatalf("%s: Envoy sent max_tokens %s, want %d: %s", m.Name, got.Raw, want, out.sent)
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 //	molly_cost_usd_total                      counter    usage × the target's prices, USD
 //	molly_time_to_first_byte_seconds          histogram  upstream answer headers, per target
 //	molly_stream_malformed_events_total       counter    upstream stream events not passed on, per target and reason
+//	molly_completion_over_cap_total           counter    answers that ran past the completion cap Molly reserved and sent, per target and reason
 //
 // Labels: gen_ai_operation_name (chat, text_completion, embeddings),
 // gen_ai_request_model (the model name the client asked for, on the two
@@ -48,6 +49,7 @@ type Metrics struct {
 	cost     *prometheus.CounterVec
 	ttfb     *prometheus.HistogramVec
 	bad      *prometheus.CounterVec
+	overCap  *prometheus.CounterVec
 }
 
 // DefaultMetrics are the process's collectors.
@@ -78,12 +80,16 @@ func NewMetrics() *Metrics {
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "molly_stream_malformed_events_total", Help: "Upstream stream events Molly could not pass on: not JSON, a line over the length limit.",
 		}, []string{"target", "reason"}),
+		overCap: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molly_completion_over_cap_total",
+			Help: "Answers whose completion ran past the max_tokens Molly reserved and sent upstream: reported (the upstream billed more), cut (a stream Molly ended), estimated (a whole answer without usage, billed at the cap).",
+		}, []string{"target", "reason"}),
 	}
 }
 
 // Collectors returns every collector, for registering.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.tokens, m.cost, m.ttfb, m.bad}
+	return []prometheus.Collector{m.requests, m.duration, m.tokens, m.cost, m.ttfb, m.bad, m.overCap}
 }
 
 // Register registers the collectors into reg; ones already there are kept.
@@ -147,4 +153,16 @@ func (m *Metrics) Malformed(target, reason string) {
 		return
 	}
 	m.bad.WithLabelValues(target, reason).Inc()
+}
+
+// OverCap counts an answer of target whose completion ran past the cap
+// Molly reserved and sent upstream (Options.CompletionCap); reason is
+// "reported" (the upstream's usage says it generated more: billed as
+// reported), "cut" (a stream the relay ended at the cap) or "estimated" (a
+// whole answer without usage whose text is well over the cap).
+func (m *Metrics) OverCap(target, reason string) {
+	if m == nil {
+		return
+	}
+	m.overCap.WithLabelValues(target, reason).Inc()
 }

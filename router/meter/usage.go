@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -65,12 +66,17 @@ type Meter struct {
 	base   Usage // member, decision, model, target, tier
 	target *route.Target
 	prompt int // the annotation's prompt estimate, for when the upstream reports none
+	cap    int // completion tokens reserved and sent upstream as max_tokens; 0: none
+	// metrics counts answers over cap (nil: none).
+	metrics *Metrics
 
 	// Streams only.
 	strip    bool            // the client did not ask for usage: drop it from the stream
 	reported *Usage          // merged from the upstream's usage chunks
 	text     strings.Builder // streamed answer text, for the estimate
 	pieces   int             // choice deltas with text: each is at least a token
+	runes    int             // runes in text, kept as it grows (Over)
+	cut      bool            // the relay ended the stream at the cap (Cut)
 	recorded bool
 
 	final *Usage
@@ -88,6 +94,16 @@ type Options struct {
 	// StripUsage: a stream whose client did not ask for usage (Molly always
 	// asks upstreams for it); its usage chunk is hidden from the client.
 	StripUsage bool
+	// CompletionCap is the completion tokens the request's reservation
+	// holds for this answer (route.CompletionTokens: max_tokens, or
+	// route.DefaultCompletionTokens, times the choices), which Molly also
+	// sent upstream as its max_tokens; 0: no cap. A completion Molly
+	// counts itself (no usage reported) is billed at most CompletionCap; a
+	// reported one as reported, and over the cap it is logged and counted
+	// (Metrics.OverCap). Over tells the relay when to end a stream.
+	CompletionCap int
+	// Metrics counts answers over CompletionCap; nil: none.
+	Metrics *Metrics
 }
 
 // New returns the meter of one answer.
@@ -100,7 +116,7 @@ func New(ctx context.Context, o Options) *Meter {
 		o.Base.Member = "anonymous"
 	}
 	return &Meter{ctx: context.WithoutCancel(ctx), ledger: o.Ledger, log: log, base: o.Base,
-		target: o.Target, prompt: o.PromptEstimate, strip: o.StripUsage}
+		target: o.Target, prompt: o.PromptEstimate, strip: o.StripUsage, cap: max(o.CompletionCap, 0), metrics: o.Metrics}
 }
 
 // Final is the usage as recorded (reported or estimated, with its cost);
@@ -196,14 +212,15 @@ func (m *Meter) Body(body []byte) {
 	}
 	root := gjson.ParseBytes(body)
 	u := m.base
+	reported := false
 	if p, c, ok := ReportedUsage(root.Get("usage")); ok {
-		u.PromptTokens, u.CompletionTokens = p, c
+		u.PromptTokens, u.CompletionTokens, reported = p, c, true
 	} else {
 		var b strings.Builder
 		AnswerText(&b, root)
 		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, capability.EstimateTokens(b.String()), true
 	}
-	m.record(u)
+	m.record(u, reported)
 }
 
 // Event looks at one SSE data payload of a stream (not [DONE]): it merges
@@ -222,6 +239,7 @@ func (m *Meter) Event(data []byte) (out []byte, drop bool) {
 		choiceText(&m.text, ch)
 		if m.text.Len() > before {
 			m.pieces++
+			m.runes += utf8.RuneCountInString(m.text.String()[before:])
 		}
 		before = m.text.Len()
 		return true
@@ -260,6 +278,43 @@ func (m *Meter) strip1(root gjson.Result, data []byte) ([]byte, bool) {
 	return out, false
 }
 
+// overMargin is the estimate of streamed text (capability.EstimateTokens)
+// past which an answer capped at limit completion tokens has run over its
+// cap: twice the cap and 8 tokens more, because the estimate is a rule of
+// thumb (a token is about 4 characters) that an honest answer at its cap
+// may pass by a fraction — long words, indentation — and must not be cut
+// for.
+func overMargin(limit int) int { return 2*limit + 8 }
+
+// Over reports whether the stream followed so far has run past the
+// completion cap (Options.CompletionCap; never without one), counted as
+// the meter bills it: the upstream's reported completion tokens over the
+// cap, more text deltas than the cap (each is at least one token), or an
+// estimate of the text over overMargin. The relay then ends the stream
+// (Cut) instead of relaying more.
+func (m *Meter) Over() bool {
+	if m == nil || m.cap <= 0 {
+		return false
+	}
+	if m.reported != nil && m.reported.CompletionTokens > m.cap {
+		return true
+	}
+	return m.pieces > m.cap || (m.runes+3)/4 > overMargin(m.cap)
+}
+
+// Cut notes that the relay ended the stream at the cap (Over): logged and
+// counted (reason "cut"); StreamEnd bills it as any stream, its counted
+// completion at most the cap.
+func (m *Meter) Cut() {
+	if m == nil || m.cut {
+		return
+	}
+	m.cut = true
+	m.log.Warn("the upstream ran past the max_tokens it was sent: the stream was ended at the reserved cap",
+		zap.String("target", m.base.Target), zap.String("decision_id", m.base.DecisionID), zap.Int("cap", m.cap), zap.Int("text_deltas", m.pieces))
+	m.metrics.OverCap(m.base.Target, "cut")
+}
+
 // StreamEnd records a stream's usage: the upstream's usage chunks when
 // there were any, else a count over the streamed text (the estimate of the
 // text, or the number of choice deltas that carried text if that is
@@ -270,7 +325,8 @@ func (m *Meter) StreamEnd() {
 		return
 	}
 	u := m.base
-	if m.reported != nil {
+	reported := m.reported != nil
+	if reported {
 		u.PromptTokens, u.CompletionTokens = m.reported.PromptTokens, m.reported.CompletionTokens
 		if u.PromptTokens == 0 { // completion tokens only: the prompt is ours to estimate
 			u.PromptTokens, u.Estimated = m.prompt, true
@@ -281,7 +337,7 @@ func (m *Meter) StreamEnd() {
 		// of for Chinese, emoji or code.
 		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, max(capability.EstimateTokens(m.text.String()), m.pieces), true
 	}
-	m.record(u)
+	m.record(u, reported)
 }
 
 // Abandoned records the usage of a request that reached the upstream but
@@ -299,11 +355,31 @@ func (m *Meter) Abandoned() {
 	}
 	u := m.base
 	u.PromptTokens, u.Estimated = m.prompt, true
-	m.record(u)
+	m.record(u, false)
 }
 
-func (m *Meter) record(u Usage) {
+// record writes u, whose completion tokens the upstream reported when
+// reported, else Molly counted: a counted completion over the cap is
+// billed at the cap (the upstream was asked for no more, and the count is
+// an estimate; a stream running clearly past it was cut), a reported one
+// as reported — it is what the upstream bills — and logged and counted.
+func (m *Meter) record(u Usage, reported bool) {
 	m.recorded = true
+	if m.cap > 0 && u.CompletionTokens > m.cap {
+		switch {
+		case reported:
+			m.log.Warn("the upstream reports more completion tokens than the max_tokens it was sent: billed as reported, past the reservation",
+				zap.String("target", u.Target), zap.String("decision_id", u.DecisionID), zap.Int("cap", m.cap), zap.Int("completion_tokens", u.CompletionTokens))
+			m.metrics.OverCap(u.Target, "reported")
+		default:
+			if !m.cut && u.CompletionTokens > overMargin(m.cap) {
+				m.log.Warn("the upstream's answer is well over the max_tokens it was sent and reports no usage: billed at the cap",
+					zap.String("target", u.Target), zap.String("decision_id", u.DecisionID), zap.Int("cap", m.cap), zap.Int("estimated_tokens", u.CompletionTokens))
+				m.metrics.OverCap(u.Target, "estimated")
+			}
+			u.CompletionTokens = m.cap
+		}
+	}
 	if u.PromptTokens <= 0 && u.CompletionTokens <= 0 {
 		u.PromptTokens, u.Estimated = 1, true // a request that reached a model is never free of tokens
 	}

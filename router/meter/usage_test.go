@@ -182,3 +182,92 @@ func TestReportedUsageAndAnswerText(t *testing.T) {
 		t.Fatalf("AnswerText = %q", b.String())
 	}
 }
+
+// TestMeterHoldsTheCompletionCap: with a CompletionCap, Over tells a stream
+// that ran past it — more text deltas than the cap, a usage report over it,
+// an estimate over twice the cap and 8 — and not one at it; a completion
+// Molly counts is billed at most the cap, a reported one as reported.
+func TestMeterHoldsTheCompletionCap(t *testing.T) {
+	capped := func(limit int) (*Meter, *ledger) {
+		l := &ledger{}
+		return New(context.Background(), Options{Ledger: l, Target: &route.Target{Name: "t", PriceIn: 1, PriceOut: 2}, PromptEstimate: 8,
+			CompletionCap: limit, Base: Usage{DecisionID: "d", Model: "m", Target: "t", Tier: "T1"}}), l
+	}
+	delta := func(text string) []byte {
+		return []byte(`{"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`)
+	}
+	t.Run("a delta past the cap is over it", func(t *testing.T) {
+		m, _ := capped(3)
+		for i := range 4 {
+			if m.Over() {
+				t.Fatalf("over after %d deltas of a cap of 3", i)
+			}
+			m.Event(delta("a"))
+		}
+		if !m.Over() {
+			t.Fatal("4 deltas are not over a cap of 3")
+		}
+		m.Cut()
+		m.StreamEnd()
+		if u := m.Final(); u.CompletionTokens != 3 || !u.Estimated {
+			t.Fatalf("billed %+v, want the cap", u)
+		}
+	})
+	t.Run("long tokens at the cap are not over it; their estimate is billed at the cap", func(t *testing.T) {
+		m, _ := capped(4)
+		for range 4 {
+			m.Event(delta(" language")) // one token of 9 runes, over twice the rule's 4: an estimate of 9 for the 4
+		}
+		if m.Over() {
+			t.Fatal("4 deltas estimated at 9 tokens are over a cap of 4 (the estimate's margin is 2·4+8)")
+		}
+		m.StreamEnd()
+		if u := m.Final(); u.CompletionTokens != 4 || !u.Estimated {
+			t.Fatalf("billed %+v, want the cap", u)
+		}
+	})
+	t.Run("an estimate past the margin is over the cap", func(t *testing.T) {
+		m, _ := capped(4)
+		m.Event(delta(strings.Repeat("x", 4*(2*4+8)+1))) // one delta estimated at 17 tokens
+		if !m.Over() {
+			t.Fatal("an estimate of 17 tokens is not over a cap of 4")
+		}
+	})
+	t.Run("a usage report past the cap is over it and billed as reported", func(t *testing.T) {
+		m, _ := capped(4)
+		m.Event([]byte(`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`))
+		if m.Over() {
+			t.Fatal("a report at the cap is over it")
+		}
+		m.Event([]byte(`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}`))
+		if !m.Over() {
+			t.Fatal("a report of 5 is not over a cap of 4")
+		}
+		m.StreamEnd()
+		if u := m.Final(); u.CompletionTokens != 5 || u.Estimated || u.CostUSD != (3+10)/1e6 {
+			t.Fatalf("billed %+v, want the 5 reported", u)
+		}
+	})
+	t.Run("a whole answer is billed at most the cap when counted, as reported otherwise", func(t *testing.T) {
+		m, _ := capped(2)
+		m.Body([]byte(`{"choices":[{"message":{"content":"` + strings.Repeat("word ", 100) + `"}}]}`))
+		if u := m.Final(); u.CompletionTokens != 2 || !u.Estimated {
+			t.Fatalf("billed %+v, want the cap of 2", u)
+		}
+		m, _ = capped(2)
+		m.Body([]byte(`{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":90}}`))
+		if u := m.Final(); u.CompletionTokens != 90 || u.Estimated {
+			t.Fatalf("billed %+v, want the 90 reported", u)
+		}
+	})
+	t.Run("no cap, no limit", func(t *testing.T) {
+		m, _ := capped(0)
+		for range 1000 {
+			m.Event(delta("word "))
+		}
+		m.StreamEnd()
+		if u := m.Final(); m.Over() || u.CompletionTokens != 1250 {
+			t.Fatalf("over %v, billed %+v", m.Over(), u)
+		}
+	})
+}

@@ -129,8 +129,8 @@ func (rn *run) planWorst() (base, round Cost) {
 
 // admit fills the plan's budget (when it sets none: its worst case plus
 // max_refinements rounds of refinement), asks the orchestration policy
-// about the whole plan, and reserves the budget on the caller's ledger
-// before the first subtask. Errors: 403 plan_denied with the policy's
+// about the whole plan, and reserves the budget — the plan's worst case when
+// that is more — on the caller's ledger before the first subtask. Errors: 403 plan_denied with the policy's
 // reasons; the reservation's 429.
 func (rn *run) admit() (release func(), err error) {
 	p := rn.plan
@@ -147,6 +147,12 @@ func (rn *run) admit() (release func(), err error) {
 		p.Budget.MaxCostUSD = round6(base.CostUSD + float64(refinements)*round.CostUSD + 5e-7)
 	}
 	rn.budget = Cost{Tokens: p.Budget.MaxTokens, CostUSD: p.Budget.MaxCostUSD}
+	// The reservation covers the plan's execution whatever its budget
+	// says: the default policy denies a worst case over the budget, but
+	// the ledger must not depend on a policy rule an operator may drop.
+	// Refinement is held to the budget (refine, within its 1e-9 USD of
+	// rounding), so the spend never exceeds what is held.
+	held := Cost{Tokens: max(rn.budget.Tokens, base.Tokens), CostUSD: max(rn.budget.CostUSD+1e-9, base.CostUSD)}
 	base.CostUSD = round6(base.CostUSD)
 	in := rn.a.PolicyInput()
 	var toolNames []any
@@ -191,7 +197,7 @@ func (rn *run) admit() (release func(), err error) {
 			Extra: map[string]any{"reasons": orEmptyStrings(d.Reasons), "plan_id": rn.rec.ID, "decision_id": d.ID, "cause": d.Code}}
 	}
 	rn.admitted = rn.spentNow()
-	release, err = rn.reserve(rn.budget)
+	release, err = rn.reserve(held)
 	if err != nil {
 		return nil, err
 	}

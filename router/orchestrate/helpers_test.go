@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/molly-gateway/molly/internal/policytest"
+	"github.com/molly-gateway/molly/policies"
 	"github.com/molly-gateway/molly/redaction"
 	"github.com/molly-gateway/molly/router/classify"
 	"github.com/molly-gateway/molly/router/egress"
@@ -56,6 +57,7 @@ type setup struct {
 	cfg     Config
 	id      *identity.Identity
 	edit    func(*pipeline.Pipeline)
+	policy  *policies.Engine // nil: the embedded default policies
 }
 
 func startGateway(tb testing.TB, s setup) *gateway {
@@ -77,7 +79,10 @@ func startGateway(tb testing.TB, s setup) *gateway {
 	}
 	tb.Cleanup(eg.Close)
 	core, logs := observer.New(zap.InfoLevel)
-	pol := policytest.Default(tb)
+	pol := s.policy
+	if pol == nil {
+		pol = policytest.Default(tb)
+	}
 	p := &pipeline.Pipeline{Catalogue: cat, Egress: eg, Policy: pol, Weights: route.DefaultWeights, Logger: zap.New(core)}
 	if s.edit != nil {
 		s.edit(p)

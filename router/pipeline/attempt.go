@@ -74,9 +74,11 @@ func (o *outcome) label() string { return o.cand.Label() }
 // usage is the recorded usage of the answer, nil when none yet.
 func (o *outcome) usage() *meter.Usage { return o.meter.Final() }
 
-// newMeter is the usage meter of one answer from c to rq.
-func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.Meter {
-	o := meter.Options{Log: rq.log, Target: c.Target, PromptEstimate: prompt,
+// newMeter is the usage meter of one answer from c to rq, whose
+// completion was capped upstream at completionCap tokens, what rq's
+// reservation holds for it (meter.Options.CompletionCap; 0: none).
+func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt, completionCap int) *meter.Meter {
+	o := meter.Options{Log: rq.log, Target: c.Target, PromptEstimate: prompt, CompletionCap: completionCap, Metrics: p.Metrics,
 		StripUsage: rq.a.Stream() && !rq.a.IncludeUsage(),
 		Base:       meter.Usage{Member: rq.id.Name(), DecisionID: rq.dec.ID(), Model: rq.a.Model(), Target: c.Target.Name, Tier: c.Target.Tier}}
 	if rq.id != nil {
@@ -98,7 +100,7 @@ func (p *Pipeline) newMeter(rq *request, c route.Candidate, prompt int) *meter.M
 func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatch, prompt, hold int) (o outcome) {
 	ctx, span := startAttempt(rq, c)
 	defer func() { endAttempt(span, &o) }()
-	o = outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt)}
+	o = outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, prompt, completionCap(rq, disp))}
 	if rq.ctx.Err() != nil {
 		o.kind, o.failure, o.meter = failClientGone, "the client went away before the upstream call", nil
 		return o // no upstream saw it: nothing to bill
@@ -372,6 +374,10 @@ type heldStream struct {
 	body   io.Closer
 	done   bool // [DONE] or the end of the stream was read while holding
 	ended  bool // a finish_reason was seen
+	// over: the answer ran past its completion cap while held
+	// (meter.Meter.Over); the event that crossed it is not in events, and
+	// the relay ends the stream after them (deliverStream).
+	over bool
 }
 
 // hold reads the stream in resp until its first content event (a chunk
@@ -440,6 +446,13 @@ read:
 		}
 		chunk := gjson.ParseBytes(ev.Data)
 		o.meter.Event(ev.Data) // counted now; the relay does not count held events again
+		if o.meter.Over() {
+			// Past the cap: this event is not relayed, and the rest is
+			// not read (deliverStream ends the stream with "length").
+			h.events = h.events[:len(h.events)-1]
+			h.over, h.done = true, true
+			break read
+		}
 		if e := chunk.Get("error"); e.Exists() {
 			kind := failServer
 			if strings.Contains(e.Get("code").String()+e.Get("type").String(), "rate_limit") || e.Get("code").Int() == 429 {

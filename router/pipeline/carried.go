@@ -85,9 +85,10 @@ func (p *Pipeline) Carry(ctx context.Context, a *classify.Annotation, d policies
 			rq.note(outcome{cand: c, kind: failRefused, failure: err.Error()})
 			continue
 		}
+		disp = bounded(rq, disp) // as attempt does: the cap the reservation holds goes upstream
 		w.Header().Set(HeaderPlan, string(rq.plan.Strategy))
 		return &Carried{p: p, rq: rq, w: w, cancel: cancel,
-			o: outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, a.PromptTokens())}}, nil
+			o: outcome{cand: c, disp: disp, start: time.Now(), meter: p.newMeter(rq, c, a.PromptTokens(), completionCap(rq, disp))}}, nil
 	}
 	rq.release()
 	p.Metrics.Unrouted(a, "failed")

@@ -106,7 +106,7 @@ func (p *Pipeline) selfCheck(rq *request, o outcome) (float64, bool) {
 	if err != nil || resp.StatusCode/100 != 2 {
 		return 0, false
 	}
-	p.newMeter(rq, o.cand, a.PromptTokens()).Body(out)
+	p.newMeter(rq, o.cand, a.PromptTokens(), route.SelfCheckTokens).Body(out)
 	m := selfCheckNumber.FindString(gjson.GetBytes(out, "choices.0.message.content").String())
 	c, err := strconv.ParseFloat(m, 64)
 	if err != nil || c < 0 || c > 10 {
@@ -172,6 +172,20 @@ func (p *Pipeline) cascade(rq *request, order []route.Candidate) error {
 		if !o.ok() {
 			rq.note(o)
 			steps = append(steps, o.label()+" failed")
+			if o.meter.Recorded() && i < len(order)-1 {
+				// A held stream that failed after it was billed: the plan
+				// holds max_attempts answers, so the next attempt needs a
+				// reservation of its own (as in single); refused, the
+				// answer in hand, if any, is returned.
+				if err := p.reserveAgain(rq); err != nil {
+					if n := len(escalated); n > 0 {
+						last := escalated[n-1]
+						escalated = escalated[:n-1]
+						return finish(last, last.label()+" returned")
+					}
+					return err
+				}
+			}
 			continue
 		}
 		if o.stream == nil {
@@ -193,6 +207,11 @@ func (p *Pipeline) cascade(rq *request, order []route.Candidate) error {
 		}
 		remaining := order[i+1:]
 		esc := p.Policy.DecideEscalation(rq.ctx, p.escalationInput(rq, o, answers, remaining))
+		if answers >= cfg.Attempts() {
+			// The reservation holds max_attempts answers: the bound is
+			// kept here, whatever an edited escalation policy says.
+			esc.Escalate = false
+		}
 		if !esc.Escalate {
 			step := fmt.Sprintf("%s %s=%.2f", o.label(), o.scoreName(), o.logprob)
 			if o.tokens == 0 {

@@ -137,18 +137,29 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	var buf []byte
 	sawDone, sawFinish := false, h.ended
 	// tail is what goes before [DONE]: the usage recorded, the text still
-	// held back, the usage chunk.
-	tail := func() {
+	// held back, for a stream cut at its cap the chunk finishing its
+	// choices with "length", the usage chunk.
+	tail := func(cut bool) {
 		sawDone = true
+		if cut {
+			o.meter.Cut()
+		}
 		o.meter.StreamEnd()
 		if restore != nil {
 			if extra := restore.Final(); extra != nil {
 				buf = relay.AppendData(buf, extra)
 			}
 		}
+		if cut {
+			if fin := norm.Cut(); fin != nil {
+				buf = relay.AppendData(buf, fin)
+			}
+		}
 		prompt, completion := 0, 0
 		if u := o.usage(); u != nil {
+			// What the ledger recorded is what the usage chunk says.
 			prompt, completion = u.PromptTokens, u.CompletionTokens
+			norm.Settle(prompt, completion)
 		}
 		if fin := norm.Final(prompt, completion); fin != nil {
 			buf = relay.AppendData(buf, fin)
@@ -162,7 +173,7 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		}
 		switch {
 		case ev.IsDone():
-			tail()
+			tail(false)
 		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data) && ambiguous(ev.Data) != "":
 			p.Metrics.Malformed(o.cand.Target.Name, "ambiguous")
 			rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
@@ -177,6 +188,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 				data, drop = o.meter.Strip(data)
 			} else {
 				data, drop = o.meter.Event(data)
+				if o.meter.Over() {
+					return errOverCap // this event is not relayed
+				}
 			}
 			if drop {
 				break
@@ -224,6 +238,20 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		}
 		err = emit(ev, false)
 	}
+	if err == nil && h.over && !sawDone {
+		err = errOverCap
+	}
+	if errors.Is(err, errOverCap) {
+		// The upstream ran past the max_tokens it was sent (and the
+		// reservation): the stream ends here as one that reached its
+		// max_tokens, and the upstream is closed (deferred above).
+		buf = buf[:0]
+		tail(true)
+		if _, werr := w.Write(buf); werr == nil {
+			_ = rc.Flush()
+		}
+		err = nil
+	}
 	if rq.ctx.Err() != nil {
 		o.meter.StreamEnd()
 		rq.log.Info("client went away", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
@@ -254,7 +282,7 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	case sawFinish || h.done:
 		// Ended after its last choice finished, without [DONE]: end it as OpenAI does.
 		buf = buf[:0]
-		tail()
+		tail(false)
 		if _, werr := w.Write(buf); werr == nil {
 			_ = rc.Flush()
 		}
@@ -275,6 +303,10 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	p.observe(rq, o, label, nil, err)
 	return err
 }
+
+// errOverCap ends a relayed stream whose answer ran past its completion
+// cap (meter.Meter.Over).
+var errOverCap = errors.New("the answer ran past its completion cap")
 
 // errOutputBlocked ends a relayed stream the output rule refused.
 type errOutputBlocked struct{ err error }

@@ -108,8 +108,10 @@ type Answer struct {
 // (Annotation.Derive) and decided by the policy with input.derived {kind,
 // parent}, planned by the catalogue (single with fallback, or the tool loop
 // with d.Tools), narrowed to d.MaxTier and d.MaxCostUSD, and sent by the
-// strategy's attempts through egress. Nothing is reserved: the caller
-// reserved the worst case of all it derives. The usage of every answer is
+// strategy's attempts through egress. The caller reserved the worst case of
+// all it derives; only what the strategy needs past its own plan (a tool
+// round over it, a fallback after a billed attempt) is held, on the
+// caller's ledger, until RunDerived returns. The usage of every answer is
 // recorded in the caller's ledger as for any request. Errors: a 403
 // *openai.Error for a derived request the policy denies, 404 for a model no
 // target serves, 503 when no candidate is left or every one failed, the
@@ -190,6 +192,7 @@ func (p *Pipeline) RunDerived(ctx context.Context, parent Parent, d Derived) (An
 	}
 	var got *outcome
 	rq.answered = func(o *outcome) { got = o }
+	defer func() { rq.release() }() // what the strategy held past the caller's reservation
 	if rq.plan.Strategy == route.StrategyTools {
 		err = p.toolLoop(rq)
 	} else {
@@ -310,6 +313,16 @@ func (l *countingLedger) Record(ctx context.Context, u meter.Usage) error {
 		return nil
 	}
 	return l.inner.Record(ctx, u)
+}
+
+// Reserve passes a reservation on to the caller's ledger when it makes
+// them (what a derived tool conversation holds past its caller's
+// reservation, holdRound); nothing is held otherwise.
+func (l *countingLedger) Reserve(ctx context.Context, tokens int, expectedUSD float64) (func(), error) {
+	if rv, ok := l.inner.(meter.Reserver); ok {
+		return rv.Reserve(ctx, tokens, expectedUSD)
+	}
+	return func() {}, nil
 }
 
 func (l *countingLedger) totals() (prompt, completion int, usd float64) {

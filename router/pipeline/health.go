@@ -44,6 +44,17 @@ func bounded(rq *request, disp *egress.Dispatch) *egress.Dispatch {
 	return disp
 }
 
+// completionCap is the completion tokens disp asks the upstream for at
+// most and rq's reservation holds for its answer
+// (route.CompletionTokens): set when the client's request sets max_tokens
+// or max_completion_tokens, or bounded added it; 0 (no cap) otherwise.
+func completionCap(rq *request, disp *egress.Dispatch) int {
+	if rq.a.MaxTokens() > 0 || disp.Added("max_tokens") {
+		return route.CompletionTokens(rq.a)
+	}
+	return 0
+}
+
 // healthResult is how outlier detection counts an attempt's failure kind:
 // 5xx and failures of local origin are failures; a client that went away,
 // a refused dispatch, a 429 (capacity) and an oversized answer say nothing

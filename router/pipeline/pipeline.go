@@ -150,6 +150,8 @@ type request struct {
 	answered func(o *outcome)
 	// capture: the request consented to trace capture (capture.go).
 	capture bool
+	// topUp is what tool rounds held past the plan's reservation (holdRound).
+	topUp spentWorst
 }
 
 // failed is one attempt that did not answer.
@@ -389,6 +391,12 @@ func (p *Pipeline) reserveAgain(rq *request) error { return p.holdWorstCase(rq) 
 // holdWorstCase reserves the plan's worst case on the caller's ledger
 // (when it is a meter.Reserver) and adds its release to rq.release.
 func (p *Pipeline) holdWorstCase(rq *request) error {
+	return p.holdOnLedger(rq, rq.plan.Reserve.Tokens, rq.plan.Reserve.CostUSD)
+}
+
+// holdOnLedger reserves tokens and usd on the caller's ledger (when it is a
+// meter.Reserver) and adds the release to rq.release.
+func (p *Pipeline) holdOnLedger(rq *request, tokens int, usd float64) error {
 	if rq.id == nil {
 		return nil
 	}
@@ -396,7 +404,7 @@ func (p *Pipeline) holdWorstCase(rq *request) error {
 	if !ok {
 		return nil
 	}
-	release, err := rv.Reserve(rq.ctx, rq.plan.Reserve.Tokens, rq.plan.Reserve.CostUSD)
+	release, err := rv.Reserve(rq.ctx, tokens, usd)
 	if err != nil {
 		return err
 	}
@@ -405,6 +413,38 @@ func (p *Pipeline) holdWorstCase(rq *request) error {
 	} else {
 		rq.release = release
 	}
+	return nil
+}
+
+// spentWorst adds up the worst case of the tool rounds sent so far.
+type spentWorst struct {
+	tokens int
+	usd    float64
+}
+
+// holdRound adds the worst case of the tool round a, about to be sent to c
+// — its prompt at its bound (the conversation as it now is: the offered
+// tools' definitions, every earlier answer and tool result, several per
+// round when the model calls tools in parallel) and its full completion
+// at c's prices — to rounds, and, where the rounds together would pass
+// what the plan reserved for them (route's tool reservation assumes one
+// result per round and no tool definitions), holds the difference on the
+// caller's ledger first (holdWorstCase's rule). Its refusal (the 429)
+// ends the conversation; without a ledger that reserves, nothing is held.
+func (p *Pipeline) holdRound(rq *request, rounds *spentWorst, a *classify.Annotation, c route.Candidate) error {
+	prompt, out := a.PromptBound(), route.CompletionTokens(a)
+	rounds.tokens += prompt + out
+	rounds.usd += c.Target.Cost(prompt, out)
+	tokens, usd := rounds.tokens-rq.plan.Reserve.Tokens-rq.topUp.tokens, rounds.usd-rq.plan.Reserve.CostUSD-rq.topUp.usd
+	if tokens <= 0 && usd <= 1e-12 {
+		return nil
+	}
+	tokens, usd = max(tokens, 0), max(usd, 0)
+	if err := p.holdOnLedger(rq, tokens, usd); err != nil {
+		return err
+	}
+	rq.topUp.tokens += tokens
+	rq.topUp.usd += usd
 	return nil
 }
 

@@ -128,6 +128,7 @@ func (p *Pipeline) toolLoop(rq *request) error {
 		if err != nil {
 			return fmt.Errorf("offering tools: %w", err)
 		}
+		var rounds spentWorst // the worst case of the rounds sent on c
 		for round := 0; ; round++ {
 			a, d, err := p.derive(rq.ctx, rq, "tool_round", body)
 			if err != nil {
@@ -146,6 +147,9 @@ func (p *Pipeline) toolLoop(rq *request) error {
 				}
 				rq.note(outcome{cand: c, kind: failRefused, failure: err.Error()})
 				break
+			}
+			if err := p.holdRound(rq, &rounds, a, c); err != nil {
+				return err
 			}
 			o := p.attempt(rq, c, disp, a.PromptTokens(), 0)
 			if o.kind == failClientGone {

@@ -585,6 +585,7 @@ type Stream struct {
 
 type choiceState struct {
 	roleSent bool
+	finished bool // a finish_reason was passed on
 	// byIndex maps an upstream tool-call index to the index given to the
 	// call it continues; byID a call id to its index.
 	byIndex map[int64]int
@@ -763,6 +764,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		case !fr.Exists(), fr.Type == gjson.String && fr.Str == "":
 			e.raw(base+".finish_reason", "null")
 		case fr.Type == gjson.String:
+			st.finished = true
 			if want := finishReason(s.ans.Endpoint, fr.Str); want != fr.Str {
 				e.set(base+".finish_reason", want)
 			}
@@ -868,6 +870,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 		// Absent, or "" (some servers' word for "not yet"): not finished.
 		e.raw(base+".finish_reason", "null")
 	case fr.Type == gjson.String:
+		st.finished = true
 		want := finishReason(s.ans.Endpoint, fr.Str)
 		for i := range st.args {
 			if argsCut(st.args[i].String()) {
@@ -908,6 +911,76 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) (given i
 	st.args = append(st.args, &strings.Builder{})
 	st.byIndex[up] = given
 	return given, true
+}
+
+// Cut returns the chunk that ends a stream Molly stops before the upstream
+// finished it (the answer ran past the completion tokens reserved for it):
+// every choice seen that has not finished, or choice 0 when none was seen,
+// finishing with "length" — the spec's reason for "the maximum number of
+// tokens specified in the request was reached" — with an empty delta (chat)
+// or text (completions), in the stream's id, created and model; nil when
+// every choice seen has finished. Final follows it as usual.
+func (s *Stream) Cut() []byte {
+	var open []int64
+	for i, st := range s.choices {
+		if !st.finished {
+			open = append(open, i)
+		}
+	}
+	if len(s.choices) == 0 {
+		open = []int64{0}
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	slices.Sort(open)
+	object := "text_completion"
+	if s.chat {
+		object = "chat.completion.chunk"
+	}
+	if s.id == "" {
+		s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
+		s.created = s.ans.Created
+	}
+	e := &edit{b: []byte(`{}`)}
+	e.set("id", s.id)
+	e.set("object", object)
+	e.set("created", s.created)
+	e.set("model", s.ans.Model)
+	if s.fingerprint != "" {
+		e.raw("system_fingerprint", s.fingerprint)
+	}
+	e.raw("choices", "[]")
+	for _, i := range open {
+		ch := map[string]any{"index": i, "finish_reason": "length"}
+		if s.chat {
+			ch["delta"] = map[string]any{}
+			ch["logprobs"] = nil
+		} else {
+			ch["text"], ch["logprobs"] = "", nil
+		}
+		e.set("choices.-1", ch)
+		if st := s.choices[i]; st != nil {
+			st.finished = true
+		}
+	}
+	if s.ans.IncludeUsage {
+		e.raw("usage", "null")
+	}
+	return e.b
+}
+
+// Settle makes prompt and completion the counts of the usage chunk Final
+// writes, in place of those the upstream reported (its other members
+// kept unless one is invalid): what the ledger recorded for the answer,
+// which the client is billed, as NormaliseBody's Answer.Usage does for a
+// whole answer.
+func (s *Stream) Settle(prompt, completion int) {
+	s.usage.seen = true
+	s.usage.prompt, s.usage.completion = int64(prompt), int64(completion)
+	if !gjson.Valid(s.usage.raw) || !gjson.Parse(s.usage.raw).IsObject() {
+		s.usage.raw = `{}`
+	}
 }
 
 // Final returns the stream's last chunk: the usage chunk ("choices": [],

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -398,5 +399,36 @@ func TestToolCallsWithoutIDsGetOne(t *testing.T) {
 	calls := acc.Choices[0].Message.ToolCalls
 	if len(calls) != 2 || calls[0].ID == "" || calls[1].ID == "" || calls[0].ID == calls[1].ID || calls[0].Function.Arguments != `{"a":1}` || calls[1].Function.Name != "g" {
 		t.Fatalf("calls %+v", calls)
+	}
+}
+
+func TestCutFinishesTheOpenChoicesWithLength(t *testing.T) {
+	spec := openapitest.Load(t)
+	s := NewStream(chatAnswer(true))
+	s.Chunk([]byte(`{"id":"up","created":7,"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}`))
+	s.Chunk([]byte(`{"id":"up","created":7,"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}`))
+	b := s.Cut()
+	spec.Validate(t, "CreateChatCompletionStreamResponse", b)
+	cut := gjson.ParseBytes(b)
+	if cut.Get("id").Str != "up" || cut.Get("object").Str != "chat.completion.chunk" || cut.Get("created").Int() != 7 || cut.Get("model").Str != "alias" ||
+		cut.Get("choices.#").Int() != 1 || cut.Get("choices.0.index").Int() != 0 || cut.Get("choices.0.finish_reason").Str != "length" ||
+		cut.Get("choices.0.delta").Raw != "{}" || cut.Get("usage").Raw != "null" {
+		t.Fatalf("cut chunk %s: want choice 0 (1 finished) ending with length in the stream's id", cut.Raw)
+	}
+	if again := s.Cut(); again != nil {
+		t.Fatalf("a second cut %s; every choice has finished", again)
+	}
+	s.Settle(3, 4)
+	if u := gjson.GetBytes(s.Final(0, 0), "usage"); u.Get("prompt_tokens").Int() != 3 || u.Get("completion_tokens").Int() != 4 || u.Get("total_tokens").Int() != 7 {
+		t.Fatalf("usage chunk %s, want the settled 3 + 4", u.Raw)
+	}
+
+	c := NewStream(Answer{Endpoint: oai.EndpointCompletions, Model: "alias", Created: created})
+	b = c.Cut() // nothing came: choice 0
+	spec.Validate(t, "CreateCompletionResponse", b)
+	cut = gjson.ParseBytes(b)
+	if cut.Get("object").Str != "text_completion" || cut.Get("choices.0.text").Raw != `""` || cut.Get("choices.0.finish_reason").Str != "length" ||
+		!strings.HasPrefix(cut.Get("id").Str, "cmpl-") || cut.Get("usage").Exists() {
+		t.Fatalf("cut chunk of a completions stream %s", cut.Raw)
 	}
 }
