@@ -474,6 +474,14 @@ func messagesParam(param string) (name string, ok bool) {
 	return param, false
 }
 
+// IsMessagesPath reports a path of Anthropic's Messages API,
+// .../messages or .../messages/count_tokens (a trailing slash allowed),
+// whose errors are answered in Anthropic's shape whatever the method.
+func IsMessagesPath(path string) bool {
+	path = strings.TrimSuffix(path, "/")
+	return strings.HasSuffix(path, "/messages") || strings.HasSuffix(path, "/messages/count_tokens")
+}
+
 // MessagesError is e as the Messages API answers it: Anthropic's status
 // (529 for a 503, any other as it is) and error body,
 // {"type":"error","error":{"type","message"}}, typed by the status. For
