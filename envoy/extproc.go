@@ -90,14 +90,14 @@ type exchange struct {
 	method, path string
 	// anthropic: the path is the Messages API's (translate.IsMessagesPath),
 	// so errors are answered in Anthropic's shape, as in-Caddy.
-	anthropic bool
-	header       http.Header // the client's request header (canonical keys, pseudo-headers apart)
-	ep           openai.Endpoint
-	id           *identity.Identity
-	body         []byte
-	headersSent  bool // the request headers message was answered
-	decided      bool
-	finished     bool // an ImmediateResponse ended the exchange
+	anthropic   bool
+	header      http.Header // the client's request header (canonical keys, pseudo-headers apart)
+	ep          openai.Endpoint
+	id          *identity.Identity
+	body        []byte
+	headersSent bool // the request headers message was answered
+	decided     bool
+	finished    bool // an ImmediateResponse ended the exchange
 
 	carried      *pipeline.Carried
 	respBody     []byte
