@@ -5,11 +5,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/upstreamtest"
@@ -138,5 +143,173 @@ http://127.0.0.1:{PORT} {
 	}
 	if !g.alive() {
 		t.Fatal("the gateway died")
+	}
+}
+
+// sdkErrorCaddyfile serves one T2 target, the upstream up (which answers a
+// prompt holding RATE with a 429, Retry-After 1, and one holding DOWN with
+// a 503), behind molly_auth on the registry db, with a 16 KiB body limit.
+func sdkErrorCaddyfile(up, admin, db string) string {
+	return `{
+	admin ` + admin + `|0600
+	auto_https off
+	persist_config off
+	molly {
+		registry ` + db + `
+		target selfhosted {
+			tier T2
+			endpoint ` + up + `
+			models chat=mid-remote
+			price 10 10
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_auth {
+		db ` + db + `
+	}
+	molly_classify {
+		max_body_size 16KiB
+	}
+	molly_policy
+	molly_route
+}
+`
+}
+
+// Each error class Molly answers on /v1 reaches openai-go as the typed
+// *openai.Error OpenAI's API description and SDK expect — status, type,
+// code and param as hand-written here from README's error table — and
+// the SDK retries exactly the transient ones: a 429 of the upstreams and
+// a 503 with their Retry-After are tried again (the SDK honours
+// Retry-After up to 60 s), a 4xx and a spent budget's 429 (x-should-retry:
+// false) are not.
+func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
+	var upHits atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upHits.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.Contains(string(body), "RATE"):
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`)
+		case strings.Contains(string(body), "DOWN"):
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":{"message":"maintenance","type":"server_error","param":null,"code":null}}`)
+		default:
+			_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","created":1700000000,"model":"mid-remote","choices":[{"index":0,"finish_reason":"stop","logprobs":null,"message":{"role":"assistant","content":"ok","refusal":null}}],"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`)
+		}
+	}))
+	t.Cleanup(up.Close)
+	db := filepath.Join(t.TempDir(), "registry", "molly.db")
+	admin := adminSocket(t)
+	g := startMolly(t, sdkErrorCaddyfile(up.URL+"/v1", admin, db))
+	for _, m := range []map[string]any{{"name": "alice"}, {"name": "broke", "budget_usd": 0.000001}, {"name": "limited", "rpm": 1}} {
+		if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", m); code != http.StatusCreated {
+			t.Fatalf("creating %v: %d %s", m["name"], code, body)
+		}
+	}
+	keys := map[string]string{}
+	for _, m := range []string{"alice", "broke", "limited"} {
+		keys[m], _ = newKey(t, admin, m)
+	}
+	keys["wrong"] = keys["alice"][:len(keys["alice"])-4] + "abcd"
+	// limited spends its one request of the minute.
+	if _, err := keyClient(g, keys["limited"]).Chat.Completions.New(t.Context(), chat("hi")); err != nil {
+		t.Fatal(err)
+	}
+
+	type want struct {
+		status           int
+		typ, code, param string
+		retryAfter       bool   // a Retry-After of at least 1 s
+		shouldRetry      string // the x-should-retry header
+		requests         int    // what the SDK sends with 2 retries allowed
+	}
+	chatWith := func(text string) openai.ChatCompletionNewParams { return chat(text) }
+	cases := []struct {
+		name   string
+		key    string
+		call   func(c *openai.Client, opts ...option.RequestOption) error
+		expect want
+	}{
+		{"an invalid body is a 400 naming the parameter", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			p := chatWith("hi")
+			p.Temperature = openai.Float(5)
+			_, err := c.Chat.Completions.New(t.Context(), p, o...)
+			return err
+		}, want{400, "invalid_request_error", "", "temperature", false, "", 1}},
+		{"a bad key is a 401", "wrong", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith("hi"), o...)
+			return err
+		}, want{401, "invalid_request_error", "invalid_api_key", "", false, "", 1}},
+		{"a policy denial is a 403", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith("hi"), append(o, option.WithHeader("X-Molly-Sensitivity", "restricted"))...)
+			return err
+		}, want{403, "policy_denied", "target_not_allowed", "", false, "", 1}},
+		{"an unknown model is a 404", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			p := chatWith("hi")
+			p.Model = "nope"
+			_, err := c.Chat.Completions.New(t.Context(), p, o...)
+			return err
+		}, want{404, "invalid_request_error", "model_not_found", "model", false, "", 1}},
+		{"an unknown endpoint is a 404", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			var res map[string]any
+			return c.Post(t.Context(), "chat/complete", map[string]any{"model": "chat"}, &res, o...)
+		}, want{404, "invalid_request_error", "unknown_url", "", false, "", 1}},
+		{"a body over the limit is a 413", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith(strings.Repeat("a", 20<<10)), o...)
+			return err
+		}, want{413, "invalid_request_error", "request_too_large", "", false, "", 1}},
+		{"a spent budget is a 429 no retry changes", "broke", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith("hi"), o...)
+			return err
+		}, want{429, "insufficient_quota", "insufficient_quota", "", false, "false", 1}},
+		{"a member's rate limit is a 429 with Retry-After", "limited", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith("hi"), append(o, option.WithMaxRetries(0))...)
+			return err
+			// typed by the limit's kind, as OpenAI's own RPM/TPM errors are ("requests", "tokens")
+		}, want{429, "requests", "rate_limit_exceeded", "", true, "", 1}},
+		{"the upstream's 429 is a 429 the SDK retries after its Retry-After", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith("RATE"), o...)
+			return err
+		}, want{429, "rate_limit_error", "rate_limit_exceeded", "", true, "", 3}},
+		{"no capacity is a 503 the SDK retries after its Retry-After", "alice", func(c *openai.Client, o ...option.RequestOption) error {
+			_, err := c.Chat.Completions.New(t.Context(), chatWith("DOWN"), o...)
+			return err
+		}, want{503, "service_unavailable", "no_target_available", "", true, "", 3}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var sent atomic.Int32
+			c := openai.NewClient(option.WithBaseURL(g.URL), option.WithAPIKey(keys[tc.key]), option.WithMaxRetries(2),
+				option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+					sent.Add(1)
+					return next(r)
+				}))
+			e := apiError(t, tc.call(&c))
+			w := tc.expect
+			if e.StatusCode != w.status || e.Type != w.typ || e.Code != w.code || e.Param != w.param || e.Message == "" {
+				t.Fatalf("%d type %q code %q param %q, want %d %q %q %q: %s", e.StatusCode, e.Type, e.Code, e.Param, w.status, w.typ, w.code, w.param, e.RawJSON())
+			}
+			// The body's param and code are JSON null when empty, as OpenAI's are.
+			for _, f := range []string{"param", "code"} {
+				if v := gjson.Get(e.RawJSON(), f); !v.Exists() || (v.Str == "" && v.Type != gjson.Null) {
+					t.Fatalf("%s %s in %s", f, v.Raw, e.RawJSON())
+				}
+			}
+			h := e.Response.Header
+			if ra, err := strconv.Atoi(h.Get("Retry-After")); w.retryAfter != (err == nil && ra >= 1) {
+				t.Fatalf("Retry-After %q", h.Get("Retry-After"))
+			}
+			if h.Get("X-Should-Retry") != w.shouldRetry || h.Get("X-Request-Id") == "" {
+				t.Fatalf("x-should-retry %q (want %q), x-request-id %q", h.Get("X-Should-Retry"), w.shouldRetry, h.Get("X-Request-Id"))
+			}
+			if int(sent.Load()) != w.requests {
+				t.Fatalf("the SDK sent %d requests, want %d", sent.Load(), w.requests)
+			}
+		})
 	}
 }
