@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aopt "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/tidwall/gjson"
@@ -146,9 +149,11 @@ http://127.0.0.1:{PORT} {
 	}
 }
 
-// sdkErrorCaddyfile serves one T2 target, the upstream up (which answers a
-// prompt holding RATE with a 429, Retry-After 1, and one holding DOWN with
-// a 503), behind molly_auth on the registry db, with a 16 KiB body limit.
+// sdkErrorCaddyfile serves two T2 targets on the upstream up (which
+// answers a prompt holding RATE with a 429, Retry-After 1, and one holding
+// DOWN with a 503): model chat on selfhosted, model down on flaky, whose
+// circuit the 503s may open without closing selfhosted's. They are behind
+// molly_auth on the registry db, with a 16 KiB body limit.
 func sdkErrorCaddyfile(up, admin, db string) string {
 	return `{
 	admin ` + admin + `|0600
@@ -160,6 +165,12 @@ func sdkErrorCaddyfile(up, admin, db string) string {
 			tier T2
 			endpoint ` + up + `
 			models chat=mid-remote
+			price 10 10
+		}
+		target flaky {
+			tier T2
+			endpoint ` + up + `
+			models down=mid-remote
 			price 10 10
 		}
 	}
@@ -195,6 +206,16 @@ func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusTooManyRequests)
 			_, _ = io.WriteString(w, `{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`)
+		case strings.Contains(string(body), "MIDSTREAM"):
+			// A stream that begins, then fails with an error event: an
+			// overload (OpenAI's code) or a rate limit (vLLM's numeric code).
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"mid-remote","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}`+"\n\n")
+			if strings.Contains(string(body), "MIDSTREAM-LIMIT") {
+				_, _ = io.WriteString(w, `data: {"error":{"message":"too many","type":"TooManyRequests","param":null,"code":429}}`+"\n\n")
+			} else {
+				_, _ = io.WriteString(w, `data: {"error":{"message":"overloaded","type":"server_error","param":null,"code":"server_is_overloaded"}}`+"\n\n")
+			}
 		case strings.Contains(string(body), "DOWN"):
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, `{"error":{"message":"maintenance","type":"server_error","param":null,"code":null}}`)
@@ -277,7 +298,9 @@ func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
 			return err
 		}, want{429, "rate_limit_error", "rate_limit_exceeded", "", true, "", 3}},
 		{"no capacity is a 503 the SDK retries after its Retry-After", "alice", func(c *openai.Client, o ...option.RequestOption) error {
-			_, err := c.Chat.Completions.New(t.Context(), chatWith("DOWN"), o...)
+			p := chatWith("DOWN")
+			p.Model = "down"
+			_, err := c.Chat.Completions.New(t.Context(), p, o...)
 			return err
 		}, want{503, "service_unavailable", "no_target_available", "", true, "", 3}},
 	}
@@ -312,4 +335,97 @@ func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
 			}
 		})
 	}
+
+	// The same classes on /v1/messages, through Anthropic's SDK: Anthropic's
+	// status and error type (its errors reference), the same retry rules
+	// (Anthropic's SDK, like OpenAI's, retries 408, 409, 429 and 5xx unless
+	// x-should-retry says otherwise), and an error inside a stream that
+	// began typed by its cause.
+	t.Run("the Messages API", func(t *testing.T) {
+		msg := func(text string) anthropic.MessageNewParams {
+			return anthropic.MessageNewParams{Model: "chat", MaxTokens: 16,
+				Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(text))}}
+		}
+		type awant struct {
+			status      int
+			typ         string
+			retryAfter  bool
+			shouldRetry string
+			requests    int
+		}
+		acases := []struct {
+			name string
+			key  string
+			p    func() anthropic.MessageNewParams
+			opts []aopt.RequestOption
+			want awant
+		}{
+			{"an invalid body", "alice", func() anthropic.MessageNewParams {
+				p := msg("hi")
+				p.MaxTokens = -1
+				return p
+			}, nil, awant{400, "invalid_request_error", false, "", 1}},
+			{"a bad key", "wrong", func() anthropic.MessageNewParams { return msg("hi") }, nil, awant{401, "authentication_error", false, "", 1}},
+			{"a policy denial", "alice", func() anthropic.MessageNewParams { return msg("hi") },
+				[]aopt.RequestOption{aopt.WithHeader("X-Molly-Sensitivity", "restricted")}, awant{403, "permission_error", false, "", 1}},
+			{"an unknown model", "alice", func() anthropic.MessageNewParams {
+				p := msg("hi")
+				p.Model = "nope"
+				return p
+			}, nil, awant{404, "not_found_error", false, "", 1}},
+			{"a body over the limit", "alice", func() anthropic.MessageNewParams { return msg(strings.Repeat("a", 20<<10)) }, nil, awant{413, "request_too_large", false, "", 1}},
+			{"a spent budget", "broke", func() anthropic.MessageNewParams { return msg("hi") }, nil, awant{429, "rate_limit_error", false, "false", 1}},
+			{"the upstream's 429", "alice", func() anthropic.MessageNewParams { return msg("RATE") }, nil, awant{429, "rate_limit_error", true, "", 3}},
+			{"no capacity is Anthropic's 529", "alice", func() anthropic.MessageNewParams {
+				p := msg("DOWN")
+				p.Model = "down"
+				return p
+			}, nil, awant{529, "overloaded_error", true, "", 3}},
+		}
+		for _, tc := range acases {
+			t.Run(tc.name, func(t *testing.T) {
+				var sent atomic.Int32
+				c := anthropic.NewClient(aopt.WithBaseURL(strings.TrimSuffix(g.URL, "/v1")), aopt.WithAPIKey(keys[tc.key]), aopt.WithMaxRetries(2),
+					aopt.WithMiddleware(func(r *http.Request, next aopt.MiddlewareNext) (*http.Response, error) {
+						sent.Add(1)
+						return next(r)
+					}))
+				_, err := c.Messages.New(t.Context(), tc.p(), tc.opts...)
+				var e *anthropic.Error
+				if !errors.As(err, &e) {
+					t.Fatalf("want *anthropic.Error, got %v", err)
+				}
+				w := tc.want
+				if e.StatusCode != w.status || string(e.Type()) != w.typ || e.Message == "" || gjson.Get(e.RawJSON(), "type").Str != "error" {
+					t.Fatalf("%d %q, want %d %q: %s", e.StatusCode, e.Type(), w.status, w.typ, e.RawJSON())
+				}
+				h := e.Response.Header
+				if ra, err := strconv.Atoi(h.Get("Retry-After")); w.retryAfter != (err == nil && ra >= 1) {
+					t.Fatalf("Retry-After %q", h.Get("Retry-After"))
+				}
+				if h.Get("X-Should-Retry") != w.shouldRetry {
+					t.Fatalf("x-should-retry %q, want %q", h.Get("X-Should-Retry"), w.shouldRetry)
+				}
+				if int(sent.Load()) != w.requests {
+					t.Fatalf("the SDK sent %d requests, want %d", sent.Load(), w.requests)
+				}
+			})
+		}
+		for _, mc := range []struct{ prompt, want string }{{"MIDSTREAM", "overloaded_error"}, {"MIDSTREAM-LIMIT", "rate_limit_error"}} {
+			t.Run("an error inside the stream: "+mc.want, func(t *testing.T) {
+				c := anthropic.NewClient(aopt.WithBaseURL(strings.TrimSuffix(g.URL, "/v1")), aopt.WithAPIKey(keys["alice"]), aopt.WithMaxRetries(0))
+				s := c.Messages.NewStreaming(t.Context(), msg(mc.prompt))
+				text := ""
+				for s.Next() {
+					if ev := s.Current(); ev.Type == "content_block_delta" {
+						text += ev.Delta.Text
+					}
+				}
+				var e *anthropic.Error
+				if !errors.As(s.Err(), &e) || string(e.Type()) != mc.want || text != "Hel" {
+					t.Fatalf("after %q: %v, want a %s", text, s.Err(), mc.want)
+				}
+			})
+		}
+	})
 }
