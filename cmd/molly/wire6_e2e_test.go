@@ -227,13 +227,13 @@ func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "registry", "molly.db")
 	admin := adminSocket(t)
 	g := startMolly(t, sdkErrorCaddyfile(up.URL+"/v1", admin, db))
-	for _, m := range []map[string]any{{"name": "alice"}, {"name": "broke", "budget_usd": 0.000001}, {"name": "limited", "rpm": 1}} {
+	for _, m := range []map[string]any{{"name": "alice"}, {"name": "broke", "budget_usd": 0.000001}, {"name": "limited", "rpm": 1}, {"name": "narrow", "tpm": 50}} {
 		if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", m); code != http.StatusCreated {
 			t.Fatalf("creating %v: %d %s", m["name"], code, body)
 		}
 	}
 	keys := map[string]string{}
-	for _, m := range []string{"alice", "broke", "limited"} {
+	for _, m := range []string{"alice", "broke", "limited", "narrow"} {
 		keys[m], _ = newKey(t, admin, m)
 	}
 	keys["wrong"] = keys["alice"][:len(keys["alice"])-4] + "abcd"
@@ -293,6 +293,12 @@ func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
 			return err
 			// typed by the limit's kind, as OpenAI's own RPM/TPM errors are ("requests", "tokens")
 		}, want{429, "requests", "rate_limit_exceeded", "", true, "", 1}},
+		{"a request larger than the member's TPM is a 429 no retry changes", "narrow", func(c *openai.Client, o ...option.RequestOption) error {
+			p := chatWith("hi")
+			p.MaxTokens = openai.Int(1000)
+			_, err := c.Chat.Completions.New(t.Context(), p, o...)
+			return err
+		}, want{429, "tokens", "rate_limit_exceeded", "", false, "false", 1}},
 		{"the upstream's 429 is a 429 the SDK retries after its Retry-After", "alice", func(c *openai.Client, o ...option.RequestOption) error {
 			_, err := c.Chat.Completions.New(t.Context(), chatWith("RATE"), o...)
 			return err
