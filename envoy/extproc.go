@@ -21,6 +21,7 @@ import (
 	"github.com/molly-gateway/molly/router/keyauth"
 	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/pipeline"
+	"github.com/molly-gateway/molly/router/translate"
 )
 
 // DefaultMaxBodyBytes bounds a request body the policy point reads (8 MiB,
@@ -87,13 +88,16 @@ type exchange struct {
 	configured        bool // the modes are known
 
 	method, path string
-	header       http.Header // the client's request header (canonical keys, pseudo-headers apart)
-	ep           openai.Endpoint
-	id           *identity.Identity
-	body         []byte
-	headersSent  bool // the request headers message was answered
-	decided      bool
-	finished     bool // an ImmediateResponse ended the exchange
+	// anthropic: the path is the Messages API's (translate.IsMessagesPath),
+	// so errors are answered in Anthropic's shape, as in-Caddy.
+	anthropic   bool
+	header      http.Header // the client's request header (canonical keys, pseudo-headers apart)
+	ep          openai.Endpoint
+	id          *identity.Identity
+	body        []byte
+	headersSent bool // the request headers message was answered
+	decided     bool
+	finished    bool // an ImmediateResponse ended the exchange
 
 	carried      *pipeline.Carried
 	respBody     []byte
@@ -155,11 +159,12 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 		}
 	}
 	path, _, _ := strings.Cut(x.path, "?")
+	x.anthropic = translate.IsMessagesPath(path)
 	ep, aerr := openai.EndpointOf(x.method, path)
-	if aerr != nil {
+	if aerr != nil && (!x.anthropic || x.method != http.MethodPost) { // POST .../messages/count_tokens is unsupported, below
 		return x.immediate(aerr, nil)
 	}
-	if ep == openai.EndpointResponses || ep == openai.EndpointMessages {
+	if ep == openai.EndpointResponses || x.anthropic {
 		// In-Caddy, molly_classify translates these to chat completions
 		// and the answer back; the policy point does not, and the
 		// classifier's "translated before validation" 400 would blame the
@@ -451,9 +456,11 @@ func (x *exchange) streamed(request bool, b []byte, eos bool) error {
 	return nil
 }
 
-// immediate ends the exchange with err as the OpenAI error JSON (an error
-// that is not an *openai.Error is a 500 that says nothing of it) and the
-// headers in extra.
+// immediate ends the exchange with err as the OpenAI error JSON —
+// Anthropic's, with Anthropic's status, for a Messages API path — (an
+// error that is not an *openai.Error is a 500 that says nothing of it),
+// its Retry-After, x-should-retry and Allow headers, and the headers in
+// extra.
 func (x *exchange) immediate(err error, extra http.Header) error {
 	var ae *openai.Error
 	if !errors.As(err, &ae) {
@@ -467,6 +474,9 @@ func (x *exchange) immediate(err error, extra http.Header) error {
 	if ae.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(ae.RetryAfter))
 	}
+	if ae.NoRetry {
+		h.Set(openai.HeaderShouldRetry, "false")
+	}
 	if ae.Allow != "" {
 		h.Set("Allow", ae.Allow)
 	}
@@ -474,7 +484,11 @@ func (x *exchange) immediate(err error, extra http.Header) error {
 	if ae.Code == "" {
 		details = "molly_" + ae.Type
 	}
-	return x.reply(ae.Status, h, ae.Body(), details)
+	status, body := ae.Status, ae.Body()
+	if x.anthropic {
+		status, body = translate.MessagesError(ae)
+	}
+	return x.reply(status, h, body, details)
 }
 
 // reply answers the request in Envoy's place (ImmediateResponse).

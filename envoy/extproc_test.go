@@ -203,8 +203,6 @@ func TestPolicyPointAnswersErrorsInOpenAIShape(t *testing.T) {
 		{"a model outside the key's scope is a 403", withKey(post(chatBody("hi", false)), scoped), 403, ""},
 		{"a body that is not a chat request is a 400", withKey(post([]byte(`{"model":"chat"}`)), alice), 400, ""},
 		{"an unknown model is a 404", withKey(post([]byte(`{"model":"nope","messages":[{"role":"user","content":"hi"}]}`)), alice), 404, "model_not_found"},
-		{"the Messages API is a 404 in fleet mode", withKey(call{method: "POST", path: "/v1/messages", header: map[string]string{"anthropic-version": "2023-06-01"},
-			body: []byte(`{"model":"chat","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)}, alice), 404, "unsupported_endpoint"},
 		{"the Responses API is a 404 in fleet mode", withKey(call{method: "POST", path: "/v1/responses", header: map[string]string{},
 			body: []byte(`{"model":"chat","input":"hi"}`)}, alice), 404, "unsupported_endpoint"},
 		{"malformed JSON is a 400", withKey(post([]byte(`{"model":"chat","messages":[`)), alice), 400, ""},
@@ -233,6 +231,9 @@ func TestPolicyPointAnswersErrorsInOpenAIShape(t *testing.T) {
 				if tc.status == 401 && out.header.Get("www-authenticate") == "" {
 					t.Fatal("a 401 without WWW-Authenticate")
 				}
+				if got, want := out.header.Get("x-should-retry"), map[string]string{"insufficient_quota": "false"}[tc.code]; got != want {
+					t.Fatalf("x-should-retry %q, want %q: no retry changes a spent budget", got, want)
+				}
 			})
 		}
 	}
@@ -256,6 +257,58 @@ func TestPolicyPointAnswersErrorsInOpenAIShape(t *testing.T) {
 	out = f.play(t, withKey(call{method: "GET", path: "/v1/models", header: map[string]string{}}, alice))
 	if out.status != 200 || gjson.GetBytes(out.body, "data.#").Int() != 1 || gjson.GetBytes(out.body, "data.0.id").String() != "chat" {
 		t.Fatalf("models: %d %s", out.status, out.body)
+	}
+}
+
+// A Messages API request (Anthropic's, which fleet mode does not
+// translate) is refused in Anthropic's error shape, {"type":"error",
+// "error":{"type","message"}} with the type of Anthropic's errors
+// reference for the status, as Molly's own listener answers it: an
+// Anthropic SDK reads an OpenAI body as an error of no type.
+func TestPolicyPointAnswersTheMessagesAPIInAnthropicsShape(t *testing.T) {
+	f := startFleet(t, fleetOptions{targets: threeTiers(), ups: []string{"lan", "selfhosted", "external"}})
+	msg := []byte(`{"model":"chat","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)
+	anthropic := map[string]string{"anthropic-version": "2023-06-01", "x-api-key": "k"}
+	cases := []struct {
+		name   string
+		c      call
+		status int
+		typ    string
+		allow  string
+	}{
+		{"POST /v1/messages is a 404 not_found_error", call{method: "POST", path: "/v1/messages", header: anthropic, body: msg}, 404, "not_found_error", ""},
+		{"POST /v1/messages/count_tokens is a 404 not_found_error", call{method: "POST", path: "/v1/messages/count_tokens", header: anthropic, body: msg}, 404, "not_found_error", ""},
+		{"a base URL with a prefix and a trailing slash is still the Messages API", call{method: "POST", path: "/anthropic/v1/messages/?beta=true", header: anthropic, body: msg}, 404, "not_found_error", ""},
+		{"GET /v1/messages is a 405 invalid_request_error with Allow", call{method: "GET", path: "/v1/messages", header: anthropic}, 405, "invalid_request_error", "POST"},
+	}
+	for _, tc := range cases {
+		for _, buffered := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/buffered=%v", tc.name, buffered), func(t *testing.T) {
+				c := tc.c
+				c.buffered = buffered
+				c.header = map[string]string{}
+				for k, v := range tc.c.header {
+					c.header[k] = v
+				}
+				out := f.play(t, c)
+				if out.immediate == nil || out.status != tc.status {
+					t.Fatalf("status %d (immediate %v), want an immediate %d; body %s", out.status, out.immediate != nil, tc.status, out.body)
+				}
+				b := gjson.ParseBytes(out.body)
+				if b.Get("type").Str != "error" || b.Get("error.type").Str != tc.typ || b.Get("error.message").Str == "" ||
+					b.Get("error.code").Exists() || b.Get("error.param").Exists() || out.header.Get("content-type") != "application/json" {
+					t.Fatalf("body %s (content-type %q), want Anthropic's error shape with type %s", out.body, out.header.Get("content-type"), tc.typ)
+				}
+				if out.header.Get("allow") != tc.allow {
+					t.Fatalf("Allow %q, want %q", out.header.Get("allow"), tc.allow)
+				}
+			})
+		}
+	}
+	for _, u := range f.ups {
+		if n := u.Count(); n != 0 {
+			t.Fatalf("%s got %d requests", u.Name, n)
+		}
 	}
 }
 

@@ -406,6 +406,12 @@ func routeConfig(cat *route.Catalogue, cfg Config) *routev3.RouteConfiguration {
 		})
 	}
 	routes = append(routes, &routev3.Route{
+		Name:  "undecided_messages",
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/v1/messages"}},
+		Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 403, Body: &corev3.DataSource{
+			Specifier: &corev3.DataSource_InlineString{InlineString: undecidedMessages}}}},
+		ResponseHeadersToAdd: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "content-type", Value: "application/json"}}},
+	}, &routev3.Route{
 		Name:  "undecided",
 		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 		Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 403, Body: &corev3.DataSource{
@@ -418,6 +424,11 @@ func routeConfig(cat *route.Catalogue, cfg Config) *routev3.RouteConfiguration {
 // undecided is the body of the last route: a request the policy point did
 // not route (it is not running, or was bypassed).
 const undecided = `{"error":{"message":"The request has no Molly policy decision, so it is not routed.","type":"policy_denied","param":null,"code":"no_decision"}}`
+
+// undecidedMessages is undecided in Anthropic's error shape, for the
+// Messages API's paths (/v1/messages, /v1/messages/count_tokens), whose
+// clients read that shape.
+const undecidedMessages = `{"type":"error","error":{"type":"permission_error","message":"The request has no Molly policy decision, so it is not routed."}}`
 
 // ExtProcFilter is the ext_proc filter configuration of the listener: the
 // policy point at cfg.ControlPlaneCluster, fail closed, headers and

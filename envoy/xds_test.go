@@ -17,6 +17,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/genproto/googleapis/rpc/status"
@@ -291,8 +292,19 @@ func TestBuildMakesValidResourcesForEveryKindOfTarget(t *testing.T) {
 		want = append(want, m+"/t0")
 	}
 	slices.Sort(want)
-	if got := names[:len(names)-1]; !slices.Equal(got, want) || names[len(names)-1] != "undecided" {
-		t.Fatalf("routes %v, want %v then undecided", names, want)
+	if got := names[:len(names)-2]; !slices.Equal(got, want) || !slices.Equal(names[len(names)-2:], []string{"undecided_messages", "undecided"}) {
+		t.Fatalf("routes %v, want %v then undecided_messages and undecided", names, want)
+	}
+	// What was not decided is refused in the shape its client reads:
+	// Anthropic's on the Messages API's paths, OpenAI's elsewhere.
+	routes := rc.GetVirtualHosts()[0].GetRoutes()
+	for i, w := range []struct{ prefix, typ string }{{"/v1/messages", "permission_error"}, {"/", "policy_denied"}} {
+		r := routes[len(routes)-2+i]
+		body := r.GetDirectResponse().GetBody().GetInlineString()
+		if r.GetMatch().GetPrefix() != w.prefix || r.GetDirectResponse().GetStatus() != 403 || gjson.Get(body, "error.type").Str != w.typ ||
+			(w.prefix == "/v1/messages") != (gjson.Get(body, "type").Str == "error") {
+			t.Fatalf("route %s: prefix %q, %d %s", r.GetName(), r.GetMatch().GetPrefix(), r.GetDirectResponse().GetStatus(), body)
+		}
 	}
 	// The listener: ext_proc before the router, fail closed, full duplex.
 	l := envoyRes[resource.ListenerType][0].(*listenerv3.Listener)

@@ -271,9 +271,20 @@ func (c *Classify) body(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		(&openai.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
 			Message: fmt.Sprintf("The request body did not arrive in time (within %s, and at least %d bytes per second after %s).",
 				time.Duration(c.BodyTimeout), c.MinBodyRate, time.Duration(c.MinBodyRateGrace))}).Write(w)
-	case r.Context().Err() != nil:
+	case r.Context().Err() != nil && !errors.Is(err, io.ErrUnexpectedEOF):
 		c.logger.Info("client went away before the policy decided", zap.String("while", "sending its body"))
 		w.WriteHeader(499) // nobody reads this
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		// The body ended before its Content-Length or its last chunk. The
+		// connection's read side is closed, which cancels the request's
+		// context, but a client that only closed its write side (RFC 9293
+		// §3.6, a half-close) is still reading: it gets the 400, not a
+		// 499 on the wire.
+		if r.Context().Err() != nil {
+			c.logger.Info("client went away before the policy decided", zap.String("while", "sending its body"))
+		}
+		(&openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
+			Message: "The request body could not be read: it ended before its Content-Length or its last chunk (unexpected EOF)."}).Write(w)
 	default:
 		(&openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_body",
 			Message: "The request body could not be read: " + err.Error() + "."}).Write(w)

@@ -13,8 +13,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/anthropics/anthropic-sdk-go"
-	aoption "github.com/anthropics/anthropic-sdk-go/option"
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/tidwall/gjson"
@@ -501,9 +501,11 @@ func TestWireMessagesStopSequenceOnTheEngine(t *testing.T) {
 	g := startEngineMolly(t, "tiny", 1024, "")
 	c := anthropicClient(g)
 	ctx := context.Background()
-	params := anthropic.MessageNewParams{Model: "chat", MaxTokens: 24, Temperature: anthropic.Float(0),
+	params := anthropic.MessageNewParams{Model: "chat", MaxTokens: 24,
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("stop test"))}}
-	full, err := c.Messages.New(ctx, params)
+	// Greedy: SDK v2's params have no temperature field; the API still takes it.
+	greedy := aoption.WithJSONSet("temperature", 0)
+	full, err := c.Messages.New(ctx, params, greedy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +515,7 @@ func TestWireMessagesStopSequenceOnTheEngine(t *testing.T) {
 	}
 	stop := text[4:7]
 	params.StopSequences = []string{"\x00never", stop}
-	m, err := c.Messages.New(ctx, params)
+	m, err := c.Messages.New(ctx, params, greedy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +523,7 @@ func TestWireMessagesStopSequenceOnTheEngine(t *testing.T) {
 	if m.StopReason != anthropic.StopReasonStopSequence || m.StopSequence != stop || (want != "" && m.Content[0].AsText().Text != want) {
 		t.Fatalf("stop_reason %q stop_sequence %q text %q, want stop_sequence %q text %q", m.StopReason, m.StopSequence, m.RawJSON(), stop, want)
 	}
-	stream := c.Messages.NewStreaming(ctx, params)
+	stream := c.Messages.NewStreaming(ctx, params, greedy)
 	var acc anthropic.Message
 	for stream.Next() {
 		if err := acc.Accumulate(stream.Current()); err != nil {

@@ -423,7 +423,7 @@ func TestWireErrorsClientsCanActOn(t *testing.T) {
 			t.Fatalf("%d %s", e.StatusCode, e.RawJSON())
 		}
 		resp, b := do(t, g, "POST", "/v1/messages", `{"model":"chat","max_tokens":5,"messages":[{"role":"user","content":"FAILIN200"}]}`)
-		if resp.StatusCode != 503 || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "overloaded_error" {
+		if resp.StatusCode != 529 || gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != "overloaded_error" {
 			t.Fatalf("messages: %d %s", resp.StatusCode, b)
 		}
 	})

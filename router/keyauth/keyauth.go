@@ -43,7 +43,7 @@ type Authenticator struct {
 // (hasKey false: none), after the member's budget and RPM/TPM admission.
 // A refusal is an *openai.Error (401 invalid_api_key; 429
 // insufficient_quota; 429 rate_limit_exceeded, with Retry-After unless
-// the request can never fit) returned with the header to send along
+// the request can never fit, then with x-should-retry: false) returned with the header to send along
 // (WWW-Authenticate for a 401, X-Ratelimit-Limit-<Kind> and
 // X-Ratelimit-Remaining-<Kind> for a rate limit). Other errors are the
 // registry's. The key is never logged nor put in an error.
@@ -137,12 +137,17 @@ func OverBudget(m registry.Member, detail string) *openai.Error {
 	return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota", Message: msg + ".", NoRetry: true}
 }
 
-// RateLimited is the 429 rate_limit_exceeded of member m; a request larger
-// than the limit itself gets no Retry-After (waiting does not help).
+// RateLimited is the 429 rate_limit_exceeded of member m, with
+// Retry-After (whole seconds, at least 1) until the window admits it; a
+// request larger than the limit itself gets no Retry-After but
+// x-should-retry: false — waiting does not help, and without it the SDKs
+// retry a 429 on their own backoff, to be refused again.
 func RateLimited(m registry.Member, lim *registry.Limited) *openai.Error {
 	e := &openai.Error{Status: http.StatusTooManyRequests, Type: lim.Kind, Code: "rate_limit_exceeded",
 		Message: "Rate limit reached for member " + m.Name + ": " + lim.Error() + "."}
-	if !lim.TooLarge {
+	if lim.TooLarge {
+		e.NoRetry = true
+	} else {
 		e.RetryAfter = max(int(math.Ceil(lim.RetryAfter.Seconds())), 1)
 	}
 	return e

@@ -474,6 +474,23 @@ func messagesParam(param string) (name string, ok bool) {
 	return param, false
 }
 
+// IsMessagesPath reports a path of Anthropic's Messages API,
+// .../messages or .../messages/count_tokens (a trailing slash allowed),
+// whose errors are answered in Anthropic's shape whatever the method.
+func IsMessagesPath(path string) bool {
+	path = strings.TrimSuffix(path, "/")
+	return strings.HasSuffix(path, "/messages") || strings.HasSuffix(path, "/messages/count_tokens")
+}
+
+// MessagesError is e as the Messages API answers it: Anthropic's status
+// (529 for a 503, any other as it is) and error body,
+// {"type":"error","error":{"type","message"}}, typed by the status. For
+// answering a /v1/messages request outside the pipeline (the Envoy policy
+// point); headers (Retry-After, x-should-retry) are the caller's to send.
+func MessagesError(e *openai.Error) (status int, body []byte) {
+	return messagesStatus(e.Status), messageError(e.Status, e.Body(), false)
+}
+
 // messageError is Anthropic's error body for an OpenAI error answer. With
 // chat set (the error answers the translated chat request), an error
 // naming a chat parameter that the client sent under another name
@@ -651,7 +668,9 @@ func (s *messagesStream) event(out []byte, ev relay.Event) []byte {
 	root := gjson.ParseBytes(ev.Data)
 	if e := root.Get("error"); e.Exists() {
 		s.ended = true
-		return s.emit(out, "error", map[string]any{"error": map[string]any{"type": "api_error", "message": e.Get("message").Str}})
+		// Anthropic's error event (messages-streaming, "Error events"),
+		// typed by the error's cause as a whole answer is by its status.
+		return s.emit(out, "error", map[string]any{"error": map[string]any{"type": eventType(e), "message": e.Get("message").Str}})
 	}
 	if u := root.Get("usage"); u.IsObject() {
 		s.usage = u

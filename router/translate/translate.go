@@ -169,11 +169,30 @@ func copyNumber(dst map[string]any, key string, root gjson.Result, param string)
 	return nil
 }
 
-// statusType is the Anthropic error type of an HTTP status.
+// StatusOverloaded is the status Anthropic answers overloaded_error with
+// (its errors reference: "529 - overloaded_error: The API is temporarily
+// overloaded"), which the Messages API sends in place of Molly's 503: the
+// transient lack of capacity that Anthropic's SDKs and agents retry.
+const StatusOverloaded = 529
+
+// messagesStatus is the HTTP status of an error answered on the Messages
+// API: Anthropic's 529 for a 503, any other status as it is.
+func messagesStatus(status int) int {
+	if status == http.StatusServiceUnavailable {
+		return StatusOverloaded
+	}
+	return status
+}
+
+// statusType is the Anthropic error type of an HTTP status, as Anthropic's
+// errors reference lists them (any other 4xx is invalid_request_error, any
+// other 5xx api_error).
 func statusType(status int) string {
 	switch status {
 	case http.StatusUnauthorized:
 		return "authentication_error"
+	case http.StatusPaymentRequired:
+		return "billing_error"
 	case http.StatusForbidden:
 		return "permission_error"
 	case http.StatusNotFound:
@@ -182,13 +201,54 @@ func statusType(status int) string {
 		return "request_too_large"
 	case http.StatusTooManyRequests:
 		return "rate_limit_error"
-	case http.StatusServiceUnavailable, 529:
+	case http.StatusServiceUnavailable, StatusOverloaded:
 		return "overloaded_error"
 	case http.StatusGatewayTimeout:
 		return "timeout_error"
 	}
 	if status >= 400 && status < 500 {
 		return "invalid_request_error"
+	}
+	return "api_error"
+}
+
+// causeStatus is the HTTP status each error code or type Molly (or an
+// OpenAI-compatible upstream) names stands for, where the error comes
+// without one: an error event inside a 200 stream. Codes are looked up
+// before types (output_blocked before its type policy_denied).
+var causeStatus = map[string]int{
+	// Rate limits: an upstream's, a member's RPM/TPM, a spent budget
+	// (insufficient_quota, a 429 with x-should-retry: false when whole).
+	"rate_limit_exceeded": 429, "rate_limit_error": 429, "insufficient_quota": 429, "tokens_exceeded": 429,
+	// Capacity.
+	"no_target_available": 503, "service_unavailable": 503, "server_is_overloaded": 503, "overloaded_error": StatusOverloaded, "engine_overloaded": 503,
+	// Timeouts.
+	"upstream_timeout": 504, "timeout_error": 504, "timeout": 504,
+	// Policy.
+	"policy_denied": 403, "output_blocked": 403, "redaction_unavailable": 403, "target_not_allowed": 403, "permission_error": 403,
+	// The rest of Anthropic's types, and OpenAI's names for the same.
+	"authentication_error": 401, "invalid_api_key": 401,
+	"not_found_error": 404, "model_not_found": 404,
+	"request_too_large":     413,
+	"invalid_request_error": 400, "context_length_exceeded": 400,
+	"billing_error": 402,
+}
+
+// eventType is the Anthropic error type of an OpenAI error object sent
+// inside a stream ({"error": {"message", "type", "param", "code"}}), which
+// has no HTTP status of its own: a numeric code (vLLM and LiteLLM send
+// the status, 429 or "503") stands for it, else the cause its code or
+// type names (causeStatus); anything else (a stream that broke off,
+// upstream_error) is api_error.
+func eventType(e gjson.Result) string {
+	code := e.Get("code")
+	if n, err := strconv.Atoi(code.String()); err == nil && n >= 400 && n < 600 {
+		return statusType(n)
+	}
+	for _, k := range []string{code.String(), e.Get("type").String()} {
+		if s, ok := causeStatus[k]; ok {
+			return statusType(s)
+		}
 	}
 	return "api_error"
 }

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/anthropics/anthropic-sdk-go"
-	aoption "github.com/anthropics/anthropic-sdk-go/option"
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
@@ -138,8 +138,9 @@ func TestMessagesThinkingBudgetAndStopSequencesOnTheEngine(t *testing.T) {
 	ctx := context.Background()
 	user := []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("plan it"))}
 
-	m, err := c.Messages.New(ctx, anthropic.MessageNewParams{Model: "molly-demo", MaxTokens: 1100, Messages: user, Temperature: anthropic.Float(0),
-		Thinking: anthropic.ThinkingConfigParamOfEnabled(1024)})
+	m, err := c.Messages.New(ctx, anthropic.MessageNewParams{Model: "molly-demo", MaxTokens: 1100, Messages: user,
+		Thinking: anthropic.ThinkingConfigParamOfEnabled(1024)}, aoption.WithJSONSet("temperature", 0)) // SDK v2's params have no temperature field
+
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,8 @@ const HeaderDecisionID = "X-Molly-Decision-Id"
 // translated request: what it writes in chat completions' terms reaches
 // the client in the client's API. A whole answer is held until Finish and
 // translated there (a chat completion becomes a Response or a Message; an
-// OpenAI error becomes Anthropic's error body for the Messages API and
+// OpenAI error becomes Anthropic's error body for the Messages API — with
+// Anthropic's status, 529 overloaded_error for a 503 — and
 // stays as it is for the Responses API, whose errors are OpenAI's); a 2xx
 // event stream is translated event by event as it is written, through a
 // relay.Parser. Headers set by the pipeline are kept (Content-Length is
@@ -154,6 +155,7 @@ func (w *Writer) Finish() {
 		body = w.t.messageFromChat(body)
 	case status >= 400 && w.api == APIMessages:
 		body = messageError(status, body, w.t != nil)
+		status = messagesStatus(status)
 	case status >= 400 && w.api == APIResponses:
 		body = responsesParam(body)
 	}
