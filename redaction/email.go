@@ -145,10 +145,11 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 	}
 	// Prefer the address that ends at a dropped character: "x@acme.com" of
 	// "x@acme.com\x00more".
-	for _, b := range breaks {
-		if int(b) <= a+1 {
-			continue
-		}
+	// From the first break after a+1 (breaks are sorted; a text with
+	// many dropped characters has many '@'s to test, so never from the
+	// first break).
+	k, _ := slices.BinarySearch(breaks, int32(a+2))
+	for _, b := range breaks[k:] {
 		if int(b) >= e {
 			break
 		}
