@@ -353,6 +353,10 @@ func TestRoundOneEvasions(t *testing.T) {
 		{"an e-mail with the homoglyph ɑ", "", "mail mɑria@exɑmple.org", []string{"EMAIL:mɑria@exɑmple.org"}},
 		{"double base64", "", "x WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9 y", []string{"EMAIL:WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9"}},
 		{"hex with spaces", "", "x 6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67 y", []string{"EMAIL:6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67"}},
+		// Decoded runs are scanned together: each finding is the run it is in.
+		{"double base64, harmless base64, double base64 of a card and spaced hex, each its own run",
+			"", "a WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9 b anVzdCBhIGhhcm1sZXNzIHNlbnRlbmNlIGhlcmU= c WTJGeVpDQTBNVEV4SURFeE1URWdNVEV4TVNBeE1URXhJRzly d 6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67 e",
+			[]string{"EMAIL:WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9", "CREDIT_CARD/visa:WTJGeVpDQTBNVEV4SURFeE1URWdNVEV4TVNBeE1URXhJRzly", "EMAIL:6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67"}},
 		{"an SSN without separators after SSN", "", "SSN 536221234.", []string{"US_SSN:536221234"}},
 		{"an SSN with dots", "", "ssn is 536.22.1234.", []string{"US_SSN:536.22.1234"}},
 		{"an e-mail with a NUL inside", "", "mail bob@exam\x00ple.com now", []string{"EMAIL:bob@exam\x00ple.com"}},
@@ -392,6 +396,9 @@ func TestRoundOneEvasions(t *testing.T) {
 func TestPrecisionOnLookAlikes(t *testing.T) {
 	runScanCases(t, []scanCase{
 		{"a version string is not an IP address", "", "Version 10.2.3.4 of the firmware", nil},
+		// base64 of "pay 4111 1111" and of "1111 1111 ok": decoded and
+		// scanned together, but no value reads from one into the next.
+		{"halves of a card in two encoded runs are not a card", "", "x cGF5IDQxMTEgMTExMQ== MTExMSAxMTExIG9r y", nil},
 		{"a build number is not an IP address", "", "build 4.0.1.22 is out", nil},
 		{"an e-mail placeholder does not swallow user=", "", "user=admin@example.com&role=owner", []string{"EMAIL:admin@example.com"}},
 		{"an e-mail in a URL path does not swallow the path", "", "https://crm.example.com/contacts/luca.bianchi@example.it ok", []string{"EMAIL:luca.bianchi@example.it"}},
