@@ -486,3 +486,37 @@ func TestEmailWithAQuotedLocalPart(t *testing.T) {
 		{"an empty quoted local part is none", "", `say ""@example.com and "hi" at example.com`, nil},
 	})
 }
+
+// TestEmailScratchUserinfoMatchesBackScan checks the forward read of
+// emailScratch against inURLUserinfo's back scan from each position (its
+// definition), over random texts dense in what either reads (stops,
+// slashes, colons, "://") and increasing positions with random gaps
+// (some over the 256-byte reach, some backwards).
+func TestEmailScratchUserinfoMatchesBackScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	pieces := []string{"a", "b@x.it", ":", "/", "://", "http://u:", " ", "\t", "\n", "\"", "<", "(", ",", "\u200b", strings.Repeat("z", 100)}
+	hits := 0
+	for range 300 {
+		var b strings.Builder
+		for b.Len() < 2000 {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		text := b.String()
+		var sc emailScratch
+		for i := r.IntN(20); i < len(text); i += r.IntN(300) - 10 {
+			if i < 0 {
+				i = 0
+			}
+			want := inURLUserinfo(text, i)
+			if got := sc.inURLUserinfo(text, i); got != want {
+				t.Fatalf("at %d of %q: got %v, want %v", i, text, got, want)
+			}
+			if want {
+				hits++
+			}
+		}
+	}
+	if hits == 0 {
+		t.Fatal("no position inside a URL's userinfo: the texts test nothing")
+	}
+}

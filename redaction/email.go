@@ -99,7 +99,8 @@ func cjk(r rune) bool {
 // shows. A local part glued to an '@' that made no address is grown over
 // it ("a@b.com@c.org" is one finding), so that no part of a run of
 // address characters is left out.
-func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
+// sc holds what the addresses of one text share (see emailScratch).
+func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (int, int, bool) {
 	// The domain first: it is the cheaper test, and what fails most often
 	// ("@" in code, mentions, floods of them); both tests only read text.
 	e, ok := domainAt(text, a+1)
@@ -153,7 +154,7 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 		if int(b) >= e {
 			break
 		}
-		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && icannTLD(text[a+1:be]) {
+		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && sc.icannTLD(text[a+1:be]) {
 			e = be
 			break
 		}
@@ -161,7 +162,7 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks, e) || gluedAfter(text, e) && !splitAt(breaks, e) {
 		return 0, 0, false
 	}
-	if inURLUserinfo(text, s) {
+	if sc.inURLUserinfo(text, s) {
 		return 0, 0, false
 	}
 	return s, e, true
@@ -279,6 +280,55 @@ func isAllAlpha(s string) bool {
 		}
 	}
 	return true
+}
+
+// emailScratch is what emailAt remembers between the addresses of one
+// text, so that addresses glued into one run ("a@x.it,b@x.it,…", or
+// joined by dropped characters) cost what spaced ones do: the state of
+// a forward read for inURLUserinfo, and the last top-level domain looked
+// up. The zero value is ready; it serves one text.
+type emailScratch struct {
+	pos   int // the text before pos has been read
+	stop  int // the last of ' ', '\t', '\n', '\r', '"', '<', '(' or '/' before pos, or -1
+	colon int // the last ':' before pos, or -1
+
+	tld         string // the last top-level domain looked up, and its answer
+	tldICANN    bool
+	tldLookedUp bool
+}
+
+// icannTLD is icannTLD remembering the last answer.
+func (sc *emailScratch) icannTLD(host string) bool {
+	tld := host[strings.LastIndexByte(host, '.')+1:]
+	if !sc.tldLookedUp || tld != sc.tld {
+		sc.tld, sc.tldICANN, sc.tldLookedUp = tld, icannTLD(tld), true
+	}
+	return sc.tldICANN
+}
+
+// inURLUserinfo is inURLUserinfo(text, i) for positions that (mostly)
+// increase: the text is read forward once, from at most 256 bytes before
+// i, instead of back from every i.
+func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
+	if i < sc.pos {
+		return inURLUserinfo(text, i)
+	}
+	if sc.pos == 0 || i-sc.pos > 256 {
+		// Nothing before i-256 decides.
+		sc.pos, sc.stop, sc.colon = max(0, i-256), -1, -1
+	}
+	for ; sc.pos < i; sc.pos++ {
+		switch text[sc.pos] {
+		case ' ', '\t', '\n', '\r', '"', '<', '(', '/':
+			sc.stop = sc.pos
+		case ':':
+			sc.colon = sc.pos
+		}
+	}
+	j := sc.stop
+	// As inURLUserinfo reads: the nearest stop within 256 bytes is the
+	// second '/' of "://", with a ':' after it.
+	return j >= 0 && i-j < 256 && text[j] == '/' && j >= 2 && text[j-1] == '/' && text[j-2] == ':' && sc.colon > j
 }
 
 // inURLUserinfo reports whether position i sits after "scheme://user:" in
@@ -524,11 +574,12 @@ func writtenEmailW(text string, p, q int, strong bool) (int, int, bool, bool) {
 // emailAt).
 func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Finding) []Finding {
 	last := -1
+	var sc emailScratch
 	for _, p := range a.ats {
 		if int(p) < last {
 			continue
 		}
-		st, e, ok := emailAt(text, int(p), breaks, last)
+		st, e, ok := emailAt(text, int(p), breaks, last, &sc)
 		if ok {
 			dst = append(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e
