@@ -42,16 +42,24 @@ func repeatTo(p string, size int) string {
 	return strings.Repeat(p, size/len(p)+1)[:size]
 }
 
+// benchScan also reports cpu-ns/op, the process's CPU time per scan
+// (garbage collection included; with -test.cpu 1, the scan's own work):
+// on a machine shared with other work it varies less than ns/op.
 func benchScan(b *testing.B, para string, size int) {
 	s := mustScanner(b)
 	text := repeatTo(para, size)
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu, n := processCPU(), 0
 	for b.Loop() {
 		if _, err := s.ScanBounded(text); err != nil {
 			b.Fatal(err)
 		}
+		n++
+	}
+	if c := processCPU(); c > 0 && n > 0 {
+		b.ReportMetric(float64(c-cpu)/float64(n), "cpu-ns/op")
 	}
 }
 

@@ -288,9 +288,9 @@ func isAllAlpha(s string) bool {
 // a forward read for inURLUserinfo, and the last top-level domain looked
 // up. The zero value is ready; it serves one text.
 type emailScratch struct {
-	pos   int // the text before pos has been read
-	stop  int // the last of ' ', '\t', '\n', '\r', '"', '<', '(' or '/' before pos, or -1
-	colon int // the last ':' before pos, or -1
+	pos   int // the last position asked about (0: none yet)
+	stop  int // the last of ' ', '\t', '\n', '\r', '"', '<', '(' or '/' before pos within 255 bytes, or -1
+	colon int // the last ':' after stop and before pos, or -1
 
 	tld         string // the last top-level domain looked up, and its answer
 	tldICANN    bool
@@ -307,28 +307,41 @@ func (sc *emailScratch) icannTLD(host string) bool {
 }
 
 // inURLUserinfo is inURLUserinfo(text, i) for positions that (mostly)
-// increase: the text is read forward once, from at most 256 bytes before
-// i, instead of back from every i.
+// increase: it reads back from i as inURLUserinfo does, but no further than
+// the previous position, whose reading it remembers, so that each byte is
+// read once, not up to 256 times.
 func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
 	if i < sc.pos {
 		return inURLUserinfo(text, i)
 	}
-	if sc.pos == 0 || i-sc.pos > 256 {
-		// Nothing before i-256 decides.
-		sc.pos, sc.stop, sc.colon = max(0, i-256), -1, -1
+	lo := i - 255 // inURLUserinfo reads no further back
+	known := sc.pos > 0 && sc.pos >= lo
+	if known {
+		lo = sc.pos
 	}
-	for ; sc.pos < i; sc.pos++ {
-		switch text[sc.pos] {
+	lo = max(lo, 0)
+	stop, colon := -1, -1
+	for j := i - 1; j >= lo && stop < 0; j-- {
+		switch text[j] {
 		case ' ', '\t', '\n', '\r', '"', '<', '(', '/':
-			sc.stop = sc.pos
+			stop = j
 		case ':':
-			sc.colon = sc.pos
+			if colon < 0 {
+				colon = j
+			}
 		}
 	}
-	j := sc.stop
-	// As inURLUserinfo reads: the nearest stop within 256 bytes is the
-	// second '/' of "://", with a ':' after it.
-	return j >= 0 && i-j < 256 && text[j] == '/' && j >= 2 && text[j-1] == '/' && text[j-2] == ':' && sc.colon > j
+	if stop < 0 && known {
+		// No stop since the previous position: its reading goes on.
+		stop = sc.stop
+		if colon < 0 {
+			colon = sc.colon
+		}
+	}
+	sc.pos, sc.stop, sc.colon = i, stop, colon
+	// The nearest stop within reach is the second '/' of "://", with a
+	// ':' after it.
+	return stop >= 0 && i-stop < 256 && text[stop] == '/' && stop >= 2 && text[stop-1] == '/' && text[stop-2] == ':' && colon > stop
 }
 
 // inURLUserinfo reports whether position i sits after "scheme://user:" in

@@ -29,11 +29,14 @@ type encodedSegment struct {
 
 // encodedSep separates the decoded texts in the buffer of
 // encodedSegments, so that all of them are scanned at once: no detector
-// reads through it (line breaks around semicolons: not a number gap of
+// reads through it (semicolons around a blank line: not a number gap of
 // maxGap or less, not address, word or base64 characters, no escape the
 // normaliser decodes), and it holds nothing the normaliser changes, so a
-// buffer of plain decoded texts needs no view.
-const encodedSep = "\n\n;;;;\n\n"
+// buffer of plain decoded texts needs no view. It starts with a space: a
+// decoded text ending in '=' (base64 padding, when base64 is encoded
+// again) would read as a quoted-printable soft line break before a line
+// feed.
+const encodedSep = " ;;\n\n;; "
 
 // addDecoded appends to buf the text run decodes to (see decodeRun), after
 // encodedSep when buf is not empty, and to segs its segment text[s:e];
@@ -67,23 +70,28 @@ func isB64Byte(c byte) bool {
 // into that buffer, and nothing is allocated per run.
 func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]encodedSegment, []byte) {
 	var out []encodedSegment
-	var buf []byte
+	buf := make([]byte, 0, 256) // until a run decodes to text
+	sized := false
 	var joined []byte // a wrapped block's lines, joined
-	// The buffer is sized once, for every run decoding: 3 bytes per 4.
-	size := 0
-	for _, r := range runs {
-		size += int(r[1]-r[0])*3/4 + len(encodedSep)
-	}
 	for k := 0; k < len(runs); k++ {
+		if !sized && len(out) > 0 {
+			// The first run that decodes to text: the buffer is sized once,
+			// for every run left decoding (3 bytes per 4), and so are the
+			// segments.
+			size := len(buf)
+			for _, r := range runs[k:] {
+				size += int(r[1]-r[0])*3/4 + len(encodedSep)
+			}
+			buf = append(make([]byte, 0, size), buf...)
+			out = append(make([]encodedSegment, 0, len(out)+len(runs)-k), out...)
+			sized = true
+		}
 		s, e := int(runs[k][0]), int(runs[k][1])
 		if before(text, s) >= 0x80 || at(text, e) >= 0x80 {
 			continue // part of a non-ASCII word
 		}
 		if !b.spend(1 + (e-s)/64) {
 			return out, buf
-		}
-		if buf == nil {
-			buf = make([]byte, 0, size)
 		}
 		// Base64 wrapped over lines: runs of one length, each ending at a
 		// newline, the last no longer.
@@ -217,11 +225,21 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		if strings.IndexByte(body, '=') >= 0 {
 			return dst, false
 		}
-		enc := base64.RawStdEncoding
-		if strings.ContainsAny(body, "-_") {
-			if strings.ContainsAny(body, "+/") {
-				return dst, false
+		// One alphabet: "-_" (URL-safe) or "+/", not both.
+		url, std := false, false
+		for i := 0; i < len(body); i++ {
+			switch body[i] {
+			case '-', '_':
+				url = true
+			case '+', '/':
+				std = true
 			}
+		}
+		if url && std {
+			return dst, false
+		}
+		enc := base64.RawStdEncoding
+		if url {
 			enc = base64.RawURLEncoding
 		}
 		if len(body)%4 == 1 {

@@ -593,6 +593,7 @@ func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst 
 	// inner is sorted by Start and the segments by their place in buf:
 	// one walk over both finds each segment's strongest finding.
 	i := 0
+	dst = slices.Grow(dst, len(segs))
 	for _, seg := range segs {
 		best := -1
 		for ; i < len(inner) && inner[i].Start < seg.de; i++ {
