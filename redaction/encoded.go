@@ -225,21 +225,10 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		if strings.IndexByte(body, '=') >= 0 {
 			return dst, false
 		}
-		// One alphabet: "-_" (URL-safe) or "+/", not both.
-		url, std := false, false
-		for i := 0; i < len(body); i++ {
-			switch body[i] {
-			case '-', '_':
-				url = true
-			case '+', '/':
-				std = true
-			}
-		}
-		if url && std {
-			return dst, false
-		}
+		// One alphabet: "-_" (URL-safe) or "+/", not both (the URL-safe
+		// decoder rejects '+' and '/').
 		enc := base64.RawStdEncoding
-		if url {
+		if strings.IndexByte(body, '-') >= 0 || strings.IndexByte(body, '_') >= 0 {
 			enc = base64.RawURLEncoding
 		}
 		if len(body)%4 == 1 {
@@ -266,6 +255,17 @@ func isHexString(s string) bool {
 	return true
 }
 
+// asciiNotText is 1 for the ASCII bytes that are neither printable (' '
+// to '~') nor white space ('\t' to '\r').
+var asciiNotText = func() (t [utf8.RuneSelf]uint8) {
+	for c := range utf8.RuneSelf {
+		if !unicode.IsPrint(rune(c)) && !unicode.IsSpace(rune(c)) {
+			t[c] = 1
+		}
+	}
+	return t
+}()
+
 // printableText reports whether b is valid UTF-8 of which at least 95% of
 // the runes are printable or white space.
 func printableText(b []byte) bool {
@@ -275,11 +275,8 @@ func printableText(b []byte) bool {
 	n, bad := 0, 0
 	for len(b) > 0 {
 		if c := b[0]; c < utf8.RuneSelf {
-			// ASCII: printable from ' ' to '~', white space from '\t' to '\r'.
 			n++
-			if c < ' ' && (c < '\t' || c > '\r') || c == 0x7f {
-				bad++
-			}
+			bad += int(asciiNotText[c])
 			b = b[1:]
 			continue
 		}
