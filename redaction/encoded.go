@@ -118,6 +118,11 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 					break
 				}
 				if len(joined) == 0 {
+					if cap(joined) == 0 {
+						// Once, for every block of the text: the block may
+						// run to the end of the text.
+						joined = make([]byte, 0, len(text)-s)
+					}
 					joined = append(joined, text[s:end]...)
 				}
 				joined = append(joined, text[ns:ne]...)
