@@ -503,8 +503,9 @@ func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool
 	}
 	cand := s.detect(scan, st, b, depth)
 	if ok {
+		k := -1
 		for i := range cand {
-			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
+			cand[i].Start, cand[i].End = v.spanFrom(cand[i].Start, cand[i].End, &k)
 		}
 	}
 	return cand
