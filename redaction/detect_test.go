@@ -520,3 +520,30 @@ func TestEmailScratchUserinfoMatchesBackScan(t *testing.T) {
 		t.Fatal("no position inside a URL's userinfo: the texts test nothing")
 	}
 }
+
+// TestEmailScratchBreakFromMatchesSearch checks breakFrom's cursor against
+// a read of every break (the first at or after x) for positions asked
+// mostly in increasing order, with jumps back.
+func TestEmailScratchBreakFromMatchesSearch(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 17))
+	for range 200 {
+		var breaks []int32
+		for p := int32(r.IntN(5)); p < 2000; p += int32(1 + r.IntN(40)) {
+			breaks = append(breaks, p)
+		}
+		var sc emailScratch
+		for x := 0; x < 2100; x += r.IntN(60) - 8 {
+			x = max(x, 0)
+			want := len(breaks)
+			for i, b := range breaks {
+				if int(b) >= x {
+					want = i
+					break
+				}
+			}
+			if got := sc.breakFrom(breaks, x); got != want {
+				t.Fatalf("breakFrom(%d) = %d, want %d (breaks %v)", x, got, want, breaks)
+			}
+		}
+	}
+}

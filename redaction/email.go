@@ -149,7 +149,7 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	// From the first break after a+1 (breaks are sorted; a text with
 	// many dropped characters has many '@'s to test, so never from the
 	// first break).
-	k, _ := slices.BinarySearch(breaks, int32(a+2))
+	k := sc.breakFrom(breaks, a+2)
 	for _, b := range breaks[k:] {
 		if int(b) >= e {
 			break
@@ -159,7 +159,7 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 			break
 		}
 	}
-	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks, e) || gluedAfter(text, e) && !splitAt(breaks, e) {
+	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks[k:], e) || gluedAfter(text, e) && !splitAt(breaks[k:], e) {
 		return 0, 0, false
 	}
 	if sc.inURLUserinfo(text, s) {
@@ -292,9 +292,30 @@ type emailScratch struct {
 	stop  int // the last of ' ', '\t', '\n', '\r', '"', '<', '(' or '/' before pos within 255 bytes, or -1
 	colon int // the last ':' after stop and before pos, or -1
 
+	bk int // the first break at or after the last '@' asked about (see breakFrom)
+
 	tld         string // the last top-level domain looked up, and its answer
 	tldICANN    bool
 	tldLookedUp bool
+}
+
+// breakFrom returns the index of the first of breaks at or after x, as
+// slices.BinarySearch does, from the index it returned last: the '@'s
+// of a text come in increasing order, so it is a step or two.
+func (sc *emailScratch) breakFrom(breaks []int32, x int) int {
+	k := sc.bk
+	if k > len(breaks) || k > 0 && int(breaks[k-1]) >= x {
+		k, _ = slices.BinarySearch(breaks, int32(x))
+	} else {
+		for steps := 0; k < len(breaks) && int(breaks[k]) < x; k++ {
+			if steps++; steps > 8 {
+				k, _ = slices.BinarySearch(breaks, int32(x))
+				break
+			}
+		}
+	}
+	sc.bk = k
+	return k
 }
 
 // icannTLD is icannTLD remembering the last answer.
