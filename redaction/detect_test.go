@@ -353,6 +353,10 @@ func TestRoundOneEvasions(t *testing.T) {
 		{"an e-mail with the homoglyph ɑ", "", "mail mɑria@exɑmple.org", []string{"EMAIL:mɑria@exɑmple.org"}},
 		{"double base64", "", "x WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9 y", []string{"EMAIL:WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9"}},
 		{"hex with spaces", "", "x 6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67 y", []string{"EMAIL:6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67"}},
+		// Decoded runs are scanned together: each finding is the run it is in.
+		{"double base64, harmless base64, double base64 of a card and spaced hex, each its own run",
+			"", "a WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9 b anVzdCBhIGhhcm1sZXNzIHNlbnRlbmNlIGhlcmU= c WTJGeVpDQTBNVEV4SURFeE1URWdNVEV4TVNBeE1URXhJRzly d 6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67 e",
+			[]string{"EMAIL:WW1GeWFXRkFaWGhoYlhCc1pTNXZjbWM9", "CREDIT_CARD/visa:WTJGeVpDQTBNVEV4SURFeE1URWdNVEV4TVNBeE1URXhJRzly", "EMAIL:6d 61 72 69 61 40 65 78 61 6d 70 6c 65 2e 6f 72 67"}},
 		{"an SSN without separators after SSN", "", "SSN 536221234.", []string{"US_SSN:536221234"}},
 		{"an SSN with dots", "", "ssn is 536.22.1234.", []string{"US_SSN:536.22.1234"}},
 		{"an e-mail with a NUL inside", "", "mail bob@exam\x00ple.com now", []string{"EMAIL:bob@exam\x00ple.com"}},
@@ -392,6 +396,9 @@ func TestRoundOneEvasions(t *testing.T) {
 func TestPrecisionOnLookAlikes(t *testing.T) {
 	runScanCases(t, []scanCase{
 		{"a version string is not an IP address", "", "Version 10.2.3.4 of the firmware", nil},
+		// base64 of "pay 4111 1111" and of "1111 1111 ok": decoded and
+		// scanned together, but no value reads from one into the next.
+		{"halves of a card in two encoded runs are not a card", "", "x cGF5IDQxMTEgMTExMQ== MTExMSAxMTExIG9r y", nil},
 		{"a build number is not an IP address", "", "build 4.0.1.22 is out", nil},
 		{"an e-mail placeholder does not swallow user=", "", "user=admin@example.com&role=owner", []string{"EMAIL:admin@example.com"}},
 		{"an e-mail in a URL path does not swallow the path", "", "https://crm.example.com/contacts/luca.bianchi@example.it ok", []string{"EMAIL:luca.bianchi@example.it"}},
@@ -478,4 +485,65 @@ func TestEmailWithAQuotedLocalPart(t *testing.T) {
 		{"a quoted local part with a space", "", `mail "mario rossi"@example.com now`, []string{`EMAIL:"mario rossi"@example.com`}},
 		{"an empty quoted local part is none", "", `say ""@example.com and "hi" at example.com`, nil},
 	})
+}
+
+// TestEmailScratchUserinfoMatchesBackScan checks the forward read of
+// emailScratch against inURLUserinfo's back scan from each position (its
+// definition), over random texts dense in what either reads (stops,
+// slashes, colons, "://") and increasing positions with random gaps
+// (some over the 256-byte reach, some backwards).
+func TestEmailScratchUserinfoMatchesBackScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	pieces := []string{"a", "b@x.it", ":", "/", "://", "http://u:", " ", "\t", "\n", "\"", "<", "(", ",", "\u200b", strings.Repeat("z", 100)}
+	hits := 0
+	for range 300 {
+		var b strings.Builder
+		for b.Len() < 2000 {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		text := b.String()
+		var sc emailScratch
+		for i := r.IntN(20); i < len(text); i += r.IntN(300) - 10 {
+			if i < 0 {
+				i = 0
+			}
+			want := inURLUserinfo(text, i)
+			if got := sc.inURLUserinfo(text, i); got != want {
+				t.Fatalf("at %d of %q: got %v, want %v", i, text, got, want)
+			}
+			if want {
+				hits++
+			}
+		}
+	}
+	if hits == 0 {
+		t.Fatal("no position inside a URL's userinfo: the texts test nothing")
+	}
+}
+
+// TestEmailScratchBreakFromMatchesSearch checks breakFrom's cursor against
+// a read of every break (the first at or after x) for positions asked
+// mostly in increasing order, with jumps back.
+func TestEmailScratchBreakFromMatchesSearch(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 17))
+	for range 200 {
+		var breaks []int32
+		for p := int32(r.IntN(5)); p < 2000; p += int32(1 + r.IntN(40)) {
+			breaks = append(breaks, p)
+		}
+		var sc emailScratch
+		for x := 0; x < 2100; x += r.IntN(60) - 8 {
+			x = max(x, 0)
+			want := len(breaks)
+			for i, b := range breaks {
+				if int(b) >= x {
+					want = i
+					break
+				}
+			}
+			if got := sc.breakFrom(breaks, x); got != want {
+				t.Fatalf("breakFrom(%d) = %d, want %d (breaks %v)", x, got, want, breaks)
+			}
+		}
+	}
 }

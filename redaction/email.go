@@ -99,7 +99,8 @@ func cjk(r rune) bool {
 // shows. A local part glued to an '@' that made no address is grown over
 // it ("a@b.com@c.org" is one finding), so that no part of a run of
 // address characters is left out.
-func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
+// sc holds what the addresses of one text share (see emailScratch).
+func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (int, int, bool) {
 	// The domain first: it is the cheaper test, and what fails most often
 	// ("@" in code, mentions, floods of them); both tests only read text.
 	e, ok := domainAt(text, a+1)
@@ -145,22 +146,23 @@ func emailAt(text string, a int, breaks []int32, last int) (int, int, bool) {
 	}
 	// Prefer the address that ends at a dropped character: "x@acme.com" of
 	// "x@acme.com\x00more".
-	for _, b := range breaks {
-		if int(b) <= a+1 {
-			continue
-		}
+	// From the first break after a+1 (breaks are sorted; a text with
+	// many dropped characters has many '@'s to test, so never from the
+	// first break).
+	k := sc.breakFrom(breaks, a+2)
+	for _, b := range breaks[k:] {
 		if int(b) >= e {
 			break
 		}
-		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && icannTLD(text[a+1:be]) {
+		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && sc.icannTLD(text[a+1:be]) {
 			e = be
 			break
 		}
 	}
-	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks, e) || gluedAfter(text, e) && !splitAt(breaks, e) {
+	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks[k:], e) || gluedAfter(text, e) && !splitAt(breaks[k:], e) {
 		return 0, 0, false
 	}
-	if inURLUserinfo(text, s) {
+	if sc.inURLUserinfo(text, s) {
 		return 0, 0, false
 	}
 	return s, e, true
@@ -278,6 +280,89 @@ func isAllAlpha(s string) bool {
 		}
 	}
 	return true
+}
+
+// emailScratch is what emailAt remembers between the addresses of one
+// text, so that addresses glued into one run ("a@x.it,b@x.it,…", or
+// joined by dropped characters) cost what spaced ones do: the state of
+// a forward read for inURLUserinfo, and the last top-level domain looked
+// up. The zero value is ready; it serves one text.
+type emailScratch struct {
+	pos   int // the last position asked about (0: none yet)
+	stop  int // the last of ' ', '\t', '\n', '\r', '"', '<', '(' or '/' before pos within 255 bytes, or -1
+	colon int // the last ':' after stop and before pos, or -1
+
+	bk int // the first break at or after the last '@' asked about (see breakFrom)
+
+	tld         string // the last top-level domain looked up, and its answer
+	tldICANN    bool
+	tldLookedUp bool
+}
+
+// breakFrom returns the index of the first of breaks at or after x, as
+// slices.BinarySearch does, from the index it returned last: the '@'s
+// of a text come in increasing order, so it is a step or two.
+func (sc *emailScratch) breakFrom(breaks []int32, x int) int {
+	k := sc.bk
+	if k > len(breaks) || k > 0 && int(breaks[k-1]) >= x {
+		k, _ = slices.BinarySearch(breaks, int32(x))
+	} else {
+		for steps := 0; k < len(breaks) && int(breaks[k]) < x; k++ {
+			if steps++; steps > 8 {
+				k, _ = slices.BinarySearch(breaks, int32(x))
+				break
+			}
+		}
+	}
+	sc.bk = k
+	return k
+}
+
+// icannTLD is icannTLD remembering the last answer.
+func (sc *emailScratch) icannTLD(host string) bool {
+	tld := host[strings.LastIndexByte(host, '.')+1:]
+	if !sc.tldLookedUp || tld != sc.tld {
+		sc.tld, sc.tldICANN, sc.tldLookedUp = tld, icannTLD(tld), true
+	}
+	return sc.tldICANN
+}
+
+// inURLUserinfo is inURLUserinfo(text, i) for positions that (mostly)
+// increase: it reads back from i as inURLUserinfo does, but no further than
+// the previous position, whose reading it remembers, so that each byte is
+// read once, not up to 256 times.
+func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
+	if i < sc.pos {
+		return inURLUserinfo(text, i)
+	}
+	lo := i - 255 // inURLUserinfo reads no further back
+	known := sc.pos > 0 && sc.pos >= lo
+	if known {
+		lo = sc.pos
+	}
+	lo = max(lo, 0)
+	stop, colon := -1, -1
+	for j := i - 1; j >= lo && stop < 0; j-- {
+		switch text[j] {
+		case ' ', '\t', '\n', '\r', '"', '<', '(', '/':
+			stop = j
+		case ':':
+			if colon < 0 {
+				colon = j
+			}
+		}
+	}
+	if stop < 0 && known {
+		// No stop since the previous position: its reading goes on.
+		stop = sc.stop
+		if colon < 0 {
+			colon = sc.colon
+		}
+	}
+	sc.pos, sc.stop, sc.colon = i, stop, colon
+	// The nearest stop within reach is the second '/' of "://", with a
+	// ':' after it.
+	return stop >= 0 && i-stop < 256 && text[stop] == '/' && stop >= 2 && text[stop-1] == '/' && text[stop-2] == ':' && colon > stop
 }
 
 // inURLUserinfo reports whether position i sits after "scheme://user:" in
@@ -523,11 +608,12 @@ func writtenEmailW(text string, p, q int, strong bool) (int, int, bool, bool) {
 // emailAt).
 func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Finding) []Finding {
 	last := -1
+	var sc emailScratch
 	for _, p := range a.ats {
 		if int(p) < last {
 			continue
 		}
-		st, e, ok := emailAt(text, int(p), breaks, last)
+		st, e, ok := emailAt(text, int(p), breaks, last, &sc)
 		if ok {
 			dst = append(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e

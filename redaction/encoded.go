@@ -19,11 +19,39 @@ const minEncodedLen = 12
 // levels stays under 4× the text.
 const maxEncodedDepth = 3
 
-// encodedSegment is a run of base64 or hex in the scanned text and the
-// text it decodes to.
+// encodedSegment is a run of base64 or hex in the scanned text,
+// text[start:end], and where the text it decodes to lies in the decoded
+// buffer of encodedSegments, buf[ds:de].
 type encodedSegment struct {
 	start, end int
-	decoded    string
+	ds, de     int
+}
+
+// encodedSep separates the decoded texts in the buffer of
+// encodedSegments, so that all of them are scanned at once: no detector
+// reads through it (semicolons around a blank line: not a number gap of
+// maxGap or less, not address, word or base64 characters, no escape the
+// normaliser decodes), and it holds nothing the normaliser changes, so a
+// buffer of plain decoded texts needs no view. It starts with a space: a
+// decoded text ending in '=' (base64 padding, when base64 is encoded
+// again) would read as a quoted-printable soft line break before a line
+// feed.
+const encodedSep = " ;;\n\n;; "
+
+// addDecoded appends to buf the text run decodes to (see decodeRun), after
+// encodedSep when buf is not empty, and to segs its segment text[s:e];
+// it returns both unchanged when run does not decode to text.
+func addDecoded(segs []encodedSegment, buf []byte, s, e int, run string) ([]encodedSegment, []byte) {
+	mark := len(buf)
+	if mark > 0 {
+		buf = append(buf, encodedSep...)
+	}
+	ds := len(buf)
+	buf, ok := decodeRun(buf, run)
+	if !ok {
+		return segs, buf[:mark]
+	}
+	return append(segs, encodedSegment{s, e, ds, len(buf)}), buf
 }
 
 func isB64Byte(c byte) bool {
@@ -37,22 +65,39 @@ func isB64Byte(c byte) bool {
 // to mostly printable UTF-8 text: the hiding places of values pasted as
 // "bWFyaW9AZXhhbXBsZS5pdA==". Binary payloads (images, hashes, ciphertext)
 // fail the printable test and are skipped. runs are the prefilter's base64
-// runs of text.
-func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) []encodedSegment {
+// runs of text. The decoded texts are returned in one buffer, in the order
+// of the segments and separated by encodedSep: each run is decoded once,
+// into that buffer, and nothing is allocated per run.
+func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]encodedSegment, []byte) {
 	var out []encodedSegment
+	buf := make([]byte, 0, 256) // until a run decodes to text
+	sized := false
+	var joined []byte // a wrapped block's lines, joined
 	for k := 0; k < len(runs); k++ {
+		if !sized && len(out) > 0 {
+			// The first run that decodes to text: the buffer is sized once,
+			// for every run left decoding (3 bytes per 4), and so are the
+			// segments.
+			size := len(buf)
+			for _, r := range runs[k:] {
+				size += int(r[1]-r[0])*3/4 + len(encodedSep)
+			}
+			buf = append(make([]byte, 0, size), buf...)
+			out = append(make([]encodedSegment, 0, len(out)+len(runs)-k), out...)
+			sized = true
+		}
 		s, e := int(runs[k][0]), int(runs[k][1])
 		if before(text, s) >= 0x80 || at(text, e) >= 0x80 {
 			continue // part of a non-ASCII word
 		}
 		if !b.spend(1 + (e-s)/64) {
-			return out
+			return out, buf
 		}
 		// Base64 wrapped over lines: runs of one length, each ending at a
 		// newline, the last no longer.
 		if w := e - s; w >= 16 && at(text, e) == '\n' {
 			j, end := k, e
-			var joined strings.Builder
+			joined = joined[:0]
 			lines := 1
 			for {
 				nl := end
@@ -72,10 +117,15 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) []en
 				if ne == ns || ne-ns > w || at(text, ne) != '\n' && at(text, ne) != '\r' && isB64Byte(at(text, ne)) {
 					break
 				}
-				if joined.Len() == 0 {
-					joined.WriteString(text[s:end])
+				if len(joined) == 0 {
+					if cap(joined) == 0 {
+						// Once, for every block of the text: the block may
+						// run to the end of the text.
+						joined = make([]byte, 0, len(text)-s)
+					}
+					joined = append(joined, text[s:end]...)
 				}
-				joined.WriteString(text[ns:ne])
+				joined = append(joined, text[ns:ne]...)
 				end, lines = ne, lines+1
 				for j+1 < len(runs) && int(runs[j+1][0]) < ne {
 					j++
@@ -85,26 +135,23 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) []en
 				}
 			}
 			if lines > 1 {
-				if d, ok := decodeRun(joined.String()); ok {
-					out = append(out, encodedSegment{s, end, d})
+				n := len(out)
+				if out, buf = addDecoded(out, buf, s, end, unsafe.String(unsafe.SliceData(joined), len(joined))); len(out) > n {
 					k = j
 					continue
 				}
 			}
 		}
-		if d, ok := decodeRun(text[s:e]); ok {
-			out = append(out, encodedSegment{s, e, d})
-			continue
-		}
+		out, buf = addDecoded(out, buf, s, e, text[s:e])
 	}
-	return append(out, spacedHex(text, hex2, b)...)
+	return spacedHex(text, hex2, b, out, buf)
 }
 
 // spacedHex finds hex written as at least six byte pairs separated by
-// single spaces or colons, decoding to printable text.
+// single spaces or colons, decoding to printable text, and appends them to
+// out and their decoded texts to buf (as encodedSegments does).
 // pairs are the prefilter's candidate first pairs.
-func spacedHex(text string, pairsAt []int32, b *budget) []encodedSegment {
-	var out []encodedSegment
+func spacedHex(text string, pairsAt []int32, b *budget, out []encodedSegment, buf []byte) ([]encodedSegment, []byte) {
 	i := 0
 	for _, ps := range pairsAt {
 		if int(ps) < i {
@@ -129,18 +176,24 @@ func spacedHex(text string, pairsAt []int32, b *budget) []encodedSegment {
 			continue
 		}
 		if !b.spend(1 + pairs/32) {
-			return out
+			return out, buf
 		}
-		raw := make([]byte, 0, pairs)
+		mark := len(buf)
+		if mark > 0 {
+			buf = append(buf, encodedSep...)
+		}
+		ds := len(buf)
 		for q := s; q < j; q += 3 {
-			raw = append(raw, byte(hexVal(text[q])<<4|hexVal(text[q+1])))
+			buf = append(buf, byte(hexVal(text[q])<<4|hexVal(text[q+1])))
 		}
-		if len(raw) >= 6 && printableText(raw) {
-			out = append(out, encodedSegment{s, j, string(raw)})
+		if len(buf)-ds >= 6 && printableText(buf[ds:]) {
+			out = append(out, encodedSegment{s, j, ds, len(buf)})
+		} else {
+			buf = buf[:mark]
 		}
 		i = j
 	}
-	return out
+	return out, buf
 }
 
 // maybeText reports whether a decoded prefix can start printable UTF-8
@@ -157,46 +210,45 @@ func maybeText(c byte) bool {
 }
 
 // decodeRun decodes a run of hex or base64 (RFC 4648 §4 or §5 alphabet,
-// padding optional) and returns the decoded text when it reads as text
-// (see printableText).
-func decodeRun(run string) (string, bool) {
-	// Decoded into a buffer on the stack (the run itself is read in
-	// place): only a decoded text that is kept is allocated.
-	var buf [256]byte
+// padding optional), appending to dst, and reports whether the decoded
+// text reads as text (see printableText); when it does not, dst may have
+// grown past its length (the caller cuts it back).
+func decodeRun(dst []byte, run string) ([]byte, bool) {
+	// The run is read in place.
 	src := unsafe.Slice(unsafe.StringData(run), len(run))
+	from := len(dst)
 	var raw []byte
 	var err error
 	switch {
 	case len(run)%2 == 0 && isHexString(run):
 		if !maybeText(byte(hexVal(run[0])<<4 | hexVal(run[1]))) {
-			return "", false
+			return dst, false
 		}
-		raw, err = hex.AppendDecode(buf[:0], src)
+		raw, err = hex.AppendDecode(dst, src)
 	default:
 		body := strings.TrimRight(run, "=")
 		if strings.IndexByte(body, '=') >= 0 {
-			return "", false
+			return dst, false
 		}
+		// One alphabet: "-_" (URL-safe) or "+/", not both (the URL-safe
+		// decoder rejects '+' and '/').
 		enc := base64.RawStdEncoding
-		if strings.ContainsAny(body, "-_") {
-			if strings.ContainsAny(body, "+/") {
-				return "", false
-			}
+		if strings.IndexByte(body, '-') >= 0 || strings.IndexByte(body, '_') >= 0 {
 			enc = base64.RawURLEncoding
 		}
 		if len(body)%4 == 1 {
-			return "", false
+			return dst, false
 		}
 		var first [3]byte
-		if n, _ := enc.Decode(first[:], []byte(body[:4])); n < 1 || !maybeText(first[0]) {
-			return "", false
+		if n, _ := enc.Decode(first[:], src[:4]); n < 1 || !maybeText(first[0]) {
+			return dst, false
 		}
-		raw, err = enc.AppendDecode(buf[:0], src[:len(body)])
+		raw, err = enc.AppendDecode(dst, src[:len(body)])
 	}
-	if err != nil || len(raw) < 6 || !printableText(raw) {
-		return "", false
+	if err != nil || len(raw)-from < 6 || !printableText(raw[from:]) {
+		return raw, false
 	}
-	return string(raw), true
+	return raw, true
 }
 
 func isHexString(s string) bool {
@@ -208,6 +260,17 @@ func isHexString(s string) bool {
 	return true
 }
 
+// asciiNotText is 1 for the ASCII bytes that are neither printable (' '
+// to '~') nor white space ('\t' to '\r').
+var asciiNotText = func() (t [utf8.RuneSelf]uint8) {
+	for c := range utf8.RuneSelf {
+		if !unicode.IsPrint(rune(c)) && !unicode.IsSpace(rune(c)) {
+			t[c] = 1
+		}
+	}
+	return t
+}()
+
 // printableText reports whether b is valid UTF-8 of which at least 95% of
 // the runes are printable or white space.
 func printableText(b []byte) bool {
@@ -216,6 +279,12 @@ func printableText(b []byte) bool {
 	}
 	n, bad := 0, 0
 	for len(b) > 0 {
+		if c := b[0]; c < utf8.RuneSelf {
+			n++
+			bad += int(asciiNotText[c])
+			b = b[1:]
+			continue
+		}
 		r, size := utf8.DecodeRune(b)
 		b = b[size:]
 		n++

@@ -30,6 +30,18 @@ var fiscalOdd = [36]int{
 
 const fiscalMonths = "ABCDEHLMPRST"
 
+// fiscalMonthBits has bit c-'A' set for each letter c of fiscalMonths.
+var fiscalMonthBits = func() (m uint32) {
+	for i := range len(fiscalMonths) {
+		m |= 1 << (fiscalMonths[i] - 'A')
+	}
+	return m
+}()
+
+// isFiscalMonth reports whether c is an upper-case month letter of
+// fiscalMonths (a test on every digit run's next letter: no call).
+func isFiscalMonth(c byte) bool { return c-'A' < 26 && fiscalMonthBits>>(c-'A')&1 != 0 }
+
 // detectFiscal checks the 16-byte tokens the prefilter found.
 func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 	var up [16]byte
@@ -49,7 +61,7 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 			case 0, 1, 2, 3, 4, 5, 11, 15:
 				ok = isUpper(c)
 			case 8:
-				ok = strings.IndexByte(fiscalMonths, c) >= 0
+				ok = isFiscalMonth(c)
 			default: // 6, 7, 9, 10, 12, 13, 14: digit or omocodia letter
 				ok = isDigit(c) || strings.IndexByte("LMNPQRSTUV", c) >= 0
 			}
@@ -211,7 +223,7 @@ func fiscalMonthAfter(text string, n int) bool {
 	if isLower(c) {
 		c -= 'a' - 'A'
 	}
-	if !isUpper(c) || strings.IndexByte(fiscalMonths, c) < 0 {
+	if !isFiscalMonth(c) {
 		return false
 	}
 	j++
@@ -265,7 +277,7 @@ func fiscalGroupedAt(text string, st int, up *[16]byte) (int, bool) {
 		case 0, 1, 2, 3, 4, 5, 11, 15:
 			ok = isUpper(c)
 		case 8:
-			ok = strings.IndexByte(fiscalMonths, c) >= 0
+			ok = isFiscalMonth(c)
 		default:
 			ok = isDigit(c) || strings.IndexByte("LMNPQRSTUV", c) >= 0
 		}

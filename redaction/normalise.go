@@ -27,7 +27,17 @@ type viewMark struct{ v, ve, o, oe int32 }
 
 // orig returns the original span of view byte i.
 func (v *view) orig(i int) (int, int) {
-	k := sort.Search(len(v.marks), func(k int) bool { return int(v.marks[k].v) > i }) - 1
+	return v.origOf(i, v.markAt(i))
+}
+
+// markAt returns the index of the last mark starting at or before view
+// byte i, or -1.
+func (v *view) markAt(i int) int {
+	return sort.Search(len(v.marks), func(k int) bool { return int(v.marks[k].v) > i }) - 1
+}
+
+// origOf is orig given markAt(i), k.
+func (v *view) origOf(i, k int) (int, int) {
 	if k < 0 {
 		return i, i + 1
 	}
@@ -41,9 +51,34 @@ func (v *view) orig(i int) (int, int) {
 
 // span maps the byte range [s, e) of the view back to the original text.
 func (v *view) span(s, e int) (int, int) {
-	a, _ := v.orig(s)
-	_, b := v.orig(e - 1)
+	k := -1
+	return v.spanFrom(s, e, &k)
+}
+
+// spanFrom is span with a cursor: *k is the mark index of an earlier call
+// (-1 at first). Ranges mapped in increasing order (as detectors find
+// them) then cost a step or two of the cursor each, not two searches.
+func (v *view) spanFrom(s, e int, k *int) (int, int) {
+	a, _ := v.origOf(s, v.markFrom(s, k))
+	_, b := v.origOf(e-1, v.markFrom(e-1, k))
 	return a, b
+}
+
+// markFrom is markAt(i) from the cursor *k, which it moves there.
+func (v *view) markFrom(i int, k *int) int {
+	j := *k
+	if j < 0 || j >= len(v.marks) || int(v.marks[j].v) > i {
+		j = v.markAt(i)
+	} else {
+		for steps := 0; j+1 < len(v.marks) && int(v.marks[j+1].v) <= i; j++ {
+			if steps++; steps > 8 {
+				j = v.markAt(i)
+				break
+			}
+		}
+	}
+	*k = j
+	return j
 }
 
 // confusables maps letters that render like ASCII letters to those letters:

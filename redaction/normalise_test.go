@@ -1,6 +1,8 @@
 package redaction
 
 import (
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"unicode"
 
@@ -34,5 +36,54 @@ func TestPlainRunesAreKeptAsTheyAre(t *testing.T) {
 	}
 	if kept < 40000 {
 		t.Errorf("only %d BMP runes are kept as they are", kept)
+	}
+}
+
+// TestSpanFromMatchesMarks checks the cursor of spanFrom against the
+// definition of the view's map (the last mark at or before a view byte,
+// found by reading every mark) on views with many marks (dropped,
+// widened and narrowed characters), for ranges asked in increasing order
+// (as detectors find them), with jumps ahead and back.
+func TestSpanFromMatchesMarks(t *testing.T) {
+	origOf := func(v view, i int) (int, int) {
+		k := -1
+		for j, m := range v.marks {
+			if int(m.v) <= i {
+				k = j
+			}
+		}
+		if k < 0 {
+			return i, i + 1
+		}
+		m := v.marks[k]
+		if i < int(m.ve) {
+			return int(m.o), int(m.oe)
+		}
+		o := int(m.oe) + i - int(m.ve)
+		return o, o + 1
+	}
+	r := rand.New(rand.NewPCG(3, 5))
+	pieces := []string{"a", "bc", "\u200b", "１", "ｆｕｌｌ", "%40", "&amp;", "é", "e\u0301", " ", "\x00", strings.Repeat("x", 40)}
+	for range 200 {
+		var b strings.Builder
+		for b.Len() < 600 {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		v, ok := normalise(b.String())
+		if !ok || len(v.marks) == 0 {
+			continue
+		}
+		k := -1
+		for s := 0; s < len(v.text); {
+			e := s + 1 + r.IntN(min(20, len(v.text)-s))
+			gs, ge := v.spanFrom(s, e, &k)
+			ws, _ := origOf(v, s)
+			_, we := origOf(v, e-1)
+			if gs != ws || ge != we {
+				t.Fatalf("view range [%d,%d) of %q: got [%d,%d), want [%d,%d)", s, e, b.String(), gs, ge, ws, we)
+			}
+			s += r.IntN(30) - 5 // mostly ahead, at times back
+			s = max(s, 0)
+		}
 	}
 }

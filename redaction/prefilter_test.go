@@ -115,7 +115,7 @@ func prefilterTexts(t *testing.T, ix *keywordIndex) []string {
 	texts := []string{"", "a", "ab", "sk", "ey", "s.", "Ab", "1", "@", ":a", "a:", "ab cd", "0f 1e:2d 3c",
 		prosePara, densePara, codePara, mixedPara, gatewayMixed(4 << 10)}
 	for _, c := range adversarial {
-		texts = append(texts, repeatTo(c.unit, 3000))
+		texts = append(texts, repeatTo(c.Unit, 3000))
 	}
 	// The corpus prompts (not the held-out set), as written and as the
 	// normalised view that scans see.
@@ -263,7 +263,7 @@ func TestScanConcurrentMatchesSequential(t *testing.T) {
 	}
 	texts := []string{prosePara, densePara, codePara, mixedPara, gatewayMixed(8 << 10)}
 	for _, c := range adversarial {
-		texts = append(texts, repeatTo(c.unit, 2000))
+		texts = append(texts, repeatTo(c.Unit, 2000))
 	}
 	want := make([][]Finding, len(texts))
 	for i, text := range texts {

@@ -74,10 +74,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Entity type names. They are used verbatim in Rego policies
@@ -503,8 +503,9 @@ func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool
 	}
 	cand := s.detect(scan, st, b, depth)
 	if ok {
+		k := -1
 		for i := range cand {
-			cand[i].Start, cand[i].End = v.span(cand[i].Start, cand[i].End)
+			cand[i].Start, cand[i].End = v.spanFrom(cand[i].Start, cand[i].End, &k)
 		}
 	}
 	return cand
@@ -578,40 +579,31 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 // replaced inside the encoding), with the type and subtype of the
 // highest-priority value inside.
 func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int) []Finding {
-	segs := encodedSegments(text, runs, hex2, b)
+	segs, buf := encodedSegments(text, runs, hex2, b)
 	if len(segs) == 0 {
 		return dst
 	}
-	// One scan of all the decoded texts, joined by a separator that no
-	// detector reads through (NUL bytes around newlines), instead of one
-	// scan each: the cost of a scan's set-up is paid once.
-	const sep = "\x00\x00\n\n\x00\x00"
-	var joined strings.Builder
-	starts := make([]int, len(segs))
-	for k, seg := range segs {
-		if k > 0 {
-			joined.WriteString(sep)
-		}
-		starts[k] = joined.Len()
-		joined.WriteString(seg.decoded)
-	}
-	if !b.spend(joined.Len() / 16) {
+	// One scan of all the decoded texts, joined by encodedSep (which no
+	// detector reads through), instead of one scan each: the cost of a
+	// scan's set-up is paid once.
+	if !b.spend(len(buf) / 16) {
 		return dst
 	}
-	inner := s.scan(joined.String(), b, depth+1)
-	best := make([]int, len(segs)) // index+1 into inner of the strongest finding per segment
-	for i, f := range inner {
-		k := sort.SearchInts(starts, f.Start+1) - 1
-		if k < 0 || f.Start >= starts[k]+len(segs[k].decoded) {
-			continue // in a separator
+	// buf is not written again (nor pooled): the string may share it.
+	inner := s.scan(unsafe.String(unsafe.SliceData(buf), len(buf)), b, depth+1)
+	// inner is sorted by Start and the segments by their place in buf:
+	// one walk over both finds each segment's strongest finding.
+	i := 0
+	dst = slices.Grow(dst, len(segs))
+	for _, seg := range segs {
+		best := -1
+		for ; i < len(inner) && inner[i].Start < seg.de; i++ {
+			if f := inner[i]; f.Start >= seg.ds && (best < 0 || s.prio[f.Type] < s.prio[inner[best].Type]) {
+				best = i
+			} // else in a separator
 		}
-		if best[k] == 0 || s.prio[f.Type] < s.prio[inner[best[k]-1].Type] {
-			best[k] = i + 1
-		}
-	}
-	for k, seg := range segs {
-		if best[k] > 0 {
-			f := inner[best[k]-1]
+		if best >= 0 {
+			f := inner[best]
 			dst = append(dst, Finding{Type: f.Type, Subtype: f.Subtype, Start: seg.start, End: seg.end})
 		}
 	}

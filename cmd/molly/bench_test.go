@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/molly-gateway/molly/caddy-modules/app"
+	"github.com/molly-gateway/molly/internal/adversarial"
 	"github.com/molly-gateway/molly/redaction"
 )
 
@@ -567,8 +568,9 @@ func (p *benchPair) suite(b *testing.B, rounds int) benchTable {
 }
 
 // Detector inputs: a mixed prompt (prose, code and paragraphs dense with
-// personal data, about one in four) and adversarial shapes built to make
-// detectors work hard, as in redaction's BenchmarkScanAdversarial.
+// personal data, about one in four); the adversarial shapes, built to make
+// detectors work hard, are internal/adversarial's, the list of redaction's
+// BenchmarkScan.
 const (
 	densePara = `Hi, I'm writing about my order ORD-2024-118734 placed on 2024-03-15 (version 1.4.2 of the app).
 Please refund card 4111 1111 1111 1111 or send the money to IBAN IT60 X054 2811 1010 0000 0123 456.
@@ -582,17 +584,6 @@ func (s *Server) Handle(w http.ResponseWriter, r *http.Request) { if err := s.au
 Il modello è stato quantizzato a 4 bit e occupa circa 3,8 GB; la versione 0.17.4 supporta gli adattatori.
 `
 )
-
-var adversarial = []struct{ name, unit string }{
-	{"keyword-flood", "key="},
-	{"assignment-flood", `api_key = "`},
-	{"pem-headers", "-----BEGIN RSA PRIVATE KEY-----\n"},
-	{"digit-groups", "4111 "},
-	{"fullwidth-digits", "１"},
-	{"at-signs", "a@"},
-	{"brackets", "[EMAIL_"},
-	{"base64-text", "bWFyaW8ucm9zc2lAZXhhbXBsZS5pdCBhbmQgbW9yZSB0ZXh0IA"},
-}
 
 func repeatTo(p string, size int) string {
 	return strings.Repeat(p, size/len(p)+1)[:size]
@@ -680,9 +671,9 @@ func (t *benchTable) detectors(b *testing.B) {
 	t.add(row{name: "detect.regex_baseline_1MB", value: reRate, unit: "MB/s", higher: true})
 	prose := repeatTo(prosePara, 256<<10)
 	t.add(row{name: "detect.prose_256KB", value: mbPerCoreSecond(prose, 7, scan), unit: "MB/s", higher: true})
-	for _, a := range adversarial {
-		ratio, rate := slowdown(prose, repeatTo(a.unit, 256<<10), 9, scan)
-		t.add(row{name: "detect.adversarial." + a.name, value: rate, unit: "MB/s", higher: true,
+	for _, a := range adversarial.Shapes {
+		ratio, rate := slowdown(prose, repeatTo(a.Unit, 256<<10), 9, scan)
+		t.add(row{name: "detect.adversarial." + a.Name, value: rate, unit: "MB/s", higher: true,
 			base: fmt.Sprintf("prose/this=%.2fx", ratio)})
 		r := goal(row{value: ratio}, 3)
 		t.rows[len(t.rows)-1].goal, t.rows[len(t.rows)-1].met = "prose/this"+r.goal, r.met

@@ -1,0 +1,49 @@
+// Package adversarial holds the adversarial input shapes of the detector
+// benchmarks, one list for redaction's BenchmarkScan and
+// BenchmarkScanGateway and for the gateway table's detect.adversarial.<name>
+// rows (cmd/molly/bench_test.go, `make bench`, docs/benchmarks.md): each
+// shape is a unit repeated to the benchmark's size.
+package adversarial
+
+import "encoding/base64"
+
+// Shape is one adversarial input: Name (used in benchmark and metric
+// names: no white space) and Unit, the text repeated (and cut) to size.
+type Shape struct{ Name, Unit string }
+
+// Shapes are inputs built to make detectors work hard: keyword and
+// assignment floods, key=key=…, unterminated PEM headers, long digit runs
+// and spaced digits, '@' floods, placeholder-like brackets, nested
+// encodings.
+var Shapes = []Shape{
+	{"key=key", "key="},
+	{"assignment-flood", `api_key = "`},
+	{"pem-headers", "-----BEGIN RSA PRIVATE KEY-----\n"},
+	{"digit-run", "4111"},
+	{"digit-groups", "4111 "},
+	{"spaced-digits", "4 1 "},
+	{"fullwidth-digits", "１"},
+	{"at-signs", "a@"},
+	{"written-at", "mario at example dot "},
+	{"brackets", "[EMAIL_"},
+	{"base64-text", "bWFyaW8ucm9zc2lAZXhhbXBsZS5pdCBhbmQgbW9yZSB0ZXh0IA"},
+	{"nested-base64", base64.StdEncoding.EncodeToString([]byte(base64.StdEncoding.EncodeToString([]byte("mario.rossi@example.it and more text, ")))) + " "},
+	{"capitalised", "Dear Mr. Maria Rossi "},
+	// Shapes of the wrapped-key, quoted-printable, spaced-dot, grouped
+	// fiscal code, grouped key and CJK boundary readers: MIME/PEM base64 bodies (every
+	// line ends in a key-like run), "=40" in code, spaced dots, short
+	// digit groups between capitals, digits glued to CJK text.
+	{"wrapped-base64", "TWFyaW8gUm9zc2kgbGl2ZXMgaW4gUm9tZSBhbmQgd29ya3MgYXQgdGhlIGJhbmsgb2YgSXRhbHkg\n"},
+	{"qp-equals", "width=40 height=3D "},
+	{"spaced-dots", "a . b @ c . "},
+	{"fiscal-groups", "RSS MRA 80A "},
+	{"cjk-digits", "卡号41 "},
+	// Grouped AWS key ids (every prefix starts a read of four groups that
+	// fails at the last) and grouped omocodic fiscal codes (a one-digit
+	// year followed by omocodic letters).
+	{"aws-groups", "AKIA IOSF ODNN 7EXA "},
+	{"fiscal-omocodic", "RSS MRA 8LALM "},
+	// Addresses glued by a dropped invisible character (every '@' tests
+	// the dropped characters' offsets after it).
+	{"dropped-chars", "ab@example.it\u200b"},
+}
