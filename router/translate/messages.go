@@ -432,8 +432,28 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 	return marshal(map[string]any{
 		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
 		"stop_reason": reason, "stop_sequence": seq,
-		"usage": map[string]any{"input_tokens": root.Get("usage.prompt_tokens").Int(), "output_tokens": root.Get("usage.completion_tokens").Int()},
+		"usage": messageUsage(root.Get("usage"), root.Get("usage.prompt_tokens").Int(), root.Get("usage.completion_tokens").Int()),
 	})
+}
+
+// messageUsage is a Message's usage for a chat usage object u, the prompt's
+// size in tokens (in) and the completion's (out). Anthropic counts a
+// prompt's cached tokens apart: its input_tokens are those not read from
+// the cache, cache_read_input_tokens those read, and the three input counts
+// add up to the whole prompt. So when the upstream reports
+// prompt_tokens_details.cached_tokens (OpenAI, vLLM, DeepSeek's OpenAI
+// API), input_tokens is in less those, cache_read_input_tokens is them and
+// cache_creation_input_tokens 0 (chat completions reports no cache
+// writes); without it, input_tokens is in and neither cache count is sent.
+func messageUsage(u gjson.Result, in, out int64) map[string]any {
+	usage := map[string]any{"input_tokens": in, "output_tokens": out}
+	if c := u.Get("prompt_tokens_details.cached_tokens"); c.Type == gjson.Number {
+		read := min(max(c.Int(), 0), in)
+		usage["input_tokens"] = in - read
+		usage["cache_read_input_tokens"] = read
+		usage["cache_creation_input_tokens"] = 0
+	}
+	return usage
 }
 
 // reasoningOf is a chat message's or delta's reasoning text: its
@@ -561,7 +581,7 @@ func (s *messagesStream) start(out []byte) []byte {
 	s.started = true
 	return s.emit(out, "message_start", map[string]any{"message": map[string]any{
 		"id": s.id, "type": "message", "role": "assistant", "model": s.t.Model, "content": []any{},
-		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": s.inputTokens(), "output_tokens": 0}}})
+		"stop_reason": nil, "stop_sequence": nil, "usage": messageUsage(s.usage, s.inputTokens(), 0)}})
 }
 
 // inputTokens is the prompt's size in tokens as best known now: the
@@ -727,7 +747,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	out = s.flushHeld(out)
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
-	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
+	usage := messageUsage(s.usage, s.inputTokens(), s.usage.Get("completion_tokens").Int())
 	reason, seq := stopFields(s.finish, s.stopSeq, len(s.calls) > 0, s.refused)
 	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})
