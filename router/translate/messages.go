@@ -499,8 +499,9 @@ func messagesParam(param string) (name string, ok bool) {
 // naming a chat parameter that the client sent under another name
 // (error.param; messagesParams) says, as Anthropic's messages do, which
 // parameter of the client's request it is about: "stop_sequences: ..."
-// for chat's stop.
-func messageError(status int, body []byte, chat bool) []byte {
+// for chat's stop. A non-empty requestID is the body's request_id, as
+// Anthropic's error bodies carry the request's id beside the error.
+func messageError(status int, body []byte, chat bool, requestID string) []byte {
 	msg := gjson.GetBytes(body, "error.message").Str
 	if msg == "" {
 		msg = strings.TrimSpace(string(body))
@@ -513,7 +514,11 @@ func messageError(status int, body []byte, chat bool) []byte {
 			msg = name + ": " + msg
 		}
 	}
-	return marshal(map[string]any{"type": "error", "error": map[string]any{"type": statusType(status), "message": msg}})
+	out := map[string]any{"type": "error", "error": map[string]any{"type": statusType(status), "message": msg}}
+	if requestID != "" {
+		out["request_id"] = requestID
+	}
+	return marshal(out)
 }
 
 // messagesStream turns a chat completion stream into Anthropic's:

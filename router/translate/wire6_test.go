@@ -1,8 +1,12 @@
 package translate
 
 import (
+	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -52,6 +56,50 @@ func TestMessagesUsageCountsCachedTokensApart(t *testing.T) {
 		}
 		if got := decode(t, gjson.GetBytes(evs[len(evs)-2].Data, "usage").Raw); !reflect.DeepEqual(got, want) {
 			t.Fatalf("message_delta usage %v, want %v", got, want)
+		}
+	})
+}
+
+// TestMessagesAnswersCarryAnthropicsRequestID: every Anthropic API
+// response has a request-id header, and an error body has the same id as
+// request_id beside its error (Anthropic's errors reference); Anthropic's
+// SDKs read a message's _request_id and an error's requestID from the
+// header. A Messages answer — whole, streamed, an error — carries the
+// request's id (X-Request-Id, which Molly sets first) under that name too.
+func TestMessagesAnswersCarryAnthropicsRequestID(t *testing.T) {
+	run := func(t *testing.T, stream bool, write func(w http.ResponseWriter)) *httptest.ResponseRecorder {
+		t.Helper()
+		body := `{"model":"m","max_tokens":5,"stream":` + strconv.FormatBool(stream) + `,"messages":[{"role":"user","content":"Hello"}]}`
+		_, tr, aerr := FromMessages([]byte(body))
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		rec := httptest.NewRecorder()
+		rec.Header().Set("X-Request-Id", "req_0123abc")
+		w := NewWriter(rec, context.Background(), APIMessages)
+		w.Bind(tr)
+		write(w)
+		w.Finish()
+		if got := rec.Result().Header.Get("request-id"); got != "req_0123abc" {
+			t.Fatalf("request-id header %q, want req_0123abc (status %d)", got, rec.Code)
+		}
+		return rec
+	}
+	t.Run("whole", func(t *testing.T) {
+		run(t, false, writeJSON(200, `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`))
+	})
+	t.Run("streamed", func(t *testing.T) {
+		run(t, true, writeSSE(chatStream...))
+	})
+	t.Run("error", func(t *testing.T) {
+		rec := run(t, false, writeJSON(429, `{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`))
+		var got map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{"type": "error", "error": map[string]any{"type": "rate_limit_error", "message": "slow down"}, "request_id": "req_0123abc"}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("error body %v, want %v", got, want)
 		}
 	})
 }
