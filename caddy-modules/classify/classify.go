@@ -200,6 +200,12 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		aerr.Write(w)
 		return nil
 	}
+	if ep == openai.EndpointModels && translate.AnthropicClient(r) {
+		// Anthropic's Models API on the same path: its shapes and errors.
+		mw := translate.NewModelsWriter(w, r.URL.Query())
+		defer c.finish(mw)
+		w = mw
+	}
 	var tw *translate.Writer
 	if ep == openai.EndpointResponses || ep == openai.EndpointMessages {
 		tw = translate.NewWriter(w, r.Context(), translate.API(ep))

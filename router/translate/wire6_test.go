@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"strconv"
 	"testing"
@@ -102,4 +103,68 @@ func TestMessagesAnswersCarryAnthropicsRequestID(t *testing.T) {
 			t.Fatalf("error body %v, want %v", got, want)
 		}
 	})
+}
+
+// TestAnthropicModelsShapes: an Anthropic client's GET /v1/models gets
+// Anthropic's list ({"data": [ModelInfo…], "has_more", "first_id",
+// "last_id"}, a ModelInfo being {"type": "model", "id", "display_name",
+// "created_at"} with an RFC 3339 time; Anthropic's Models API reference),
+// paged by limit, after_id and before_id; GET /v1/models/{id} one
+// ModelInfo; a 404 Anthropic's not_found_error body; a limit out of 1 to
+// 1000 a 400 invalid_request_error.
+func TestAnthropicModelsShapes(t *testing.T) {
+	list := `{"object":"list","data":[{"id":"a","object":"model","created":0,"owned_by":"molly"},{"id":"b","object":"model","created":0,"owned_by":"molly"},{"id":"c","object":"model","created":1700000000,"owned_by":"molly"}]}`
+	info := func(id, at string) map[string]any {
+		return map[string]any{"type": "model", "id": id, "display_name": id, "created_at": at}
+	}
+	epoch := "1970-01-01T00:00:00Z"
+	get := func(t *testing.T, query string, status int, body string) (int, map[string]any) {
+		t.Helper()
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		rec.Header().Set("X-Request-Id", "req_m")
+		w := NewModelsWriter(rec, q)
+		writeJSON(status, body)(w)
+		w.Finish()
+		var got map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%s: %v", rec.Body, err)
+		}
+		if rec.Header().Get("Request-Id") != "req_m" || rec.Header().Get("Content-Type") != "application/json" {
+			t.Fatalf("headers %v", rec.Header())
+		}
+		return rec.Code, got
+	}
+	for _, c := range []struct {
+		query string
+		want  map[string]any
+	}{
+		{"", map[string]any{"data": []any{info("a", epoch), info("b", epoch), info("c", "2023-11-14T22:13:20Z")}, "has_more": false, "first_id": "a", "last_id": "c"}},
+		{"limit=2", map[string]any{"data": []any{info("a", epoch), info("b", epoch)}, "has_more": true, "first_id": "a", "last_id": "b"}},
+		{"limit=2&after_id=b", map[string]any{"data": []any{info("c", "2023-11-14T22:13:20Z")}, "has_more": false, "first_id": "c", "last_id": "c"}},
+		{"limit=1&before_id=c", map[string]any{"data": []any{info("b", epoch)}, "has_more": true, "first_id": "b", "last_id": "b"}},
+		{"after_id=c", map[string]any{"data": []any{}, "has_more": false, "first_id": nil, "last_id": nil}},
+	} {
+		code, got := get(t, c.query, 200, list)
+		want := map[string]any{}
+		_ = json.Unmarshal(marshal(c.want), &want)
+		if code != 200 || !reflect.DeepEqual(got, want) {
+			t.Errorf("%q: %d %v\nwant %v", c.query, code, got, want)
+		}
+	}
+	if code, got := get(t, "", 200, `{"id":"b","object":"model","created":0,"owned_by":"molly"}`); code != 200 || !reflect.DeepEqual(got, info("b", epoch)) {
+		t.Errorf("one model: %d %v", code, got)
+	}
+	code, got := get(t, "", 404, `{"error":{"message":"The model `+"`x`"+` does not exist or you do not have access to it.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`)
+	if want := map[string]any{"type": "error", "error": map[string]any{"type": "not_found_error", "message": "The model `x` does not exist or you do not have access to it."}, "request_id": "req_m"}; code != 404 || !reflect.DeepEqual(got, want) {
+		t.Errorf("404: %d %v", code, got)
+	}
+	for _, q := range []string{"limit=0", "limit=1001", "limit=x"} {
+		if code, got := get(t, q, 200, list); code != 400 || got["type"] != "error" || got["error"].(map[string]any)["type"] != "invalid_request_error" {
+			t.Errorf("%s: %d %v", q, code, got)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -44,7 +45,8 @@ type Writer struct {
 	ms        *messagesStream
 	out       []byte
 	finished  bool
-	err       error // storing the response failed
+	err       error      // storing the response failed
+	query     url.Values // APIAnthropicModels: the request's paging
 }
 
 // NewWriter wraps w for a request in api; ctx is the request's (storing a
@@ -118,7 +120,7 @@ func (w *Writer) startStream() {
 // error's requestID from it.
 func (w *Writer) anthropicRequestID() {
 	h := w.Header()
-	if id := h.Get(openai.HeaderRequestID); w.api == APIMessages && id != "" && h.Get(HeaderAnthropicRequestID) == "" {
+	if id := h.Get(openai.HeaderRequestID); (w.api == APIMessages || w.api == APIAnthropicModels) && id != "" && h.Get(HeaderAnthropicRequestID) == "" {
 		h.Set(HeaderAnthropicRequestID, id)
 	}
 }
@@ -167,9 +169,11 @@ func (w *Writer) Finish() {
 		resp, assistant := w.t.responseFromChat(body)
 		w.err = w.t.save(w.ctx, resp, assistant, w.Header().Get(HeaderDecisionID))
 		body = resp
+	case w.api == APIAnthropicModels && status/100 == 2:
+		status, body = anthropicModels(body, w.query, w.Header().Get(openai.HeaderRequestID))
 	case chatAnswer:
 		body = w.t.messageFromChat(body)
-	case status >= 400 && w.api == APIMessages:
+	case status >= 400 && (w.api == APIMessages || w.api == APIAnthropicModels):
 		body = messageError(status, body, w.t != nil, w.Header().Get(openai.HeaderRequestID))
 	case status >= 400 && w.api == APIResponses:
 		body = responsesParam(body)
