@@ -28,7 +28,8 @@ import (
 //   - function tools and tool_choice, parallel_tool_calls,
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
 //     top_logprobs, user, service_tier, safety_identifier,
-//     prompt_cache_key, text.format (as response_format) and
+//     prompt_cache_key, text.format (as response_format), text.verbosity
+//     (as verbosity) and
 //     reasoning.effort (as reasoning_effort) map to their chat parameters;
 //     reasoning.summary is echoed but asks for nothing (chat completions
 //     has no summaries); a stream asks for the usage chunk; include
@@ -149,6 +150,13 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 			chat[p] = v.Str
 		}
 	}
+	switch v := root.Get("text.verbosity"); {
+	case !v.Exists() || v.Type == gjson.Null:
+	case v.Type == gjson.String && slices.Contains(verbosities, v.Str):
+		chat["verbosity"] = v.Str
+	default:
+		return nil, nil, openai.InvalidRequest("text.verbosity", "Invalid value for 'text.verbosity': %s. Supported values are: '%s'.", v.Raw, strings.Join(verbosities, "', '"))
+	}
 	switch f := root.Get("text.format"); f.Get("type").Str {
 	case "", "text":
 	case "json_object":
@@ -180,6 +188,10 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 // the others are accepted and return nothing more.
 var includables = []string{"file_search_call.results", "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
 	"computer_call_output.output.image_url", "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"}
+
+// verbosities are the values of text.verbosity (Verbosity in OpenAI's API
+// description), chat's verbosity.
+var verbosities = []string{"low", "medium", "high"}
 
 // reasoningEfforts and reasoningSummaries are the values of the Reasoning
 // object's effort (ReasoningEffort) and summary in OpenAI's API description.
@@ -452,15 +464,18 @@ func (t *Translation) baseResponse(created int64, status string) map[string]any 
 		"reasoning":            map[string]any{"effort": or("reasoning.effort", nil), "summary": or("reasoning.summary", nil)},
 		"store":                t.store != nil,
 		"temperature":          or("temperature", 1),
-		"text":                 map[string]any{"format": format},
+		"text":                 map[string]any{"format": format, "verbosity": or("text.verbosity", "medium")},
+		"top_logprobs":         or("top_logprobs", 0),
 		"tool_choice":          or("tool_choice", "auto"),
 		"tools":                tools,
 		"top_p":                or("top_p", 1),
 		"truncation":           "disabled",
 		"metadata":             or("metadata", map[string]any{}),
 	}
-	if u := r.Get("user"); u.Type == gjson.String {
-		resp["user"] = u.Str
+	for _, p := range []string{"user", "safety_identifier", "prompt_cache_key"} {
+		if v := r.Get(p); v.Type == gjson.String {
+			resp[p] = v.Str
+		}
 	}
 	return resp
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/molly-gateway/molly/internal/openapitest"
 )
 
 // TestMessagesUsageCountsCachedTokensApart: Anthropic's usage counts a
@@ -165,6 +167,43 @@ func TestAnthropicModelsShapes(t *testing.T) {
 	for _, q := range []string{"limit=0", "limit=1001", "limit=x"} {
 		if code, got := get(t, q, 200, list); code != 400 || got["type"] != "error" || got["error"].(map[string]any)["type"] != "invalid_request_error" {
 			t.Errorf("%s: %d %v", q, code, got)
+		}
+	}
+}
+
+// TestResponsesTextVerbosity: the Responses API's text.verbosity (low,
+// medium or high: Verbosity in OpenAI's API description) is chat's
+// verbosity, and the Response echoes it (medium, the description's
+// default, when the request set none), with top_logprobs (0 unless set),
+// safety_identifier and prompt_cache_key as the request gave them; another
+// verbosity is a 400 naming text.verbosity.
+func TestResponsesTextVerbosity(t *testing.T) {
+	spec := openapitest.Load(t)
+	ctx := context.Background()
+	chat, tr, aerr := FromResponses(ctx, []byte(`{"model":"m","input":"hi","text":{"verbosity":"low"},"top_logprobs":2,"safety_identifier":"s1","prompt_cache_key":"k1"}`), nil, "ana")
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if v := gjson.GetBytes(chat, "verbosity"); v.Str != "low" {
+		t.Fatalf("chat verbosity %s in %s", v.Raw, chat)
+	}
+	body := serve(t, APIResponses, tr, writeJSON(200, chatAnswer)).Body.Bytes()
+	spec.Validate(t, "Response", body)
+	for path, want := range map[string]string{"text.verbosity": `"low"`, "text.format": `{"type":"text"}`, "top_logprobs": "2",
+		"safety_identifier": `"s1"`, "prompt_cache_key": `"k1"`} {
+		if got := gjson.GetBytes(body, path).Raw; got != want {
+			t.Errorf("%s %s, want %s", path, got, want)
+		}
+	}
+	_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","input":"hi"}`), nil, "ana")
+	body = serve(t, APIResponses, tr, writeJSON(200, chatAnswer)).Body.Bytes()
+	if v, n := gjson.GetBytes(body, "text.verbosity").Raw, gjson.GetBytes(body, "top_logprobs").Raw; v != `"medium"` || n != "0" {
+		t.Errorf("defaults: text.verbosity %s, top_logprobs %s", v, n)
+	}
+	for _, bad := range []string{`"loud"`, `3`} {
+		_, _, aerr := FromResponses(ctx, []byte(`{"model":"m","input":"hi","text":{"verbosity":`+bad+`}}`), nil, "ana")
+		if aerr == nil || aerr.Status != 400 || aerr.Param != "text.verbosity" {
+			t.Errorf("verbosity %s: %v", bad, aerr)
 		}
 	}
 }
