@@ -25,7 +25,8 @@ import (
 //     API; input (a string, or message, function_call and
 //     function_call_output items; reasoning items are skipped) follows as
 //     chat messages, consecutive function calls in one assistant message;
-//   - function tools and tool_choice, parallel_tool_calls,
+//   - function tools and tool_choice (an allowed_tools one of function
+//     tools too), parallel_tool_calls,
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
 //     top_logprobs, user, service_tier, safety_identifier,
 //     prompt_cache_key, text.format (as response_format), text.verbosity
@@ -387,6 +388,37 @@ func joinText(a gjson.Result, field string) string {
 	return b.String()
 }
 
+// allowedTools translates an allowed_tools tool_choice (ToolChoiceAllowed:
+// {"type": "allowed_tools", "mode": "auto"|"required", "tools": [{"type":
+// "function", "name"}…]}) into chat's ({"type": "allowed_tools",
+// "allowed_tools": {"mode", "tools": [{"type": "function", "function":
+// {"name"}}…]}}). A mode of another value, tools that are not an array, an
+// entry without a string name, or a tool that is not a function (hosted
+// tools chat completions cannot call) is a 400 naming it.
+func allowedTools(tc gjson.Result, chat map[string]any) *openai.Error {
+	mode := tc.Get("mode")
+	if mode.Str != "auto" && mode.Str != "required" || mode.Type != gjson.String {
+		return openai.InvalidRequest("tool_choice.mode", "Invalid value for 'tool_choice.mode': %s. Supported values are: 'auto' and 'required'.", mode.Raw)
+	}
+	list := tc.Get("tools")
+	if !list.IsArray() {
+		return openai.WrongType("tool_choice.tools", "an array", list)
+	}
+	tools := []any{}
+	for i, tl := range list.Array() {
+		param := "tool_choice.tools[" + strconv.Itoa(i) + "]"
+		if tl.Get("type").Str != "function" {
+			return openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+		}
+		if n := tl.Get("name"); n.Type != gjson.String {
+			return openai.WrongType(param+".name", "a string", n)
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{"name": tl.Get("name").Str}})
+	}
+	chat["tool_choice"] = map[string]any{"type": "allowed_tools", "allowed_tools": map[string]any{"mode": mode.Str, "tools": tools}}
+	return nil
+}
+
 // responsesTools translates tools and tool_choice.
 func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 	var tools []any
@@ -426,6 +458,8 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 			return openai.WrongType("tool_choice.name", "a string", n)
 		}
 		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
+	case tc.Get("type").Str == "allowed_tools":
+		return allowedTools(tc, chat)
 	default:
 		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
 	}

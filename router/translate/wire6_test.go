@@ -207,3 +207,42 @@ func TestResponsesTextVerbosity(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesAllowedToolsChoice: a Responses tool_choice of type
+// allowed_tools (ToolChoiceAllowed: mode and tools of {"type": "function",
+// "name"}) is chat's allowed_tools tool_choice (ChatCompletionAllowedTools:
+// mode and tools of {"type": "function", "function": {"name"}}), and the
+// Response echoes it as sent; a bad mode or a hosted tool in it is a 400
+// naming the member.
+func TestResponsesAllowedToolsChoice(t *testing.T) {
+	spec := openapitest.Load(t)
+	ctx := context.Background()
+	choice := `{"type":"allowed_tools","mode":"required","tools":[{"type":"function","name":"get_weather"},{"type":"function","name":"get_time"}]}`
+	req := `{"model":"m","input":"hi","tools":[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{}},"strict":false},{"type":"function","name":"get_time","parameters":{"type":"object","properties":{}},"strict":false}],"tool_choice":` + choice + `}`
+	spec.Validate(t, "CreateResponse", []byte(req))
+	chat, tr, aerr := FromResponses(ctx, []byte(req), nil, "ana")
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	want := `{"allowed_tools":{"mode":"required","tools":[{"function":{"name":"get_weather"},"type":"function"},{"function":{"name":"get_time"},"type":"function"}]},"type":"allowed_tools"}`
+	if got := gjson.GetBytes(chat, "tool_choice").Raw; got != want {
+		t.Fatalf("chat tool_choice %s, want %s", got, want)
+	}
+	spec.Validate(t, "CreateChatCompletionRequest", chat)
+	body := serve(t, APIResponses, tr, writeJSON(200, chatAnswer)).Body.Bytes()
+	spec.Validate(t, "Response", body)
+	if got := gjson.GetBytes(body, "tool_choice").Raw; got != choice {
+		t.Fatalf("echoed tool_choice %s, want %s", got, choice)
+	}
+	for bad, param := range map[string]string{
+		`{"type":"allowed_tools","mode":"any","tools":[]}`:                                   "tool_choice.mode",
+		`{"type":"allowed_tools","mode":"auto","tools":[{"type":"mcp","server_label":"x"}]}`: "tool_choice.tools[0].type",
+		`{"type":"allowed_tools","mode":"auto","tools":[{"type":"function"}]}`:               "tool_choice.tools[0].name",
+		`{"type":"allowed_tools","mode":"auto"}`:                                             "tool_choice.tools",
+	} {
+		_, _, aerr := FromResponses(ctx, []byte(`{"model":"m","input":"hi","tool_choice":`+bad+`}`), nil, "ana")
+		if aerr == nil || aerr.Status != 400 || aerr.Param != param {
+			t.Errorf("%s: %v, want a 400 naming %s", bad, aerr, param)
+		}
+	}
+}
