@@ -631,3 +631,47 @@ func TestAnthropicModelsAPI(t *testing.T) {
 		t.Fatalf("an unknown model: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestResponsesInputTokens: POST /v1/responses/input_tokens (OpenAI's
+// input token count) answers a TokenCountsResource {"object":
+// "response.input_tokens", "input_tokens": n} without sending anything
+// upstream — n Molly's estimate of the prompt, the count
+// /v1/messages/count_tokens gives the same prompt; a previous_response_id
+// counts the stored conversation too; an unknown model is a 404, GET a 405
+// (it was read as retrieving a response named input_tokens).
+func TestResponsesInputTokens(t *testing.T) {
+	spec := openapitest.Load(t)
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	text := "Count the tokens of this sentence, please."
+	resp, b := do(t, g, "POST", "/v1/responses/input_tokens", `{"model":"chat","input":"`+text+`"}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	spec.Validate(t, "TokenCountsResource", b)
+	_, mb := do(t, g, "POST", "/v1/messages/count_tokens", `{"model":"chat","messages":[{"role":"user","content":"`+text+`"}]}`, "anthropic-version", "2023-06-01")
+	n := gjson.GetBytes(b, "input_tokens")
+	if gjson.GetBytes(b, "object").Str != "response.input_tokens" || n.Int() <= 0 || n.Int() != gjson.GetBytes(mb, "input_tokens").Int() {
+		t.Fatalf("input_tokens %s, count_tokens %s", b, mb)
+	}
+	for _, up := range []*upstreamtest.Upstream{tr.t1, tr.t2, tr.t3} {
+		if n := up.Count(); n != 0 {
+			t.Fatalf("an upstream got %d requests", n)
+		}
+	}
+	_, rb := do(t, g, "POST", "/v1/responses", `{"model":"chat","input":"`+text+`"}`)
+	id := gjson.GetBytes(rb, "id").Str
+	_, cb := do(t, g, "POST", "/v1/responses/input_tokens", `{"model":"chat","previous_response_id":"`+id+`","input":"`+text+`"}`)
+	if id == "" || gjson.GetBytes(cb, "input_tokens").Int() <= n.Int() {
+		t.Fatalf("with previous_response_id %q: %s (alone: %d)", id, cb, n.Int())
+	}
+	resp, b = do(t, g, "POST", "/v1/responses/input_tokens", `{"model":"no-such-model","input":"hi"}`)
+	if resp.StatusCode != 404 || gjson.GetBytes(b, "error.code").Str != "model_not_found" {
+		t.Fatalf("an unknown model: %d %s", resp.StatusCode, b)
+	}
+	spec.Validate(t, "ErrorResponse", b)
+	resp, b = do(t, g, "GET", "/v1/responses/input_tokens", "")
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Fatalf("GET: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+}
