@@ -36,7 +36,9 @@ import (
 //     disable_parallel_tool_use parallel_tool_calls
 //     false; max_tokens, stop_sequences (as stop), temperature, top_p and
 //     metadata.user_id (as user) map to their chat parameters (top_k has
-//     no chat equivalent and is dropped); a stream asks for the usage chunk;
+//     no chat equivalent and is dropped); output_config.format (or the
+//     beta's output_format), a JSON schema, becomes a strict json_schema
+//     response_format; a stream asks for the usage chunk;
 //   - the answer's stop_reason is stop_sequence, with stop_sequence naming
 //     it, when the choice's "stop_reason" (vLLM's and Molly's engine's
 //     report of the stop string that matched) is one of stop_sequences;
@@ -149,11 +151,46 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	if u := root.Get("metadata.user_id"); u.Type == gjson.String {
 		chat["user"] = u.Str
 	}
+	if aerr := outputFormat(root, chat); aerr != nil {
+		return nil, nil, aerr
+	}
 	if t.Stream {
 		chat["stream"] = true
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
 	return marshal(chat), t, nil
+}
+
+// outputFormat translates Anthropic's structured output request —
+// output_config.format, or output_format as the structured outputs beta
+// named it: {"type": "json_schema", "schema": {...}} — into chat's
+// response_format {"type": "json_schema", "json_schema": {"name":
+// "output", "schema", "strict": true}} (Anthropic's structured outputs are
+// always constrained to the schema). An output_config that is not an
+// object, a format of another type or without an object schema is a 400
+// naming it.
+func outputFormat(root gjson.Result, chat map[string]any) *openai.Error {
+	param := "output_config.format"
+	oc := root.Get("output_config")
+	if oc.Exists() && oc.Type != gjson.Null && !oc.IsObject() {
+		return openai.WrongType("output_config", "an object", oc)
+	}
+	f := oc.Get("format")
+	if !f.Exists() || f.Type == gjson.Null {
+		param, f = "output_format", root.Get("output_format")
+	}
+	if !f.Exists() || f.Type == gjson.Null {
+		return nil
+	}
+	if !f.IsObject() || f.Get("type").Str != "json_schema" {
+		return openai.InvalidRequest(param+".type", "%s.type: Input should be 'json_schema'.", param)
+	}
+	if sc := f.Get("schema"); !sc.IsObject() {
+		return openai.WrongType(param+".schema", "an object", sc)
+	}
+	chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{
+		"name": "output", "schema": json.RawMessage(f.Get("schema").Raw), "strict": true}}
+	return nil
 }
 
 // anthropicMessage translates one message into chat messages.
@@ -481,6 +518,8 @@ var messagesParams = []struct{ chat, messages string }{
 	{"reasoning_effort", "thinking"},
 	{"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"},
 	{"user", "metadata.user_id"},
+	{"response_format.json_schema.schema", "output_config.format.schema"},
+	{"response_format", "output_config.format"},
 }
 
 // messagesParam is the Messages request's name for the chat request's

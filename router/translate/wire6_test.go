@@ -246,3 +246,36 @@ func TestResponsesAllowedToolsChoice(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesStructuredOutput: Anthropic's structured outputs
+// (output_config.format, and output_format as the beta named it: {"type":
+// "json_schema", "schema"}) reach the chat request as a strict json_schema
+// response_format with that schema — they were dropped, and the answer
+// was free text; a format of another type, or without an object schema, is
+// a 400 naming it.
+func TestMessagesStructuredOutput(t *testing.T) {
+	spec := openapitest.Load(t)
+	schema := `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"],"additionalProperties":false}`
+	want := `{"json_schema":{"name":"output","schema":` + schema + `,"strict":true},"type":"json_schema"}`
+	for _, field := range []string{`"output_config":{"format":{"type":"json_schema","schema":` + schema + `}}`, `"output_format":{"type":"json_schema","schema":` + schema + `}`} {
+		chat, _, aerr := FromMessages([]byte(`{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"a person"}],` + field + `}`))
+		if aerr != nil {
+			t.Fatalf("%s: %v", field, aerr)
+		}
+		if got := gjson.GetBytes(chat, "response_format").Raw; got != want {
+			t.Fatalf("%s: response_format %s, want %s", field, got, want)
+		}
+		spec.Validate(t, "CreateChatCompletionRequest", chat)
+	}
+	for field, param := range map[string]string{
+		`"output_config":{"format":{"type":"text"}}`:        "output_config.format.type",
+		`"output_config":{"format":{"type":"json_schema"}}`: "output_config.format.schema",
+		`"output_format":{"type":"json_schema","schema":1}`: "output_format.schema",
+		`"output_config":"json"`:                            "output_config",
+	} {
+		_, _, aerr := FromMessages([]byte(`{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}],` + field + `}`))
+		if aerr == nil || aerr.Status != 400 || aerr.Param != param {
+			t.Errorf("%s: %v, want a 400 naming %s", field, aerr, param)
+		}
+	}
+}
