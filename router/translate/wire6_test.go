@@ -279,3 +279,78 @@ func TestMessagesStructuredOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesParallelCallsStreamOneAtATime: OpenAI's Responses streams
+// send one output item at a time — its output_item.added, deltas,
+// function_call_arguments.done and output_item.done before the next
+// item's added. Parallel tool calls of a chat stream, sent one after the
+// other or with their fragments interleaved (index 0, 1, 0, 1), keep to
+// that: output_index 0 is done before 1 is added, each call's deltas add
+// up to its arguments, and every event is spec-valid.
+func TestResponsesParallelCallsStreamOneAtATime(t *testing.T) {
+	spec := openapitest.Load(t)
+	chunk := func(delta string) string {
+		return `{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":null}]}`
+	}
+	call := func(i int, id, name, args string) string {
+		head := ""
+		if id != "" {
+			head = `"id":"` + id + `","type":"function",`
+		}
+		fn := `"arguments":` + strconv.Quote(args)
+		if name != "" {
+			fn = `"name":"` + name + `",` + fn
+		}
+		return chunk(`{"tool_calls":[{"index":` + strconv.Itoa(i) + `,` + head + `"function":{` + fn + `}}]}`)
+	}
+	tail := []string{`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+		`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":8,"total_tokens":17}}`, `[DONE]`}
+	for name, chunks := range map[string][]string{
+		"one after the other": {chunk(`{"role":"assistant","content":null}`), call(0, "call_a", "weather", ""), call(0, "", "", `{"city":`), call(0, "", "", `"Rome"}`),
+			call(1, "call_b", "weather", ""), call(1, "", "", `{"city":"Paris"}`)},
+		"interleaved": {chunk(`{"role":"assistant","content":null}`), call(0, "call_a", "weather", `{"city":`), call(1, "call_b", "weather", `{"city":`),
+			call(0, "", "", `"Rome"}`), call(1, "", "", `"Paris"}`)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, tr, aerr := FromResponses(context.Background(), []byte(`{"model":"m","input":"weather?","stream":true}`), nil, "ana")
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			evs := events(t, serve(t, APIResponses, tr, writeSSE(append(chunks, tail...)...)).Body.Bytes())
+			open := -1 // the output_index whose item is open
+			args := map[int64]string{}
+			var seq []string
+			for _, ev := range evs {
+				spec.Validate(t, "ResponseStreamEvent", ev.Data)
+				d := gjson.ParseBytes(ev.Data)
+				i := d.Get("output_index").Int()
+				switch ev.Type {
+				case "response.output_item.added":
+					if open >= 0 {
+						t.Fatalf("item %d added while item %d is open: %s", i, open, ev.Data)
+					}
+					open = int(i)
+				case "response.function_call_arguments.delta", "response.function_call_arguments.done":
+					if int(i) != open {
+						t.Fatalf("%s of item %d while item %d is open", ev.Type, i, open)
+					}
+					if ev.Type == "response.function_call_arguments.delta" {
+						args[i] += d.Get("delta").Str
+					}
+				case "response.output_item.done":
+					if int(i) != open {
+						t.Fatalf("item %d done while item %d is open", i, open)
+					}
+					open = -1
+					seq = append(seq, d.Get("item.call_id").Str+" "+d.Get("item.arguments").Str)
+				}
+			}
+			if want := []string{`call_a {"city":"Rome"}`, `call_b {"city":"Paris"}`}; !reflect.DeepEqual(seq, want) || args[0] != `{"city":"Rome"}` || args[1] != `{"city":"Paris"}` {
+				t.Fatalf("items %q, deltas %v; want %q", seq, args, want)
+			}
+			if last := evs[len(evs)-1]; last.Type != "response.completed" || gjson.GetBytes(last.Data, "response.output.1.call_id").Str != "call_b" {
+				t.Fatalf("last event %s %s", last.Type, last.Data)
+			}
+		})
+	}
+}
