@@ -156,6 +156,15 @@ func argsCut(args string) bool {
 	return strings.TrimSpace(args) != "" && !gjson.Valid(args)
 }
 
+// nextCall reports whether a tool-call delta's arguments delta, coming
+// after arguments so far, starts another call: so far is one whole JSON
+// object, and delta starts another (nothing may follow a whole object
+// but white space, so this never splits one call's arguments).
+func nextCall(sofar, delta string) bool {
+	t := strings.TrimSpace(sofar)
+	return strings.HasPrefix(t, "{") && gjson.Valid(t) && strings.HasPrefix(strings.TrimSpace(delta), "{")
+}
+
 // NormaliseBody rewrites a whole 2xx answer (chat completion, text
 // completion or embeddings list) into the shape of OpenAI's spec
 // (CreateChatCompletionResponse, CreateCompletionResponse,
@@ -591,6 +600,7 @@ type choiceState struct {
 	byIndex map[int64]int
 	byID    map[string]int
 	args    []*strings.Builder // arguments so far, by given index
+	names   map[int]string     // function names, by given index
 }
 
 // usageSum merges the usage reports of a stream.
@@ -750,7 +760,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	}
 	st := s.choices[idx]
 	if st == nil {
-		st = &choiceState{byIndex: map[int64]int{}, byID: map[string]int{}}
+		st = &choiceState{byIndex: map[int64]int{}, byID: map[string]int{}, names: map[int]string{}}
 		s.choices[idx] = st
 	}
 	if !s.chat {
@@ -826,6 +836,28 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 				up = i.Int()
 			}
 			st.byIndex[up] = given
+		}
+		if a := tc.Get("function.arguments"); !fresh && tc.Get("id").Str == "" && a.Type == gjson.String && nextCall(st.args[given].String(), a.Str) {
+			// Arguments that start a JSON object after the call's were
+			// already one whole object belong to another call (Gemini's
+			// OpenAI-compatible API streams parallel calls one per chunk,
+			// each index 0, without ids): joined, they would be one
+			// call with arguments no client can parse. The new call is
+			// taken to be of the same function when it names none.
+			prev := given
+			given, fresh = len(st.args), true
+			st.args = append(st.args, &strings.Builder{})
+			up := j.Int()
+			if i := tc.Get("index"); i.Type == gjson.Number {
+				up = i.Int()
+			}
+			st.byIndex[up] = given
+			if n := tc.Get("function.name"); (n.Type != gjson.String || n.Str == "") && st.names[prev] != "" {
+				e.set(p+".function.name", st.names[prev])
+			}
+		}
+		if n := tc.Get("function.name"); n.Type == gjson.String && n.Str != "" {
+			st.names[given] = n.Str
 		}
 		inChunk = append(inChunk, given)
 		if tc.Get("index").Raw != strconv.Itoa(given) {
