@@ -557,7 +557,10 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     refusal;
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
 //     never share an index (some servers stream parallel calls all with
-//     index 0), nor two entries of one delta (Gemini's, without ids), and a first delta without a type gets "function", without
+//     index 0), nor two entries of one delta (Gemini's, without ids),
+//     nor whole calls in successive deltas at one index without ids
+//     (Gemini's too: arguments starting a JSON object after a whole one
+//     start another call, of the same function when they name none), and a first delta without a type gets "function", without
 //     an id (or with "") a made-up one; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
