@@ -137,8 +137,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	var buf []byte
 	sawDone, sawFinish := false, h.ended
 	// tail is what goes before [DONE]: the usage recorded, the text still
-	// held back, for a stream cut at its cap the chunk finishing its
-	// choices with "length", the usage chunk.
+	// held back, the chunk finishing the choices left open (for a stream
+	// cut at its cap with "length", else as relay.Stream.Close says), the
+	// usage chunk.
 	tail := func(cut bool) {
 		sawDone = true
 		if cut {
@@ -150,10 +151,14 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 				buf = relay.AppendData(buf, extra)
 			}
 		}
+		var fin []byte
 		if cut {
-			if fin := norm.Cut(); fin != nil {
-				buf = relay.AppendData(buf, fin)
-			}
+			fin = norm.Cut()
+		} else {
+			fin = norm.Close() // choices the upstream never finished
+		}
+		if fin != nil {
+			buf = relay.AppendData(buf, fin)
 		}
 		prompt, completion := 0, 0
 		if u := o.usage(); u != nil {

@@ -956,19 +956,55 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) (given i
 // or text (completions), in the stream's id, created and model; nil when
 // every choice seen has finished. Final follows it as usual.
 func (s *Stream) Cut() []byte {
+	open := s.open()
+	if len(s.choices) == 0 {
+		open = []int64{0}
+	}
+	return s.finishing(open, func(int64) string { return "length" })
+}
+
+// Close returns the chunk that ends a stream the upstream ended ([DONE],
+// or its end after a finished choice) with choices it never finished (a
+// server that finishes only choice 0 of n): each such choice seen
+// finishes with "tool_calls" when it streamed tool calls ("length" when
+// their arguments are not whole JSON: cut off), else "stop" — the stream
+// is over, and the SDKs' stream helpers refuse a choice without a
+// finish_reason. It is nil when every choice seen finished, or none was
+// seen. Final follows it as usual.
+func (s *Stream) Close() []byte {
+	return s.finishing(s.open(), func(i int64) string {
+		st := s.choices[i]
+		if len(st.args) == 0 || !s.chat {
+			return "stop"
+		}
+		for _, a := range st.args {
+			if argsCut(a.String()) {
+				return "length"
+			}
+		}
+		return "tool_calls"
+	})
+}
+
+// open is the choices seen that have not finished, in index order.
+func (s *Stream) open() []int64 {
 	var open []int64
 	for i, st := range s.choices {
 		if !st.finished {
 			open = append(open, i)
 		}
 	}
-	if len(s.choices) == 0 {
-		open = []int64{0}
-	}
+	slices.Sort(open)
+	return open
+}
+
+// finishing is the chunk finishing choices open, each with reason(i), with
+// an empty delta (chat) or text (completions), in the stream's id, created
+// and model; nil for none.
+func (s *Stream) finishing(open []int64, reason func(int64) string) []byte {
 	if len(open) == 0 {
 		return nil
 	}
-	slices.Sort(open)
 	object := "text_completion"
 	if s.chat {
 		object = "chat.completion.chunk"
@@ -987,7 +1023,7 @@ func (s *Stream) Cut() []byte {
 	}
 	e.raw("choices", "[]")
 	for _, i := range open {
-		ch := map[string]any{"index": i, "finish_reason": "length"}
+		ch := map[string]any{"index": i, "finish_reason": reason(i)}
 		if s.chat {
 			ch["delta"] = map[string]any{}
 			ch["logprobs"] = nil
