@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -67,5 +68,43 @@ func TestUnfinishedChoicesAreFinishedAtTheStreamsEnd(t *testing.T) {
 	}
 	if want := map[int64]string{0: "length", 1: "stop", 2: "tool_calls"}; !done || fmt.Sprint(finish) != fmt.Sprint(want) {
 		t.Fatalf("finish reasons %v ([DONE] %v), want %v", finish, done, want)
+	}
+}
+
+// An upstream's 401 refuses the target's API key — Molly's credentials,
+// not the client's. The client's SDK must not get a
+// 401 (openai-node's AuthenticationError: "your API key is invalid") for a
+// key that is valid: the next target serves, and when none does the
+// answer is 502 upstream_auth_failed with x-should-retry: false (retrying
+// cannot fix the operator's key), never the upstream's body (which may
+// echo the key).
+func TestAnUpstreamRefusingItsKeyIsNotTheClientsAuthError(t *testing.T) {
+	spec := openapitest.Load(t)
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if n := calls.Add(1); n == 1 || strings.Contains(r.URL.Path, "/refusing/") {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":{"message":"Incorrect API key provided: sk-upstr****1234.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}`)
+			return
+		}
+		fmt.Fprint(w, `{"id":"c","object":"chat.completion","created":1,"model":"up","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	t.Cleanup(up.Close)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	gw, _ := startGateway(t, setup{targets: []*route.Target{
+		{Name: "a", Tier: "T2", Endpoint: up.URL + "/v1", Models: []string{"m"}},
+		{Name: "b", Tier: "T2", Endpoint: up.URL + "/v1", Models: []string{"m"}},
+	}})
+	if r := post(t, gw.URL+"/v1/chat/completions", body); r.status != 200 || gjson.Get(r.body, "choices.0.message.content").Str != "ok" || calls.Load() != 2 {
+		t.Fatalf("with a second target: %d %s after %d upstream calls", r.status, r.body, calls.Load())
+	}
+	gw, _ = startGateway(t, setup{targets: []*route.Target{{Name: "a", Tier: "T2", Endpoint: up.URL + "/refusing/v1", Models: []string{"m"}}}})
+	r := post(t, gw.URL+"/v1/chat/completions", body)
+	spec.Validate(t, "ErrorResponse", []byte(r.body))
+	if r.status != http.StatusBadGateway || gjson.Get(r.body, "error.code").Str != "upstream_auth_failed" ||
+		r.header.Get("X-Should-Retry") != "false" || strings.Contains(r.body, "sk-upstr") {
+		t.Fatalf("alone: %d %v %s", r.status, r.header, r.body)
 	}
 }
