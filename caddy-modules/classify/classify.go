@@ -180,6 +180,13 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		return nil
 	}
 	if id := openai.ResponsePathID(r.URL.Path); id != "" {
+		if id == "compact" && r.Method == http.MethodPost {
+			// OpenAI's compaction endpoint, not a response id: Molly has
+			// none (a 405 "use GET" would say the path is a response's).
+			(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+				Message: "Unknown request URL: POST " + r.URL.Path + " (this gateway does not compact conversations)."}).Write(w)
+			return nil
+		}
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodDelete:
 			c.retrieveResponse(w, r, id)

@@ -638,7 +638,8 @@ func TestAnthropicModelsAPI(t *testing.T) {
 // upstream — n Molly's estimate of the prompt, the count
 // /v1/messages/count_tokens gives the same prompt; a previous_response_id
 // counts the stored conversation too; an unknown model is a 404, GET a 405
-// (it was read as retrieving a response named input_tokens).
+// (it was read as retrieving a response named input_tokens); POST
+// /v1/responses/compact a 404 unknown_url.
 func TestResponsesInputTokens(t *testing.T) {
 	spec := openapitest.Load(t)
 	tr := startTiers(t)
@@ -673,5 +674,11 @@ func TestResponsesInputTokens(t *testing.T) {
 	resp, b = do(t, g, "GET", "/v1/responses/input_tokens", "")
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
 		t.Fatalf("GET: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	// POST /v1/responses/compact, OpenAI's compaction, is not a response
+	// id either: an unknown URL here, not a 405 asking for GET.
+	resp, b = do(t, g, "POST", "/v1/responses/compact", `{"model":"chat","input":"hi"}`)
+	if resp.StatusCode != 404 || gjson.GetBytes(b, "error.code").Str != "unknown_url" {
+		t.Fatalf("compact: %d %s", resp.StatusCode, b)
 	}
 }
