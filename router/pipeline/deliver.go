@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/relay"
 	"github.com/molly-gateway/molly/router/route"
 )
@@ -101,7 +102,11 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 
 // answerOf is what normalising rq's answer needs.
 func answerOf(rq *request) relay.Answer {
-	return relay.Answer{Endpoint: rq.a.Endpoint(), Model: rq.a.Model(), IncludeUsage: rq.a.IncludeUsage(), Created: time.Now().Unix()}
+	ans := relay.Answer{Endpoint: rq.a.Endpoint(), Model: rq.a.Model(), IncludeUsage: rq.a.IncludeUsage(), Created: time.Now().Unix()}
+	if ans.Endpoint == openai.EndpointEmbeddings {
+		ans.EncodingFormat = gjson.Get(rq.a.Body(), "encoding_format").Str
+	}
+	return ans
 }
 
 // deliverStream relays a held stream: Molly's headers, then the held

@@ -108,3 +108,23 @@ func TestAnUpstreamRefusingItsKeyIsNotTheClientsAuthError(t *testing.T) {
 		t.Fatalf("alone: %d %v %s", r.status, r.header, r.body)
 	}
 }
+
+// An embeddings request for base64 (openai-node's default) answered with
+// floats by a server that ignores encoding_format reaches the client as
+// base64 — the little-endian float32 values, here of 0.5 and -1:
+// AAAAPwAAgL8= — and one asking for floats keeps them.
+func TestEmbeddingsComeInTheEncodingAskedFor(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":[0.5,-1]}],"usage":{"prompt_tokens":1,"total_tokens":1}}`)
+	}))
+	t.Cleanup(up.Close)
+	gw, _ := startGateway(t, setup{targets: []*route.Target{{Name: "lan", Tier: "T1", Endpoint: up.URL + "/v1", Models: []string{"e"}}}})
+	for format, want := range map[string]string{`"base64"`: `"AAAAPwAAgL8="`, `"float"`: `[0.5,-1]`, `null`: `[0.5,-1]`} {
+		r := post(t, gw.URL+"/v1/embeddings", `{"model":"e","input":"hi","encoding_format":`+format+`}`)
+		if got := gjson.Get(r.body, "data.0.embedding").Raw; r.status != 200 || got != want {
+			t.Errorf("encoding_format %s: %d %s, want the embedding %s", format, r.status, r.body, want)
+		}
+	}
+}

@@ -3,8 +3,11 @@ package relay
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +31,13 @@ type Answer struct {
 	// Created is the Unix time (seconds) written where the upstream gave no
 	// "created".
 	Created int64
+	// EncodingFormat is an embeddings request's encoding_format ("base64",
+	// or "" / "float" for the spec's default, floats): an upstream that
+	// answers in the other one (servers that ignore the parameter) has its
+	// embeddings converted, since openai-node asks for base64 by default
+	// and decodes every embedding as a base64 string (an array of floats
+	// became an empty embedding).
+	EncodingFormat string
 	// Usage is the usage Molly recorded for a whole answer (the meter's:
 	// the upstream's report, or Molly's estimate when that report is not
 	// one to believe), written in place of a usage whose token counts are
@@ -500,6 +510,48 @@ func usageOf(p, c int64) string {
 		`,"total_tokens":` + strconv.FormatInt(p+c, 10) + `}`
 }
 
+// floatsBase64 is an embedding given as a JSON array of numbers in the
+// spec's base64 form: the little-endian IEEE 754 float32 of each, base64
+// (standard alphabet, padded), as OpenAI encodes it; ok is false when an
+// element is not a number.
+func floatsBase64(a gjson.Result) (string, bool) {
+	var buf []byte
+	ok := true
+	a.ForEach(func(_, v gjson.Result) bool {
+		if v.Type != gjson.Number {
+			ok = false
+			return false
+		}
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(float32(v.Float())))
+		return true
+	})
+	return base64.StdEncoding.EncodeToString(buf), ok
+}
+
+// base64Floats is the JSON array of the little-endian float32 values a
+// base64 embedding holds, each written as the shortest decimal that reads
+// back as the same float32; ok is false for a string that is not base64
+// of a whole number of float32 values.
+func base64Floats(s string) (string, bool) {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(raw)%4 != 0 {
+		return "", false
+	}
+	out := make([]byte, 0, 2+len(raw)*3)
+	out = append(out, '[')
+	for i := 0; i < len(raw); i += 4 {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		f := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+			return "", false
+		}
+		out = strconv.AppendFloat(out, float64(f), 'g', -1, 32)
+	}
+	return string(append(out, ']')), true
+}
+
 func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	if root.Get("object").Str != "list" {
 		e.set("object", "list")
@@ -520,6 +572,17 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 		}
 		if !present(d.Get("index")) {
 			e.set("data."+k.String()+".index", k.Int())
+		}
+		emb := d.Get("embedding")
+		switch {
+		case ans.EncodingFormat == "base64" && emb.IsArray():
+			if b64, ok := floatsBase64(emb); ok {
+				e.set("data."+k.String()+".embedding", b64)
+			}
+		case ans.EncodingFormat != "base64" && emb.Type == gjson.String:
+			if floats, ok := base64Floats(emb.Str); ok {
+				e.raw("data."+k.String()+".embedding", floats)
+			}
 		}
 		return true
 	})

@@ -6,6 +6,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/molly-gateway/molly/internal/openapitest"
+	oai "github.com/molly-gateway/molly/router/openai"
 )
 
 // TestStreamParallelCallsOnePerChunkAtIndexZero: Gemini's OpenAI-compatible
@@ -65,5 +66,43 @@ func TestStreamParallelCallsOnePerChunkAtIndexZero(t *testing.T) {
 				t.Errorf("finish_reason %q, want tool_calls", fr)
 			}
 		})
+	}
+}
+
+// TestEmbeddingsInTheEncodingAskedFor: an embeddings answer comes in the
+// encoding_format the request asked for (CreateEmbeddingRequest: "float"
+// or "base64", float by default), whatever the upstream sent — servers
+// that ignore the parameter answer floats to a base64 request, and
+// openai-node asks for base64 by default and decodes every embedding as a
+// base64 string (floats became an empty embedding). base64 is the
+// little-endian float32 of each value (0.1, 0.2, 0.3: zczMPc3MTD6amZk+);
+// decoded floats are the float32 values' shortest decimals. An embedding
+// already in the asked encoding is left as it is.
+func TestEmbeddingsInTheEncodingAskedFor(t *testing.T) {
+	spec := openapitest.Load(t)
+	answer := func(emb string) []byte {
+		return []byte(`{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":` + emb + `}],"usage":{"prompt_tokens":2,"total_tokens":2}}`)
+	}
+	ans := func(format string) Answer {
+		return Answer{Endpoint: oai.EndpointEmbeddings, Model: "e", EncodingFormat: format, Created: created}
+	}
+	for _, c := range []struct {
+		format, upstream, want string
+	}{
+		{"base64", `[0.1,0.2,0.3]`, `"zczMPc3MTD6amZk+"`},
+		{"base64", `[1.5,-2]`, `"AADAPwAAAMA="`},
+		{"base64", `"zczMPc3MTD6amZk+"`, `"zczMPc3MTD6amZk+"`},
+		{"", `"zczMPc3MTD6amZk+"`, `[0.1,0.2,0.3]`},
+		{"float", `"AADAPwAAAMA="`, `[1.5,-2]`},
+		{"float", `[0.125,0.5]`, `[0.125,0.5]`},
+	} {
+		got := NormaliseBody(ans(c.format), answer(c.upstream))
+		if c.want[0] == '[' {
+			// The description's Embedding has the float form only.
+			spec.Validate(t, "CreateEmbeddingResponse", got)
+		}
+		if e := gjson.GetBytes(got, "data.0.embedding").Raw; e != c.want {
+			t.Errorf("encoding_format %q, upstream %s: embedding %s, want %s", c.format, c.upstream, e, c.want)
+		}
 	}
 }
