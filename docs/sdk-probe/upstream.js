@@ -16,6 +16,8 @@ function lp(tokens) {
 function plan(body) {
   const u = lastUser(body.messages || []);
   const hasToolResult = (body.messages || []).some(m => m.role === "tool");
+  if (u.includes("RTOOL") && !hasToolResult) return { reasoning: "I should call the tool.", content: "Checking.", tool_calls: [
+    { id: "call_r1", type: "function", function: { name: "get_weather", arguments: '{"city":"Rome"}' } }] };
   if (u.includes("PARALLEL") && !hasToolResult) return { tool_calls: [
     { id: "call_a1", type: "function", function: { name: "get_weather", arguments: '{"city":"Rome"}' } },
     { id: "call_b2", type: "function", function: { name: "get_weather", arguments: '{"city":"Paris"}' } }] };
@@ -104,7 +106,7 @@ http.createServer((req, res) => {
     if (req.url.endsWith("/chat/completions")) return chat(body, res, req);
     if (req.url.endsWith("/embeddings")) {
       const inputs = Array.isArray(body.input) ? body.input : [body.input];
-      return send(res, 200, { object: "list", model: body.model, data: inputs.map((_, i) => ({ object: "embedding", index: i, embedding: body.encoding_format === "base64" ? Buffer.from(new Float32Array([0.1, 0.2, 0.3]).buffer).toString("base64") : [0.1, 0.2, 0.3] })), usage: { prompt_tokens: 4, total_tokens: 4 } });
+      return send(res, 200, { object: "list", model: body.model, data: inputs.map((_, i) => ({ object: "embedding", index: i, embedding: body.encoding_format === "base64" && !JSON.stringify(body.input).includes("FLOATS") ? Buffer.from(new Float32Array([0.1, 0.2, 0.3]).buffer).toString("base64") : [0.1, 0.2, 0.3] })), usage: { prompt_tokens: 4, total_tokens: 4 } });
     }
     send(res, 404, { error: { message: "no route " + req.url, type: "invalid_request_error", param: null, code: null } });
   });
