@@ -142,9 +142,11 @@ func (au *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	var refusal *openai.Error
 	if errors.As(err, &refusal) {
-		if ep, _ := openai.EndpointOf(r.Method, r.URL.Path); ep == openai.EndpointMessages || strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages/count_tokens") {
+		if ep, _ := openai.EndpointOf(r.Method, r.URL.Path); ep == openai.EndpointMessages || strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/messages/count_tokens") ||
+			ep == openai.EndpointModels && translate.AnthropicClient(r) {
 			// Anthropic's clients get Anthropic's error body (same status
-			// and headers), as the Messages handler writes its own errors.
+			// and headers), as the Messages handler writes its own errors;
+			// so does an Anthropic client listing models.
 			tw := translate.NewWriter(w, ctx, translate.APIMessages)
 			refusal.Write(tw)
 			tw.Finish()

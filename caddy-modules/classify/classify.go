@@ -175,7 +175,18 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	openai.RequestID(w, r)
 	_, span := tracing.Start(r.Context(), "molly.classify", trace.SpanKindInternal)
 	defer span.End() // a no-op once ended below
+	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/responses/input_tokens") {
+		c.responsesInputTokens(w, r)
+		return nil
+	}
 	if id := openai.ResponsePathID(r.URL.Path); id != "" {
+		if id == "compact" && r.Method == http.MethodPost {
+			// OpenAI's compaction endpoint, not a response id: Molly has
+			// none (a 405 "use GET" would say the path is a response's).
+			(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+				Message: "Unknown request URL: POST " + r.URL.Path + " (this gateway does not compact conversations)."}).Write(w)
+			return nil
+		}
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodDelete:
 			c.retrieveResponse(w, r, id)
@@ -199,6 +210,12 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		}
 		aerr.Write(w)
 		return nil
+	}
+	if ep == openai.EndpointModels && translate.AnthropicClient(r) {
+		// Anthropic's Models API on the same path: its shapes and errors.
+		mw := translate.NewModelsWriter(w, r.URL.Query())
+		defer c.finish(mw)
+		w = mw
 	}
 	var tw *translate.Writer
 	if ep == openai.EndpointResponses || ep == openai.EndpointMessages {
@@ -341,6 +358,62 @@ func (c *Classify) countTokens(w http.ResponseWriter, r *http.Request) {
 	tw.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	tw.WriteHeader(http.StatusOK)
 	_, _ = tw.Write(out)
+}
+
+// responsesInputTokens answers POST /v1/responses/input_tokens (OpenAI's
+// input token count: a TokenCountsBody, answered with a TokenCountsResource
+// {"object": "response.input_tokens", "input_tokens": n}) as countTokens
+// answers the Messages API's: the body is translated as a Responses
+// request (previous_response_id reads the caller's stored conversation)
+// and classified, and n is the engine's exact count for a model only the
+// engine serves, else Molly's estimate. Nothing is sent upstream, stored
+// or billed. Errors are OpenAI's: 405 for another method, the Responses
+// translation's 400s, 404 model_not_found.
+func (c *Classify) responsesInputTokens(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		openai.MethodNotAllowed(r.Method, r.URL.Path, http.MethodPost).Write(w)
+		return
+	}
+	body, ok := c.body(w, r)
+	if !ok {
+		return
+	}
+	if m := gjson.GetBytes(body, "model"); gjson.ValidBytes(body) && (m.Type != gjson.String || m.Str == "") {
+		openai.InvalidRequest("model", "Missing required parameter: 'model'.").Write(w)
+		return
+	}
+	var store translate.Store
+	if c.app != nil {
+		store = c.app.Responses()
+	}
+	member := app.AnonymousMember
+	if id := identity.From(r.Context()); id != nil {
+		member = id.Name()
+	}
+	chat, t, terr := translate.FromResponses(r.Context(), body, store, member)
+	if terr != nil {
+		terr.Write(w)
+		return
+	}
+	if c.app != nil && c.app.Catalogue() != nil && !c.app.Catalogue().Serves(t.Model) {
+		(&openai.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", t.Model)}).Write(w)
+		return
+	}
+	ann, err := c.classifier.Classify(classify.Input{Endpoint: openai.EndpointChat, API: string(openai.EndpointResponses), Path: r.URL.Path, Body: chat})
+	if err != nil {
+		openai.WriteError(w, err)
+		return
+	}
+	n := ann.PromptTokens()
+	if exact, ok := c.engineCount(t.Model, chat); ok {
+		n = exact
+	}
+	out := []byte(`{"object":"response.input_tokens","input_tokens":` + strconv.Itoa(n) + "}")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
 }
 
 // engineCount is the in-process engine's count of chat's prompt tokens

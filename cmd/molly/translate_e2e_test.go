@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -570,4 +571,114 @@ http://127.0.0.1:{PORT} {
 		}
 		check(t, done)
 	})
+}
+
+// TestAnthropicModelsAPI: GET /v1/models from an Anthropic client (its
+// anthropic-version header) is Anthropic's Models API
+// (https://docs.anthropic.com/en/api/models): a list of ModelInfo
+// {"type": "model", "id", "display_name", "created_at"} with has_more,
+// first_id and last_id (null on an empty page), paged by limit and
+// after_id (the config lists one model: chat); GET /v1/models/{id}
+// one ModelInfo or a not_found_error; a refusal of molly_auth Anthropic's
+// authentication_error body; all with Anthropic's request-id header. An
+// OpenAI client on the same paths keeps OpenAI's list.
+func TestAnthropicModelsAPI(t *testing.T) {
+	tr := startTiers(t)
+	db := filepath.Join(t.TempDir(), "registry", "molly.db")
+	admin := adminSocket(t)
+	g := startMolly(t, authCaddyfile(tr, admin, db, ""))
+	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": "ines"}); code != http.StatusCreated {
+		t.Fatalf("creating ines: %d %s", code, body)
+	}
+	key, _ := newKey(t, admin, "ines")
+	anthropic := []string{"anthropic-version", "2023-06-01", "x-api-key", key}
+	resp, b := do(t, g, "GET", "/v1/models", "", "anthropic-version", "2023-06-01")
+	if m := gjson.ParseBytes(b); resp.StatusCode != 401 || m.Get("type").Str != "error" || m.Get("error.type").Str != "authentication_error" ||
+		resp.Header.Get("request-id") == "" || m.Get("request_id").Str != resp.Header.Get("request-id") {
+		t.Fatalf("no key: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	resp, b = do(t, g, "GET", "/v1/models", "", "Authorization", "Bearer "+key)
+	openaiIDs := gjson.GetBytes(b, "data.#.id").Array()
+	if resp.StatusCode != 200 || gjson.GetBytes(b, "object").Str != "list" || len(openaiIDs) != 1 {
+		t.Fatalf("OpenAI's list: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, "GET", "/v1/models?limit=1", "", anthropic...)
+	m := gjson.ParseBytes(b)
+	first := openaiIDs[0].Str
+	if resp.StatusCode != 200 || m.Get("data.#").Int() != 1 || m.Get("has_more").Type != gjson.False || m.Get("first_id").Str != first ||
+		m.Get("last_id").Str != first || m.Get("object").Exists() || resp.Header.Get("request-id") == "" {
+		t.Fatalf("Anthropic's first page: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	var info map[string]any
+	if err := json.Unmarshal([]byte(m.Get("data.0").Raw), &info); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]any{"type": "model", "id": first, "display_name": first, "created_at": "1970-01-01T00:00:00Z"}; !reflect.DeepEqual(info, want) {
+		t.Fatalf("ModelInfo %v, want %v", info, want)
+	}
+	resp, b = do(t, g, "GET", "/v1/models?limit=1000&after_id="+first, "", anthropic...)
+	if m := gjson.ParseBytes(b); resp.StatusCode != 200 || m.Get("data").Raw != "[]" || m.Get("has_more").Type != gjson.False ||
+		m.Get("first_id").Type != gjson.Null || m.Get("last_id").Type != gjson.Null {
+		t.Fatalf("Anthropic's next page: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, "GET", "/v1/models/"+first, "", anthropic...)
+	if m := gjson.ParseBytes(b); resp.StatusCode != 200 || m.Get("type").Str != "model" || m.Get("id").Str != first || m.Get("owned_by").Exists() {
+		t.Fatalf("one model: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, g, "GET", "/v1/models/no-such-model", "", anthropic...)
+	if m := gjson.ParseBytes(b); resp.StatusCode != 404 || m.Get("type").Str != "error" || m.Get("error.type").Str != "not_found_error" ||
+		m.Get("error.code").Exists() || m.Get("request_id").Str != resp.Header.Get("request-id") {
+		t.Fatalf("an unknown model: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestResponsesInputTokens: POST /v1/responses/input_tokens (OpenAI's
+// input token count) answers a TokenCountsResource {"object":
+// "response.input_tokens", "input_tokens": n} without sending anything
+// upstream — n Molly's estimate of the prompt, the count
+// /v1/messages/count_tokens gives the same prompt; a previous_response_id
+// counts the stored conversation too; an unknown model is a 404, GET a 405
+// (it was read as retrieving a response named input_tokens); POST
+// /v1/responses/compact a 404 unknown_url.
+func TestResponsesInputTokens(t *testing.T) {
+	spec := openapitest.Load(t)
+	tr := startTiers(t)
+	g := startMolly(t, tr.caddyfile("", ""))
+	text := "Count the tokens of this sentence, please."
+	resp, b := do(t, g, "POST", "/v1/responses/input_tokens", `{"model":"chat","input":"`+text+`"}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	spec.Validate(t, "TokenCountsResource", b)
+	_, mb := do(t, g, "POST", "/v1/messages/count_tokens", `{"model":"chat","messages":[{"role":"user","content":"`+text+`"}]}`, "anthropic-version", "2023-06-01")
+	n := gjson.GetBytes(b, "input_tokens")
+	if gjson.GetBytes(b, "object").Str != "response.input_tokens" || n.Int() <= 0 || n.Int() != gjson.GetBytes(mb, "input_tokens").Int() {
+		t.Fatalf("input_tokens %s, count_tokens %s", b, mb)
+	}
+	for _, up := range []*upstreamtest.Upstream{tr.t1, tr.t2, tr.t3} {
+		if n := up.Count(); n != 0 {
+			t.Fatalf("an upstream got %d requests", n)
+		}
+	}
+	_, rb := do(t, g, "POST", "/v1/responses", `{"model":"chat","input":"`+text+`"}`)
+	id := gjson.GetBytes(rb, "id").Str
+	_, cb := do(t, g, "POST", "/v1/responses/input_tokens", `{"model":"chat","previous_response_id":"`+id+`","input":"`+text+`"}`)
+	if id == "" || gjson.GetBytes(cb, "input_tokens").Int() <= n.Int() {
+		t.Fatalf("with previous_response_id %q: %s (alone: %d)", id, cb, n.Int())
+	}
+	resp, b = do(t, g, "POST", "/v1/responses/input_tokens", `{"model":"no-such-model","input":"hi"}`)
+	if resp.StatusCode != 404 || gjson.GetBytes(b, "error.code").Str != "model_not_found" {
+		t.Fatalf("an unknown model: %d %s", resp.StatusCode, b)
+	}
+	spec.Validate(t, "ErrorResponse", b)
+	resp, b = do(t, g, "GET", "/v1/responses/input_tokens", "")
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Fatalf("GET: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	// POST /v1/responses/compact, OpenAI's compaction, is not a response
+	// id either: an unknown URL here, not a 405 asking for GET.
+	resp, b = do(t, g, "POST", "/v1/responses/compact", `{"model":"chat","input":"hi"}`)
+	if resp.StatusCode != 404 || gjson.GetBytes(b, "error.code").Str != "unknown_url" {
+		t.Fatalf("compact: %d %s", resp.StatusCode, b)
+	}
 }

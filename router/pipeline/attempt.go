@@ -30,18 +30,19 @@ type failure string
 // Failure kinds. Every kind but failClientGone falls back to the next
 // candidate while nothing has reached the client.
 const (
-	failNone        failure = ""
-	failRefused     failure = "refused"      // no dispatch could be made (policy, redaction)
-	failConnect     failure = "connect"      // the upstream could not be reached
-	failTimeout     failure = "timeout"      // connect, headers or first event took too long
-	failRateLimited failure = "rate_limited" // 429, or a rate-limit error inside a 200 stream
-	failServer      failure = "server_error" // 5xx, or an error object inside a 200 answer or stream
-	failRead        failure = "read"         // the answer broke off while being read
-	failTooLarge    failure = "too_large"    // the answer is over MaxUpstreamBody
-	failBadAnswer   failure = "bad_answer"   // a 200 that is not JSON, or not SSE when streaming was asked
-	failEmptyStream failure = "empty_stream" // a stream that ended before its first content event
-	failClientGone  failure = "client_gone"  // the client went away: nothing to answer
-	failContext     failure = "context"      // a 400 saying the prompt exceeds the target's context window (single falls back)
+	failNone         failure = ""
+	failRefused      failure = "refused"       // no dispatch could be made (policy, redaction)
+	failConnect      failure = "connect"       // the upstream could not be reached
+	failTimeout      failure = "timeout"       // connect, headers or first event took too long
+	failRateLimited  failure = "rate_limited"  // 429, or a rate-limit error inside a 200 stream
+	failServer       failure = "server_error"  // 5xx, or an error object inside a 200 answer or stream
+	failRead         failure = "read"          // the answer broke off while being read
+	failTooLarge     failure = "too_large"     // the answer is over MaxUpstreamBody
+	failBadAnswer    failure = "bad_answer"    // a 200 that is not JSON, or not SSE when streaming was asked
+	failEmptyStream  failure = "empty_stream"  // a stream that ended before its first content event
+	failClientGone   failure = "client_gone"   // the client went away: nothing to answer
+	failContext      failure = "context"       // a 400 saying the prompt exceeds the target's context window (single falls back)
+	failUpstreamAuth failure = "upstream_auth" // a 401: the target refused Molly's credentials for it, not the client's
 )
 
 // outcome is one attempt: an answer in hand (whole or a stream held before
@@ -137,6 +138,17 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		return o
 	}
 	o.status, o.header = resp.StatusCode, resp.Header
+	if resp.StatusCode == http.StatusUnauthorized {
+		// The upstream refused the target's API key: the gateway's
+		// credentials, not the client's, so the client must not get a 401
+		// (its SDK would report its own key as invalid). Another target
+		// may serve; the body may echo the key: dropped. (A 403 is
+		// relayed: a policy's or a region's refusal of the request.)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		o.kind, o.failure = failUpstreamAuth, "HTTP "+resp.Status+" (the target refused its API key)"
+		return o
+	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		resp.Body.Close()

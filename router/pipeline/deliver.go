@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/molly-gateway/molly/router/meter"
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/relay"
 	"github.com/molly-gateway/molly/router/route"
 )
@@ -101,7 +102,11 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 
 // answerOf is what normalising rq's answer needs.
 func answerOf(rq *request) relay.Answer {
-	return relay.Answer{Endpoint: rq.a.Endpoint(), Model: rq.a.Model(), IncludeUsage: rq.a.IncludeUsage(), Created: time.Now().Unix()}
+	ans := relay.Answer{Endpoint: rq.a.Endpoint(), Model: rq.a.Model(), IncludeUsage: rq.a.IncludeUsage(), Created: time.Now().Unix()}
+	if ans.Endpoint == openai.EndpointEmbeddings {
+		ans.EncodingFormat = gjson.Get(rq.a.Body(), "encoding_format").Str
+	}
+	return ans
 }
 
 // deliverStream relays a held stream: Molly's headers, then the held
@@ -137,8 +142,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	var buf []byte
 	sawDone, sawFinish := false, h.ended
 	// tail is what goes before [DONE]: the usage recorded, the text still
-	// held back, for a stream cut at its cap the chunk finishing its
-	// choices with "length", the usage chunk.
+	// held back, the chunk finishing the choices left open (for a stream
+	// cut at its cap with "length", else as relay.Stream.Close says), the
+	// usage chunk.
 	tail := func(cut bool) {
 		sawDone = true
 		if cut {
@@ -150,10 +156,14 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 				buf = relay.AppendData(buf, extra)
 			}
 		}
+		var fin []byte
 		if cut {
-			if fin := norm.Cut(); fin != nil {
-				buf = relay.AppendData(buf, fin)
-			}
+			fin = norm.Cut()
+		} else {
+			fin = norm.Close() // choices the upstream never finished
+		}
+		if fin != nil {
+			buf = relay.AppendData(buf, fin)
 		}
 		prompt, completion := 0, 0
 		if u := o.usage(); u != nil {

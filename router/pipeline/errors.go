@@ -22,6 +22,9 @@ import (
 //     requires could not be guaranteed): 403 redaction_unavailable;
 //   - every attempt got an answer that was not one (not JSON, too large,
 //     broken off): 502 bad_upstream_answer;
+//   - every attempt was refused with a 401 (the target's own API key, not
+//     the client's): 502 upstream_auth_failed with x-should-retry: false
+//     (the operator must fix the key);
 //   - otherwise (connect errors, 5xx, empty streams: a lack of capacity,
 //     transient): 503 no_target_available with Retry-After: 1.
 func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Error {
@@ -62,6 +65,8 @@ func noTarget(msg string, excluded []route.Exclusion, tried []failed) *openai.Er
 		return &openai.Error{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "upstream_timeout", Message: msg}
 	case every(failRefused):
 		return &openai.Error{Status: http.StatusForbidden, Type: "policy_denied", Code: "redaction_unavailable", Message: msg}
+	case every(failUpstreamAuth):
+		return &openai.Error{Status: http.StatusBadGateway, Type: "upstream_error", Code: "upstream_auth_failed", Message: msg, NoRetry: true}
 	case every(failBadAnswer, failTooLarge, failRead):
 		return &openai.Error{Status: http.StatusBadGateway, Type: "upstream_error", Code: "bad_upstream_answer", Message: msg}
 	}

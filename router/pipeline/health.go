@@ -56,14 +56,14 @@ func completionCap(rq *request, disp *egress.Dispatch) int {
 }
 
 // healthResult is how outlier detection counts an attempt's failure kind:
-// 5xx and failures of local origin are failures; a client that went away,
+// 5xx, a refused API key (401) and failures of local origin are failures; a client that went away,
 // a refused dispatch, a 429 (capacity) and an oversized answer say nothing
 // about the target's health.
 func healthResult(k failure) health.Result {
 	switch k {
 	case failNone:
 		return health.Success
-	case failConnect, failTimeout, failServer, failRead, failBadAnswer, failEmptyStream:
+	case failConnect, failTimeout, failServer, failRead, failBadAnswer, failEmptyStream, failUpstreamAuth:
 		return health.Failure
 	}
 	return health.Neutral

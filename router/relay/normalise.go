@@ -3,8 +3,11 @@ package relay
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +31,13 @@ type Answer struct {
 	// Created is the Unix time (seconds) written where the upstream gave no
 	// "created".
 	Created int64
+	// EncodingFormat is an embeddings request's encoding_format ("base64",
+	// or "" / "float" for the spec's default, floats): an upstream that
+	// answers in the other one (servers that ignore the parameter) has its
+	// embeddings converted, since openai-node asks for base64 by default
+	// and decodes every embedding as a base64 string (an array of floats
+	// became an empty embedding).
+	EncodingFormat string
 	// Usage is the usage Molly recorded for a whole answer (the meter's:
 	// the upstream's report, or Molly's estimate when that report is not
 	// one to believe), written in place of a usage whose token counts are
@@ -154,6 +164,15 @@ func argsText(a gjson.Result) string {
 // (an empty string is a call without arguments, not a cut one).
 func argsCut(args string) bool {
 	return strings.TrimSpace(args) != "" && !gjson.Valid(args)
+}
+
+// nextCall reports whether a tool-call delta's arguments delta, coming
+// after arguments so far, starts another call: so far is one whole JSON
+// object, and delta starts another (nothing may follow a whole object
+// but white space, so this never splits one call's arguments).
+func nextCall(sofar, delta string) bool {
+	t := strings.TrimSpace(sofar)
+	return strings.HasPrefix(t, "{") && gjson.Valid(t) && strings.HasPrefix(strings.TrimSpace(delta), "{")
 }
 
 // NormaliseBody rewrites a whole 2xx answer (chat completion, text
@@ -491,6 +510,48 @@ func usageOf(p, c int64) string {
 		`,"total_tokens":` + strconv.FormatInt(p+c, 10) + `}`
 }
 
+// floatsBase64 is an embedding given as a JSON array of numbers in the
+// spec's base64 form: the little-endian IEEE 754 float32 of each, base64
+// (standard alphabet, padded), as OpenAI encodes it; ok is false when an
+// element is not a number.
+func floatsBase64(a gjson.Result) (string, bool) {
+	var buf []byte
+	ok := true
+	a.ForEach(func(_, v gjson.Result) bool {
+		if v.Type != gjson.Number {
+			ok = false
+			return false
+		}
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(float32(v.Float())))
+		return true
+	})
+	return base64.StdEncoding.EncodeToString(buf), ok
+}
+
+// base64Floats is the JSON array of the little-endian float32 values a
+// base64 embedding holds, each written as the shortest decimal that reads
+// back as the same float32; ok is false for a string that is not base64
+// of a whole number of float32 values.
+func base64Floats(s string) (string, bool) {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(raw)%4 != 0 {
+		return "", false
+	}
+	out := make([]byte, 0, 2+len(raw)*3)
+	out = append(out, '[')
+	for i := 0; i < len(raw); i += 4 {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		f := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+			return "", false
+		}
+		out = strconv.AppendFloat(out, float64(f), 'g', -1, 32)
+	}
+	return string(append(out, ']')), true
+}
+
 func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 	if root.Get("object").Str != "list" {
 		e.set("object", "list")
@@ -511,6 +572,17 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 		}
 		if !present(d.Get("index")) {
 			e.set("data."+k.String()+".index", k.Int())
+		}
+		emb := d.Get("embedding")
+		switch {
+		case ans.EncodingFormat == "base64" && emb.IsArray():
+			if b64, ok := floatsBase64(emb); ok {
+				e.set("data."+k.String()+".embedding", b64)
+			}
+		case ans.EncodingFormat != "base64" && emb.Type == gjson.String:
+			if floats, ok := base64Floats(emb.Str); ok {
+				e.raw("data."+k.String()+".embedding", floats)
+			}
 		}
 		return true
 	})
@@ -548,7 +620,10 @@ func normaliseEmbeddings(ans Answer, root gjson.Result, e *edit) {
 //     refusal;
 //   - tool-call deltas are re-indexed per choice so that distinct call ids
 //     never share an index (some servers stream parallel calls all with
-//     index 0), nor two entries of one delta (Gemini's, without ids), and a first delta without a type gets "function", without
+//     index 0), nor two entries of one delta (Gemini's, without ids),
+//     nor whole calls in successive deltas at one index without ids
+//     (Gemini's too: arguments starting a JSON object after a whole one
+//     start another call, of the same function when they name none), and a first delta without a type gets "function", without
 //     an id (or with "") a made-up one; a choice
 //     that finishes with a tool call whose arguments are not complete JSON
 //     finishes with "length" (the call was cut off);
@@ -591,6 +666,7 @@ type choiceState struct {
 	byIndex map[int64]int
 	byID    map[string]int
 	args    []*strings.Builder // arguments so far, by given index
+	names   map[int]string     // function names, by given index
 }
 
 // usageSum merges the usage reports of a stream.
@@ -750,7 +826,7 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 	}
 	st := s.choices[idx]
 	if st == nil {
-		st = &choiceState{byIndex: map[int64]int{}, byID: map[string]int{}}
+		st = &choiceState{byIndex: map[int64]int{}, byID: map[string]int{}, names: map[int]string{}}
 		s.choices[idx] = st
 	}
 	if !s.chat {
@@ -826,6 +902,28 @@ func (s *Stream) choice(e *edit, base string, pos int64, ch gjson.Result) {
 				up = i.Int()
 			}
 			st.byIndex[up] = given
+		}
+		if a := tc.Get("function.arguments"); !fresh && tc.Get("id").Str == "" && a.Type == gjson.String && nextCall(st.args[given].String(), a.Str) {
+			// Arguments that start a JSON object after the call's were
+			// already one whole object belong to another call (Gemini's
+			// OpenAI-compatible API streams parallel calls one per chunk,
+			// each index 0, without ids): joined, they would be one
+			// call with arguments no client can parse. The new call is
+			// taken to be of the same function when it names none.
+			prev := given
+			given, fresh = len(st.args), true
+			st.args = append(st.args, &strings.Builder{})
+			up := j.Int()
+			if i := tc.Get("index"); i.Type == gjson.Number {
+				up = i.Int()
+			}
+			st.byIndex[up] = given
+			if n := tc.Get("function.name"); (n.Type != gjson.String || n.Str == "") && st.names[prev] != "" {
+				e.set(p+".function.name", st.names[prev])
+			}
+		}
+		if n := tc.Get("function.name"); n.Type == gjson.String && n.Str != "" {
+			st.names[given] = n.Str
 		}
 		inChunk = append(inChunk, given)
 		if tc.Get("index").Raw != strconv.Itoa(given) {
@@ -921,19 +1019,55 @@ func (s *Stream) toolIndex(st *choiceState, pos int64, tc gjson.Result) (given i
 // or text (completions), in the stream's id, created and model; nil when
 // every choice seen has finished. Final follows it as usual.
 func (s *Stream) Cut() []byte {
+	open := s.open()
+	if len(s.choices) == 0 {
+		open = []int64{0}
+	}
+	return s.finishing(open, func(int64) string { return "length" })
+}
+
+// Close returns the chunk that ends a stream the upstream ended ([DONE],
+// or its end after a finished choice) with choices it never finished (a
+// server that finishes only choice 0 of n): each such choice seen
+// finishes with "tool_calls" when it streamed tool calls ("length" when
+// their arguments are not whole JSON: cut off), else "stop" — the stream
+// is over, and the SDKs' stream helpers refuse a choice without a
+// finish_reason. It is nil when every choice seen finished, or none was
+// seen. Final follows it as usual.
+func (s *Stream) Close() []byte {
+	return s.finishing(s.open(), func(i int64) string {
+		st := s.choices[i]
+		if len(st.args) == 0 || !s.chat {
+			return "stop"
+		}
+		for _, a := range st.args {
+			if argsCut(a.String()) {
+				return "length"
+			}
+		}
+		return "tool_calls"
+	})
+}
+
+// open is the choices seen that have not finished, in index order.
+func (s *Stream) open() []int64 {
 	var open []int64
 	for i, st := range s.choices {
 		if !st.finished {
 			open = append(open, i)
 		}
 	}
-	if len(s.choices) == 0 {
-		open = []int64{0}
-	}
+	slices.Sort(open)
+	return open
+}
+
+// finishing is the chunk finishing choices open, each with reason(i), with
+// an empty delta (chat) or text (completions), in the stream's id, created
+// and model; nil for none.
+func (s *Stream) finishing(open []int64, reason func(int64) string) []byte {
 	if len(open) == 0 {
 		return nil
 	}
-	slices.Sort(open)
 	object := "text_completion"
 	if s.chat {
 		object = "chat.completion.chunk"
@@ -952,7 +1086,7 @@ func (s *Stream) Cut() []byte {
 	}
 	e.raw("choices", "[]")
 	for _, i := range open {
-		ch := map[string]any{"index": i, "finish_reason": "length"}
+		ch := map[string]any{"index": i, "finish_reason": reason(i)}
 		if s.chat {
 			ch["delta"] = map[string]any{}
 			ch["logprobs"] = nil

@@ -36,7 +36,9 @@ import (
 //     disable_parallel_tool_use parallel_tool_calls
 //     false; max_tokens, stop_sequences (as stop), temperature, top_p and
 //     metadata.user_id (as user) map to their chat parameters (top_k has
-//     no chat equivalent and is dropped); a stream asks for the usage chunk;
+//     no chat equivalent and is dropped); output_config.format (or the
+//     beta's output_format), a JSON schema, becomes a strict json_schema
+//     response_format; a stream asks for the usage chunk;
 //   - the answer's stop_reason is stop_sequence, with stop_sequence naming
 //     it, when the choice's "stop_reason" (vLLM's and Molly's engine's
 //     report of the stop string that matched) is one of stop_sequences;
@@ -149,11 +151,46 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	if u := root.Get("metadata.user_id"); u.Type == gjson.String {
 		chat["user"] = u.Str
 	}
+	if aerr := outputFormat(root, chat); aerr != nil {
+		return nil, nil, aerr
+	}
 	if t.Stream {
 		chat["stream"] = true
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
 	return marshal(chat), t, nil
+}
+
+// outputFormat translates Anthropic's structured output request —
+// output_config.format, or output_format as the structured outputs beta
+// named it: {"type": "json_schema", "schema": {...}} — into chat's
+// response_format {"type": "json_schema", "json_schema": {"name":
+// "output", "schema", "strict": true}} (Anthropic's structured outputs are
+// always constrained to the schema). An output_config that is not an
+// object, a format of another type or without an object schema is a 400
+// naming it.
+func outputFormat(root gjson.Result, chat map[string]any) *openai.Error {
+	param := "output_config.format"
+	oc := root.Get("output_config")
+	if oc.Exists() && oc.Type != gjson.Null && !oc.IsObject() {
+		return openai.WrongType("output_config", "an object", oc)
+	}
+	f := oc.Get("format")
+	if !f.Exists() || f.Type == gjson.Null {
+		param, f = "output_format", root.Get("output_format")
+	}
+	if !f.Exists() || f.Type == gjson.Null {
+		return nil
+	}
+	if !f.IsObject() || f.Get("type").Str != "json_schema" {
+		return openai.InvalidRequest(param+".type", "%s.type: Input should be 'json_schema'.", param)
+	}
+	if sc := f.Get("schema"); !sc.IsObject() {
+		return openai.WrongType(param+".schema", "an object", sc)
+	}
+	chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{
+		"name": "output", "schema": json.RawMessage(f.Get("schema").Raw), "strict": true}}
+	return nil
 }
 
 // anthropicMessage translates one message into chat messages.
@@ -432,8 +469,28 @@ func (t *Translation) messageFromChat(chat []byte) []byte {
 	return marshal(map[string]any{
 		"id": relay.NewID("msg_"), "type": "message", "role": "assistant", "model": t.Model, "content": content,
 		"stop_reason": reason, "stop_sequence": seq,
-		"usage": map[string]any{"input_tokens": root.Get("usage.prompt_tokens").Int(), "output_tokens": root.Get("usage.completion_tokens").Int()},
+		"usage": messageUsage(root.Get("usage"), root.Get("usage.prompt_tokens").Int(), root.Get("usage.completion_tokens").Int()),
 	})
+}
+
+// messageUsage is a Message's usage for a chat usage object u, the prompt's
+// size in tokens (in) and the completion's (out). Anthropic counts a
+// prompt's cached tokens apart: its input_tokens are those not read from
+// the cache, cache_read_input_tokens those read, and the three input counts
+// add up to the whole prompt. So when the upstream reports
+// prompt_tokens_details.cached_tokens (OpenAI, vLLM, DeepSeek's OpenAI
+// API), input_tokens is in less those, cache_read_input_tokens is them and
+// cache_creation_input_tokens 0 (chat completions reports no cache
+// writes); without it, input_tokens is in and neither cache count is sent.
+func messageUsage(u gjson.Result, in, out int64) map[string]any {
+	usage := map[string]any{"input_tokens": in, "output_tokens": out}
+	if c := u.Get("prompt_tokens_details.cached_tokens"); c.Type == gjson.Number {
+		read := min(max(c.Int(), 0), in)
+		usage["input_tokens"] = in - read
+		usage["cache_read_input_tokens"] = read
+		usage["cache_creation_input_tokens"] = 0
+	}
+	return usage
 }
 
 // reasoningOf is a chat message's or delta's reasoning text: its
@@ -461,6 +518,8 @@ var messagesParams = []struct{ chat, messages string }{
 	{"reasoning_effort", "thinking"},
 	{"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"},
 	{"user", "metadata.user_id"},
+	{"response_format.json_schema.schema", "output_config.format.schema"},
+	{"response_format", "output_config.format"},
 }
 
 // messagesParam is the Messages request's name for the chat request's
@@ -488,7 +547,7 @@ func IsMessagesPath(path string) bool {
 // answering a /v1/messages request outside the pipeline (the Envoy policy
 // point); headers (Retry-After, x-should-retry) are the caller's to send.
 func MessagesError(e *openai.Error) (status int, body []byte) {
-	return messagesStatus(e.Status), messageError(e.Status, e.Body(), false)
+	return messagesStatus(e.Status), messageError(e.Status, e.Body(), false, "")
 }
 
 // messageError is Anthropic's error body for an OpenAI error answer. With
@@ -496,8 +555,9 @@ func MessagesError(e *openai.Error) (status int, body []byte) {
 // naming a chat parameter that the client sent under another name
 // (error.param; messagesParams) says, as Anthropic's messages do, which
 // parameter of the client's request it is about: "stop_sequences: ..."
-// for chat's stop.
-func messageError(status int, body []byte, chat bool) []byte {
+// for chat's stop. A non-empty requestID is the body's request_id, as
+// Anthropic's error bodies carry the request's id beside the error.
+func messageError(status int, body []byte, chat bool, requestID string) []byte {
 	msg := gjson.GetBytes(body, "error.message").Str
 	if msg == "" {
 		msg = strings.TrimSpace(string(body))
@@ -510,7 +570,11 @@ func messageError(status int, body []byte, chat bool) []byte {
 			msg = name + ": " + msg
 		}
 	}
-	return marshal(map[string]any{"type": "error", "error": map[string]any{"type": statusType(status), "message": msg}})
+	out := map[string]any{"type": "error", "error": map[string]any{"type": statusType(status), "message": msg}}
+	if requestID != "" {
+		out["request_id"] = requestID
+	}
+	return marshal(out)
 }
 
 // messagesStream turns a chat completion stream into Anthropic's:
@@ -578,7 +642,7 @@ func (s *messagesStream) start(out []byte) []byte {
 	s.started = true
 	return s.emit(out, "message_start", map[string]any{"message": map[string]any{
 		"id": s.id, "type": "message", "role": "assistant", "model": s.t.Model, "content": []any{},
-		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": s.inputTokens(), "output_tokens": 0}}})
+		"stop_reason": nil, "stop_sequence": nil, "usage": messageUsage(s.usage, s.inputTokens(), 0)}})
 }
 
 // inputTokens is the prompt's size in tokens as best known now: the
@@ -746,7 +810,7 @@ func (s *messagesStream) end(out []byte) []byte {
 	out = s.flushHeld(out)
 	// The whole message's usage, as the upstream counted it (see
 	// messagesStream): what the SDKs' final message reports.
-	usage := map[string]any{"input_tokens": s.inputTokens(), "output_tokens": s.usage.Get("completion_tokens").Int()}
+	usage := messageUsage(s.usage, s.inputTokens(), s.usage.Get("completion_tokens").Int())
 	reason, seq := stopFields(s.finish, s.stopSeq, len(s.calls) > 0, s.refused)
 	out = s.emit(out, "message_delta", map[string]any{"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	return s.emit(out, "message_stop", map[string]any{})

@@ -25,10 +25,12 @@ import (
 //     API; input (a string, or message, function_call and
 //     function_call_output items; reasoning items are skipped) follows as
 //     chat messages, consecutive function calls in one assistant message;
-//   - function tools and tool_choice, parallel_tool_calls,
+//   - function tools and tool_choice (an allowed_tools one of function
+//     tools too), parallel_tool_calls,
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
 //     top_logprobs, user, service_tier, safety_identifier,
-//     prompt_cache_key, text.format (as response_format) and
+//     prompt_cache_key, text.format (as response_format), text.verbosity
+//     (as verbosity) and
 //     reasoning.effort (as reasoning_effort) map to their chat parameters;
 //     reasoning.summary is echoed but asks for nothing (chat completions
 //     has no summaries); a stream asks for the usage chunk; include
@@ -149,6 +151,13 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 			chat[p] = v.Str
 		}
 	}
+	switch v := root.Get("text.verbosity"); {
+	case !v.Exists() || v.Type == gjson.Null:
+	case v.Type == gjson.String && slices.Contains(verbosities, v.Str):
+		chat["verbosity"] = v.Str
+	default:
+		return nil, nil, openai.InvalidRequest("text.verbosity", "Invalid value for 'text.verbosity': %s. Supported values are: '%s'.", v.Raw, strings.Join(verbosities, "', '"))
+	}
 	switch f := root.Get("text.format"); f.Get("type").Str {
 	case "", "text":
 	case "json_object":
@@ -180,6 +189,10 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 // the others are accepted and return nothing more.
 var includables = []string{"file_search_call.results", "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
 	"computer_call_output.output.image_url", "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"}
+
+// verbosities are the values of text.verbosity (Verbosity in OpenAI's API
+// description), chat's verbosity.
+var verbosities = []string{"low", "medium", "high"}
 
 // reasoningEfforts and reasoningSummaries are the values of the Reasoning
 // object's effort (ReasoningEffort) and summary in OpenAI's API description.
@@ -375,6 +388,37 @@ func joinText(a gjson.Result, field string) string {
 	return b.String()
 }
 
+// allowedTools translates an allowed_tools tool_choice (ToolChoiceAllowed:
+// {"type": "allowed_tools", "mode": "auto"|"required", "tools": [{"type":
+// "function", "name"}…]}) into chat's ({"type": "allowed_tools",
+// "allowed_tools": {"mode", "tools": [{"type": "function", "function":
+// {"name"}}…]}}). A mode of another value, tools that are not an array, an
+// entry without a string name, or a tool that is not a function (hosted
+// tools chat completions cannot call) is a 400 naming it.
+func allowedTools(tc gjson.Result, chat map[string]any) *openai.Error {
+	mode := tc.Get("mode")
+	if mode.Str != "auto" && mode.Str != "required" || mode.Type != gjson.String {
+		return openai.InvalidRequest("tool_choice.mode", "Invalid value for 'tool_choice.mode': %s. Supported values are: 'auto' and 'required'.", mode.Raw)
+	}
+	list := tc.Get("tools")
+	if !list.IsArray() {
+		return openai.WrongType("tool_choice.tools", "an array", list)
+	}
+	tools := []any{}
+	for i, tl := range list.Array() {
+		param := "tool_choice.tools[" + strconv.Itoa(i) + "]"
+		if tl.Get("type").Str != "function" {
+			return openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+		}
+		if n := tl.Get("name"); n.Type != gjson.String {
+			return openai.WrongType(param+".name", "a string", n)
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{"name": tl.Get("name").Str}})
+	}
+	chat["tool_choice"] = map[string]any{"type": "allowed_tools", "allowed_tools": map[string]any{"mode": mode.Str, "tools": tools}}
+	return nil
+}
+
 // responsesTools translates tools and tool_choice.
 func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 	var tools []any
@@ -414,6 +458,8 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 			return openai.WrongType("tool_choice.name", "a string", n)
 		}
 		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
+	case tc.Get("type").Str == "allowed_tools":
+		return allowedTools(tc, chat)
 	default:
 		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
 	}
@@ -452,15 +498,18 @@ func (t *Translation) baseResponse(created int64, status string) map[string]any 
 		"reasoning":            map[string]any{"effort": or("reasoning.effort", nil), "summary": or("reasoning.summary", nil)},
 		"store":                t.store != nil,
 		"temperature":          or("temperature", 1),
-		"text":                 map[string]any{"format": format},
+		"text":                 map[string]any{"format": format, "verbosity": or("text.verbosity", "medium")},
+		"top_logprobs":         or("top_logprobs", 0),
 		"tool_choice":          or("tool_choice", "auto"),
 		"tools":                tools,
 		"top_p":                or("top_p", 1),
 		"truncation":           "disabled",
 		"metadata":             or("metadata", map[string]any{}),
 	}
-	if u := r.Get("user"); u.Type == gjson.String {
-		resp["user"] = u.Str
+	for _, p := range []string{"user", "safety_identifier", "prompt_cache_key"} {
+		if v := r.Get(p); v.Type == gjson.String {
+			resp[p] = v.Str
+		}
 	}
 	return resp
 }

@@ -21,6 +21,11 @@ import (
 // response.output_text.delta…, then .done events; for each tool call,
 // response.output_item.added (a function_call, sent once its name is
 // known), response.function_call_arguments.delta…, .done, response.output_item.done;
+// one call at a time, as OpenAI streams them: the first call named is
+// streamed as it comes, and a call named while it is open is held whole
+// and sent after it at the end (added, its arguments in one delta, done)
+// — an OpenAI-style upstream's parallel calls may interleave their
+// fragments (index 0, 1, 0, 1), and an item once done cannot grow;
 // last response.completed (or response.incomplete) with the whole
 // Response, usage included. Every event has the next sequence_number.
 type responsesStream struct {
@@ -43,6 +48,8 @@ type responsesStream struct {
 
 	calls   map[int64]*outItem // function_call items by chat tool-call index
 	order   []*outItem         // every item, in output_index order
+	live    *outItem           // the call streamed as it comes (announced first)
+	held    []*outItem         // calls named while live was open, held whole
 	finish  string
 	usage   gjson.Result
 	saveErr error // storing the response failed (the answer is still sent)
@@ -56,6 +63,7 @@ type outItem struct {
 	args   strings.Builder // a function call's arguments, a reasoning item's text
 	done   bool
 	isCall bool
+	held   bool           // a call sent whole at the end (responsesStream.held)
 	item   map[string]any // the finished item
 }
 
@@ -130,8 +138,16 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 		a := tc.Get("function.arguments").Str
 		it.args.WriteString(a)
 		switch {
-		case it.index < 0 && it.name != "":
-			out = s.announce(out, it)
+		case it.index < 0 && it.name != "" && !it.held:
+			if s.live == nil {
+				s.live = it
+				out = s.announce(out, it)
+			} else {
+				// Another call is streaming: this one is sent whole
+				// after it (see responsesStream).
+				it.held = true
+				s.held = append(s.held, it)
+			}
 		case it.index >= 0 && a != "":
 			out = s.emit(out, "response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": it.index, "delta": a})
 		}
@@ -293,40 +309,53 @@ func (s *responsesStream) end(out []byte) []byte {
 		out = s.start(out, time.Now().Unix())
 	}
 	status, incomplete := statusOf(s.finish)
-	// A call whose name never came is announced now, in the chat
-	// stream's tool-call order, with the name it has ("").
+	// A call whose name never came is sent now, after the held ones, in
+	// the chat stream's tool-call order, with the name it has ("").
 	idxs := make([]int64, 0, len(s.calls))
 	for i := range s.calls {
 		idxs = append(idxs, i)
 	}
 	sort.Slice(idxs, func(i, j int) bool { return idxs[i] < idxs[j] })
 	for _, i := range idxs {
-		if c := s.calls[i]; c.index < 0 {
-			out = s.announce(out, c)
+		if c := s.calls[i]; c.index < 0 && !c.held {
+			c.held = true
+			s.held = append(s.held, c)
 		}
 	}
 	// The item the answer stopped in (the last) is incomplete when the
 	// Response is: the ones before it were finished.
+	var last *outItem
+	switch {
+	case len(s.held) > 0:
+		last = s.held[len(s.held)-1]
+	case len(s.order) > 0:
+		last = s.order[len(s.order)-1]
+	}
 	itemStatus := func(it *outItem) string {
-		if status == "incomplete" && len(s.order) > 0 && it == s.order[len(s.order)-1] {
+		if status == "incomplete" && it == last {
 			return "incomplete"
 		}
 		return "completed"
 	}
 	out = s.closeReasoning(out, itemStatus(s.reason))
 	out = s.closeMessage(out, itemStatus(s.msg))
-	calls := make([]*outItem, 0, len(s.calls))
-	for _, c := range s.calls {
-		calls = append(calls, c)
-	}
-	sort.Slice(calls, func(i, j int) bool { return calls[i].index < calls[j].index })
 	var toolCalls []any
-	for _, c := range calls {
+	finishCall := func(c *outItem) {
 		args := c.args.String()
 		c.item = map[string]any{"type": "function_call", "id": c.id, "call_id": c.callID, "name": c.name, "arguments": args, "status": itemStatus(c)}
 		out = s.emit(out, "response.function_call_arguments.done", map[string]any{"item_id": c.id, "output_index": c.index, "name": c.name, "arguments": args})
 		out = s.emit(out, "response.output_item.done", map[string]any{"output_index": c.index, "item": c.item})
 		toolCalls = append(toolCalls, map[string]any{"id": c.callID, "type": "function", "function": map[string]any{"name": c.name, "arguments": args}})
+	}
+	// The live call first, then each held call whole — added, its
+	// arguments in one delta, done — so that no two calls' events
+	// interleave, as in OpenAI's streams.
+	if s.live != nil {
+		finishCall(s.live)
+	}
+	for _, c := range s.held {
+		out = s.announce(out, c)
+		finishCall(c)
 	}
 	r := s.t.baseResponse(s.created, status)
 	r["incomplete_details"] = incomplete

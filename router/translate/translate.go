@@ -5,7 +5,9 @@
 // body is what is classified, decided, redacted and sent — the annotation
 // is of the bytes that leave, exactly as for a chat request. What the
 // pipeline answers (a chat completion, a chat stream, an OpenAI error) is
-// translated back on its way to the client by a Writer.
+// translated back on its way to the client by a Writer. A third Writer
+// (NewModelsWriter) gives an Anthropic client's GET /v1/models Anthropic's
+// Models API shapes (APIAnthropicModels).
 //
 // Wire shapes: OpenAI's API description (schemas CreateResponse, Response,
 // ResponseStreamEvent); Anthropic's Messages API reference

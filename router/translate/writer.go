@@ -4,17 +4,23 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"github.com/molly-gateway/molly/router/openai"
 	"github.com/molly-gateway/molly/router/relay"
 )
 
 // HeaderDecisionID is the response header the pipeline names its decision in.
 const HeaderDecisionID = "X-Molly-Decision-Id"
+
+// HeaderAnthropicRequestID is Anthropic's name for the request's id on a
+// response; a Messages API answer carries it beside X-Request-Id.
+const HeaderAnthropicRequestID = "Request-Id"
 
 // Writer is the http.ResponseWriter the pipeline writes to for a
 // translated request: what it writes in chat completions' terms reaches
@@ -40,7 +46,8 @@ type Writer struct {
 	ms        *messagesStream
 	out       []byte
 	finished  bool
-	err       error // storing the response failed
+	err       error      // storing the response failed
+	query     url.Values // APIAnthropicModels: the request's paging
 }
 
 // NewWriter wraps w for a request in api; ctx is the request's (storing a
@@ -99,12 +106,24 @@ func (w *Writer) startStream() {
 	h.Del("Content-Length")
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
+	w.anthropicRequestID()
 	if w.api == APIResponses {
 		w.rs = newResponsesStream(w.t, w.ctx, h.Get(HeaderDecisionID))
 	} else {
 		w.ms = newMessagesStream(w.t)
 	}
 	w.w.WriteHeader(http.StatusOK)
+}
+
+// anthropicRequestID gives a Messages API answer Anthropic's request-id
+// header, the request's id (openai.HeaderRequestID, which Molly sets on
+// every response): Anthropic's SDKs read a message's _request_id and an
+// error's requestID from it.
+func (w *Writer) anthropicRequestID() {
+	h := w.Header()
+	if id := h.Get(openai.HeaderRequestID); (w.api == APIMessages || w.api == APIAnthropicModels) && id != "" && h.Get(HeaderAnthropicRequestID) == "" {
+		h.Set(HeaderAnthropicRequestID, id)
+	}
 }
 
 // Flush sends what was written of a stream.
@@ -151,15 +170,18 @@ func (w *Writer) Finish() {
 		resp, assistant := w.t.responseFromChat(body)
 		w.err = w.t.save(w.ctx, resp, assistant, w.Header().Get(HeaderDecisionID))
 		body = resp
+	case w.api == APIAnthropicModels && status/100 == 2:
+		status, body = anthropicModels(body, w.query, w.Header().Get(openai.HeaderRequestID))
 	case chatAnswer:
 		body = w.t.messageFromChat(body)
-	case status >= 400 && w.api == APIMessages:
-		body = messageError(status, body, w.t != nil)
+	case status >= 400 && (w.api == APIMessages || w.api == APIAnthropicModels):
+		body = messageError(status, body, w.t != nil, w.Header().Get(openai.HeaderRequestID))
 		status = messagesStatus(status)
 	case status >= 400 && w.api == APIResponses:
 		body = responsesParam(body)
 	}
 	h := w.Header()
+	w.anthropicRequestID()
 	if len(body) > 0 {
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(body)))

@@ -1,0 +1,13 @@
+import Anthropic from "@anthropic-ai/sdk";
+import OpenAI from "openai";
+const a = new Anthropic({ baseURL: "http://127.0.0.1:19600", apiKey: "sk-x", maxRetries: 0 });
+const o = new OpenAI({ baseURL: "http://127.0.0.1:19600/v1", apiKey: "sk-x", maxRetries: 0 });
+const tools = [{ name: "get_weather", description: "w", input_schema: { type: "object", properties: { city: { type: "string" } } } }];
+const s = a.messages.stream({ model: "claude-sonnet-4-5", max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 }, tools, messages: [{ role: "user", content: "RTOOL" }] });
+const ev = []; s.on("streamEvent", e => ev.push(e.type + (e.content_block ? ":" + e.content_block.type : "") + (e.delta ? ":" + e.delta.type : "")));
+const f = await s.finalMessage(); console.log(ev.join(" ")); console.log(JSON.stringify(f.content), f.stop_reason);
+const w = await a.messages.create({ model: "claude-sonnet-4-5", max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 }, tools, messages: [{ role: "user", content: "RTOOL" }] });
+console.log(JSON.stringify(w.content));
+const rs = o.responses.stream({ model: "gpt-4o-mini", input: "RTOOL", tools: [{ type: "function", name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } }, strict: false }] });
+const rev = []; rs.on("event", e => rev.push(e.type.replace("response.", "") + ":" + (e.output_index ?? "")));
+const rf = await rs.finalResponse(); console.log(rev.join(" ")); console.log(JSON.stringify(rf.output.map(x => x.type)));
