@@ -95,6 +95,9 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 	tried := -1 // the last start tried (starts are tried in increasing order)
 	for _, d := range digits {
 		i := int(d)
+		if !alphaBefore(text, i, 4) {
+			continue // fiscalYearAt needs a letter of the surname or name in the 4 bytes before
+		}
 		n := i
 		for n < len(text) && isDigit(text[n]) {
 			n++
@@ -143,6 +146,17 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 		}
 	}
 	return dst
+}
+
+// alphaBefore reports whether one of the n bytes before text[i] is an
+// ASCII letter.
+func alphaBefore(text string, i, n int) bool {
+	for k := max(0, i-n); k < i; k++ {
+		if isAlpha(text[k]) {
+			return true
+		}
+	}
+	return false
 }
 
 // fiscalYearAt reports whether the digit run text[i:n] may be a fiscal
