@@ -1061,13 +1061,10 @@ func (s *Stream) open() []int64 {
 	return open
 }
 
-// finishing is the chunk finishing choices open, each with reason(i), with
-// an empty delta (chat) or text (completions), in the stream's id, created
-// and model; nil for none.
-func (s *Stream) finishing(open []int64, reason func(int64) string) []byte {
-	if len(open) == 0 {
-		return nil
-	}
+// chunkHead starts a chunk of the stream's own making: its id (one made
+// up when the upstream gave none), object, created, model and
+// system_fingerprint.
+func (s *Stream) chunkHead() *edit {
 	object := "text_completion"
 	if s.chat {
 		object = "chat.completion.chunk"
@@ -1084,6 +1081,17 @@ func (s *Stream) finishing(open []int64, reason func(int64) string) []byte {
 	if s.fingerprint != "" {
 		e.raw("system_fingerprint", s.fingerprint)
 	}
+	return e
+}
+
+// finishing is the chunk finishing choices open, each with reason(i), with
+// an empty delta (chat) or text (completions), in the stream's id, created
+// and model; nil for none.
+func (s *Stream) finishing(open []int64, reason func(int64) string) []byte {
+	if len(open) == 0 {
+		return nil
+	}
+	e := s.chunkHead()
 	e.raw("choices", "[]")
 	for _, i := range open {
 		ch := map[string]any{"index": i, "finish_reason": reason(i)}
@@ -1126,22 +1134,7 @@ func (s *Stream) Final(fallbackPrompt, fallbackCompletion int) []byte {
 	if !s.ans.IncludeUsage {
 		return nil
 	}
-	object := "text_completion"
-	if s.chat {
-		object = "chat.completion.chunk"
-	}
-	if s.id == "" {
-		s.id = NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[s.chat])
-		s.created = s.ans.Created
-	}
-	e := &edit{b: []byte(`{}`)}
-	e.set("id", s.id)
-	e.set("object", object)
-	e.set("created", s.created)
-	e.set("model", s.ans.Model)
-	if s.fingerprint != "" {
-		e.raw("system_fingerprint", s.fingerprint)
-	}
+	e := s.chunkHead()
 	if s.tier != "" {
 		// As OpenAI's usage chunk, which carries it too: the SDKs'
 		// accumulators keep the last chunk's.
