@@ -8,10 +8,12 @@ import (
 	"errors"
 	"net/url"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -206,11 +208,7 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	default:
 		a.lastUser = w.lastUserText()
 	}
-	if a.task == "" {
-		e := c.estimator.Estimate(a.lastUser, a.Tools())
-		a.task, a.diff, a.entropy = e.Task, e.Difficulty, e.Entropy()
-	}
-	c.sovereignty(a)
+	c.classifyText(a)
 	a.bound += BoundPerFinding * len(a.findings)
 	a.seal()
 	return a, nil
@@ -694,7 +692,71 @@ func (c *Classifier) checkModelName(name string) *openai.Error {
 // ReasonScanBudget is the Unscanned reason of text the scan budget did not reach.
 const ReasonScanBudget = "scan budget exceeded"
 
-func (c *Classifier) sovereignty(a *Annotation) {
+// classifying counts the classifyText calls running, in every Classifier.
+var classifying atomic.Int32
+
+// parallelMin is the size of a request's texts, in bytes, from which
+// classifyText may run its passes on two goroutines: below it the passes
+// take a few microseconds, less than the hand-over costs.
+var parallelMin = 1024
+
+// textBytes is the size of a's texts, in bytes.
+func (a *Annotation) textBytes() int {
+	n := 0
+	for _, f := range a.fields {
+		n += len(f.text)
+	}
+	return n
+}
+
+// classifyText runs the passes over a's texts: the capability estimate
+// (unless the task is known), the detectors over each field (scanFields)
+// and over the values split across fields (scanSplit), then merges their
+// findings and counts them. The estimate and the split scan read only the
+// texts, so when another core may be idle (see spareCore) they run on a
+// second goroutine while this one scans the fields: the request waits for
+// the longer of the two, not their sum. Another core may be idle when
+// fewer classifications run than GOMAXPROCS; under load each runs its
+// passes in turn, as they cost the same CPU either way. The result is the
+// same either way.
+func (c *Classifier) classifyText(a *Annotation) {
+	estimate := a.task == ""
+	seqs := c.splitSeqs(a)
+	tools := a.Tools()
+	var est capability.Estimate
+	var scans []splitScan
+	n := classifying.Add(1)
+	defer classifying.Add(-1)
+	if int(n) < runtime.GOMAXPROCS(0) && a.textBytes() >= parallelMin {
+		done := make(chan any, 1)
+		go func() {
+			defer func() { done <- recover() }() // a panic is raised again on the request's goroutine
+			if estimate {
+				est = c.estimator.Estimate(a.lastUser, tools)
+			}
+			scans = c.scanSplit(seqs)
+		}()
+		c.scanFields(a)
+		if v := <-done; v != nil {
+			panic(v)
+		}
+	} else {
+		if estimate {
+			est = c.estimator.Estimate(a.lastUser, tools)
+		}
+		c.scanFields(a)
+		scans = c.scanSplit(seqs)
+	}
+	if estimate {
+		a.task, a.diff, a.entropy = est.Task, est.Difficulty, est.Entropy()
+	}
+	c.countFindings(a, c.mergeSplit(a, seqs, scans))
+}
+
+// scanFields runs the detectors over each field of a (within the scan
+// budget), appending to a.findings and a.unscanned; a detector failure
+// sets a.failed.
+func (c *Classifier) scanFields(a *Annotation) {
 	deadline := time.Now().Add(c.budget)
 	for i, f := range a.fields {
 		if time.Now().After(deadline) {
@@ -732,7 +794,11 @@ func (c *Classifier) sovereignty(a *Annotation) {
 			a.findings = append(a.findings, FieldFinding{Field: i, Finding: fd})
 		}
 	}
-	values := c.splitValues(a)
+}
+
+// countFindings counts a's findings by type, a value split across fields
+// once (values holds their types).
+func (c *Classifier) countFindings(a *Annotation, values []string) {
 	for _, f := range a.findings {
 		if f.Split {
 			continue // counted once per value below
@@ -818,18 +884,17 @@ type segment struct {
 	text       string
 }
 
-// splitValues finds values cut across consecutive segments: the texts of
+// Values cut across consecutive segments are looked for in these
+// sequences of segments: the texts of
 // the chat messages in order (every role's), the string values of tool-call
 // arguments in order (within one call and across calls), both together in
 // document order (a message's text, then its tool calls' arguments, then
 // the next message: a value cut between a text and an argument), the
 // prompts or inputs of completions and embeddings, and each completions
 // prompt with the suffix, in both orders (see
-// redaction.Scanner.ScanAcross).
-// Their parts replace any finding they overlap in a.findings (the joined
-// value is longer); it returns the type of each split value, for counting.
-// A scan failure sets a.failed.
-func (c *Classifier) splitValues(a *Annotation) []string {
+// redaction.Scanner.ScanAcross). splitSeqs returns those of a's fields
+// (see scanSplit and mergeSplit).
+func (c *Classifier) splitSeqs(a *Annotation) [][]segment {
 	var msgs, args, prompts, conv []segment
 	for i, f := range a.fields {
 		switch f.kind {
@@ -857,8 +922,22 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 			seqs = append(seqs, []segment{p, sx}, []segment{sx, p})
 		}
 	}
-	var types []string
-	var parts []FieldFinding
+	return seqs
+}
+
+// splitScan is the scan of one sequence of segments for values split
+// across them: its findings, its error, and ok=false when it panicked.
+type splitScan struct {
+	found []redaction.SegmentFinding
+	err   error
+	ok    bool
+}
+
+// scanSplit scans each sequence of two or more segments of seqs (see
+// splitSeqs) for values split across them; it reads only the segments'
+// texts.
+func (c *Classifier) scanSplit(seqs [][]segment) []splitScan {
+	out := make([]splitScan, len(seqs))
 	for q, seq := range seqs {
 		if len(seq) < 2 {
 			continue
@@ -867,7 +946,25 @@ func (c *Classifier) splitValues(a *Annotation) []string {
 		for k, sg := range seq {
 			texts[k] = sg.text
 		}
-		found, err, ok := safeScan2(c.scanAcross, texts)
+		sc := &out[q]
+		sc.found, sc.err, sc.ok = safeScan2(c.scanAcross, texts)
+	}
+	return out
+}
+
+// mergeSplit adds the split values of scans (scanSplit of seqs) to
+// a.findings: their parts replace any finding they overlap (the joined
+// value is longer). It returns the type of each split value, for
+// counting. A scan failure sets a.failed; a scan past its budget makes
+// its first field unscanned.
+func (c *Classifier) mergeSplit(a *Annotation, seqs [][]segment, scans []splitScan) []string {
+	var types []string
+	var parts []FieldFinding
+	for q, seq := range seqs {
+		if len(seq) < 2 {
+			continue
+		}
+		found, err, ok := scans[q].found, scans[q].err, scans[q].ok
 		switch {
 		case ok && errors.Is(err, redaction.ErrScanBudget):
 			a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(seq[0].field), Reason: ReasonScanBudget + " (values split across fields)"})
