@@ -10,6 +10,7 @@ package egress
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -179,7 +180,7 @@ func (e *Egress) NewDispatch(d policies.Decided, a *classify.Annotation, c route
 	if err != nil {
 		return nil, fmt.Errorf("%s (%s): %w", t.Name, t.Tier, err)
 	}
-	body, err := sjson.SetBytes([]byte(red.Body), "model", c.Model)
+	body, err := withModel(red.Body, c.Model)
 	if err == nil && a.Stream() && !a.IncludeUsage() && (a.Endpoint() == openai.EndpointChat || a.Endpoint() == openai.EndpointCompletions) {
 		// Usage is recorded for streams too: always ask for the usage chunk;
 		// the relay strips it again for a client that did not ask.
@@ -193,6 +194,24 @@ func (e *Egress) NewDispatch(d policies.Decided, a *classify.Annotation, c route
 	}
 	disp.body, disp.vault, disp.redacted = body, red.Vault, red.Replaced
 	return disp, nil
+}
+
+// withModel returns body, a JSON object, with its top-level "model" set to
+// model: in one copy of body when the member is there (the usual case:
+// every chat request names its model), through sjson otherwise.
+func withModel(body, model string) ([]byte, error) {
+	r := gjson.Get(body, "model")
+	if !r.Exists() || r.Index <= 0 || r.Index+len(r.Raw) > len(body) || body[r.Index:r.Index+len(r.Raw)] != r.Raw {
+		return sjson.SetBytes([]byte(body), "model", model)
+	}
+	q, err := json.Marshal(model)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(body)-len(r.Raw)+len(q))
+	out = append(out, body[:r.Index]...)
+	out = append(out, q...)
+	return append(out, body[r.Index+len(r.Raw):]...), nil
 }
 
 // Extensions are the request parameters of Molly's own (the T0 engine's:
