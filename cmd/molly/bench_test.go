@@ -119,6 +119,14 @@ func BenchmarkGatewayLoad(b *testing.B) {
 			rps := p.burst(b, p.proxy, body, b.N)
 			b.ReportMetric(rps, "req/s")
 		})
+		b.Run(fmt.Sprintf("caddy-%dKB-c1", kb), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.do(p.proxy, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
