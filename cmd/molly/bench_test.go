@@ -360,7 +360,13 @@ func benchBody(size int, stream bool) []byte {
 // latencies sends body n times through each path at concurrency 1, in
 // ABBA order, and returns the latencies of each path.
 func (p *benchPair) latencies(b *testing.B, body []byte, n int) (molly, proxy []time.Duration) {
-	timed := func(url string, into *[]time.Duration) {
+	return p.latenciesOf(b, func(int) []byte { return body }, n)
+}
+
+// latenciesOf is latencies with bodyOf(i) as the body of the i-th request
+// of each path.
+func (p *benchPair) latenciesOf(b *testing.B, bodyOf func(i int) []byte, n int) (molly, proxy []time.Duration) {
+	timed := func(url string, body []byte, into *[]time.Duration) {
 		start := time.Now()
 		if _, err := p.do(url, body); err != nil {
 			b.Fatal(err)
@@ -369,15 +375,40 @@ func (p *benchPair) latencies(b *testing.B, body []byte, n int) (molly, proxy []
 	}
 	molly, proxy = make([]time.Duration, 0, n), make([]time.Duration, 0, n)
 	for i := range n {
+		body := bodyOf(i)
 		if i%2 == 0 {
-			timed(p.molly, &molly)
-			timed(p.proxy, &proxy)
+			timed(p.molly, body, &molly)
+			timed(p.proxy, body, &proxy)
 		} else {
-			timed(p.proxy, &proxy)
-			timed(p.molly, &molly)
+			timed(p.proxy, body, &proxy)
+			timed(p.molly, body, &molly)
 		}
 	}
 	return molly, proxy
+}
+
+// turnBody is the next turn of a conversation: four earlier messages of
+// 8 KB each (two questions, two answers: 32 KB the client sends again on
+// every turn), then a new question of about 2 KB, different for each
+// request (turn numbers it), as a chat client or an agent sends them.
+func turnBody(turn int) []byte {
+	para := "Hello team, we have been using the gateway for our internal support assistant for three weeks now. " +
+		"Most answers are good, but some replies about invoices arrive late and a few mention the wrong contract dates. "
+	earlier := func(k int) string {
+		return fmt.Sprintf("Message %d. ", k) + strings.Repeat(para, (8<<10)/len(para))
+	}
+	msgs := []any{map[string]any{"role": "system", "content": "You are a helpful support assistant for a software company."}}
+	for k := range 4 {
+		role := "user"
+		if k%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]any{"role": role, "content": earlier(k)})
+	}
+	msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprintf("Question %d: ", turn) +
+		strings.Repeat(para, (2<<10)/len(para)) + "\nYou can reach me at giulia.bianchi@example.com.\nBest regards, Giulia"})
+	b, _ := json.Marshal(map[string]any{"model": "chat", "max_tokens": 256, "messages": msgs})
+	return b
 }
 
 // burst sends n requests through url with benchClients concurrent clients
@@ -521,7 +552,8 @@ func (p *benchPair) suite(b *testing.B, rounds int) benchTable {
 		bodies[i] = benchBody(s.kb<<10, false)
 	}
 	stream := benchBody(2<<10, true)
-	var streamAdd, thrRatio, thrMolly, thrProxy []float64
+	var streamAdd, thrRatio, thrMolly, thrProxy, turnAdd, turnProxy []float64
+	turns := 0
 	for range rounds {
 		for i, s := range benchSizes {
 			m, px := p.latencies(b, bodies[i], s.n)
@@ -535,6 +567,8 @@ func (p *benchPair) suite(b *testing.B, rounds int) benchTable {
 		}
 		m, px := p.latencies(b, stream, benchSizes[0].n/2)
 		streamAdd = append(streamAdd, quantile(m, 0.5)-quantile(px, 0.5))
+		m, px = p.latenciesOf(b, func(i int) []byte { turns++; return turnBody(turns) }, benchSizes[1].n)
+		turnAdd, turnProxy = append(turnAdd, quantile(m, 0.5)-quantile(px, 0.5)), append(turnProxy, quantile(px, 0.5))
 		// Alternate which path goes first, so neither always follows the
 		// other's garbage.
 		var mr, pr float64
@@ -556,6 +590,7 @@ func (p *benchPair) suite(b *testing.B, rounds int) benchTable {
 	t.add(row{name: "chat_2KB_c1.molly_p50", value: median(s2.mollyP50), unit: "us"})
 	t.add(goal(row{name: "chat_32KB_c1.p50_added", value: median(s32.addP50), unit: "us", base: "caddy_p50=" + us(median(s32.proxyP50)), report: "added_32KB_p50_us"}, 1000))
 	t.add(row{name: "stream_2KB_c1.p50_added", value: median(streamAdd), unit: "us"})
+	t.add(row{name: "turn_34KB_c1.p50_added", value: median(turnAdd), unit: "us", base: "caddy_p50=" + us(median(turnProxy))})
 	perKB := make([]float64, len(benchSizes))
 	for i, s := range benchSizes {
 		perKB[i] = median(sizes[i].addP50) / float64(s.kb)

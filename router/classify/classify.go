@@ -40,6 +40,8 @@ type Classifier struct {
 	budget time.Duration
 
 	estimator *capability.Estimator
+	// cache keeps the findings of long texts sent again (scancache.go).
+	cache *scanCache
 }
 
 // Option configures a Classifier; see New.
@@ -100,7 +102,7 @@ func New(scanner *redaction.Scanner, overrides map[string]Sensitivity, opts ...O
 		classes[k] = v
 	}
 	c := &Classifier{scanner: scanner, classes: classes, scan: scanner.ScanBounded, scanAcross: scanner.ScanAcrossBounded, budget: DefaultScanBudget,
-		estimator: capability.NewEstimator(nil)}
+		estimator: capability.NewEstimator(nil), cache: newScanCache()}
 	_, _ = rand.Read(c.id[:])
 	for _, o := range opts {
 		o(c)
@@ -208,7 +210,7 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	default:
 		a.lastUser = w.lastUserText()
 	}
-	c.classifyText(a)
+	c.classifyText(a, w.lastUser)
 	a.bound += BoundPerFinding * len(a.findings)
 	a.seal()
 	return a, nil
@@ -719,7 +721,7 @@ func (a *Annotation) textBytes() int {
 // fewer classifications run than GOMAXPROCS; under load each runs its
 // passes in turn, as they cost the same CPU either way. The result is the
 // same either way.
-func (c *Classifier) classifyText(a *Annotation) {
+func (c *Classifier) classifyText(a *Annotation, fresh []int) {
 	estimate := a.task == ""
 	seqs := c.splitSeqs(a)
 	tools := a.Tools()
@@ -736,7 +738,7 @@ func (c *Classifier) classifyText(a *Annotation) {
 			}
 			scans = c.scanSplit(seqs)
 		}()
-		c.scanFields(a)
+		c.scanFields(a, fresh)
 		if v := <-done; v != nil {
 			panic(v)
 		}
@@ -744,7 +746,7 @@ func (c *Classifier) classifyText(a *Annotation) {
 		if estimate {
 			est = c.estimator.Estimate(a.lastUser, tools)
 		}
-		c.scanFields(a)
+		c.scanFields(a, fresh)
 		scans = c.scanSplit(seqs)
 	}
 	if estimate {
@@ -755,15 +757,17 @@ func (c *Classifier) classifyText(a *Annotation) {
 
 // scanFields runs the detectors over each field of a (within the scan
 // budget), appending to a.findings and a.unscanned; a detector failure
-// sets a.failed.
-func (c *Classifier) scanFields(a *Annotation) {
+// sets a.failed. The findings of a long field sent before come from the
+// scan cache, unless the field is one of fresh (the last user message's:
+// see scanCache).
+func (c *Classifier) scanFields(a *Annotation, fresh []int) {
 	deadline := time.Now().Add(c.budget)
 	for i, f := range a.fields {
 		if time.Now().After(deadline) {
 			a.unscanned = append(a.unscanned, Unscanned{Path: a.fieldPath(i), Reason: ReasonScanBudget})
 			continue
 		}
-		fs, err, ok := safeScan2(c.scan, f.text)
+		fs, err, ok := c.scanText(f.text, !slices.Contains(fresh, i))
 		switch {
 		case !ok:
 			a.failed = true
@@ -794,6 +798,24 @@ func (c *Classifier) scanFields(a *Annotation) {
 			a.findings = append(a.findings, FieldFinding{Field: i, Finding: fd})
 		}
 	}
+}
+
+// scanText runs the detectors over text, turning a panic into ok=false
+// (safeScan2); with cacheable, a text of scanCacheMin bytes or more is
+// looked up in the scan cache first and kept there once scanned whole.
+func (c *Classifier) scanText(text string, cacheable bool) ([]redaction.Finding, error, bool) {
+	if !cacheable || c.cache == nil || len(text) < scanCacheMin {
+		return safeScan2(c.scan, text)
+	}
+	k := c.cache.key(text)
+	if fs, ok := c.cache.get(k); ok {
+		return fs, nil, true
+	}
+	fs, err, ok := safeScan2(c.scan, text)
+	if ok && err == nil {
+		c.cache.put(k, fs)
+	}
+	return fs, err, ok
 }
 
 // countFindings counts a's findings by type, a value split across fields
