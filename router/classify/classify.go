@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"hash"
 	"net/url"
 	"regexp"
 	"runtime"
@@ -210,52 +211,70 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	default:
 		a.lastUser = w.lastUserText()
 	}
-	c.classifyText(a, w.lastUser)
+	c.classifyText(a, w.lastUser) // and seals a
 	a.bound += BoundPerFinding * len(a.findings)
-	a.seal()
 	return a, nil
 }
 
 // seal computes the digest; nothing changes the annotation afterwards.
-func (a *Annotation) seal() {
-	h := sha256.New()
-	h.Write(a.classifier.id[:])
-	var n [8]byte
-	var chunk [4096]byte // the body is hashed through it, not copied whole
-	put := func(s string) {
-		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		for len(s) > 0 {
-			k := copy(chunk[:], s)
-			h.Write(chunk[:k])
-			s = s[k:]
-		}
+func (a *Annotation) seal() { a.sealTail(a.sealHead()) }
+
+// sealer is the digest being computed: the hash and a buffer the strings
+// go through (hash.Hash takes bytes; a string would be copied whole).
+type sealer struct {
+	h     hash.Hash
+	n     [8]byte
+	chunk [1024]byte
+}
+
+// put hashes s, length first.
+func (z *sealer) put(s string) {
+	binary.LittleEndian.PutUint64(z.n[:], uint64(len(s)))
+	z.h.Write(z.n[:])
+	for len(s) > 0 {
+		k := copy(z.chunk[:], s)
+		z.h.Write(z.chunk[:k])
+		s = s[k:]
 	}
-	put(string(a.req.Endpoint))
-	put(a.path)
-	put(a.declared.String())
-	put(a.residency)
-	put(a.api)
+}
+
+// sealHead hashes the part of the digest that classification does not
+// change: the classifier, the request's endpoint, path, declared class,
+// residency and API, and the body. sealTail adds the findings.
+func (a *Annotation) sealHead() *sealer {
+	z := &sealer{h: sha256.New()}
+	z.h.Write(a.classifier.id[:])
+	z.put(string(a.req.Endpoint))
+	z.put(a.path)
+	z.put(a.declared.String())
+	z.put(a.residency)
+	z.put(a.api)
 	if a.stored {
-		put("stored_conversation")
+		z.put("stored_conversation")
 	}
-	put(a.body)
+	z.put(a.body)
+	return z
+}
+
+// sealTail adds to z (sealHead's) the findings' counts by type, the
+// unscanned paths and a scan failure, and sets the digest.
+func (a *Annotation) sealTail(z *sealer) {
 	types := make([]string, 0, len(a.counts))
 	for t := range a.counts {
 		types = append(types, t)
 	}
 	sort.Strings(types)
 	for _, t := range types {
-		put(t)
-		put(strconv.Itoa(a.counts[t]))
+		z.put(t)
+		z.put(strconv.Itoa(a.counts[t]))
 	}
 	for _, u := range a.unscanned {
-		put(u.Path)
+		z.put(u.Path)
 	}
 	if a.failed {
-		put("scan_failed")
+		z.put("scan_failed")
 	}
-	h.Sum(a.digest[:0])
+	z.h.Sum(a.digest[:0])
 }
 
 // enumPaths are the positions whose strings are the OpenAI schema's own
@@ -714,8 +733,9 @@ func (a *Annotation) textBytes() int {
 // classifyText runs the passes over a's texts: the capability estimate
 // (unless the task is known), the detectors over each field (scanFields)
 // and over the values split across fields (scanSplit), then merges their
-// findings and counts them. The estimate and the split scan read only the
-// texts, so when another core may be idle (see spareCore) they run on a
+// findings, counts them and seals a (the body's hash, sealHead, is one
+// more pass). The estimate, the split scan and the body's hash read only
+// the texts, so when another core may be idle (see spareCore) they run on a
 // second goroutine while this one scans the fields: the request waits for
 // the longer of the two, not their sum. Another core may be idle when
 // fewer classifications run than GOMAXPROCS; under load each runs its
@@ -727,6 +747,7 @@ func (c *Classifier) classifyText(a *Annotation, fresh []int) {
 	tools := a.Tools()
 	var est capability.Estimate
 	var scans []splitScan
+	var head *sealer
 	n := classifying.Add(1)
 	defer classifying.Add(-1)
 	if int(n) < runtime.GOMAXPROCS(0) && a.textBytes() >= parallelMin {
@@ -737,6 +758,7 @@ func (c *Classifier) classifyText(a *Annotation, fresh []int) {
 				est = c.estimator.Estimate(a.lastUser, tools)
 			}
 			scans = c.scanSplit(seqs)
+			head = a.sealHead()
 		}()
 		c.scanFields(a, fresh)
 		if v := <-done; v != nil {
@@ -748,11 +770,13 @@ func (c *Classifier) classifyText(a *Annotation, fresh []int) {
 		}
 		c.scanFields(a, fresh)
 		scans = c.scanSplit(seqs)
+		head = a.sealHead()
 	}
 	if estimate {
 		a.task, a.diff, a.entropy = est.Task, est.Difficulty, est.Entropy()
 	}
 	c.countFindings(a, c.mergeSplit(a, seqs, scans))
+	a.sealTail(head)
 }
 
 // scanFields runs the detectors over each field of a (within the scan
