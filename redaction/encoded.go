@@ -61,7 +61,8 @@ func isB64Byte(c byte) bool {
 // encodedSegments returns the runs of text that decode, as hex (RFC 4648
 // §8, also written as byte pairs separated by spaces or colons) or base64
 // (standard or URL-safe alphabet, padded or not, RFC 4648 §4 and §5; also
-// wrapped over lines of equal length as MIME and PEM do, RFC 2045 §6.8),
+// wrapped over lines of equal length, LF or CRLF, as MIME and PEM do, RFC
+// 2045 §6.8),
 // to mostly printable UTF-8 text: the hiding places of values pasted as
 // "bWFyaW9AZXhhbXBsZS5pdA==". Binary payloads (images, hashes, ciphertext)
 // fail the printable test and are skipped. runs are the prefilter's base64
@@ -94,8 +95,8 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 			return out, buf
 		}
 		// Base64 wrapped over lines: runs of one length, each ending at a
-		// newline, the last no longer.
-		if w := e - s; w >= 16 && at(text, e) == '\n' {
+		// line break (LF, or CRLF as MIME writes it), the last no longer.
+		if w := e - s; w >= 16 && (at(text, e) == '\n' || at(text, e) == '\r' && at(text, e+1) == '\n') {
 			j, end := k, e
 			joined = joined[:0]
 			lines := 1
