@@ -46,3 +46,28 @@ func crlf(s string) string {
 	}
 	return out
 }
+
+// TestCoveredBy checks coveredBy on spans written out by hand: a range
+// is covered when it lies inside a span and is not all of it.
+func TestCoveredBy(t *testing.T) {
+	spans := [][2]int{{0, 10}, {5, 50}, {60, 70}}
+	cases := []struct {
+		s, e int
+		want bool
+	}{
+		{0, 9, true},    // inside the first
+		{0, 10, false},  // all of the first (the second starts later)
+		{6, 40, true},   // inside the second
+		{5, 50, false},  // all of the second
+		{45, 55, false}, // across the end of the second
+		{55, 58, false}, // between spans
+		{61, 70, true},  // inside the third
+		{65, 80, false}, // past the end of the third
+	}
+	from := 0
+	for _, c := range cases {
+		if got := coveredBy(spans, &from, c.s, c.e); got != c.want {
+			t.Errorf("coveredBy(%v, [%d, %d)) = %v, want %v", spans, c.s, c.e, got, c.want)
+		}
+	}
+}

@@ -209,6 +209,9 @@ type Scanner struct {
 	// (nil when they are off): detectWrapped keeps only the secrets of
 	// the lines it joins, so it scans them with this one.
 	secretsOnly *Scanner
+	// kwOnly is set when the enabled detectors read no anchor but the
+	// keyword hits (secretsOnly): the prefilter then collects only those.
+	kwOnly bool
 }
 
 // enabled says which built-in types a Scanner runs.
@@ -359,7 +362,7 @@ func NewScanner(cfg Config) (*Scanner, error) {
 	if s.secrets != nil {
 		s.secretsOnly = &Scanner{types: s.types, prio: s.prio, on: s.on, en: enabled{Secret: true}, secrets: s.secrets,
 			index: s.index, kwRules: s.kwRules, atWord: s.atWord, schemeKW: s.schemeKW, phoneRegions: s.phoneRegions,
-			timeout: s.timeout, maxBytes: s.maxBytes}
+			timeout: s.timeout, maxBytes: s.maxBytes, kwOnly: true}
 	}
 	return s, nil
 }
@@ -496,7 +499,11 @@ func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool
 		// it alone finds what a raw scan finds and more.
 		scan = v.text
 	}
-	s.index.prefilter(scan, &st.a)
+	if s.kwOnly {
+		s.index.prefilterKeywords(scan, &st.a)
+	} else {
+		s.index.prefilter(scan, &st.a)
+	}
 	st.breaks = st.breaks[:0]
 	if ok && s.en.Email && len(st.a.ats) > 0 {
 		st.breaks = dropBreaks(text, v.marks, st.breaks)
@@ -564,13 +571,18 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 		}
 		cand = d.Detect(text, cand)
 	}
-	if depth == 0 && s.secrets != nil && len(a.runs) > 0 {
-		cand = s.detectWrapped(text, a.runs, cand, b, depth)
-	}
+	// The encoded runs are decoded first, so that the wrapped-key search
+	// can leave out the lines inside a run already found whole (see
+	// detectWrapped); their findings still come after the wrapped keys'
+	// (the order is resolve's last tie-break).
+	var enc []Finding
 	if depth < maxEncodedDepth && (len(a.runs) > 0 || len(a.hex2) >= 5) {
-		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth)
+		enc = s.detectEncoded(text, a.runs, a.hex2, nil, b, depth)
 	}
-	return cand
+	if depth == 0 && s.secrets != nil && len(a.runs) > 0 {
+		cand = s.detectWrapped(text, a.runs, cand, b, depth, enc)
+	}
+	return append(cand, enc...)
 }
 
 // detectEncoded scans the decoded text of every base64 or hex run in text
