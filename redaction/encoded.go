@@ -240,8 +240,9 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		if len(body)%4 == 1 {
 			return dst, false
 		}
-		var first [3]byte
-		if n, _ := enc.Decode(first[:], src[:4]); n < 1 || !maybeText(first[0]) {
+		// The first decoded byte, from the first two characters (either
+		// alphabet: a character of the other one fails the decoding below).
+		if v0, v1 := b64Value[run[0]], b64Value[run[1]]; v0 > 63 || v1 > 63 || !maybeText(v0<<2|v1>>4) {
 			return dst, false
 		}
 		raw, err = enc.AppendDecode(dst, src[:len(body)])
@@ -251,6 +252,19 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 	}
 	return raw, true
 }
+
+// b64Value is the value of a base64 character of either alphabet (RFC
+// 4648 §4 and §5), 0xff for any other byte.
+var b64Value = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i, c := range "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/" {
+		t[c] = byte(i)
+	}
+	t['-'], t['_'] = 62, 63
+	return t
+}()
 
 func isHexString(s string) bool {
 	for i := 0; i < len(s); i++ {
@@ -275,10 +289,20 @@ var asciiNotText = func() (t [utf8.RuneSelf]uint8) {
 // printableText reports whether b is valid UTF-8 of which at least 95% of
 // the runes are printable or white space.
 func printableText(b []byte) bool {
+	// A prefix of printable ASCII (' ' to '~'), eight bytes at a time: for
+	// decoded text, usually all of it, which is then valid UTF-8 too.
+	n := 0
+	for n+8 <= len(b) {
+		if x := le64(unsafe.String(unsafe.SliceData(b[n:]), 8)); x&msb != 0 || inRange(x, ' ', '~') != msb {
+			break
+		}
+		n += 8
+	}
+	b = b[n:]
 	if !utf8.Valid(b) {
 		return false
 	}
-	n, bad := 0, 0
+	bad := 0
 	for len(b) > 0 {
 		if c := b[0]; c < utf8.RuneSelf {
 			n++

@@ -1,7 +1,12 @@
 package redaction
 
 import (
+	"encoding/base64"
+	"math/rand/v2"
+	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // mimeBody is base64 of a text holding an address and a phone number
@@ -68,6 +73,79 @@ func TestCoveredBy(t *testing.T) {
 	for _, c := range cases {
 		if got := coveredBy(spans, &from, c.s, c.e); got != c.want {
 			t.Errorf("coveredBy(%v, [%d, %d)) = %v, want %v", spans, c.s, c.e, got, c.want)
+		}
+	}
+}
+
+// printableRef is printableText's definition: valid UTF-8 of which at
+// least 95% of the runes are printable or white space.
+func printableRef(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	n, bad := 0, 0
+	for _, r := range string(b) {
+		n++
+		if !unicode.IsPrint(r) && !unicode.IsSpace(r) {
+			bad++
+		}
+	}
+	return bad*20 <= n
+}
+
+// TestPrintableTextMatchesDefinition checks printableText against its
+// definition on texts of printable ASCII with a few other bytes (control
+// bytes, DEL, invalid and valid UTF-8) at every offset.
+func TestPrintableTextMatchesDefinition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	odd := []string{"\x00", "\x1f", "\x7f", "\n", "\t", "\x80", "\xc3", "é", "\u200b", "\U0001F600", "\xff", "~", " "}
+	for range 20000 {
+		var b []byte
+		for n := rng.IntN(40); len(b) < n; {
+			if rng.IntN(8) == 0 {
+				b = append(b, odd[rng.IntN(len(odd))]...)
+			} else {
+				b = append(b, byte(' '+rng.IntN(95)))
+			}
+		}
+		if got, want := printableText(b), printableRef(b); got != want {
+			t.Fatalf("printableText(%q) = %v, want %v", b, got, want)
+		}
+	}
+}
+
+// TestB64ValueMatchesEncodingBase64 checks decodeRun's table of base64
+// values against the alphabets of RFC 4648 (Table 1 and Table 2), and the
+// first byte it computes from two characters against encoding/base64's
+// decoding of "XY==", for every pair of characters of one alphabet.
+func TestB64ValueMatchesEncodingBase64(t *testing.T) {
+	const std = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	const url = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	for c := range 256 {
+		want := byte(0xff)
+		if i := strings.IndexByte(std, byte(c)); i >= 0 {
+			want = byte(i)
+		} else if i := strings.IndexByte(url, byte(c)); i >= 0 {
+			want = byte(i)
+		}
+		if b64Value[c] != want {
+			t.Errorf("b64Value[%q] = %d, want %d", byte(c), b64Value[c], want)
+		}
+	}
+	for _, alpha := range []struct {
+		chars string
+		enc   *base64.Encoding
+	}{{std, base64.StdEncoding}, {url, base64.URLEncoding}} {
+		for _, x := range []byte(alpha.chars) {
+			for _, y := range []byte(alpha.chars) {
+				var out [3]byte
+				if _, err := alpha.enc.Decode(out[:], []byte{x, y, '=', '='}); err != nil {
+					t.Fatal(err)
+				}
+				if got := b64Value[x]<<2 | b64Value[y]>>4; got != out[0] {
+					t.Fatalf("%q: first byte %#x from the table, %#x from encoding/base64", []byte{x, y}, got, out[0])
+				}
+			}
 		}
 	}
 }
