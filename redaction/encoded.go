@@ -54,9 +54,9 @@ func addDecoded(segs []encodedSegment, buf []byte, s, e int, run string) ([]enco
 	return append(segs, encodedSegment{s, e, ds, len(buf)}), buf
 }
 
-func isB64Byte(c byte) bool {
-	return isAlnum(c) || c == '+' || c == '/' || c == '-' || c == '_'
-}
+// isB64Byte reports whether c is a base64 character of either alphabet
+// (letters, digits, '+', '/', '-', '_'): one table load.
+func isB64Byte(c byte) bool { return b64Value[c] < 64 }
 
 // encodedSegments returns the runs of text that decode, as hex (RFC 4648
 // §8, also written as byte pairs separated by spaces or colons) or base64
@@ -109,8 +109,18 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 					break
 				}
 				ns, ne := nl+1, nl+1
-				for ne < len(text) && ne-ns <= w && isB64Byte(text[ne]) {
-					ne++
+				if j+1 < len(runs) && int(runs[j+1][0]) == ns {
+					// The line's run (the prefilter's): its base64 bytes,
+					// read up to one past w as below.
+					re := int(runs[j+1][1])
+					for re > ns && text[re-1] == '=' {
+						re--
+					}
+					ne = min(re, ns+w+1)
+				} else {
+					for ne < len(text) && ne-ns <= w && isB64Byte(text[ne]) {
+						ne++
+					}
 				}
 				for q := 0; q < 2 && at(text, ne) == '='; q++ {
 					ne++

@@ -131,6 +131,9 @@ func TestB64ValueMatchesEncodingBase64(t *testing.T) {
 		if b64Value[c] != want {
 			t.Errorf("b64Value[%q] = %d, want %d", byte(c), b64Value[c], want)
 		}
+		if isB64Byte(byte(c)) != (want != 0xff) {
+			t.Errorf("isB64Byte(%q) = %v", byte(c), isB64Byte(byte(c)))
+		}
 	}
 	for _, alpha := range []struct {
 		chars string

@@ -573,16 +573,22 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 	}
 	// The encoded runs are decoded first, so that the wrapped-key search
 	// can leave out the lines inside a run already found whole (see
-	// detectWrapped); their findings still come after the wrapped keys'
-	// (the order is resolve's last tie-break).
-	var enc []Finding
+	// detectWrapped); their findings are then moved after the wrapped
+	// keys' (the order of detection is resolve's last tie-break).
+	n0 := len(cand)
 	if depth < maxEncodedDepth && (len(a.runs) > 0 || len(a.hex2) >= 5) {
-		enc = s.detectEncoded(text, a.runs, a.hex2, nil, b, depth)
+		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth)
 	}
-	if depth == 0 && s.secrets != nil && len(a.runs) > 0 {
-		cand = s.detectWrapped(text, a.runs, cand, b, depth, enc)
+	if n1 := len(cand); depth == 0 && s.secrets != nil && len(a.runs) > 0 {
+		cand = s.detectWrapped(text, a.runs, cand, b, depth, cand[n0:n1])
+		if n1 > n0 && len(cand) > n1 {
+			// Rotate cand[n0:] by n1-n0: the wrapped keys first.
+			slices.Reverse(cand[n0:n1])
+			slices.Reverse(cand[n1:])
+			slices.Reverse(cand[n0:])
+		}
 	}
-	return append(cand, enc...)
+	return cand
 }
 
 // detectEncoded scans the decoded text of every base64 or hex run in text

@@ -149,15 +149,11 @@ func continuation(text string, s, e int) bool {
 // there would lie inside that finding, which is longer (see coveredBy).
 func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *budget, depth int, enc []Finding) []Finding {
 	done := 0
-	var spans [][2]int // enc's spans, by start
-	for _, f := range enc {
-		spans = append(spans, [2]int{f.Start, f.End})
-	}
-	slices.SortFunc(spans, func(x, y [2]int) int { return x[0] - y[0] })
-	cover := 0 // spans[:cover] end before the current lines
+	var spans [][2]int // enc's spans, by start, once lines join
+	cover := 0         // spans[:cover] end before the current lines
 	var pieces []piece
 	var joined []byte
-	for _, r := range runs {
+	for ri, r := range runs {
 		rs, re := int(r[0]), int(r[1])
 		if rs < done || !keyLike(text, rs, re) {
 			continue
@@ -180,8 +176,18 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		pieces = append(pieces[:0], piece{off: cs, n: re - cs})
 		joined = append(joined[:0], text[cs:re]...)
 		end := re
+		nr := ri // runs[nr:] start at or after the current line's token
 		for ns >= 0 && len(pieces) < maxWrapLines && len(joined) < maxWrapBytes {
 			ne := ns
+			for nr < len(runs) && int(runs[nr][0]) < ns {
+				nr++
+			}
+			if nr < len(runs) && int(runs[nr][0]) == ns && int(runs[nr][1])-ns < maxWrapBytes {
+				// The token starts with the prefilter's run there: its
+				// base64 bytes are read off it.
+				for ne = int(runs[nr][1]); ne > ns && text[ne-1] == '='; ne-- {
+				}
+			}
 			// The line's token: base64 bytes and dots (a JWT's parts).
 			for ne < len(text) && (isB64Byte(text[ne]) || text[ne] == '.' && isB64Byte(at(text, ne+1))) && ne-ns < maxWrapBytes {
 				ne++
@@ -200,6 +206,13 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		done = end
 		if len(pieces) < 2 {
 			continue // the next line does not continue it
+		}
+		if spans == nil && len(enc) > 0 {
+			spans = make([][2]int, len(enc))
+			for k, f := range enc {
+				spans[k] = [2]int{f.Start, f.End}
+			}
+			slices.SortFunc(spans, func(x, y [2]int) int { return x[0] - y[0] })
 		}
 		if coveredBy(spans, &cover, cs, end) {
 			continue
