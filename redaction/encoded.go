@@ -1,8 +1,8 @@
 package redaction
 
 import (
-	"encoding/base64"
 	"encoding/hex"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -241,26 +241,72 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		if strings.IndexByte(body, '=') >= 0 {
 			return dst, false
 		}
-		// One alphabet: "-_" (URL-safe) or "+/", not both (the URL-safe
-		// decoder rejects '+' and '/').
-		enc := base64.RawStdEncoding
-		if strings.IndexByte(body, '-') >= 0 || strings.IndexByte(body, '_') >= 0 {
-			enc = base64.RawURLEncoding
+		// One alphabet: "-_" (URL-safe) or "+/", not both.
+		if (strings.IndexByte(body, '-') >= 0 || strings.IndexByte(body, '_') >= 0) &&
+			(strings.IndexByte(body, '+') >= 0 || strings.IndexByte(body, '/') >= 0) {
+			return dst, false
 		}
 		if len(body)%4 == 1 {
 			return dst, false
 		}
-		// The first decoded byte, from the first two characters (either
-		// alphabet: a character of the other one fails the decoding below).
+		// The first decoded byte, from the first two characters.
 		if v0, v1 := b64Value[run[0]], b64Value[run[1]]; v0 > 63 || v1 > 63 || !maybeText(v0<<2|v1>>4) {
 			return dst, false
 		}
-		raw, err = enc.AppendDecode(dst, src[:len(body)])
+		var ok bool
+		if raw, ok = appendBase64(dst, body); !ok {
+			return raw, false
+		}
 	}
 	if err != nil || len(raw)-from < 6 || !printableText(raw[from:]) {
 		return raw, false
 	}
 	return raw, true
+}
+
+// appendBase64 appends to dst the bytes that s, unpadded base64, decodes
+// to, as encoding/base64's RawStdEncoding or RawURLEncoding would (the
+// unused bits of a last partial group may be set), and reports whether s
+// is such base64; when it is not, dst may have grown past its length.
+// Characters of both alphabets are read (see b64Value): decodeRun turns
+// down a run that mixes them.
+func appendBase64(dst []byte, s string) ([]byte, bool) {
+	n := len(s) / 4 * 3
+	switch len(s) % 4 {
+	case 1:
+		return dst, false
+	case 2:
+		n++
+	case 3:
+		n += 2
+	}
+	from := len(dst)
+	dst = slices.Grow(dst, n)[:from+n]
+	out := dst[from:]
+	i, o := 0, 0
+	for ; i+4 <= len(s) && o+3 <= len(out); i, o = i+4, o+3 {
+		a, b, c, d := b64Value[s[i]], b64Value[s[i+1]], b64Value[s[i+2]], b64Value[s[i+3]]
+		if (a|b|c|d)&0xc0 != 0 {
+			return dst, false
+		}
+		v := uint32(a)<<18 | uint32(b)<<12 | uint32(c)<<6 | uint32(d)
+		out[o], out[o+1], out[o+2] = byte(v>>16), byte(v>>8), byte(v)
+	}
+	switch len(s) - i {
+	case 2:
+		a, b := b64Value[s[i]], b64Value[s[i+1]]
+		if (a|b)&0xc0 != 0 {
+			return dst, false
+		}
+		out[o] = a<<2 | b>>4
+	case 3:
+		a, b, c := b64Value[s[i]], b64Value[s[i+1]], b64Value[s[i+2]]
+		if (a|b|c)&0xc0 != 0 {
+			return dst, false
+		}
+		out[o], out[o+1] = a<<2|b>>4, b<<4|c>>2
+	}
+	return dst, true
 }
 
 // b64Value is the value of a base64 character of either alphabet (RFC

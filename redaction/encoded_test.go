@@ -152,3 +152,47 @@ func TestB64ValueMatchesEncodingBase64(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendBase64MatchesEncodingBase64 checks appendBase64 against
+// encoding/base64's unpadded standard decoder on strings of base64
+// characters of both alphabets (the URL-safe ones read as '+' and '/'), of
+// every length up to 40, with a byte outside both put in now and then.
+func TestAppendBase64MatchesEncodingBase64(t *testing.T) {
+	const chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 50000 {
+		b := make([]byte, rng.IntN(41))
+		for k := range b {
+			b[k] = chars[rng.IntN(len(chars))]
+			if rng.IntN(60) == 0 {
+				b[k] = ".=@ \x00\xff"[rng.IntN(6)]
+			}
+		}
+		want, err := base64.RawStdEncoding.DecodeString(strings.NewReplacer("-", "+", "_", "/").Replace(string(b)))
+		got, ok := appendBase64([]byte("pre"), string(b))
+		if ok != (err == nil) || ok && string(got) != "pre"+string(want) {
+			t.Fatalf("appendBase64(%q) = %q, %v; encoding/base64: %q, %v", b, got, ok, want, err)
+		}
+	}
+}
+
+// TestDecodeRunTakesOneAlphabet: base64 of "mario.rossi@example.it?>"
+// written in the standard alphabet (it ends in '+'), in the
+// URL-safe one, and with one character of each, which no decoder of RFC
+// 4648 reads.
+func TestDecodeRunTakesOneAlphabet(t *testing.T) {
+	const want = "mario.rossi@example.it?>"
+	for _, c := range []struct {
+		run string
+		ok  bool
+	}{
+		{"bWFyaW8ucm9zc2lAZXhhbXBsZS5pdD8+", true},
+		{"bWFyaW8ucm9zc2lAZXhhbXBsZS5pdD8-", true},
+		{"bWFyaW8ucm9zc2lAZXhhbXBsZS5pdD8+" + "Pz8_", false},
+	} {
+		got, ok := decodeRun(nil, c.run)
+		if ok != c.ok || ok && string(got) != want {
+			t.Errorf("decodeRun(%q) = %q, %v; want %q, %v", c.run, got, ok, want, c.ok)
+		}
+	}
+}
