@@ -105,6 +105,16 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 		if n-i > 3 {
 			continue // no group of a fiscal code holds four digits
 		}
+		// fiscalYearAt's first condition, without a call: after the run
+		// (and at most one separator), a month letter, or an omocodic
+		// letter after a single digit.
+		c := at(text, n)
+		if fiscalSep(c) {
+			c = at(text, n+1)
+		}
+		if !isFiscalMonth(c&^0x20) && !(n-i == 1 && isOmocodic(c)) {
+			continue
+		}
 		if !fiscalYearAt(text, i, n) {
 			continue
 		}

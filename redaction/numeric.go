@@ -178,7 +178,10 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 						ns.add(TypeCreditCard, sub, i, e)
 					}
 				}
-				if s.en.IBAN && isAlpha(p) {
+				// An IBAN's country code is the two letters before, apart
+				// from the word before them: not so inside a longer word
+				// ("xYZ12", base64), which iban would turn down.
+				if s.en.IBAN && isAlpha(p) && !(i >= 3 && isAlpha(text[i-2]) && text[i-3] < 0x80 && wordByte(text[i-3])) {
 					ns.c.atoms = append(ns.c.atoms[:0], numAtom{i, e})
 					ns.iban()
 				}

@@ -1,0 +1,95 @@
+package redaction
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// precheckTexts are random texts of letters (month and omocodic ones
+// among them), digits, separators, a multi-byte letter and now and then
+// a valid IBAN or fiscal code: the shapes
+// the early tests of detectFiscalGrouped and detectNumbers read.
+func precheckTexts(n int) []string {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const bytes = "ABCDEHLMPRSTLMNPQRSTUVabdelmrsqxyzXYZ0123456789 -._/+="
+	var out []string
+	for range n {
+		b := make([]byte, 0, 40)
+		for len(b) < 1+rng.IntN(39) {
+			if rng.IntN(30) == 0 {
+				b = append(b, "是"...)
+				continue
+			}
+			if rng.IntN(60) == 0 {
+				b = append(b, []string{"IT60X0542811101000000123456", "DE89370400440532013000", "RSSMRA80A01H501U"}[rng.IntN(3)]...)
+				continue
+			}
+			b = append(b, bytes[rng.IntN(len(bytes))])
+		}
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// TestFiscalYearPrecheckIsNecessary: wherever fiscalYearAt accepts a
+// digit run, detectFiscalGrouped's inline first test lets it through (the
+// test only saves calls; the oracle is fiscalYearAt itself).
+func TestFiscalYearPrecheckIsNecessary(t *testing.T) {
+	accepted := 0
+	for _, text := range precheckTexts(200000) {
+		for i := 0; i < len(text); i++ {
+			if !isDigit(text[i]) || i > 0 && isDigit(text[i-1]) {
+				continue
+			}
+			n := i
+			for n < len(text) && isDigit(text[n]) {
+				n++
+			}
+			c := at(text, n)
+			if fiscalSep(c) {
+				c = at(text, n+1)
+			}
+			pass := isFiscalMonth(c&^0x20) || n-i == 1 && isOmocodic(c)
+			if fiscalYearAt(text, i, n) {
+				accepted++
+				if !pass {
+					t.Fatalf("%q at %d: fiscalYearAt accepts what the first test turns down", text, i)
+				}
+			}
+		}
+	}
+	if accepted == 0 {
+		t.Fatal("fiscalYearAt accepted no run: the texts do not test the condition")
+	}
+}
+
+// TestGluedIBANPrecheckIsNecessary: where detectNumbers leaves out iban
+// for a digit run glued to a letter, iban finds nothing there.
+func TestGluedIBANPrecheckIsNecessary(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, text := range precheckTexts(100000) {
+		for i := 1; i < len(text); i++ {
+			if !isDigit(text[i]) || !isAlpha(text[i-1]) {
+				continue
+			}
+			e := i
+			for e < len(text) && isDigit(text[e]) {
+				e++
+			}
+			ns := numScan{s: s, text: text}
+			ns.c.atoms = append(ns.c.atoms, numAtom{i, e})
+			ns.iban()
+			found += len(ns.dst)
+			if skip := i >= 3 && isAlpha(text[i-2]) && text[i-3] < 0x80 && wordByte(text[i-3]); skip && len(ns.dst) > 0 {
+				t.Fatalf("%q at %d: iban finds %v where it is left out", text, i, ns.dst)
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatal("no IBAN found at all: the texts do not test the condition")
+	}
+}
