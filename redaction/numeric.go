@@ -178,10 +178,7 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 						ns.add(TypeCreditCard, sub, i, e)
 					}
 				}
-				// An IBAN's country code is the two letters before, apart
-				// from the word before them: not so inside a longer word
-				// ("xYZ12", base64), which iban would turn down.
-				if s.en.IBAN && isAlpha(p) && !(i >= 3 && isAlpha(text[i-2]) && text[i-3] < 0x80 && wordByte(text[i-3])) {
+				if s.en.IBAN && isAlpha(p) && !ibanInWord(text, i) {
 					ns.c.atoms = append(ns.c.atoms[:0], numAtom{i, e})
 					ns.iban()
 				}
@@ -565,6 +562,18 @@ func (ns *numScan) iban() {
 	if ibanValid(buf[:got]) {
 		ns.add(TypeIBAN, string(cc[:]), k, j)
 	}
+}
+
+// ibanInWord reports whether the digit run at i follows two ASCII letters
+// inside a longer word ("xYZ12", as in base64): iban turns it down (an
+// IBAN's country code stands apart from the word before it), so
+// detectNumbers does not call it.
+func ibanInWord(text string, i int) bool {
+	if i < 3 {
+		return false
+	}
+	b, c := text[i-2], text[i-3] // a letter, then a word byte (ASCII)
+	return (b|0x20)-'a' < 26 && ((c|0x20)-'a' < 26 || c-'0' < 10 || c == '_')
 }
 
 func boolInt(b bool) int {
