@@ -88,3 +88,50 @@ func TestGluedIBANPrecheckIsNecessary(t *testing.T) {
 		t.Fatal("no IBAN found at all: the texts do not test the condition")
 	}
 }
+
+// TestSubrangeBelowMinValueDigits: subrange finds nothing in a range of
+// fewer than minValueDigits digits, whatever the separators, so cluster
+// does not call it there; and an IPv4 address of minValueDigits digits
+// is still found.
+func TestSubrangeBelowMinValueDigits(t *testing.T) {
+	s, err := NewScanner(Config{DefaultRegion: "IT"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seps := []string{"", " ", ".", "-", "/", "  "}
+	for _, d := range []string{"1", "12", "123", "911", "112", "000"} {
+		for _, sep := range seps {
+			text := "call " + d[:1]
+			for _, c := range d[1:] {
+				text += sep + string(c)
+			}
+			text += " now"
+			ns := numScan{s: s, text: text}
+			end := readCluster(text, 5, &ns.c)
+			if end < 0 {
+				t.Fatal(end)
+			}
+			ns.gapIDs()
+			n := len(ns.c.atoms)
+			ns.digits, ns.off = ns.digits[:0], ns.off[:0]
+			for _, a := range ns.c.atoms {
+				ns.off = append(ns.off, len(ns.digits))
+				ns.digits = append(ns.digits, text[a.s:a.e]...)
+			}
+			ns.off = append(ns.off, len(ns.digits))
+			ns.ds = string(ns.digits)
+			for i := 0; i < n; i++ {
+				for j := i + 1; j <= n; j++ {
+					if nd := ns.off[j] - ns.off[i]; nd < minValueDigits {
+						ns.subrange(i, j, nd, true)
+						ns.subrange(i, j, nd, false)
+					}
+				}
+			}
+			if len(ns.dst) > 0 {
+				t.Errorf("%q: subrange found %v", text, ns.dst)
+			}
+		}
+	}
+	runScanCases(t, []scanCase{{"an IPv4 address of four digits", "", "server at 1.2.3.4 today", []string{"IP_ADDRESS/public:1.2.3.4"}}})
+}
