@@ -27,6 +27,13 @@ type encodedSegment struct {
 	ds, de     int
 }
 
+// encScratch is the memory of encodedSegments, kept with a scan's state.
+type encScratch struct {
+	buf    []byte
+	segs   []encodedSegment
+	joined []byte
+}
+
 // encodedSep separates the decoded texts in the buffer of
 // encodedSegments, so that all of them are scanned at once: no detector
 // reads through it (semicolons around a blank line: not a number gap of
@@ -68,12 +75,19 @@ func isB64Byte(c byte) bool { return b64Value[c] < 64 }
 // fail the printable test and are skipped. runs are the prefilter's base64
 // runs of text. The decoded texts are returned in one buffer, in the order
 // of the segments and separated by encodedSep: each run is decoded once,
-// into that buffer, and nothing is allocated per run.
-func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]encodedSegment, []byte) {
-	var out []encodedSegment
-	buf := make([]byte, 0, 256) // until a run decodes to text
+// into that buffer, and nothing is allocated per run. The buffer, the
+// segments and the joined lines of wrapped blocks are sc's memory, grown
+// as needed and left in sc for the next call (the caller keeps nothing
+// that points into them).
+func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget, sc *encScratch) ([]encodedSegment, []byte) {
+	out := sc.segs[:0]
+	buf := sc.buf[:0]
+	if cap(buf) < 256 {
+		buf = make([]byte, 0, 256) // until a run decodes to text
+	}
 	sized := false
-	var joined []byte // a wrapped block's lines, joined
+	joined := sc.joined[:0] // a wrapped block's lines, joined
+	defer func() { sc.joined = joined[:0] }()
 	for k := 0; k < len(runs); k++ {
 		if !sized && len(out) > 0 {
 			// The first run that decodes to text: the buffer is sized once,
@@ -83,8 +97,12 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 			for _, r := range runs[k:] {
 				size += int(r[1]-r[0])*3/4 + len(encodedSep)
 			}
-			buf = append(make([]byte, 0, size), buf...)
-			out = append(make([]encodedSegment, 0, len(out)+len(runs)-k), out...)
+			if cap(buf) < size {
+				buf = append(make([]byte, 0, size), buf...)
+			}
+			if n := len(out) + len(runs) - k; cap(out) < n {
+				out = append(make([]encodedSegment, 0, n), out...)
+			}
 			sized = true
 		}
 		s, e := int(runs[k][0]), int(runs[k][1])
@@ -129,7 +147,7 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 					break
 				}
 				if len(joined) == 0 {
-					if cap(joined) == 0 {
+					if cap(joined) < len(text)-s {
 						// Once, for every block of the text: the block may
 						// run to the end of the text.
 						joined = make([]byte, 0, len(text)-s)
@@ -284,6 +302,18 @@ func appendBase64(dst []byte, s string) ([]byte, bool) {
 	dst = slices.Grow(dst, n)[:from+n]
 	out := dst[from:]
 	i, o := 0, 0
+	// Eight characters (six bytes) at a time, then four.
+	for ; i+8 <= len(s) && o+6 <= len(out); i, o = i+8, o+6 {
+		q := s[i : i+8]
+		a, b, c, d := b64Value[q[0]], b64Value[q[1]], b64Value[q[2]], b64Value[q[3]]
+		e, f, g, h := b64Value[q[4]], b64Value[q[5]], b64Value[q[6]], b64Value[q[7]]
+		if (a|b|c|d|e|f|g|h)&0xc0 != 0 {
+			return dst, false
+		}
+		v := uint64(a)<<42 | uint64(b)<<36 | uint64(c)<<30 | uint64(d)<<24 | uint64(e)<<18 | uint64(f)<<12 | uint64(g)<<6 | uint64(h)
+		w := out[o : o+6]
+		w[0], w[1], w[2], w[3], w[4], w[5] = byte(v>>40), byte(v>>32), byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+	}
 	for ; i+4 <= len(s) && o+3 <= len(out); i, o = i+4, o+3 {
 		a, b, c, d := b64Value[s[i]], b64Value[s[i+1]], b64Value[s[i+2]], b64Value[s[i+3]]
 		if (a|b|c|d)&0xc0 != 0 {

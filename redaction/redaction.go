@@ -233,6 +233,7 @@ type scanState struct {
 	breaks []int32    // view offsets of dropped invisible characters
 	num    numScan    // detectNumbers' buffers
 	res    resolveScratch
+	enc    encScratch // encodedSegments' buffers
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
@@ -476,9 +477,9 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 		}
 	}
 	cand = s.resolveWith(cand, &st.res)
-	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 {
+	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 || cap(st.enc.buf)+cap(st.enc.joined) > 4<<20 || cap(st.enc.segs) > 1<<16 {
 		// Keep the pool small after a huge text.
-		st.view, st.marks, st.res = []byte{}, []viewMark{}, resolveScratch{}
+		st.view, st.marks, st.res, st.enc = []byte{}, []viewMark{}, resolveScratch{}, encScratch{}
 	}
 	s.states.Put(st)
 	return cand
@@ -577,7 +578,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 	// keys' (the order of detection is resolve's last tie-break).
 	n0 := len(cand)
 	if depth < maxEncodedDepth && (len(a.runs) > 0 || len(a.hex2) >= 5) {
-		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth)
+		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth, &st.enc)
 	}
 	if n1 := len(cand); depth == 0 && s.secrets != nil && len(a.runs) > 0 {
 		cand = s.detectWrapped(text, a.runs, cand, b, depth, cand[n0:n1])
@@ -596,8 +597,11 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 // value, appends one finding covering the whole run (the value cannot be
 // replaced inside the encoding), with the type and subtype of the
 // highest-priority value inside.
-func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int) []Finding {
-	segs, buf := encodedSegments(text, runs, hex2, b)
+func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int, sc *encScratch) []Finding {
+	segs, buf := encodedSegments(text, runs, hex2, b, sc)
+	// buf and segs go back to sc for the next scan: the inner scan's
+	// findings are offsets, and nothing else keeps the string on buf.
+	defer func() { sc.buf, sc.segs = buf[:0], segs[:0] }()
 	if len(segs) == 0 {
 		return dst
 	}
@@ -607,7 +611,6 @@ func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst 
 	if !b.spend(len(buf) / 16) {
 		return dst
 	}
-	// buf is not written again (nor pooled): the string may share it.
 	inner := s.scan(unsafe.String(unsafe.SliceData(buf), len(buf)), b, depth+1)
 	// inner is sorted by Start and the segments by their place in buf:
 	// one walk over both finds each segment's strongest finding.
