@@ -44,9 +44,12 @@
 //     ODNN 7EXA MPLE", grouped.go), secrets by gitleaks' rules anchored
 //     at their keyword hits behind necessary conditions read off each
 //     rule's syntax tree, also over line breaks (wrap.go: a key wrapped
-//     over lines or string literals), names from cues and name lists. Runs of base64 and hex that decode to text are
-//     scanned too, nested up to three levels; a run hiding a value becomes
-//     one finding covering the whole run.
+//     over lines or string literals; not inside a base64 body already
+//     found whole), names from cues and name lists. Runs of base64 and hex
+//     that decode to text are scanned too, nested up to three levels, and
+//     so are base64 bodies wrapped over lines of one length (LF or CRLF, as
+//     MIME and PEM wrap them); a run or body hiding a value becomes one
+//     finding covering all of it.
 //   - A scan budget (Config.ScanTimeout, Config.MaxScanBytes and a work
 //     bound linear in the text) makes ScanBounded and ScanAcrossBounded
 //     return ErrScanBudget instead of running long: the caller treats the
