@@ -297,7 +297,7 @@ func (d *personDetector) detect(text string, a *anchors, dst []Finding, b *budge
 			continue
 		}
 		e := nameWord(text, i)
-		if e < 0 || !d.given[text[i:e]] || at(text, e) != ' ' {
+		if e < 0 || at(text, e) != ' ' || !d.given[text[i:e]] {
 			continue
 		}
 		ne, words, _ := d.nameAt(text, i)
