@@ -86,6 +86,7 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget, sc *
 		buf = make([]byte, 0, 256) // until a run decodes to text
 	}
 	sized := false
+	noBlock := 0            // runs before this offset start no wrapped block
 	joined := sc.joined[:0] // a wrapped block's lines, joined
 	defer func() { sc.joined = joined[:0] }()
 	for k := 0; k < len(runs); k++ {
@@ -114,7 +115,7 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget, sc *
 		}
 		// Base64 wrapped over lines: runs of one length, each ending at a
 		// line break (LF, or CRLF as MIME writes it), the last no longer.
-		if w := e - s; w >= 16 && (at(text, e) == '\n' || at(text, e) == '\r' && at(text, e+1) == '\n') {
+		if w := e - s; s >= noBlock && w >= 16 && (at(text, e) == '\n' || at(text, e) == '\r' && at(text, e+1) == '\n') {
 			j, end := k, e
 			joined = joined[:0]
 			lines := 1
@@ -164,11 +165,19 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget, sc *
 				}
 			}
 			if lines > 1 {
+				if !b.spend(len(joined) / 16) {
+					return out, buf
+				}
 				n := len(out)
 				if out, buf = addDecoded(out, buf, s, end, unsafe.String(unsafe.SliceData(joined), len(joined))); len(out) > n {
 					k = j
 					continue
 				}
+				// Not text (binary, or cut short): its lines are decoded
+				// one by one below, and none starts a block again, which
+				// would read the rest of this one again (a body of n lines
+				// would cost n²).
+				noBlock = end
 			}
 		}
 		out, buf = addDecoded(out, buf, s, e, text[s:e])

@@ -196,3 +196,33 @@ func TestDecodeRunTakesOneAlphabet(t *testing.T) {
 		}
 	}
 }
+
+// TestWrappedBinaryBodyIsLinear: a MIME-style body of 512 KB of binary
+// data (a pasted attachment: lines of one length that decode, but not to
+// text) fits ScanBounded's work budget, which is linear in the text (it
+// did not: each of its 7,000 lines started a block that read the rest of
+// the body again), and holds no finding.
+func TestWrappedBinaryBodyIsLinear(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	raw := make([]byte, 384<<10)
+	for i := range raw {
+		raw[i] = byte(rng.IntN(256))
+	}
+	enc := base64.StdEncoding.EncodeToString(raw)
+	var sb strings.Builder
+	for i := 0; i < len(enc); i += 76 {
+		sb.WriteString(enc[i:min(i+76, len(enc))])
+		sb.WriteString("\r\n")
+	}
+	fs, err := s.ScanBounded(sb.String())
+	if err != nil {
+		t.Fatalf("ScanBounded of a %d-byte binary body: %v", sb.Len(), err)
+	}
+	if len(fs) > 0 {
+		t.Errorf("findings in random binary: %v", fs)
+	}
+}
