@@ -254,8 +254,12 @@ func domainAt(text string, i int) (int, bool) {
 		return 0, false
 	}
 	tld := text[labelStart:e]
-	if strings.HasPrefix(strings.ToLower(tld), "xn--") && len(tld) > 4 {
+	if len(tld) > 4 && hasPrefixFold(tld, 0, "xn--") {
 		return e, true
+	}
+	if isAllAlpha(tld) {
+		// ASCII letters (the common case): no rune to decode.
+		return e, len(tld) >= 2
 	}
 	if utf8.RuneCountInString(tld) < 2 || !isAllLetters(tld) {
 		return 0, false
@@ -526,15 +530,16 @@ func spacedDotBefore(s string, e int) int {
 const maxWrittenEmail = 440
 
 // writtenEmail checks a written-out address around the at-word text[p:q]
-// (without the spaces of a spaced word) and returns its span.
-func writtenEmail(text string, p, q int, strong bool) (int, int, bool) {
-	s, e, _, ok := writtenEmailW(text, p, q, strong)
+// (without the spaces of a spaced word) and returns its span; sc is the
+// scan's scratch (its top-level domain looked up last).
+func writtenEmail(text string, p, q int, strong bool, sc *emailScratch) (int, int, bool) {
+	s, e, _, ok := writtenEmailW(text, p, q, strong, sc)
 	return s, e, ok
 }
 
 // writtenEmailW is writtenEmail, also reporting whether a dot of the
 // address is written out (a dot-word or a spaced dot).
-func writtenEmailW(text string, p, q int, strong bool) (int, int, bool, bool) {
+func writtenEmailW(text string, p, q int, strong bool, sc *emailScratch) (int, int, bool, bool) {
 	// Domain: labels joined by '.' or dot-words, the last one a TLD.
 	i := q
 	for at(text, i) == ' ' && i-q < 2 {
@@ -564,7 +569,7 @@ func writtenEmailW(text string, p, q int, strong bool) (int, int, bool, bool) {
 	if labels < 2 || !isAllAlpha(last) {
 		return 0, 0, false, false
 	}
-	if _, icann := publicsuffix.PublicSuffix(strings.ToLower(last)); !icann {
+	if !sc.icannTLD(last) {
 		return 0, 0, false, false
 	}
 	// Local part: atext words joined by '.', '_', '-' or dot-words, ending
@@ -615,7 +620,7 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 		}
 		st, e, ok := emailAt(text, int(p), breaks, last, &sc)
 		if ok {
-			dst = append(dst, Finding{Type: TypeEmail, Start: st, End: e})
+			dst = addFinding(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e
 		}
 		// An address whose dots are set apart by spaces around a plain
@@ -623,8 +628,8 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 		// as a written-out one when a spaced dot is next to the '@''s
 		// parts (cheap tests first: most '@'s have none).
 		if !ok && spacedDotNear(text, int(p)+1, true) || ok && (spacedDotBefore(text, st) >= 0 || spacedDotAt(text, e) > 0) || !ok && spacedDotNear(text, int(p), false) {
-			if ws, we, written, wok := writtenEmailW(text, int(p), int(p)+1, true); wok && written && (!ok || ws < st || we > e) {
-				dst = append(dst, Finding{Type: TypeEmail, Subtype: "written", Start: ws, End: we})
+			if ws, we, written, wok := writtenEmailW(text, int(p), int(p)+1, true, &sc); wok && written && (!ok || ws < st || we > e) {
+				dst = addFinding(dst, Finding{Type: TypeEmail, Subtype: "written", Start: ws, End: we})
 				last = max(last, we)
 			}
 		}
@@ -638,8 +643,8 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 		if w.word[0] == ' ' {
 			p, q = p+1, q-1
 		}
-		if st, e, ok := writtenEmail(text, p, q, w.strong); ok {
-			dst = append(dst, Finding{Type: TypeEmail, Subtype: "written", Start: st, End: e})
+		if st, e, ok := writtenEmail(text, p, q, w.strong, &sc); ok {
+			dst = addFinding(dst, Finding{Type: TypeEmail, Subtype: "written", Start: st, End: e})
 		}
 	}
 	return dst

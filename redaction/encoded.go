@@ -1,8 +1,8 @@
 package redaction
 
 import (
-	"encoding/base64"
 	"encoding/hex"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -25,6 +25,13 @@ const maxEncodedDepth = 3
 type encodedSegment struct {
 	start, end int
 	ds, de     int
+}
+
+// encScratch is the memory of encodedSegments, kept with a scan's state.
+type encScratch struct {
+	buf    []byte
+	segs   []encodedSegment
+	joined []byte
 }
 
 // encodedSep separates the decoded texts in the buffer of
@@ -54,25 +61,34 @@ func addDecoded(segs []encodedSegment, buf []byte, s, e int, run string) ([]enco
 	return append(segs, encodedSegment{s, e, ds, len(buf)}), buf
 }
 
-func isB64Byte(c byte) bool {
-	return isAlnum(c) || c == '+' || c == '/' || c == '-' || c == '_'
-}
+// isB64Byte reports whether c is a base64 character of either alphabet
+// (letters, digits, '+', '/', '-', '_'): one table load.
+func isB64Byte(c byte) bool { return b64Value[c] < 64 }
 
 // encodedSegments returns the runs of text that decode, as hex (RFC 4648
 // §8, also written as byte pairs separated by spaces or colons) or base64
 // (standard or URL-safe alphabet, padded or not, RFC 4648 §4 and §5; also
-// wrapped over lines of equal length as MIME and PEM do, RFC 2045 §6.8),
+// wrapped over lines of equal length, LF or CRLF, as MIME and PEM do, RFC
+// 2045 §6.8),
 // to mostly printable UTF-8 text: the hiding places of values pasted as
 // "bWFyaW9AZXhhbXBsZS5pdA==". Binary payloads (images, hashes, ciphertext)
 // fail the printable test and are skipped. runs are the prefilter's base64
 // runs of text. The decoded texts are returned in one buffer, in the order
 // of the segments and separated by encodedSep: each run is decoded once,
-// into that buffer, and nothing is allocated per run.
-func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]encodedSegment, []byte) {
-	var out []encodedSegment
-	buf := make([]byte, 0, 256) // until a run decodes to text
+// into that buffer, and nothing is allocated per run. The buffer, the
+// segments and the joined lines of wrapped blocks are sc's memory, grown
+// as needed and left in sc for the next call (the caller keeps nothing
+// that points into them).
+func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget, sc *encScratch) ([]encodedSegment, []byte) {
+	out := sc.segs[:0]
+	buf := sc.buf[:0]
+	if cap(buf) < 256 {
+		buf = make([]byte, 0, 256) // until a run decodes to text
+	}
 	sized := false
-	var joined []byte // a wrapped block's lines, joined
+	noBlock := 0            // runs before this offset start no wrapped block
+	joined := sc.joined[:0] // a wrapped block's lines, joined
+	defer func() { sc.joined = joined[:0] }()
 	for k := 0; k < len(runs); k++ {
 		if !sized && len(out) > 0 {
 			// The first run that decodes to text: the buffer is sized once,
@@ -82,8 +98,12 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 			for _, r := range runs[k:] {
 				size += int(r[1]-r[0])*3/4 + len(encodedSep)
 			}
-			buf = append(make([]byte, 0, size), buf...)
-			out = append(make([]encodedSegment, 0, len(out)+len(runs)-k), out...)
+			if cap(buf) < size {
+				buf = append(make([]byte, 0, size), buf...)
+			}
+			if n := len(out) + len(runs) - k; cap(out) < n {
+				out = append(make([]encodedSegment, 0, n), out...)
+			}
 			sized = true
 		}
 		s, e := int(runs[k][0]), int(runs[k][1])
@@ -94,8 +114,8 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 			return out, buf
 		}
 		// Base64 wrapped over lines: runs of one length, each ending at a
-		// newline, the last no longer.
-		if w := e - s; w >= 16 && at(text, e) == '\n' {
+		// line break (LF, or CRLF as MIME writes it), the last no longer.
+		if w := e - s; s >= noBlock && w >= 16 && (at(text, e) == '\n' || at(text, e) == '\r' && at(text, e+1) == '\n') {
 			j, end := k, e
 			joined = joined[:0]
 			lines := 1
@@ -108,8 +128,18 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 					break
 				}
 				ns, ne := nl+1, nl+1
-				for ne < len(text) && ne-ns <= w && isB64Byte(text[ne]) {
-					ne++
+				if j+1 < len(runs) && int(runs[j+1][0]) == ns {
+					// The line's run (the prefilter's): its base64 bytes,
+					// read up to one past w as below.
+					re := int(runs[j+1][1])
+					for re > ns && text[re-1] == '=' {
+						re--
+					}
+					ne = min(re, ns+w+1)
+				} else {
+					for ne < len(text) && ne-ns <= w && isB64Byte(text[ne]) {
+						ne++
+					}
 				}
 				for q := 0; q < 2 && at(text, ne) == '='; q++ {
 					ne++
@@ -118,7 +148,7 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 					break
 				}
 				if len(joined) == 0 {
-					if cap(joined) == 0 {
+					if cap(joined) < len(text)-s {
 						// Once, for every block of the text: the block may
 						// run to the end of the text.
 						joined = make([]byte, 0, len(text)-s)
@@ -135,11 +165,19 @@ func encodedSegments(text string, runs [][2]int32, hex2 []int32, b *budget) ([]e
 				}
 			}
 			if lines > 1 {
+				if !b.spend(len(joined) / 16) {
+					return out, buf
+				}
 				n := len(out)
 				if out, buf = addDecoded(out, buf, s, end, unsafe.String(unsafe.SliceData(joined), len(joined))); len(out) > n {
 					k = j
 					continue
 				}
+				// Not text (binary, or cut short): its lines are decoded
+				// one by one below, and none starts a block again, which
+				// would read the rest of this one again (a body of n lines
+				// would cost n²).
+				noBlock = end
 			}
 		}
 		out, buf = addDecoded(out, buf, s, e, text[s:e])
@@ -230,26 +268,98 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		if strings.IndexByte(body, '=') >= 0 {
 			return dst, false
 		}
-		// One alphabet: "-_" (URL-safe) or "+/", not both (the URL-safe
-		// decoder rejects '+' and '/').
-		enc := base64.RawStdEncoding
-		if strings.IndexByte(body, '-') >= 0 || strings.IndexByte(body, '_') >= 0 {
-			enc = base64.RawURLEncoding
+		// One alphabet: "-_" (URL-safe) or "+/", not both.
+		if (strings.IndexByte(body, '-') >= 0 || strings.IndexByte(body, '_') >= 0) &&
+			(strings.IndexByte(body, '+') >= 0 || strings.IndexByte(body, '/') >= 0) {
+			return dst, false
 		}
 		if len(body)%4 == 1 {
 			return dst, false
 		}
-		var first [3]byte
-		if n, _ := enc.Decode(first[:], src[:4]); n < 1 || !maybeText(first[0]) {
+		// The first decoded byte, from the first two characters.
+		if v0, v1 := b64Value[run[0]], b64Value[run[1]]; v0 > 63 || v1 > 63 || !maybeText(v0<<2|v1>>4) {
 			return dst, false
 		}
-		raw, err = enc.AppendDecode(dst, src[:len(body)])
+		var ok bool
+		if raw, ok = appendBase64(dst, body); !ok {
+			return raw, false
+		}
 	}
 	if err != nil || len(raw)-from < 6 || !printableText(raw[from:]) {
 		return raw, false
 	}
 	return raw, true
 }
+
+// appendBase64 appends to dst the bytes that s, unpadded base64, decodes
+// to, as encoding/base64's RawStdEncoding or RawURLEncoding would (the
+// unused bits of a last partial group may be set), and reports whether s
+// is such base64; when it is not, dst may have grown past its length.
+// Characters of both alphabets are read (see b64Value): decodeRun turns
+// down a run that mixes them.
+func appendBase64(dst []byte, s string) ([]byte, bool) {
+	n := len(s) / 4 * 3
+	switch len(s) % 4 {
+	case 1:
+		return dst, false
+	case 2:
+		n++
+	case 3:
+		n += 2
+	}
+	from := len(dst)
+	dst = slices.Grow(dst, n)[:from+n]
+	out := dst[from:]
+	i, o := 0, 0
+	// Eight characters (six bytes) at a time, then four.
+	for ; i+8 <= len(s) && o+6 <= len(out); i, o = i+8, o+6 {
+		q := s[i : i+8]
+		a, b, c, d := b64Value[q[0]], b64Value[q[1]], b64Value[q[2]], b64Value[q[3]]
+		e, f, g, h := b64Value[q[4]], b64Value[q[5]], b64Value[q[6]], b64Value[q[7]]
+		if (a|b|c|d|e|f|g|h)&0xc0 != 0 {
+			return dst, false
+		}
+		v := uint64(a)<<42 | uint64(b)<<36 | uint64(c)<<30 | uint64(d)<<24 | uint64(e)<<18 | uint64(f)<<12 | uint64(g)<<6 | uint64(h)
+		w := out[o : o+6]
+		w[0], w[1], w[2], w[3], w[4], w[5] = byte(v>>40), byte(v>>32), byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+	}
+	for ; i+4 <= len(s) && o+3 <= len(out); i, o = i+4, o+3 {
+		a, b, c, d := b64Value[s[i]], b64Value[s[i+1]], b64Value[s[i+2]], b64Value[s[i+3]]
+		if (a|b|c|d)&0xc0 != 0 {
+			return dst, false
+		}
+		v := uint32(a)<<18 | uint32(b)<<12 | uint32(c)<<6 | uint32(d)
+		out[o], out[o+1], out[o+2] = byte(v>>16), byte(v>>8), byte(v)
+	}
+	switch len(s) - i {
+	case 2:
+		a, b := b64Value[s[i]], b64Value[s[i+1]]
+		if (a|b)&0xc0 != 0 {
+			return dst, false
+		}
+		out[o] = a<<2 | b>>4
+	case 3:
+		a, b, c := b64Value[s[i]], b64Value[s[i+1]], b64Value[s[i+2]]
+		if (a|b|c)&0xc0 != 0 {
+			return dst, false
+		}
+		out[o], out[o+1] = a<<2|b>>4, b<<4|c>>2
+	}
+	return dst, true
+}
+
+// b64Value is the value of a base64 character of either alphabet (RFC
+// 4648 §4 and §5), 0xff for any other byte.
+var b64Value = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i, c := range "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/" {
+		t[c] = byte(i)
+	}
+	t['-'], t['_'] = 62, 63
+	return t
+}()
 
 func isHexString(s string) bool {
 	for i := 0; i < len(s); i++ {
@@ -274,10 +384,20 @@ var asciiNotText = func() (t [utf8.RuneSelf]uint8) {
 // printableText reports whether b is valid UTF-8 of which at least 95% of
 // the runes are printable or white space.
 func printableText(b []byte) bool {
+	// A prefix of printable ASCII (' ' to '~'), eight bytes at a time: for
+	// decoded text, usually all of it, which is then valid UTF-8 too.
+	n := 0
+	for n+8 <= len(b) {
+		if x := le64(unsafe.String(unsafe.SliceData(b[n:]), 8)); x&msb != 0 || inRange(x, ' ', '~') != msb {
+			break
+		}
+		n += 8
+	}
+	b = b[n:]
 	if !utf8.Valid(b) {
 		return false
 	}
-	n, bad := 0, 0
+	bad := 0
 	for len(b) > 0 {
 		if c := b[0]; c < utf8.RuneSelf {
 			n++

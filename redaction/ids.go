@@ -105,7 +105,7 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 		if n-i > 3 {
 			continue // no group of a fiscal code holds four digits
 		}
-		if !fiscalYearAt(text, i, n) {
+		if !fiscalYearMaybe(text, i, n) || !fiscalYearAt(text, i, n) {
 			continue
 		}
 		// Group starts behind the run: at most 14 characters back.
@@ -196,6 +196,29 @@ func fiscalYearAt(text string, i, n int) bool {
 	}
 	return true
 }
+
+// fiscalYearMaybe is fiscalYearAt's first condition, cheap enough to
+// inline: after the digit run text[i:n] (and at most one separator), a
+// month letter, or an omocodic letter after a single digit.
+func fiscalYearMaybe(text string, i, n int) bool {
+	letters := fiscalMonthBits
+	if n-i == 1 {
+		letters |= omocodicBits
+	}
+	if n < len(text) && fiscalSep(text[n]) {
+		n++
+	}
+	if n >= len(text) {
+		return false
+	}
+	u := text[n]&^0x20 - 'A'
+	return u < 26 && letters>>u&1 != 0
+}
+
+// omocodicBits has bit c-'A' set for each omocodic letter c (see
+// isOmocodic).
+const omocodicBits = 1<<('L'-'A') | 1<<('M'-'A') | 1<<('N'-'A') | 1<<('P'-'A') | 1<<('Q'-'A') | 1<<('R'-'A') |
+	1<<('S'-'A') | 1<<('T'-'A') | 1<<('U'-'A') | 1<<('V'-'A')
 
 // isOmocodic reports whether c is a letter that replaces a digit in an
 // omocodic fiscal code (LMNPQRSTUV for 0-9), either case.

@@ -121,6 +121,13 @@ func (ns *numScan) gapIDs() {
 	ns.gid = append(ns.gid, 0)
 	for k := 1; k < len(c.atoms); k++ {
 		g := c.gap(ns.text, k)
+		if k > 1 && len(g) == 1 {
+			// The gap before is most often the same byte.
+			if p := c.gap(ns.text, k-1); len(p) == 1 && p[0] == g[0] {
+				ns.gid = append(ns.gid, ns.gid[k-1])
+				continue
+			}
+		}
 		id := -1
 		for q, h := range ns.gaps {
 			if h == g {
@@ -178,7 +185,7 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 						ns.add(TypeCreditCard, sub, i, e)
 					}
 				}
-				if s.en.IBAN && isAlpha(p) {
+				if s.en.IBAN && isAlpha(p) && !ibanInWord(text, i) {
 					ns.c.atoms = append(ns.c.atoms[:0], numAtom{i, e})
 					ns.iban()
 				}
@@ -329,6 +336,9 @@ func (ns *numScan) cluster() {
 			if i == 0 && lglued || i > 0 && mask&(1<<ns.gid[i]) != 0 {
 				continue
 			}
+			if digits < minValueDigits {
+				continue // subrange would find nothing
+			}
 			ns.mask = mask
 			ns.subrange(i, j, digits, true)
 		}
@@ -357,6 +367,10 @@ func (ns *numScan) cluster() {
 		}
 	}
 }
+
+// minValueDigits is the fewest digits of a value subrange looks for: an
+// IPv4 address's four (cards have 13, SSNs 9, phone numbers 7).
+const minValueDigits = 4
 
 func (ns *numScan) subrange(i, j, nd int, natural bool) {
 	text, c, s := ns.text, &ns.c, ns.s
@@ -562,6 +576,18 @@ func (ns *numScan) iban() {
 	if ibanValid(buf[:got]) {
 		ns.add(TypeIBAN, string(cc[:]), k, j)
 	}
+}
+
+// ibanInWord reports whether the digit run at i follows two ASCII letters
+// inside a longer word ("xYZ12", as in base64): iban turns it down (an
+// IBAN's country code stands apart from the word before it), so
+// detectNumbers does not call it.
+func ibanInWord(text string, i int) bool {
+	if i < 3 {
+		return false
+	}
+	b, c := text[i-2], text[i-3] // a letter, then a word byte (ASCII)
+	return (b|0x20)-'a' < 26 && ((c|0x20)-'a' < 26 || c-'0' < 10 || c == '_')
 }
 
 func boolInt(b bool) int {

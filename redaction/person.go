@@ -286,7 +286,7 @@ func (d *personDetector) detect(text string, a *anchors, dst []Finding, b *budge
 				continue
 			}
 		}
-		dst = append(dst, Finding{Type: TypePerson, Start: i, End: ne})
+		dst = addFinding(dst, Finding{Type: TypePerson, Start: i, End: ne})
 		last = ne
 		dst = d.listAfter(text, ne, dst)
 	}
@@ -297,7 +297,7 @@ func (d *personDetector) detect(text string, a *anchors, dst []Finding, b *budge
 			continue
 		}
 		e := nameWord(text, i)
-		if e < 0 || !d.given[text[i:e]] || at(text, e) != ' ' {
+		if e < 0 || at(text, e) != ' ' || !d.given[text[i:e]] {
 			continue
 		}
 		ne, words, _ := d.nameAt(text, i)
@@ -309,7 +309,7 @@ func (d *personDetector) detect(text string, a *anchors, dst []Finding, b *budge
 		if !d.surname[text[ls:ne]] {
 			continue
 		}
-		dst = append(dst, Finding{Type: TypePerson, Start: i, End: ne})
+		dst = addFinding(dst, Finding{Type: TypePerson, Start: i, End: ne})
 		last = ne
 	}
 	return dst
@@ -346,7 +346,7 @@ func (d *personDetector) listAfter(text string, e int, dst []Finding) []Finding 
 		if ne < 0 || !d.given[first] {
 			return dst
 		}
-		dst = append(dst, Finding{Type: TypePerson, Start: i, End: ne})
+		dst = addFinding(dst, Finding{Type: TypePerson, Start: i, End: ne})
 		e = ne
 	}
 	return dst

@@ -456,3 +456,35 @@ func (ix *keywordIndex) prefilter(text string, a *anchors) {
 		a.runs = append(a.runs, [2]int32{int32(n - run), int32(n)})
 	}
 }
+
+// prefilterKeywords fills a with the keyword hits of text only (see
+// prefilter), its other anchors left empty: the anchors of a scan that runs
+// the secret rules alone, which read nothing else.
+func (ix *keywordIndex) prefilterKeywords(text string, a *anchors) {
+	a.reset()
+	n := len(text)
+	var cLetter, cKey uint64
+	for i := -8; i < n; i += 8 {
+		var w uint64
+		if i+16 <= n {
+			w = le64(text[i+8:])
+		} else {
+			w = le64Tail(text, i+8)
+		}
+		ascii := w&msb ^ msb
+		nLetter := inRange(w&^msb|0x20*lsb, 'a', 'z') & ascii
+		nKey := (w | 0x20*lsb) ^ (^(nLetter<<8|cLetter>>56)&msb)>>2
+		if i >= 0 {
+			cand := ix.pass(uint32(cKey)) | ix.pass(uint32(cKey>>8))<<1 | ix.pass(uint32(cKey>>16))<<2 |
+				ix.pass(uint32(cKey>>24))<<3 | ix.pass(uint32(cKey>>32))<<4 | ix.pass(uint32(cKey>>40))<<5 |
+				ix.pass(uint32(cKey>>48|nKey<<16))<<6 | ix.pass(uint32(cKey>>56|nKey<<8))<<7
+			if cand != 0 {
+				ix.verify(text, i, cand, cKey, nKey, a)
+			}
+		}
+		cLetter, cKey = nLetter, nKey
+	}
+	if a.kwOut {
+		slices.SortFunc(a.kw, cmpHit)
+	}
+}

@@ -207,6 +207,14 @@ func checkAnchors(t *testing.T, ix *keywordIndex, text string, got *anchors) {
 	if !slices.Equal(got.kw, want.kw) {
 		t.Fatalf("keyword hits of %q:\n got %v\nwant %v", text, got.kw, want.kw)
 	}
+	// The keyword-only pass finds the same hits and no other anchor.
+	ix.prefilterKeywords(text, got)
+	if !slices.Equal(got.kw, want.kw) {
+		t.Fatalf("prefilterKeywords' hits of %q:\n got %v\nwant %v", text, got.kw, want.kw)
+	}
+	if n := len(got.digits) + len(got.ats) + len(got.colons) + len(got.tok16) + len(got.caps) + len(got.hex2) + len(got.runs); n != 0 {
+		t.Fatalf("prefilterKeywords of %q left %d other anchors", text, n)
+	}
 }
 
 // TestSpecial8MatchesTable checks normalise's eight-byte skip against the

@@ -44,9 +44,12 @@
 //     ODNN 7EXA MPLE", grouped.go), secrets by gitleaks' rules anchored
 //     at their keyword hits behind necessary conditions read off each
 //     rule's syntax tree, also over line breaks (wrap.go: a key wrapped
-//     over lines or string literals), names from cues and name lists. Runs of base64 and hex that decode to text are
-//     scanned too, nested up to three levels; a run hiding a value becomes
-//     one finding covering the whole run.
+//     over lines or string literals; not inside a base64 body already
+//     found whole), names from cues and name lists. Runs of base64 and hex
+//     that decode to text are scanned too, nested up to three levels, and
+//     so are base64 bodies wrapped over lines of one length (LF or CRLF, as
+//     MIME and PEM wrap them); a run or body hiding a value becomes one
+//     finding covering all of it.
 //   - A scan budget (Config.ScanTimeout, Config.MaxScanBytes and a work
 //     bound linear in the text) makes ScanBounded and ScanAcrossBounded
 //     return ErrScanBudget instead of running long: the caller treats the
@@ -209,6 +212,9 @@ type Scanner struct {
 	// (nil when they are off): detectWrapped keeps only the secrets of
 	// the lines it joins, so it scans them with this one.
 	secretsOnly *Scanner
+	// kwOnly is set when the enabled detectors read no anchor but the
+	// keyword hits (secretsOnly): the prefilter then collects only those.
+	kwOnly bool
 }
 
 // enabled says which built-in types a Scanner runs.
@@ -230,6 +236,7 @@ type scanState struct {
 	breaks []int32    // view offsets of dropped invisible characters
 	num    numScan    // detectNumbers' buffers
 	res    resolveScratch
+	enc    encScratch // encodedSegments' buffers
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
@@ -359,7 +366,7 @@ func NewScanner(cfg Config) (*Scanner, error) {
 	if s.secrets != nil {
 		s.secretsOnly = &Scanner{types: s.types, prio: s.prio, on: s.on, en: enabled{Secret: true}, secrets: s.secrets,
 			index: s.index, kwRules: s.kwRules, atWord: s.atWord, schemeKW: s.schemeKW, phoneRegions: s.phoneRegions,
-			timeout: s.timeout, maxBytes: s.maxBytes}
+			timeout: s.timeout, maxBytes: s.maxBytes, kwOnly: true}
 	}
 	return s, nil
 }
@@ -473,9 +480,9 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 		}
 	}
 	cand = s.resolveWith(cand, &st.res)
-	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 {
+	if cap(st.view) > 4<<20 || cap(st.marks) > 1<<18 || cap(st.res.order) > 1<<16 || cap(st.enc.buf)+cap(st.enc.joined) > 4<<20 || cap(st.enc.segs) > 1<<16 {
 		// Keep the pool small after a huge text.
-		st.view, st.marks, st.res = []byte{}, []viewMark{}, resolveScratch{}
+		st.view, st.marks, st.res, st.enc = []byte{}, []viewMark{}, resolveScratch{}, encScratch{}
 	}
 	s.states.Put(st)
 	return cand
@@ -496,7 +503,11 @@ func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool
 		// it alone finds what a raw scan finds and more.
 		scan = v.text
 	}
-	s.index.prefilter(scan, &st.a)
+	if s.kwOnly {
+		s.index.prefilterKeywords(scan, &st.a)
+	} else {
+		s.index.prefilter(scan, &st.a)
+	}
 	st.breaks = st.breaks[:0]
 	if ok && s.en.Email && len(st.a.ats) > 0 {
 		st.breaks = dropBreaks(text, v.marks, st.breaks)
@@ -564,11 +575,22 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 		}
 		cand = d.Detect(text, cand)
 	}
-	if depth == 0 && s.secrets != nil && len(a.runs) > 0 {
-		cand = s.detectWrapped(text, a.runs, cand, b, depth)
-	}
+	// The encoded runs are decoded first, so that the wrapped-key search
+	// can leave out the lines inside a run already found whole (see
+	// detectWrapped); their findings are then moved after the wrapped
+	// keys' (the order of detection is resolve's last tie-break).
+	n0 := len(cand)
 	if depth < maxEncodedDepth && (len(a.runs) > 0 || len(a.hex2) >= 5) {
-		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth)
+		cand = s.detectEncoded(text, a.runs, a.hex2, cand, b, depth, &st.enc)
+	}
+	if n1 := len(cand); depth == 0 && s.secrets != nil && len(a.runs) > 0 {
+		cand = s.detectWrapped(text, a.runs, cand, b, depth, cand[n0:n1])
+		if n1 > n0 && len(cand) > n1 {
+			// Rotate cand[n0:] by n1-n0: the wrapped keys first.
+			slices.Reverse(cand[n0:n1])
+			slices.Reverse(cand[n1:])
+			slices.Reverse(cand[n0:])
+		}
 	}
 	return cand
 }
@@ -578,8 +600,11 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 // value, appends one finding covering the whole run (the value cannot be
 // replaced inside the encoding), with the type and subtype of the
 // highest-priority value inside.
-func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int) []Finding {
-	segs, buf := encodedSegments(text, runs, hex2, b)
+func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst []Finding, b *budget, depth int, sc *encScratch) []Finding {
+	segs, buf := encodedSegments(text, runs, hex2, b, sc)
+	// buf and segs go back to sc for the next scan: the inner scan's
+	// findings are offsets, and nothing else keeps the string on buf.
+	defer func() { sc.buf, sc.segs = buf[:0], segs[:0] }()
 	if len(segs) == 0 {
 		return dst
 	}
@@ -589,7 +614,6 @@ func (s *Scanner) detectEncoded(text string, runs [][2]int32, hex2 []int32, dst 
 	if !b.spend(len(buf) / 16) {
 		return dst
 	}
-	// buf is not written again (nor pooled): the string may share it.
 	inner := s.scan(unsafe.String(unsafe.SliceData(buf), len(buf)), b, depth+1)
 	// inner is sorted by Start and the segments by their place in buf:
 	// one walk over both finds each segment's strongest finding.

@@ -1,5 +1,17 @@
 package redaction
 
+import "slices"
+
+// addFinding appends f to dst, doubling dst's capacity when it is full
+// (append grows a long slice by about a quarter, so a text with many
+// findings of one detector would copy them several times over).
+func addFinding(dst []Finding, f Finding) []Finding {
+	if len(dst) == cap(dst) {
+		dst = slices.Grow(dst, max(len(dst), 8))
+	}
+	return append(dst, f)
+}
+
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 func isUpper(c byte) bool { return c >= 'A' && c <= 'Z' }
 func isLower(c byte) bool { return c >= 'a' && c <= 'z' }

@@ -1,6 +1,10 @@
 package redaction
 
-import "strings"
+import (
+	"slices"
+	"strings"
+	"unsafe"
+)
 
 // Secrets wrapped over lines: a long key or token that an editor, a
 // terminal or a config file broke over two or more lines ("ghp_0123…\n
@@ -138,12 +142,18 @@ func continuation(text string, s, e int) bool {
 }
 
 // detectWrapped appends the secrets of text wrapped over lines (see
-// above), found from the base64 runs of the prefilter.
-func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *budget, depth int) []Finding {
+// above), found from the base64 runs of the prefilter. enc are the
+// findings of text's encoded runs (detectEncoded's): the lines that lie
+// inside one of them (a MIME or PEM body of base64 lines that decodes to
+// text holding a value) are not joined and scanned, as a secret found
+// there would lie inside that finding, which is longer (see coveredBy).
+func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *budget, depth int, enc []Finding) []Finding {
 	done := 0
+	var spans [][2]int // enc's spans, by start, once lines join
+	cover := 0         // spans[:cover] end before the current lines
 	var pieces []piece
 	var joined []byte
-	for _, r := range runs {
+	for ri, r := range runs {
 		rs, re := int(r[0]), int(r[1])
 		if rs < done || !keyLike(text, rs, re) {
 			continue
@@ -166,8 +176,18 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		pieces = append(pieces[:0], piece{off: cs, n: re - cs})
 		joined = append(joined[:0], text[cs:re]...)
 		end := re
+		nr := ri // runs[nr:] start at or after the current line's token
 		for ns >= 0 && len(pieces) < maxWrapLines && len(joined) < maxWrapBytes {
 			ne := ns
+			for nr < len(runs) && int(runs[nr][0]) < ns {
+				nr++
+			}
+			if nr < len(runs) && int(runs[nr][0]) == ns && int(runs[nr][1])-ns < maxWrapBytes {
+				// The token starts with the prefilter's run there: its
+				// base64 bytes are read off it.
+				for ne = int(runs[nr][1]); ne > ns && text[ne-1] == '='; ne-- {
+				}
+			}
 			// The line's token: base64 bytes and dots (a JWT's parts).
 			for ne < len(text) && (isB64Byte(text[ne]) || text[ne] == '.' && isB64Byte(at(text, ne+1))) && ne-ns < maxWrapBytes {
 				ne++
@@ -187,6 +207,16 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		if len(pieces) < 2 {
 			continue // the next line does not continue it
 		}
+		if spans == nil && len(enc) > 0 {
+			spans = make([][2]int, len(enc))
+			for k, f := range enc {
+				spans[k] = [2]int{f.Start, f.End}
+			}
+			slices.SortFunc(spans, func(x, y [2]int) int { return x[0] - y[0] })
+		}
+		if coveredBy(spans, &cover, cs, end) {
+			continue
+		}
 		// A closing quote or bracket after the last piece, for the
 		// rules that read one.
 		if c := at(text, end); c == '"' || c == '\'' || c == '`' {
@@ -200,7 +230,7 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		// it is: its base64 is decoded line by line by detectEncoded, so a
 		// block of encoded lines (a MIME body, a PEM) costs one more read,
 		// not a second decoding.
-		for _, f := range s.secretsOnly.scan(string(joined), b, maxEncodedDepth) {
+		for _, f := range s.secretsOnly.scan(unsafe.String(unsafe.SliceData(joined), len(joined)), b, maxEncodedDepth) {
 			if f.Type != TypeSecret {
 				continue
 			}
@@ -222,4 +252,24 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		}
 	}
 	return dst
+}
+
+// coveredBy reports whether [s, e) lies inside one of spans (sorted by
+// start, each ending after spans[:*from]) and is not all of it; it moves
+// *from past the spans that end by s (calls come with s growing). A
+// secret found in the joined lines of text[s:e] lies inside text[s:e]
+// (a finding is cut to the lines it spans), so it is shorter than the
+// span around it, which overlaps it: resolve would keep the span's
+// finding and drop the secret, unless a longer finding overlapping the
+// span displaced it. The span is then redacted whole all the same.
+func coveredBy(spans [][2]int, from *int, s, e int) bool {
+	for *from < len(spans) && spans[*from][1] <= s {
+		*from++
+	}
+	for k := *from; k < len(spans) && spans[k][0] <= s; k++ {
+		if e <= spans[k][1] && e-s < spans[k][1]-spans[k][0] {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,137 @@
+package redaction
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// precheckTexts are random texts of letters (month and omocodic ones
+// among them), digits, separators, a multi-byte letter and now and then
+// a valid IBAN or fiscal code: the shapes
+// the early tests of detectFiscalGrouped and detectNumbers read.
+func precheckTexts(n int) []string {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const bytes = "ABCDEHLMPRSTLMNPQRSTUVabdelmrsqxyzXYZ0123456789 -._/+="
+	var out []string
+	for range n {
+		b := make([]byte, 0, 40)
+		for len(b) < 1+rng.IntN(39) {
+			if rng.IntN(30) == 0 {
+				b = append(b, "是"...)
+				continue
+			}
+			if rng.IntN(60) == 0 {
+				b = append(b, []string{"IT60X0542811101000000123456", "DE89370400440532013000", "RSSMRA80A01H501U"}[rng.IntN(3)]...)
+				continue
+			}
+			b = append(b, bytes[rng.IntN(len(bytes))])
+		}
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// TestFiscalYearPrecheckIsNecessary: wherever fiscalYearAt accepts a
+// digit run, fiscalYearMaybe does (it only saves calls; the oracle is
+// fiscalYearAt itself).
+func TestFiscalYearPrecheckIsNecessary(t *testing.T) {
+	accepted := 0
+	for _, text := range precheckTexts(200000) {
+		for i := 0; i < len(text); i++ {
+			if !isDigit(text[i]) || i > 0 && isDigit(text[i-1]) {
+				continue
+			}
+			n := i
+			for n < len(text) && isDigit(text[n]) {
+				n++
+			}
+			if fiscalYearAt(text, i, n) {
+				accepted++
+				if !fiscalYearMaybe(text, i, n) {
+					t.Fatalf("%q at %d: fiscalYearAt accepts what the first test turns down", text, i)
+				}
+			}
+		}
+	}
+	if accepted == 0 {
+		t.Fatal("fiscalYearAt accepted no run: the texts do not test the condition")
+	}
+}
+
+// TestGluedIBANPrecheckIsNecessary: where ibanInWord has detectNumbers
+// leave out iban for a digit run glued to a letter, iban finds nothing.
+func TestGluedIBANPrecheckIsNecessary(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, text := range precheckTexts(100000) {
+		for i := 1; i < len(text); i++ {
+			if !isDigit(text[i]) || !isAlpha(text[i-1]) {
+				continue
+			}
+			e := i
+			for e < len(text) && isDigit(text[e]) {
+				e++
+			}
+			ns := numScan{s: s, text: text}
+			ns.c.atoms = append(ns.c.atoms, numAtom{i, e})
+			ns.iban()
+			found += len(ns.dst)
+			if ibanInWord(text, i) && len(ns.dst) > 0 {
+				t.Fatalf("%q at %d: iban finds %v where it is left out", text, i, ns.dst)
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatal("no IBAN found at all: the texts do not test the condition")
+	}
+}
+
+// TestSubrangeBelowMinValueDigits: subrange finds nothing in a range of
+// fewer than minValueDigits digits, whatever the separators, so cluster
+// does not call it there; and an IPv4 address of minValueDigits digits
+// is still found.
+func TestSubrangeBelowMinValueDigits(t *testing.T) {
+	s, err := NewScanner(Config{DefaultRegion: "IT"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seps := []string{"", " ", ".", "-", "/", "  "}
+	for _, d := range []string{"1", "12", "123", "911", "112", "000"} {
+		for _, sep := range seps {
+			text := "call " + d[:1]
+			for _, c := range d[1:] {
+				text += sep + string(c)
+			}
+			text += " now"
+			ns := numScan{s: s, text: text}
+			end := readCluster(text, 5, &ns.c)
+			if end < 0 {
+				t.Fatal(end)
+			}
+			ns.gapIDs()
+			n := len(ns.c.atoms)
+			ns.digits, ns.off = ns.digits[:0], ns.off[:0]
+			for _, a := range ns.c.atoms {
+				ns.off = append(ns.off, len(ns.digits))
+				ns.digits = append(ns.digits, text[a.s:a.e]...)
+			}
+			ns.off = append(ns.off, len(ns.digits))
+			ns.ds = string(ns.digits)
+			for i := 0; i < n; i++ {
+				for j := i + 1; j <= n; j++ {
+					if nd := ns.off[j] - ns.off[i]; nd < minValueDigits {
+						ns.subrange(i, j, nd, true)
+						ns.subrange(i, j, nd, false)
+					}
+				}
+			}
+			if len(ns.dst) > 0 {
+				t.Errorf("%q: subrange found %v", text, ns.dst)
+			}
+		}
+	}
+	runScanCases(t, []scanCase{{"an IPv4 address of four digits", "", "server at 1.2.3.4 today", []string{"IP_ADDRESS/public:1.2.3.4"}}})
+}
