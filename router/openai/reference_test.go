@@ -110,7 +110,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		return nil, err
 	} else if set {
 		if n > 128 {
-			return nil, InvalidRequest("n", "Invalid 'n': integer above maximum value. Expected a value <= 128, but got %d instead.", n)
+			return nil, withCode(CodeIntegerAboveMax, InvalidRequest("n", "Invalid 'n': integer above maximum value. Expected a value <= 128, but got %d instead.", n))
 		}
 		r.N = n
 	}
@@ -127,7 +127,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			js := v.Get("json_schema")
 			switch n := js.Get("name"); {
 			case !js.Exists() || js.Type == gjson.Null:
-				return nil, InvalidRequest("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
+				return nil, MissingParameter("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
 			case !js.IsObject():
 				return nil, WrongType("response_format.json_schema", "an object", js)
 			case n.Type != gjson.String:
@@ -145,7 +145,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			return nil, e
 		} else if set {
 			if n > 20 {
-				return nil, InvalidRequest("best_of", "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got %d instead.", n)
+				return nil, withCode(CodeIntegerAboveMax, InvalidRequest("best_of", "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got %d instead.", n))
 			}
 			r.BestOf = n
 		}
@@ -159,7 +159,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 	case EndpointEmbeddings:
 		if err = refPrompts(r, root, "input"); err == nil {
 			if v := root.Get("encoding_format"); v.Exists() && v.Type != gjson.Null && (v.Type != gjson.String || v.Str != "float" && v.Str != "base64") {
-				err = InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", v.Raw)
+				err = InvalidValue("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", v.Raw)
 			} else if _, _, e := refOptPositive(root, "dimensions"); e != nil {
 				err = e
 			}
@@ -174,7 +174,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 func refChat(r *Request, root gjson.Result) *Error {
 	msgs := root.Get("messages")
 	if !msgs.Exists() {
-		return InvalidRequest("messages", "Missing required parameter: 'messages'.")
+		return MissingParameter("messages", "Missing required parameter: 'messages'.")
 	}
 	if !msgs.IsArray() {
 		return WrongType("messages", "an array", msgs)
@@ -192,7 +192,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 		for i, x := range m.Array() {
 			if x.Type != gjson.String || x.Str != "text" && x.Str != "audio" {
 				p := "modalities[" + strconv.Itoa(i) + "]"
-				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, x.Raw)
+				return InvalidValue(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, x.Raw)
 			}
 			if x.Str == "audio" {
 				r.AudioOut = true
@@ -208,7 +208,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 		switch {
 		case tc.Type == gjson.String:
 			if tc.Str != "none" && tc.Str != "auto" && tc.Str != "required" {
-				return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
+				return InvalidValue("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
 			}
 			r.ToolChoice = tc.Str
 		case !tc.IsObject():
@@ -229,7 +229,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 					return WrongType("tool_choice.allowed_tools", "an object", o)
 				}
 			default:
-				return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", ty)
+				return InvalidValue("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", ty)
 			}
 			r.ToolChoice = ty
 		}
@@ -278,7 +278,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 		return bad
 	}
 	if i == 0 {
-		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+		return withCode(CodeEmptyArray, InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1."))
 	}
 	r.Messages = i
 	return nil
@@ -294,7 +294,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 		return WrongType(param+".role", "a string", role)
 	}
 	if !ChatRoles[role.Str] {
-		return InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
+		return InvalidValue(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
 	}
 	if role.Str == "tool" || role.Str == "function" {
 		r.ToolTurns = true
@@ -312,7 +312,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 	switch {
 	case !content.Exists() || content.Type == gjson.Null:
 		if role.Str != "assistant" {
-			return InvalidRequest(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
+			return InvalidValue(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
 		}
 	case content.Type == gjson.String:
 	case content.IsArray():
@@ -328,7 +328,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 			t := part.Get("type").String()
 			switch {
 			case !ContentPartTypes[t]:
-				bad = InvalidRequest(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
+				bad = InvalidValue(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
 			case t == "text":
 				if txt := part.Get("text"); txt.Type != gjson.String {
 					bad = WrongType(pparam+".text", "a string", txt)
@@ -384,7 +384,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 func refPrompts(r *Request, root gjson.Result, field string) *Error {
 	v := root.Get(field)
 	if !v.Exists() || v.Type == gjson.Null {
-		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
+		return MissingParameter(field, "Missing required parameter: '%s'.", field)
 	}
 	r.Prompts = 1
 	switch {
@@ -422,10 +422,10 @@ func refRange(p, raw string, min, max float64) *Error {
 		return InvalidRequest(p, "Invalid '%s': expected a number, but got %s.", p, raw)
 	}
 	if x > max {
-		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
+		return withCode(CodeAboveMax, InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw))
 	}
 	if x < min {
-		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+		return withCode(CodeBelowMin, InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw))
 	}
 	return nil
 }
@@ -437,10 +437,10 @@ func refIntIn(v gjson.Result, p string, min, max int64) *Error {
 		return WrongType(p, "an integer", v)
 	}
 	if n > max {
-		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+		return withCode(CodeIntegerAboveMax, InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n))
 	}
 	if n < min {
-		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
+		return withCode(CodeIntegerBelowMin, InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n))
 	}
 	return nil
 }

@@ -184,7 +184,7 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 		if r.ResponseFormat == "json_schema" && ep == EndpointChat {
 			js := d.Member(v, "json_schema")
 			if js < 0 || d.Kind(js) == KindNull {
-				return nil, nil, InvalidRequest("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
+				return nil, nil, MissingParameter("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
 			}
 			if d.Kind(js) != KindObject {
 				return nil, nil, wrongType("response_format.json_schema", "an object", d, js)
@@ -315,7 +315,7 @@ var ContentPartTypes = map[string]bool{"text": true, "image_url": true, "input_a
 func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 	msgs := f.messages
 	if msgs < 0 {
-		return InvalidRequest("messages", "Missing required parameter: 'messages'.")
+		return MissingParameter("messages", "Missing required parameter: 'messages'.")
 	}
 	if d.Kind(msgs) != KindArray {
 		return wrongType("messages", "an array", d, msgs)
@@ -335,7 +335,7 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		for c, end := v+1, d.Next(v); c < end; c = d.Next(c) {
 			if d.Kind(c) != KindString || d.Str(c) != "text" && d.Str(c) != "audio" {
 				p := "modalities[" + strconv.Itoa(d.Index(c)) + "]"
-				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, d.Raw(c))
+				return InvalidValue(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, d.Raw(c))
 			}
 			if d.Str(c) == "audio" {
 				r.AudioOut = true
@@ -395,7 +395,7 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		i++
 	}
 	if i == 0 {
-		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+		return withCode(CodeEmptyArray, InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1."))
 	}
 	r.Messages = i
 	return nil
@@ -418,7 +418,7 @@ func (r *Request) toolChoice(d *Doc, tc int) *Error {
 			r.ToolChoice = m
 			return nil
 		}
-		return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", d.Str(tc))
+		return InvalidValue("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", d.Str(tc))
 	case d.Kind(tc) != KindObject:
 		return wrongType("tool_choice", "a string or an object", d, tc)
 	}
@@ -440,7 +440,7 @@ func (r *Request) toolChoice(d *Doc, tc int) *Error {
 			return wrongType("tool_choice.allowed_tools", "an object", d, a)
 		}
 	default:
-		return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", t)
+		return InvalidValue("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", t)
 	}
 	r.ToolChoice = d.Str(ty)
 	return nil
@@ -475,7 +475,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 	rs := d.Str(role)
 	if !ChatRoles[rs] {
 		p := param()
-		return InvalidRequest(p+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", p, rs)
+		return InvalidValue(p+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", p, rs)
 	}
 	if rs == "tool" || rs == "function" {
 		r.ToolTurns = true
@@ -493,7 +493,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 	case content < 0 || d.Kind(content) == KindNull:
 		if rs != "assistant" {
 			p := param()
-			return InvalidRequest(p+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", p)
+			return InvalidValue(p+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", p)
 		}
 	case d.Kind(content) == KindString:
 	case d.Kind(content) == KindArray:
@@ -513,7 +513,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 			switch {
 			case !ContentPartTypes[t]:
 				pp := pparam()
-				return InvalidRequest(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pp, t)
+				return InvalidValue(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pp, t)
 			case t == "text":
 				if txt := d.Member(part, "text"); txt < 0 || d.Kind(txt) != KindString {
 					return wrongType(pparam()+".text", "a string", d, txt)
@@ -561,7 +561,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 // (value v, -1 when absent): a string, an array of strings, or token ids.
 func (r *Request) prompts(d *Doc, v int, field string) *Error {
 	if v < 0 || d.Kind(v) == KindNull {
-		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
+		return MissingParameter(field, "Missing required parameter: '%s'.", field)
 	}
 	r.Prompts = 1
 	switch d.Kind(v) {
@@ -598,7 +598,7 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 func embeddingOptions(d *Doc, f *rootMembers) *Error {
 	if v := f.encodingFormat; v >= 0 && d.Kind(v) != KindNull {
 		if d.Kind(v) != KindString || d.Str(v) != "float" && d.Str(v) != "base64" {
-			return InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", d.Raw(v))
+			return InvalidValue("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", d.Raw(v))
 		}
 	}
 	_, _, err := optPositive(d, f.dimensions, "dimensions")
@@ -627,20 +627,26 @@ func inRange(p, raw string, min, max float64) *Error {
 	case err != nil && !errors.Is(err, strconv.ErrRange):
 		return InvalidRequest(p, "Invalid '%s': expected a number, but got %s.", p, raw)
 	case x > max:
-		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
+		return withCode(CodeAboveMax, InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw))
 	case x < min:
-		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+		return withCode(CodeBelowMin, InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw))
 	}
 	return nil
+}
+
+// withCode sets e's code.
+func withCode(code string, e *Error) *Error {
+	e.Code = code
+	return e
 }
 
 // intRange checks the integer n of parameter p against [min, max].
 func intRange(p string, n, min, max int) *Error {
 	switch {
 	case n > max:
-		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+		return withCode(CodeIntegerAboveMax, InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n))
 	case n < min:
-		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
+		return withCode(CodeIntegerBelowMin, InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n))
 	}
 	return nil
 }
@@ -718,7 +724,9 @@ func kindOf(d *Doc, i int) string {
 
 // wrongType is WrongType for value i of d (-1: absent).
 func wrongType(param, want string, d *Doc, i int) *Error {
-	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, kindOf(d, i))
+	e := InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, kindOf(d, i))
+	e.Code = CodeInvalidType
+	return e
 }
 
 // Kind names a JSON value's type for error messages.
@@ -741,9 +749,13 @@ func Kind(v gjson.Result) string {
 	}
 }
 
-// WrongType is the 400 for param holding a value of the wrong type.
+// WrongType is the 400 for param holding a value of the wrong type: type
+// invalid_request_error, code invalid_type (CodeInvalidType), param the
+// parameter's path, as OpenAI's own validation answers.
 func WrongType(param, want string, got gjson.Result) *Error {
-	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, Kind(got))
+	e := InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, Kind(got))
+	e.Code = CodeInvalidType
+	return e
 }
 
 // sizeError is the 400 of an empty body or one of 2 GiB or more, nil
