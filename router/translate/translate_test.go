@@ -403,13 +403,18 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 			t.Fatalf("logprobs without include: %s", got)
 		}
 	})
-	t.Run("a stream cut short ends with an error event", func(t *testing.T) {
+	t.Run("a stream cut short ends with an error event and response.failed", func(t *testing.T) {
 		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"x"}`), nil, "ana")
 		rec := serve(t, APIResponses, tr, writeSSE(chatStream[0], `{"error":{"message":"cut","type":"upstream_error","param":null,"code":"stream_truncated"}}`))
 		evs := events(t, rec.Body.Bytes())
-		last := evs[len(evs)-1]
+		errEv, last := evs[len(evs)-2], evs[len(evs)-1]
+		spec.Validate(t, "ResponseStreamEvent", errEv.Data)
 		spec.Validate(t, "ResponseStreamEvent", last.Data)
-		if last.Type != "error" || gjson.GetBytes(last.Data, "code").Str != "stream_truncated" {
+		if errEv.Type != "error" || gjson.GetBytes(errEv.Data, "code").Str != "stream_truncated" {
+			t.Fatalf("error event %s %s", errEv.Type, errEv.Data)
+		}
+		if last.Type != "response.failed" || gjson.GetBytes(last.Data, "response.status").Str != "failed" ||
+			gjson.GetBytes(last.Data, "response.error.code").Str != "server_error" {
 			t.Fatalf("last event %s %s", last.Type, last.Data)
 		}
 	})
