@@ -306,10 +306,35 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 	u := startWire7Upstream(t)
 	g := wire7Molly(t, u)
 	c := client(g)
+	chatWith := func(key string, v any) func() error {
+		return func() error {
+			_, err := c.Chat.Completions.New(t.Context(), chat("x"), option.WithJSONSet(key, v))
+			return err
+		}
+	}
+	respWith := func(key string, v any) func() error {
+		return func() error {
+			_, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: "chat", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}},
+				option.WithJSONSet(key, v))
+			return err
+		}
+	}
 	for _, tc := range []struct {
 		name, param string
 		call        func() error
 	}{
+		// Chat parameters Molly only type-checks: sent on, a backend could
+		// read "no" as true or drop it.
+		{"chat stop of numbers", "stop", chatWith("stop", []any{1})},
+		{"chat seed as a string", "seed", chatWith("seed", "1")},
+		{"chat seed as a fraction", "seed", chatWith("seed", 1.5)},
+		{"chat metadata of numbers", "metadata", chatWith("metadata", map[string]any{"a": 1})},
+		{"chat store as a string", "store", chatWith("store", "yes")},
+		{"chat parallel_tool_calls as a string", "parallel_tool_calls", chatWith("parallel_tool_calls", "no")},
+		{"chat service_tier as a number", "service_tier", chatWith("service_tier", 1)},
+		{"chat reasoning_effort as an array", "reasoning_effort", chatWith("reasoning_effort", []any{"high"})},
+		{"chat max_completion_tokens as a string", "max_completion_tokens", chatWith("max_completion_tokens", "5")},
+		{"responses max_output_tokens as a string", "max_output_tokens", respWith("max_output_tokens", "5")},
 		{"chat temperature", "temperature", func() error {
 			_, err := c.Chat.Completions.New(t.Context(), chat("x"), option.WithJSONSet("temperature", "hot"))
 			return err
@@ -342,6 +367,23 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 			e := apiError(t, tc.call())
 			if e.StatusCode != 400 || e.Type != "invalid_request_error" || e.Code != "invalid_type" || e.Param != tc.param {
 				t.Fatalf("%d type %q code %q param %q, want 400 invalid_request_error invalid_type %q: %s", e.StatusCode, e.Type, e.Code, e.Param, tc.param, e.RawJSON())
+			}
+		})
+	}
+	// Out of range is not a type error: its own code.
+	for _, tc := range []struct {
+		name, param, code string
+		call              func() error
+	}{
+		{"chat n of 0", "n", "integer_below_min_value", chatWith("n", 0)},
+		{"chat temperature of 3", "temperature", "decimal_above_max_value", chatWith("temperature", 3)},
+		{"chat tool_choice of another word", "tool_choice", "invalid_value", chatWith("tool_choice", "sometimes")},
+		{"responses max_output_tokens of 0", "max_output_tokens", "integer_below_min_value", respWith("max_output_tokens", 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := apiError(t, tc.call())
+			if e.StatusCode != 400 || e.Code != tc.code || e.Param != tc.param {
+				t.Fatalf("%d code %q param %q, want 400 %q %q: %s", e.StatusCode, e.Code, e.Param, tc.code, tc.param, e.RawJSON())
 			}
 		})
 	}
@@ -475,5 +517,39 @@ func TestStreamsThatFailMidwayThroughOpenAIGo(t *testing.T) {
 				t.Fatalf("response.failed carries %s", failed.RawJSON())
 			}
 		})
+	}
+}
+
+// The Responses API takes tool_choice and parallel_tool_calls without
+// tools (its defaults are auto and true with tools []), which OpenAI's
+// chat completions refuses ("'tool_choice' is only allowed when 'tools'
+// are specified", and the same for parallel_tool_calls): the chat request
+// sent upstream carries them only with tools.
+func TestResponsesToolChoiceWithoutToolsIsNotSent(t *testing.T) {
+	u := startWire7Upstream(t)
+	g := wire7Molly(t, u)
+	c := client(g)
+	r, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: "chat", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")},
+		ToolChoice:        responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsNone)},
+		ParallelToolCalls: openai.Bool(false)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := u.last(t); b.Get("tool_choice").Exists() || b.Get("parallel_tool_calls").Exists() {
+		t.Fatalf("sent without tools: %s", b.Raw)
+	}
+	if r.ToolChoice.OfToolChoiceMode != "none" || r.ParallelToolCalls {
+		t.Fatalf("not echoed: %s", r.RawJSON())
+	}
+	// With tools both go.
+	_, err = c.Responses.New(t.Context(), responses.ResponseNewParams{Model: "chat", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")},
+		Tools:             []responses.ToolUnionParam{responses.ToolParamOfFunction("f", map[string]any{"type": "object"}, false)},
+		ToolChoice:        responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsRequired)},
+		ParallelToolCalls: openai.Bool(false)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := u.last(t); b.Get("tool_choice").Str != "required" || b.Get("parallel_tool_calls").Type != gjson.False {
+		t.Fatalf("sent with tools: %s", b.Raw)
 	}
 }

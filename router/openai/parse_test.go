@@ -14,6 +14,19 @@ import (
 // near the parser's edges (escapes, UTF-8, numbers, depth, many members).
 func parseSeeds() []string {
 	seeds := []string{
+		`{"model":"m","messages":[],"stop":[1]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stop":"x","seed":7,"metadata":{"a":"b"},"store":false,"parallel_tool_calls":true,"service_tier":"flex","reasoning_effort":"low","verbosity":"high"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a",null]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"seed":1.5}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"seed":"1"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"metadata":{"a":1}}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"metadata":"x","store":"yes"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"service_tier":5,"verbosity":false}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":["high"],"stop":null,"seed":null}`,
+		`{"model":"m","prompt":"x","stop":[1],"seed":"s"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"n":1.5}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}`,
 		`{"model":"gpt-x","messages":[{"role":"user","content":"hello there"}]}`,
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,

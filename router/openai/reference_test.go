@@ -179,6 +179,31 @@ func refChat(r *Request, root gjson.Result) *Error {
 	if !msgs.IsArray() {
 		return WrongType("messages", "an array", msgs)
 	}
+	allStrings := func(v gjson.Result) bool {
+		ok := true
+		v.ForEach(func(_, x gjson.Result) bool { ok = x.Type == gjson.String; return ok })
+		return ok
+	}
+	for _, c := range []struct {
+		name, want string
+		ok         func(v gjson.Result) bool
+	}{
+		{"stop", "a string or an array of strings", func(v gjson.Result) bool { return v.Type == gjson.String || v.IsArray() && allStrings(v) }},
+		{"seed", "an integer", func(v gjson.Result) bool {
+			_, err := strconv.ParseInt(v.Raw, 10, 64)
+			return v.Type == gjson.Number && err == nil
+		}},
+		{"metadata", "an object of strings", func(v gjson.Result) bool { return v.IsObject() && allStrings(v) }},
+		{"store", "a boolean", func(v gjson.Result) bool { return v.IsBool() }},
+		{"parallel_tool_calls", "a boolean", func(v gjson.Result) bool { return v.IsBool() }},
+		{"service_tier", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
+		{"reasoning_effort", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
+		{"verbosity", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
+	} {
+		if v := root.Get(c.name); v.Exists() && v.Type != gjson.Null && !c.ok(v) {
+			return WrongType(c.name, c.want, v)
+		}
+	}
 	if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
 		if v.Type != gjson.True && v.Type != gjson.False {
 			return WrongType("logprobs", "a boolean", v)
@@ -467,8 +492,11 @@ func refOptPositive(root gjson.Result, p string) (n int, set bool, err *Error) {
 		return 0, false, nil
 	}
 	n, perr := strconv.Atoi(v.Raw)
-	if v.Type != gjson.Number || perr != nil || n < 1 {
-		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw)
+	if v.Type != gjson.Number || perr != nil {
+		return 0, false, withCode(CodeInvalidType, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw))
+	}
+	if n < 1 {
+		return 0, false, withCode(CodeIntegerBelowMin, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw))
 	}
 	return n, true, nil
 }

@@ -3,6 +3,7 @@ package openai
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/tidwall/gjson"
@@ -240,11 +241,16 @@ type rootMembers struct {
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
 	toolChoice, logitBias, user, topLogprobs, modalities                    int
 	encodingFormat, dimensions                                              int
+	// typed: the chat parameters only type-checked (chatTyped), by index.
+	typed [len(chatTyped)]int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, [len(chatTyped)]int{}}
+	for i := range f.typed {
+		f.typed[i] = -1
+	}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -300,7 +306,11 @@ func (f *rootMembers) read(d *Doc) {
 		case "dimensions":
 			at = &f.dimensions
 		default:
-			continue
+			i := slices.IndexFunc(chatTyped[:], func(t typedParam) bool { return t.name == k })
+			if i < 0 {
+				continue
+			}
+			at = &f.typed[i]
 		}
 		*at = c
 	}
@@ -312,6 +322,60 @@ var ChatRoles = map[string]bool{"system": true, "developer": true, "user": true,
 // ContentPartTypes are the types a chat content part may have.
 var ContentPartTypes = map[string]bool{"text": true, "image_url": true, "input_audio": true, "refusal": true, "file": true}
 
+// typedParam is a chat parameter Molly checks the JSON type of only (its
+// values are the backend's business): want names the kinds it takes.
+type typedParam struct {
+	name, want string
+	ok         func(d *Doc, i int) bool
+}
+
+// chatTyped are the chat parameters (CreateChatCompletionRequest) whose
+// JSON type is checked and nothing more, in this order: stop (a string or
+// an array of strings), seed (an integer), metadata (an object of
+// strings), store and parallel_tool_calls (booleans), service_tier,
+// reasoning_effort and verbosity (strings: the backend knows its values).
+// A value of another type is WrongType's 400 (code invalid_type) rather
+// than sent on, where a backend could read "false" as true or drop it.
+var chatTyped = [...]typedParam{
+	{"stop", "a string or an array of strings", func(d *Doc, i int) bool {
+		if d.Kind(i) == KindString {
+			return true
+		}
+		if d.Kind(i) != KindArray {
+			return false
+		}
+		for c, end := i+1, d.Next(i); c < end; c = d.Next(c) {
+			if d.Kind(c) != KindString {
+				return false
+			}
+		}
+		return true
+	}},
+	{"seed", "an integer", func(d *Doc, i int) bool {
+		_, err := strconv.ParseInt(d.Raw(i), 10, 64)
+		return d.Kind(i) == KindNumber && err == nil
+	}},
+	{"metadata", "an object of strings", func(d *Doc, i int) bool {
+		if d.Kind(i) != KindObject {
+			return false
+		}
+		for c, end := i+1, d.Next(i); c < end; c = d.Next(c) {
+			if d.Kind(c) != KindString {
+				return false
+			}
+		}
+		return true
+	}},
+	{"store", "a boolean", isBool},
+	{"parallel_tool_calls", "a boolean", isBool},
+	{"service_tier", "a string", isString},
+	{"reasoning_effort", "a string", isString},
+	{"verbosity", "a string", isString},
+}
+
+func isBool(d *Doc, i int) bool   { return d.Kind(i) == KindTrue || d.Kind(i) == KindFalse }
+func isString(d *Doc, i int) bool { return d.Kind(i) == KindString }
+
 func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 	msgs := f.messages
 	if msgs < 0 {
@@ -319,6 +383,11 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 	}
 	if d.Kind(msgs) != KindArray {
 		return wrongType("messages", "an array", d, msgs)
+	}
+	for i, t := range chatTyped {
+		if v := f.typed[i]; v >= 0 && d.Kind(v) != KindNull && !t.ok(d, v) {
+			return wrongType(t.name, t.want, d, v)
+		}
 	}
 	if v := f.logprobs; v >= 0 && d.Kind(v) != KindNull {
 		if d.Kind(v) != KindTrue && d.Kind(v) != KindFalse {
@@ -696,7 +765,11 @@ func optPositive(d *Doc, v int, p string) (n int, set bool, err *Error) {
 	raw := d.Raw(v)
 	n, perr := strconv.Atoi(raw)
 	if d.Kind(v) != KindNumber || perr != nil || n < 1 {
-		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, raw)
+		code := CodeIntegerBelowMin
+		if d.Kind(v) != KindNumber || perr != nil {
+			code = CodeInvalidType // not an integer (a string, 1.5, one past int's range)
+		}
+		return 0, false, withCode(code, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, raw))
 	}
 	return n, true, nil
 }

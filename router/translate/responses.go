@@ -26,7 +26,8 @@ import (
 //     function_call_output items; reasoning items are skipped) follows as
 //     chat messages, consecutive function calls in one assistant message;
 //   - function tools and tool_choice (an allowed_tools one of function
-//     tools too), parallel_tool_calls,
+//     tools too), parallel_tool_calls (these two sent only with tools, as
+//     OpenAI's chat completions requires),
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
 //     top_logprobs, user, service_tier, safety_identifier,
 //     prompt_cache_key, text.format (as response_format), text.verbosity
@@ -131,12 +132,18 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	if aerr := responsesTools(root, chat); aerr != nil {
 		return nil, nil, aerr
 	}
-	if v := root.Get("parallel_tool_calls"); v.Type == gjson.True || v.Type == gjson.False {
+	if v := root.Get("parallel_tool_calls"); (v.Type == gjson.True || v.Type == gjson.False) && chat["tools"] != nil {
+		// Only with tools: OpenAI refuses parallel_tool_calls without them.
 		chat["parallel_tool_calls"] = v.Bool()
 	}
 	if v := root.Get("max_output_tokens"); v.Exists() && v.Type != gjson.Null {
-		if n, err := strconv.Atoi(v.Raw); err != nil || n < 1 {
-			return nil, nil, openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': expected a positive integer, but got %s.", v.Raw)
+		if n, err := strconv.Atoi(v.Raw); v.Type != gjson.Number || err != nil || n < 1 {
+			e := openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': expected a positive integer, but got %s.", v.Raw)
+			e.Code = openai.CodeIntegerBelowMin
+			if v.Type != gjson.Number || err != nil {
+				e.Code = openai.CodeInvalidType
+			}
+			return nil, nil, e
 		}
 		chat["max_completion_tokens"] = json.RawMessage(v.Raw)
 	}
@@ -467,9 +474,18 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 		}
 		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
 	case tc.Get("type").Str == "allowed_tools":
-		return allowedTools(tc, chat)
+		if err := allowedTools(tc, chat); err != nil {
+			return err
+		}
 	default:
 		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
+	}
+	if len(tools) == 0 {
+		// OpenAI refuses a chat tool_choice without tools ("'tool_choice' is
+		// only allowed when 'tools' are specified"), which the Responses
+		// API takes (its default is auto with no tools): with none, there
+		// is nothing to choose.
+		delete(chat, "tool_choice")
 	}
 	return nil
 }
