@@ -553,3 +553,30 @@ func TestResponsesToolChoiceWithoutToolsIsNotSent(t *testing.T) {
 		t.Fatalf("sent with tools: %s", b.Raw)
 	}
 }
+
+// An embeddings input that is an empty string or array is a 400 naming
+// input (CreateEmbeddingRequest: the input "cannot be an empty string",
+// its arrays have minItems 1), not sent to the upstream.
+func TestEmbeddingsRefuseAnEmptyInput(t *testing.T) {
+	u := startWire7Upstream(t)
+	g := wire7Molly(t, u)
+	c := client(g)
+	for _, tc := range []struct {
+		name  string
+		input any
+		code  string
+	}{{"an empty string", "", "invalid_value"}, {"an empty array", []any{}, "empty_array"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Embeddings.New(t.Context(), openai.EmbeddingNewParams{Model: "chat",
+				Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("x")}}, option.WithJSONSet("input", tc.input))
+			if e := apiError(t, err); e.StatusCode != 400 || e.Param != "input" || e.Code != tc.code {
+				t.Fatalf("%d param %q code %q, want 400 input %s: %s", e.StatusCode, e.Param, e.Code, tc.code, e.RawJSON())
+			}
+		})
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.bodies) != 0 {
+		t.Fatalf("the upstream was sent %d requests", len(u.bodies))
+	}
+}

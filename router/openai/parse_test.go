@@ -15,6 +15,11 @@ import (
 func parseSeeds() []string {
 	seeds := []string{
 		`{"model":"m","messages":[],"stop":[1]}`,
+		`{"model":"m","input":""}`,
+		`{"model":"m","input":[]}`,
+		`{"model":"m","input":[""]}`,
+		`{"model":"m","prompt":""}`,
+		`{"model":"m","prompt":[]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"stop":"x","seed":7,"metadata":{"a":"b"},"store":false,"parallel_tool_calls":true,"service_tier":"flex","reasoning_effort":"low","verbosity":"high"}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a",null]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"seed":1.5}`,

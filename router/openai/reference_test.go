@@ -433,9 +433,18 @@ func refPrompts(r *Request, root gjson.Result, field string) *Error {
 		if bad == nil && !ids && i > 0 {
 			r.Prompts = i
 		}
+		if bad == nil && field == "input" && i == 0 {
+			bad = withCode(CodeEmptyArray, InvalidRequest("input", "Invalid 'input': empty array. Expected an array with minimum length 1, but got an empty array instead."))
+		}
+		if bad == nil && field == "input" && i > 2048 {
+			bad = withCode("array_above_max_length", InvalidRequest("input", "Invalid 'input': array too long. Expected an array with maximum length 2048, but got an array with length %d instead.", i))
+		}
 		return bad
 	default:
 		return WrongType(field, "a string or an array", v)
+	}
+	if field == "input" && v.Str == "" {
+		return InvalidValue("input", "Invalid value for 'input': an empty string cannot be embedded.")
 	}
 	return nil
 }

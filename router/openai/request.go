@@ -653,8 +653,32 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 		if !ids && n > 0 {
 			r.Prompts = n
 		}
+		if err := embeddingInputLength(field, n); err != nil {
+			return err
+		}
 	default:
 		return wrongType(field, "a string or an array", d, v)
+	}
+	if d.Kind(v) == KindString && d.Str(v) == "" && field == "input" {
+		return InvalidValue("input", "Invalid value for 'input': an empty string cannot be embedded.")
+	}
+	return nil
+}
+
+// MaxEmbeddingInputs is the most inputs one embeddings request may carry
+// (CreateEmbeddingRequest's input arrays: minItems 1, maxItems 2048).
+const MaxEmbeddingInputs = 2048
+
+// embeddingInputLength checks the length n of the embeddings input array
+// (field "input"; the completions prompt has no such bound): 1 to
+// MaxEmbeddingInputs items.
+func embeddingInputLength(field string, n int) *Error {
+	switch {
+	case field != "input":
+	case n == 0:
+		return withCode(CodeEmptyArray, InvalidRequest("input", "Invalid 'input': empty array. Expected an array with minimum length 1, but got an empty array instead."))
+	case n > MaxEmbeddingInputs:
+		return withCode("array_above_max_length", InvalidRequest("input", "Invalid 'input': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", MaxEmbeddingInputs, n))
 	}
 	return nil
 }
