@@ -327,8 +327,7 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 		// read "no" as true or drop it.
 		{"chat stop of numbers", "stop", chatWith("stop", []any{1})},
 		{"chat seed as a string", "seed", chatWith("seed", "1")},
-		{"chat seed as a fraction", "seed", chatWith("seed", 1.5)},
-		{"chat metadata of numbers", "metadata", chatWith("metadata", map[string]any{"a": 1})},
+		{"chat metadata as a string", "metadata", chatWith("metadata", "a")},
 		{"chat store as a string", "store", chatWith("store", "yes")},
 		{"chat parallel_tool_calls as a string", "parallel_tool_calls", chatWith("parallel_tool_calls", "no")},
 		{"chat service_tier as a number", "service_tier", chatWith("service_tier", 1)},

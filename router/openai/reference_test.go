@@ -189,11 +189,8 @@ func refChat(r *Request, root gjson.Result) *Error {
 		ok         func(v gjson.Result) bool
 	}{
 		{"stop", "a string or an array of strings", func(v gjson.Result) bool { return v.Type == gjson.String || v.IsArray() && allStrings(v) }},
-		{"seed", "an integer", func(v gjson.Result) bool {
-			_, err := strconv.ParseInt(v.Raw, 10, 64)
-			return v.Type == gjson.Number && err == nil
-		}},
-		{"metadata", "an object of strings", func(v gjson.Result) bool { return v.IsObject() && allStrings(v) }},
+		{"seed", "an integer", func(v gjson.Result) bool { return v.Type == gjson.Number }},
+		{"metadata", "an object", func(v gjson.Result) bool { return v.IsObject() }},
 		{"store", "a boolean", func(v gjson.Result) bool { return v.IsBool() }},
 		{"parallel_tool_calls", "a boolean", func(v gjson.Result) bool { return v.IsBool() }},
 		{"service_tier", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
