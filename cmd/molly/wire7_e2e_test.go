@@ -369,7 +369,8 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 			}
 		})
 	}
-	// Out of range is not a type error: its own code.
+	// Out of range is not a type error: its own code; nor is what this
+	// gateway does not serve.
 	for _, tc := range []struct {
 		name, param, code string
 		call              func() error
@@ -378,6 +379,9 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 		{"chat temperature of 3", "temperature", "decimal_above_max_value", chatWith("temperature", 3)},
 		{"chat tool_choice of another word", "tool_choice", "invalid_value", chatWith("tool_choice", "sometimes")},
 		{"responses max_output_tokens of 0", "max_output_tokens", "integer_below_min_value", respWith("max_output_tokens", 0)},
+		// The API's, not this gateway's.
+		{"responses background mode", "background", "unsupported_parameter", respWith("background", true)},
+		{"responses hosted tools", "tools[0].type", "unsupported_parameter", respWith("tools", []any{map[string]any{"type": "web_search"}})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := apiError(t, tc.call())

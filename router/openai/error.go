@@ -110,7 +110,19 @@ const (
 	CodeIntegerAboveMax  = "integer_above_max_value"    // an integer over the parameter's maximum
 	CodeIntegerBelowMin  = "integer_below_min_value"    // an integer under the parameter's minimum
 	CodeEmptyArray       = "empty_array"                // an array that must not be empty
+	// CodeUnsupportedParameter: a parameter (or value) of the API that this
+	// gateway, or every target it may use, cannot serve (Unsupported).
+	CodeUnsupportedParameter = "unsupported_parameter"
 )
+
+// Unsupported is InvalidRequest with code unsupported_parameter: param is
+// part of the API but not served here (a hosted tool, background mode, a
+// file by id).
+func Unsupported(param, format string, args ...any) *Error {
+	e := InvalidRequest(param, format, args...)
+	e.Code = CodeUnsupportedParameter
+	return e
+}
 
 // InvalidValue is InvalidRequest with code invalid_value: param holds a
 // value outside its allowed ones ("Invalid value for 'param': …").

@@ -84,7 +84,7 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	}
 	for _, p := range []string{"background", "prompt", "conversation"} {
 		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.False {
-			return nil, nil, openai.InvalidRequest(p, "'%s' is not supported by this gateway.", p)
+			return nil, nil, openai.Unsupported(p, "'%s' is not supported by this gateway.", p)
 		}
 	}
 	chat := map[string]any{"model": t.Model}
@@ -103,7 +103,7 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 			return nil, nil, openai.WrongType("previous_response_id", "a response id", prev)
 		}
 		if store == nil {
-			return nil, nil, openai.InvalidRequest("previous_response_id", "This gateway stores no responses, so previous_response_id cannot be used.")
+			return nil, nil, openai.Unsupported("previous_response_id", "This gateway stores no responses, so previous_response_id cannot be used.")
 		}
 		s, err := store.Response(ctx, prev.Str, member)
 		if errors.Is(err, ErrNotFound) {
@@ -364,7 +364,7 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 		case "input_image":
 			url := p.Get("image_url").Str
 			if url == "" {
-				bad = openai.InvalidRequest(pp+".image_url", "'%s.image_url' is required: this gateway has no file store for file_id.", pp)
+				bad = openai.Unsupported(pp+".image_url", "'%s.image_url' is required: this gateway has no file store for file_id.", pp)
 				return false
 			}
 			img := map[string]any{"url": url}
@@ -374,7 +374,7 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 			parts = append(parts, map[string]any{"type": "image_url", "image_url": img})
 		case "input_file":
 			if p.Get("file_data").Type != gjson.String {
-				bad = openai.InvalidRequest(pp+".file_data", "'%s.file_data' is required: this gateway has no file store for file_id or file_url.", pp)
+				bad = openai.Unsupported(pp+".file_data", "'%s.file_data' is required: this gateway has no file store for file_id or file_url.", pp)
 				return false
 			}
 			parts = append(parts, map[string]any{"type": "file", "file": map[string]any{"file_data": p.Get("file_data").Str, "filename": p.Get("filename").Str}})
@@ -423,7 +423,7 @@ func allowedTools(tc gjson.Result, chat map[string]any) *openai.Error {
 	for i, tl := range list.Array() {
 		param := "tool_choice.tools[" + strconv.Itoa(i) + "]"
 		if tl.Get("type").Str != "function" {
-			return openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+			return openai.Unsupported(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
 		}
 		if n := tl.Get("name"); n.Type != gjson.String {
 			return openai.WrongType(param+".name", "a string", n)
@@ -443,7 +443,7 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 		param := "tools[" + strconv.Itoa(i) + "]"
 		i++
 		if tl.Get("type").Str != "function" {
-			bad = openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+			bad = openai.Unsupported(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
 			return false
 		}
 		fn := map[string]any{"name": tl.Get("name").Str}
@@ -478,7 +478,7 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 			return err
 		}
 	default:
-		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
+		return openai.Unsupported("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
 	}
 	if len(tools) == 0 {
 		// OpenAI refuses a chat tool_choice without tools ("'tool_choice' is
