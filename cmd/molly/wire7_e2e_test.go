@@ -379,13 +379,16 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 		{"chat temperature of 3", "temperature", "decimal_above_max_value", chatWith("temperature", 3)},
 		{"chat tool_choice of another word", "tool_choice", "invalid_value", chatWith("tool_choice", "sometimes")},
 		{"responses max_output_tokens of 0", "max_output_tokens", "integer_below_min_value", respWith("max_output_tokens", 0)},
+		// A Responses tool's name is tools[0].name, not chat's tools[0].function.name.
+		{"responses tool name out of pattern", "tools[0].name", "invalid_value",
+			respWith("tools", []any{map[string]any{"type": "function", "name": "a b", "parameters": map[string]any{"type": "object"}}})},
 		// The API's, not this gateway's.
 		{"responses background mode", "background", "unsupported_parameter", respWith("background", true)},
 		{"responses hosted tools", "tools[0].type", "unsupported_parameter", respWith("tools", []any{map[string]any{"type": "web_search"}})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := apiError(t, tc.call())
-			if e.StatusCode != 400 || e.Code != tc.code || e.Param != tc.param {
+			if e.StatusCode != 400 || e.Code != tc.code || e.Param != tc.param || strings.Contains(e.Message, ".function.") {
 				t.Fatalf("%d code %q param %q, want 400 %q %q: %s", e.StatusCode, e.Code, e.Param, tc.code, tc.param, e.RawJSON())
 			}
 		})

@@ -133,7 +133,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			case n.Type != gjson.String:
 				return nil, WrongType("response_format.json_schema.name", "a string", n)
 			case !refName(n.Str):
-				return nil, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.")
+				return nil, withCode(CodeInvalidValue, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."))
 			}
 		}
 	}
@@ -278,7 +278,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 			}
 			if !refName(n.Str) {
 				p := list.path + "[" + strconv.Itoa(i) + "]." + name
-				bad = InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
+				bad = withCode(CodeInvalidValue, InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p))
 				return false
 			}
 			r.Tools = append(r.Tools, n.Str)

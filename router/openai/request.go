@@ -193,7 +193,7 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 			if n := d.Member(js, "name"); n < 0 || d.Kind(n) != KindString {
 				return nil, nil, wrongType("response_format.json_schema.name", "a string", d, n)
 			} else if !FunctionName(d.Str(n)) {
-				return nil, nil, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.")
+				return nil, nil, withCode(CodeInvalidValue, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."))
 			}
 		}
 	}
@@ -440,7 +440,7 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			}
 			if !FunctionName(d.Str(n)) {
 				p := list.path + "[" + strconv.Itoa(d.Index(c)) + "]." + name
-				return InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
+				return withCode(CodeInvalidValue, InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p))
 			}
 			r.Tools = append(r.Tools, d.Str(n))
 		}

@@ -922,11 +922,23 @@ func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
 		{"messages[2].content", "input"},
 		{"temperature", "temperature"},
 		{"response_formatting", "response_formatting"},
+		{"tools[3].function.name", "tools[3].name"},
+		{"tools[0].function", "tools[0]"},
+		{"tools[0].type", "tools[0].type"},
+		{"tool_choice.function.name", "tool_choice.name"},
+		{"tool_choice.allowed_tools.tools[1].function.name", "tool_choice.tools[1].name"},
+		{"tool_choice.allowed_tools.mode", "tool_choice.mode"},
+		{"verbosity", "text.verbosity"},
 	} {
 		body := []byte(`{"error":{"message":"m","type":"invalid_request_error","param":"` + c.chat + `","code":null}}`)
 		if got := gjson.GetBytes(responsesParam(body), "error.param").Str; got != c.want {
 			t.Errorf("param %q became %q, want %q", c.chat, got, c.want)
 		}
+	}
+	// The message quotes the Responses name too.
+	body := []byte(`{"error":{"message":"Invalid 'tools[0].function.name': string does not match pattern.","type":"invalid_request_error","param":"tools[0].function.name","code":"invalid_value"}}`)
+	if got := gjson.GetBytes(responsesParam(body), "error.message").Str; got != "Invalid 'tools[0].name': string does not match pattern." {
+		t.Errorf("message %q", got)
 	}
 	for _, body := range []string{`not json`, `{"error":{"param":null}}`} {
 		if got := string(responsesParam([]byte(body))); got != body {
