@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -400,6 +401,21 @@ func TestWrongTypesAreInvalidTypeWithTheirPath(t *testing.T) {
 	if !errors.As(err, &ae) || ae.StatusCode != 400 || ae.Type() != "invalid_request_error" || !strings.HasPrefix(ae.Message, "top_k") ||
 		gjson.Get(ae.RawJSON(), "error.code").Exists() {
 		t.Fatalf("top_k of the wrong type on /v1/messages: %v", err)
+	}
+	// Errors found on the translated chat request name the client's paths.
+	for _, mc := range []struct{ set, prefix string }{
+		{`[{"name":"a b","input_schema":{"type":"object"}}]`, "tools.0.name: "},
+	} {
+		_, err := ac.Messages.New(t.Context(), anthropic.MessageNewParams{Model: "chat", MaxTokens: 8,
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("x"))}}, aopt.WithJSONSet("tools", json.RawMessage(mc.set)))
+		if !errors.As(err, &ae) || ae.StatusCode != 400 || !strings.HasPrefix(ae.Message, mc.prefix) || strings.Contains(ae.Message, "function") {
+			t.Fatalf("tools %s: %v", mc.set, err)
+		}
+	}
+	_, err = ac.Messages.New(t.Context(), anthropic.MessageNewParams{Model: "chat", MaxTokens: 8,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("x"))}}, aopt.WithJSONSet("messages.0.content.0.text", 5))
+	if !errors.As(err, &ae) || ae.StatusCode != 400 || !strings.HasPrefix(ae.Message, "messages.0.content.0.text: ") {
+		t.Fatalf("a numeric text block: %v", err)
 	}
 }
 

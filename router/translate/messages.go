@@ -235,6 +235,10 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 		j++
 		switch typ := b.Get("type").Str; typ {
 		case "text":
+			if t := b.Get("text"); t.Type != gjson.String {
+				bad = openai.WrongType(bp+".text", "a string", t)
+				return false
+			}
 			if role == "assistant" {
 				text.WriteString(b.Get("text").Str)
 			} else {
@@ -272,6 +276,10 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 					k++
 					switch rb.Get("type").Str {
 					case "text":
+						if t := rb.Get("text"); t.Type != gjson.String {
+							bad = openai.WrongType(rp+".text", "a string", t)
+							return false
+						}
 						texts = append(texts, rb.Get("text").Str)
 					case "image":
 						part, err := imagePart(rp, rb)
@@ -545,12 +553,32 @@ var messagesParams = []struct{ chat, messages string }{
 // messagesParam is the Messages request's name for the chat request's
 // parameter param, with its sub-path; ok is false where the two are one.
 func messagesParam(param string) (name string, ok bool) {
+	for _, m := range messagesToolPaths {
+		if m.chat.MatchString(param) {
+			return m.chat.ReplaceAllString(param, m.to), true
+		}
+	}
 	for _, m := range messagesParams {
 		if rest, cut := strings.CutPrefix(param, m.chat); cut && (rest == "" || rest[0] == '.' || rest[0] == '[') {
 			return m.messages + rest, true
 		}
 	}
 	return param, false
+}
+
+// messagesToolPaths map a chat tool's path to the Messages tool's
+// (tools[0].function.name is tools.0.name, its parameters input_schema);
+// chat's messages are not the client's (system is one of them), so a
+// message's path is messages alone.
+var messagesToolPaths = []struct {
+	chat *regexp.Regexp
+	to   string
+}{
+	{regexp.MustCompile(`^tools\[(\d+)\]\.function\.name`), "tools.$1.name"},
+	{regexp.MustCompile(`^tools\[(\d+)\]\.function\.parameters`), "tools.$1.input_schema"},
+	{regexp.MustCompile(`^tools\[(\d+)\](\.function)?`), "tools.$1"},
+	{regexp.MustCompile(`^tool_choice\.function\.name`), "tool_choice.name"},
+	{regexp.MustCompile(`^messages\[\d+\].*`), "messages"},
 }
 
 // IsMessagesPath reports a path of Anthropic's Messages API,
@@ -604,6 +632,7 @@ func messageError(status int, body []byte, chat bool, requestID string) []byte {
 	}
 	if p := gjson.GetBytes(body, "error.param"); chat && p.Type == gjson.String {
 		if name, ok := messagesParam(p.Str); ok && !strings.HasPrefix(msg, name+":") {
+			msg = strings.ReplaceAll(msg, "'"+p.Str+"'", "'"+name+"'") // the message quotes the client's name too
 			msg = name + ": " + msg
 		}
 	}

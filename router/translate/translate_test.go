@@ -676,6 +676,9 @@ func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
 		{"a tool_choice without a type", `{"model":"m","max_tokens":5,"tool_choice":{},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
 		{"a tool_choice with an empty type", `{"model":"m","max_tokens":5,"tool_choice":{"type":""},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
 		{"a tool tool_choice without a name", `{"model":"m","max_tokens":5,"tool_choice":{"type":"tool"},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.name"},
+		// A text block's text is a string (not read as "").
+		{"a numeric text block", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "messages.0.content.0.text"},
+		{"a tool_result text block without text", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text"}]}]}]}`, "messages.0.content.0.content.0.text"},
 	} {
 		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
 			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
@@ -943,6 +946,22 @@ func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
 	for _, body := range []string{`not json`, `{"error":{"param":null}}`} {
 		if got := string(responsesParam([]byte(body))); got != body {
 			t.Errorf("%s became %s", body, got)
+		}
+	}
+}
+
+// An error about a chat tool on /v1/messages names the client's path
+// (tools.0.name for chat's tools[0].function.name), in the message too.
+func TestMessagesErrorsNameTheMessagesToolPath(t *testing.T) {
+	for _, c := range []struct{ chat, want string }{
+		{"tools[0].function.name", "tools.0.name: Invalid 'tools.0.name': bad."},
+		{"tools[2].function.parameters", "tools.2.input_schema: Invalid 'tools.2.input_schema': bad."},
+		{"tool_choice.function.name", "tool_choice.name: Invalid 'tool_choice.name': bad."},
+		{"messages[3].content", "messages: Invalid 'messages': bad."},
+	} {
+		body := []byte(`{"error":{"message":"Invalid '` + c.chat + `': bad.","type":"invalid_request_error","param":"` + c.chat + `","code":"invalid_value"}}`)
+		if got := gjson.GetBytes(messageError(400, body, true, ""), "error.message").Str; got != c.want {
+			t.Errorf("%s: %q, want %q", c.chat, got, c.want)
 		}
 	}
 }
