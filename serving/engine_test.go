@@ -651,7 +651,7 @@ func TestErrorsUseOpenAIShapeAndStatus(t *testing.T) {
 		{"invalid JSON is 400", "POST", "/v1/chat/completions", "{", 400, "", ""},
 		{"a prompt longer than the context is 400 context_length_exceeded", "POST", "/v1/chat/completions", greedy("molly-demo", long, 1), 400, "context_length_exceeded", "messages"},
 		{"n beyond the sequences is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "n": 99}, 400, "", "n"},
-		{"temperature above 2 is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "temperature": 3}, 400, "", "temperature"},
+		{"temperature above 2 is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "temperature": 3}, 400, "decimal_above_max_value", "temperature"},
 		{"the deprecated functions are 400, not ignored", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "functions": []any{map[string]any{"name": "f", "parameters": map[string]any{"type": "object"}}}, "function_call": map[string]any{"name": "f"}}, 400, "", "functions"},
 		{"audio output is 400", "POST", "/v1/chat/completions", map[string]any{"model": "molly-demo", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "modalities": []string{"text", "audio"}, "audio": map[string]any{"voice": "alloy", "format": "wav"}}, 400, "", "modalities"},
 		{"GET on completions is 405", "GET", "/v1/chat/completions", nil, 405, "method_not_allowed", ""},

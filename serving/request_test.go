@@ -109,7 +109,7 @@ func TestRequestTypeErrorsName400TheParameter(t *testing.T) {
 	// Some messages word for word.
 	for _, c := range []struct{ path, body, param, want string }{
 		{"/v1/completions", `{"model":"molly-demo","prompt":"hi","messages":5}`, "messages", "messages must be an array, got a number"},
-		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"seed":"abc"}`, "seed", "seed must be an integer, got a string"},
+		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"seed":"abc"}`, "seed", "Invalid type for 'seed': expected an integer, but got a string."},
 		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"seed":1e30}`, "seed", "seed must be an integer between -9223372036854775808 and 9223372036854775807, got 1e30"},
 		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"top_k":2.5}`, "top_k", "top_k must be an integer, got 2.5"},
 		{"/v1/chat/completions", `{"model":"molly-demo","messages":[{"role":"user","content":"hi"}],"top_k":4.0}`, "top_k", "top_k must be an integer written without a fraction or exponent, got 4.0"},

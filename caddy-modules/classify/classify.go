@@ -262,6 +262,9 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 	// The body was read once; later handlers read the annotation's copy.
 	r.Body = io.NopCloser(strings.NewReader(ann.Body()))
 	r = r.WithContext(classify.WithAnnotation(r.Context(), ann))
+	if tr != nil && tr.MaxToolCalls >= 0 {
+		r = r.WithContext(openai.WithMaxToolCalls(r.Context(), tr.MaxToolCalls))
+	}
 	endClassify(span, ann)
 	return next.ServeHTTP(w, r)
 }
@@ -379,7 +382,7 @@ func (c *Classify) responsesInputTokens(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	if m := gjson.GetBytes(body, "model"); gjson.ValidBytes(body) && (m.Type != gjson.String || m.Str == "") {
-		openai.InvalidRequest("model", "Missing required parameter: 'model'.").Write(w)
+		openai.MissingParameter("model", "Missing required parameter: 'model'.").Write(w)
 		return
 	}
 	var store translate.Store

@@ -412,10 +412,10 @@ func TestGatewayRejectsBadInputAndKeepsServing(t *testing.T) {
 		msg                      string
 	}{
 		{"malformed JSON is a 400", "POST", "/chat/completions", `{"model": "chat", "messages": [`, nil, 400, "invalid_request_error", "", "", "parse the JSON body"},
-		{"messages of the wrong type is a 400 naming the field", "POST", "/chat/completions", `{"model":"chat","messages":"hi"}`, nil, 400, "invalid_request_error", "messages", "", "expected an array"},
+		{"messages of the wrong type is a 400 naming the field", "POST", "/chat/completions", `{"model":"chat","messages":"hi"}`, nil, 400, "invalid_request_error", "messages", "invalid_type", "expected an array"},
 		{"a missing model is a 400", "POST", "/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "model", "", "model parameter"},
-		{"a bad role is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"wizard","content":"hi"}]}`, nil, 400, "invalid_request_error", "messages[0].role", "", "wizard"},
-		{"max_tokens must be a positive integer", "POST", "/chat/completions", `{"model":"chat","max_tokens":"ten","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "max_tokens", "", "positive integer"},
+		{"a bad role is a 400", "POST", "/chat/completions", `{"model":"chat","messages":[{"role":"wizard","content":"hi"}]}`, nil, 400, "invalid_request_error", "messages[0].role", "invalid_value", "wizard"},
+		{"max_tokens must be a positive integer", "POST", "/chat/completions", `{"model":"chat","max_tokens":"ten","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "max_tokens", "invalid_type", "positive integer"},
 		{"an unknown model is a 404", "POST", "/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, nil, 404, "invalid_request_error", "model", "model_not_found", "gpt-9"},
 		{"an oversized body is a 413", "POST", "/chat/completions", big, nil, 413, "invalid_request_error", "", "request_too_large", "limit"},
 		{"an unknown URL is a 404", "POST", "/v1/nothing", `{}`, nil, 404, "invalid_request_error", "", "unknown_url", "/v1/nothing"},

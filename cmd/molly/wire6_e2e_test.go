@@ -261,7 +261,7 @@ func TestOpenAISDKSeesEachErrorClassTyped(t *testing.T) {
 			p.Temperature = openai.Float(5)
 			_, err := c.Chat.Completions.New(t.Context(), p, o...)
 			return err
-		}, want{400, "invalid_request_error", "", "temperature", false, "", 1}},
+		}, want{400, "invalid_request_error", "decimal_above_max_value", "temperature", false, "", 1}},
 		{"a bad key is a 401", "wrong", func(c *openai.Client, o ...option.RequestOption) error {
 			_, err := c.Chat.Completions.New(t.Context(), chatWith("hi"), o...)
 			return err

@@ -98,6 +98,48 @@ func InvalidRequest(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
+// The codes of OpenAI's 400s for a parameter its validation refuses, as
+// its API answers them (the error's code; its param names the parameter's
+// path, e.g. "messages[0].content").
+const (
+	CodeInvalidType      = "invalid_type"               // a value of the wrong JSON type (WrongType)
+	CodeInvalidValue     = "invalid_value"              // a value outside the parameter's allowed values (InvalidValue)
+	CodeMissingParameter = "missing_required_parameter" // a required parameter absent (MissingParameter)
+	CodeAboveMax         = "decimal_above_max_value"    // a number over the parameter's maximum
+	CodeBelowMin         = "decimal_below_min_value"    // a number under the parameter's minimum
+	CodeIntegerAboveMax  = "integer_above_max_value"    // an integer over the parameter's maximum
+	CodeIntegerBelowMin  = "integer_below_min_value"    // an integer under the parameter's minimum
+	CodeEmptyArray       = "empty_array"                // an array that must not be empty
+	// CodeUnsupportedParameter: a parameter (or value) of the API that this
+	// gateway, or every target it may use, cannot serve (Unsupported).
+	CodeUnsupportedParameter = "unsupported_parameter"
+)
+
+// Unsupported is InvalidRequest with code unsupported_parameter: param is
+// part of the API but not served here (a hosted tool, background mode, a
+// file by id).
+func Unsupported(param, format string, args ...any) *Error {
+	e := InvalidRequest(param, format, args...)
+	e.Code = CodeUnsupportedParameter
+	return e
+}
+
+// InvalidValue is InvalidRequest with code invalid_value: param holds a
+// value outside its allowed ones ("Invalid value for 'param': …").
+func InvalidValue(param, format string, args ...any) *Error {
+	e := InvalidRequest(param, format, args...)
+	e.Code = CodeInvalidValue
+	return e
+}
+
+// MissingParameter is InvalidRequest with code
+// missing_required_parameter ("Missing required parameter: 'param'.").
+func MissingParameter(param, format string, args ...any) *Error {
+	e := InvalidRequest(param, format, args...)
+	e.Code = CodeMissingParameter
+	return e
+}
+
 // Sentinel errors a caller can match with errors.Is on an *Error (Is
 // compares Code), instead of matching message substrings.
 var (

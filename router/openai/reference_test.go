@@ -110,7 +110,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 		return nil, err
 	} else if set {
 		if n > 128 {
-			return nil, InvalidRequest("n", "Invalid 'n': integer above maximum value. Expected a value <= 128, but got %d instead.", n)
+			return nil, withCode(CodeIntegerAboveMax, InvalidRequest("n", "Invalid 'n': integer above maximum value. Expected a value <= 128, but got %d instead.", n))
 		}
 		r.N = n
 	}
@@ -127,13 +127,13 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			js := v.Get("json_schema")
 			switch n := js.Get("name"); {
 			case !js.Exists() || js.Type == gjson.Null:
-				return nil, InvalidRequest("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
+				return nil, MissingParameter("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
 			case !js.IsObject():
 				return nil, WrongType("response_format.json_schema", "an object", js)
 			case n.Type != gjson.String:
 				return nil, WrongType("response_format.json_schema.name", "a string", n)
 			case !refName(n.Str):
-				return nil, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.")
+				return nil, withCode(CodeInvalidValue, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."))
 			}
 		}
 	}
@@ -145,7 +145,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 			return nil, e
 		} else if set {
 			if n > 20 {
-				return nil, InvalidRequest("best_of", "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got %d instead.", n)
+				return nil, withCode(CodeIntegerAboveMax, InvalidRequest("best_of", "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got %d instead.", n))
 			}
 			r.BestOf = n
 		}
@@ -159,7 +159,7 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 	case EndpointEmbeddings:
 		if err = refPrompts(r, root, "input"); err == nil {
 			if v := root.Get("encoding_format"); v.Exists() && v.Type != gjson.Null && (v.Type != gjson.String || v.Str != "float" && v.Str != "base64") {
-				err = InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", v.Raw)
+				err = InvalidValue("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", v.Raw)
 			} else if _, _, e := refOptPositive(root, "dimensions"); e != nil {
 				err = e
 			}
@@ -174,10 +174,32 @@ func refParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 func refChat(r *Request, root gjson.Result) *Error {
 	msgs := root.Get("messages")
 	if !msgs.Exists() {
-		return InvalidRequest("messages", "Missing required parameter: 'messages'.")
+		return MissingParameter("messages", "Missing required parameter: 'messages'.")
 	}
 	if !msgs.IsArray() {
 		return WrongType("messages", "an array", msgs)
+	}
+	allStrings := func(v gjson.Result) bool {
+		ok := true
+		v.ForEach(func(_, x gjson.Result) bool { ok = x.Type == gjson.String; return ok })
+		return ok
+	}
+	for _, c := range []struct {
+		name, want string
+		ok         func(v gjson.Result) bool
+	}{
+		{"stop", "a string or an array of strings", func(v gjson.Result) bool { return v.Type == gjson.String || v.IsArray() && allStrings(v) }},
+		{"seed", "an integer", func(v gjson.Result) bool { return v.Type == gjson.Number }},
+		{"metadata", "an object", func(v gjson.Result) bool { return v.IsObject() }},
+		{"store", "a boolean", func(v gjson.Result) bool { return v.IsBool() }},
+		{"parallel_tool_calls", "a boolean", func(v gjson.Result) bool { return v.IsBool() }},
+		{"service_tier", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
+		{"reasoning_effort", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
+		{"verbosity", "a string", func(v gjson.Result) bool { return v.Type == gjson.String }},
+	} {
+		if v := root.Get(c.name); v.Exists() && v.Type != gjson.Null && !c.ok(v) {
+			return WrongType(c.name, c.want, v)
+		}
 	}
 	if v := root.Get("logprobs"); v.Exists() && v.Type != gjson.Null {
 		if v.Type != gjson.True && v.Type != gjson.False {
@@ -192,7 +214,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 		for i, x := range m.Array() {
 			if x.Type != gjson.String || x.Str != "text" && x.Str != "audio" {
 				p := "modalities[" + strconv.Itoa(i) + "]"
-				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, x.Raw)
+				return InvalidValue(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, x.Raw)
 			}
 			if x.Str == "audio" {
 				r.AudioOut = true
@@ -208,7 +230,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 		switch {
 		case tc.Type == gjson.String:
 			if tc.Str != "none" && tc.Str != "auto" && tc.Str != "required" {
-				return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
+				return InvalidValue("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
 			}
 			r.ToolChoice = tc.Str
 		case !tc.IsObject():
@@ -229,7 +251,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 					return WrongType("tool_choice.allowed_tools", "an object", o)
 				}
 			default:
-				return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", ty)
+				return InvalidValue("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", ty)
 			}
 			r.ToolChoice = ty
 		}
@@ -256,7 +278,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 			}
 			if !refName(n.Str) {
 				p := list.path + "[" + strconv.Itoa(i) + "]." + name
-				bad = InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
+				bad = withCode(CodeInvalidValue, InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p))
 				return false
 			}
 			r.Tools = append(r.Tools, n.Str)
@@ -278,7 +300,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 		return bad
 	}
 	if i == 0 {
-		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+		return withCode(CodeEmptyArray, InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1."))
 	}
 	r.Messages = i
 	return nil
@@ -294,7 +316,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 		return WrongType(param+".role", "a string", role)
 	}
 	if !ChatRoles[role.Str] {
-		return InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
+		return InvalidValue(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", param, role.Str)
 	}
 	if role.Str == "tool" || role.Str == "function" {
 		r.ToolTurns = true
@@ -312,7 +334,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 	switch {
 	case !content.Exists() || content.Type == gjson.Null:
 		if role.Str != "assistant" {
-			return InvalidRequest(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
+			return InvalidValue(param+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", param)
 		}
 	case content.Type == gjson.String:
 	case content.IsArray():
@@ -328,7 +350,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 			t := part.Get("type").String()
 			switch {
 			case !ContentPartTypes[t]:
-				bad = InvalidRequest(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
+				bad = InvalidValue(pparam+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pparam, t)
 			case t == "text":
 				if txt := part.Get("text"); txt.Type != gjson.String {
 					bad = WrongType(pparam+".text", "a string", txt)
@@ -384,7 +406,7 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 func refPrompts(r *Request, root gjson.Result, field string) *Error {
 	v := root.Get(field)
 	if !v.Exists() || v.Type == gjson.Null {
-		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
+		return MissingParameter(field, "Missing required parameter: '%s'.", field)
 	}
 	r.Prompts = 1
 	switch {
@@ -408,9 +430,18 @@ func refPrompts(r *Request, root gjson.Result, field string) *Error {
 		if bad == nil && !ids && i > 0 {
 			r.Prompts = i
 		}
+		if bad == nil && field == "input" && i == 0 {
+			bad = withCode(CodeEmptyArray, InvalidRequest("input", "Invalid 'input': empty array. Expected an array with minimum length 1, but got an empty array instead."))
+		}
+		if bad == nil && field == "input" && i > 2048 {
+			bad = withCode("array_above_max_length", InvalidRequest("input", "Invalid 'input': array too long. Expected an array with maximum length 2048, but got an array with length %d instead.", i))
+		}
 		return bad
 	default:
 		return WrongType(field, "a string or an array", v)
+	}
+	if field == "input" && v.Str == "" {
+		return InvalidValue("input", "Invalid value for 'input': an empty string cannot be embedded.")
 	}
 	return nil
 }
@@ -422,10 +453,10 @@ func refRange(p, raw string, min, max float64) *Error {
 		return InvalidRequest(p, "Invalid '%s': expected a number, but got %s.", p, raw)
 	}
 	if x > max {
-		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
+		return withCode(CodeAboveMax, InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw))
 	}
 	if x < min {
-		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+		return withCode(CodeBelowMin, InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw))
 	}
 	return nil
 }
@@ -437,10 +468,10 @@ func refIntIn(v gjson.Result, p string, min, max int64) *Error {
 		return WrongType(p, "an integer", v)
 	}
 	if n > max {
-		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+		return withCode(CodeIntegerAboveMax, InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n))
 	}
 	if n < min {
-		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
+		return withCode(CodeIntegerBelowMin, InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n))
 	}
 	return nil
 }
@@ -467,8 +498,11 @@ func refOptPositive(root gjson.Result, p string) (n int, set bool, err *Error) {
 		return 0, false, nil
 	}
 	n, perr := strconv.Atoi(v.Raw)
-	if v.Type != gjson.Number || perr != nil || n < 1 {
-		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw)
+	if v.Type != gjson.Number || perr != nil {
+		return 0, false, withCode(CodeInvalidType, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw))
+	}
+	if n < 1 {
+		return 0, false, withCode(CodeIntegerBelowMin, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, v.Raw))
 	}
 	return n, true, nil
 }

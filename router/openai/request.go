@@ -3,6 +3,7 @@ package openai
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/tidwall/gjson"
@@ -184,7 +185,7 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 		if r.ResponseFormat == "json_schema" && ep == EndpointChat {
 			js := d.Member(v, "json_schema")
 			if js < 0 || d.Kind(js) == KindNull {
-				return nil, nil, InvalidRequest("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
+				return nil, nil, MissingParameter("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.")
 			}
 			if d.Kind(js) != KindObject {
 				return nil, nil, wrongType("response_format.json_schema", "an object", d, js)
@@ -192,7 +193,7 @@ func Parse(ep Endpoint, body string) (*Request, *Doc, *Error) {
 			if n := d.Member(js, "name"); n < 0 || d.Kind(n) != KindString {
 				return nil, nil, wrongType("response_format.json_schema.name", "a string", d, n)
 			} else if !FunctionName(d.Str(n)) {
-				return nil, nil, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.")
+				return nil, nil, withCode(CodeInvalidValue, InvalidRequest("response_format.json_schema.name", "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'."))
 			}
 		}
 	}
@@ -240,11 +241,16 @@ type rootMembers struct {
 	bestOf, logprobs, prompt, input, messages, tools, functions             int
 	toolChoice, logitBias, user, topLogprobs, modalities                    int
 	encodingFormat, dimensions                                              int
+	// typed: the chat parameters only type-checked (chatTyped), by index.
+	typed [len(chatTyped)]int
 }
 
 // read finds the members in one walk over the root's members.
 func (f *rootMembers) read(d *Doc) {
-	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	*f = rootMembers{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, [len(chatTyped)]int{}}
+	for i := range f.typed {
+		f.typed[i] = -1
+	}
 	for c, end := 1, d.Next(0); c < end; c = d.Next(c) {
 		k, _ := d.Key(c)
 		var at *int
@@ -300,7 +306,11 @@ func (f *rootMembers) read(d *Doc) {
 		case "dimensions":
 			at = &f.dimensions
 		default:
-			continue
+			i := slices.IndexFunc(chatTyped[:], func(t typedParam) bool { return t.name == k })
+			if i < 0 {
+				continue
+			}
+			at = &f.typed[i]
 		}
 		*at = c
 	}
@@ -312,13 +322,61 @@ var ChatRoles = map[string]bool{"system": true, "developer": true, "user": true,
 // ContentPartTypes are the types a chat content part may have.
 var ContentPartTypes = map[string]bool{"text": true, "image_url": true, "input_audio": true, "refusal": true, "file": true}
 
+// typedParam is a chat parameter Molly checks the JSON type of only (its
+// values are the backend's business): want names the kinds it takes.
+type typedParam struct {
+	name, want string
+	ok         func(d *Doc, i int) bool
+}
+
+// chatTyped are the chat parameters (CreateChatCompletionRequest) whose
+// JSON type is checked and nothing more, in this order: stop (a string or
+// an array of strings), seed (a number), metadata (an object),
+// store and parallel_tool_calls (booleans), service_tier,
+// reasoning_effort and verbosity (strings: the backend knows its values).
+// A value of another type is WrongType's 400 (code invalid_type) rather
+// than sent on, where a backend could read "false" as true or drop it.
+var chatTyped = [...]typedParam{
+	{"stop", "a string or an array of strings", func(d *Doc, i int) bool {
+		if d.Kind(i) == KindString {
+			return true
+		}
+		if d.Kind(i) != KindArray {
+			return false
+		}
+		for c, end := i+1, d.Next(i); c < end; c = d.Next(c) {
+			if d.Kind(c) != KindString {
+				return false
+			}
+		}
+		return true
+	}},
+	// seed: a number (whether it is an integer in int64's range is the
+	// backend's to say; the T0 engine's message names the range).
+	{"seed", "an integer", func(d *Doc, i int) bool { return d.Kind(i) == KindNumber }},
+	{"metadata", "an object", func(d *Doc, i int) bool { return d.Kind(i) == KindObject }},
+	{"store", "a boolean", isBool},
+	{"parallel_tool_calls", "a boolean", isBool},
+	{"service_tier", "a string", isString},
+	{"reasoning_effort", "a string", isString},
+	{"verbosity", "a string", isString},
+}
+
+func isBool(d *Doc, i int) bool   { return d.Kind(i) == KindTrue || d.Kind(i) == KindFalse }
+func isString(d *Doc, i int) bool { return d.Kind(i) == KindString }
+
 func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 	msgs := f.messages
 	if msgs < 0 {
-		return InvalidRequest("messages", "Missing required parameter: 'messages'.")
+		return MissingParameter("messages", "Missing required parameter: 'messages'.")
 	}
 	if d.Kind(msgs) != KindArray {
 		return wrongType("messages", "an array", d, msgs)
+	}
+	for i, t := range chatTyped {
+		if v := f.typed[i]; v >= 0 && d.Kind(v) != KindNull && !t.ok(d, v) {
+			return wrongType(t.name, t.want, d, v)
+		}
 	}
 	if v := f.logprobs; v >= 0 && d.Kind(v) != KindNull {
 		if d.Kind(v) != KindTrue && d.Kind(v) != KindFalse {
@@ -335,7 +393,7 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		for c, end := v+1, d.Next(v); c < end; c = d.Next(c) {
 			if d.Kind(c) != KindString || d.Str(c) != "text" && d.Str(c) != "audio" {
 				p := "modalities[" + strconv.Itoa(d.Index(c)) + "]"
-				return InvalidRequest(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, d.Raw(c))
+				return InvalidValue(p, "Invalid value for '%s': %s. Supported values are: 'text' and 'audio'.", p, d.Raw(c))
 			}
 			if d.Str(c) == "audio" {
 				r.AudioOut = true
@@ -382,7 +440,7 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 			}
 			if !FunctionName(d.Str(n)) {
 				p := list.path + "[" + strconv.Itoa(d.Index(c)) + "]." + name
-				return InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p)
+				return withCode(CodeInvalidValue, InvalidRequest(p, "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", p))
 			}
 			r.Tools = append(r.Tools, d.Str(n))
 		}
@@ -395,7 +453,7 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		i++
 	}
 	if i == 0 {
-		return InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+		return withCode(CodeEmptyArray, InvalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1."))
 	}
 	r.Messages = i
 	return nil
@@ -418,7 +476,7 @@ func (r *Request) toolChoice(d *Doc, tc int) *Error {
 			r.ToolChoice = m
 			return nil
 		}
-		return InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", d.Str(tc))
+		return InvalidValue("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", d.Str(tc))
 	case d.Kind(tc) != KindObject:
 		return wrongType("tool_choice", "a string or an object", d, tc)
 	}
@@ -440,7 +498,7 @@ func (r *Request) toolChoice(d *Doc, tc int) *Error {
 			return wrongType("tool_choice.allowed_tools", "an object", d, a)
 		}
 	default:
-		return InvalidRequest("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", t)
+		return InvalidValue("tool_choice.type", "Invalid value for 'tool_choice.type': '%s'. Supported values are: 'function', 'custom' and 'allowed_tools'.", t)
 	}
 	r.ToolChoice = d.Str(ty)
 	return nil
@@ -475,7 +533,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 	rs := d.Str(role)
 	if !ChatRoles[rs] {
 		p := param()
-		return InvalidRequest(p+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", p, rs)
+		return InvalidValue(p+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'system', 'developer', 'user', 'assistant', 'tool' and 'function'.", p, rs)
 	}
 	if rs == "tool" || rs == "function" {
 		r.ToolTurns = true
@@ -493,7 +551,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 	case content < 0 || d.Kind(content) == KindNull:
 		if rs != "assistant" {
 			p := param()
-			return InvalidRequest(p+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", p)
+			return InvalidValue(p+".content", "Invalid value for '%s.content': expected a string or an array of content parts, got null.", p)
 		}
 	case d.Kind(content) == KindString:
 	case d.Kind(content) == KindArray:
@@ -513,7 +571,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 			switch {
 			case !ContentPartTypes[t]:
 				pp := pparam()
-				return InvalidRequest(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pp, t)
+				return InvalidValue(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal' and 'file'.", pp, t)
 			case t == "text":
 				if txt := d.Member(part, "text"); txt < 0 || d.Kind(txt) != KindString {
 					return wrongType(pparam()+".text", "a string", d, txt)
@@ -561,7 +619,7 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 // (value v, -1 when absent): a string, an array of strings, or token ids.
 func (r *Request) prompts(d *Doc, v int, field string) *Error {
 	if v < 0 || d.Kind(v) == KindNull {
-		return InvalidRequest(field, "Missing required parameter: '%s'.", field)
+		return MissingParameter(field, "Missing required parameter: '%s'.", field)
 	}
 	r.Prompts = 1
 	switch d.Kind(v) {
@@ -584,8 +642,32 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 		if !ids && n > 0 {
 			r.Prompts = n
 		}
+		if err := embeddingInputLength(field, n); err != nil {
+			return err
+		}
 	default:
 		return wrongType(field, "a string or an array", d, v)
+	}
+	if d.Kind(v) == KindString && d.Str(v) == "" && field == "input" {
+		return InvalidValue("input", "Invalid value for 'input': an empty string cannot be embedded.")
+	}
+	return nil
+}
+
+// MaxEmbeddingInputs is the most inputs one embeddings request may carry
+// (CreateEmbeddingRequest's input arrays: minItems 1, maxItems 2048).
+const MaxEmbeddingInputs = 2048
+
+// embeddingInputLength checks the length n of the embeddings input array
+// (field "input"; the completions prompt has no such bound): 1 to
+// MaxEmbeddingInputs items.
+func embeddingInputLength(field string, n int) *Error {
+	switch {
+	case field != "input":
+	case n == 0:
+		return withCode(CodeEmptyArray, InvalidRequest("input", "Invalid 'input': empty array. Expected an array with minimum length 1, but got an empty array instead."))
+	case n > MaxEmbeddingInputs:
+		return withCode("array_above_max_length", InvalidRequest("input", "Invalid 'input': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", MaxEmbeddingInputs, n))
 	}
 	return nil
 }
@@ -598,7 +680,7 @@ func (r *Request) prompts(d *Doc, v int, field string) *Error {
 func embeddingOptions(d *Doc, f *rootMembers) *Error {
 	if v := f.encodingFormat; v >= 0 && d.Kind(v) != KindNull {
 		if d.Kind(v) != KindString || d.Str(v) != "float" && d.Str(v) != "base64" {
-			return InvalidRequest("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", d.Raw(v))
+			return InvalidValue("encoding_format", "Invalid value for 'encoding_format': %s. Supported values are: 'float' and 'base64'.", d.Raw(v))
 		}
 	}
 	_, _, err := optPositive(d, f.dimensions, "dimensions")
@@ -627,20 +709,26 @@ func inRange(p, raw string, min, max float64) *Error {
 	case err != nil && !errors.Is(err, strconv.ErrRange):
 		return InvalidRequest(p, "Invalid '%s': expected a number, but got %s.", p, raw)
 	case x > max:
-		return InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw)
+		return withCode(CodeAboveMax, InvalidRequest(p, "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %s instead.", p, max, raw))
 	case x < min:
-		return InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw)
+		return withCode(CodeBelowMin, InvalidRequest(p, "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %s instead.", p, min, raw))
 	}
 	return nil
+}
+
+// withCode sets e's code.
+func withCode(code string, e *Error) *Error {
+	e.Code = code
+	return e
 }
 
 // intRange checks the integer n of parameter p against [min, max].
 func intRange(p string, n, min, max int) *Error {
 	switch {
 	case n > max:
-		return InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n)
+		return withCode(CodeIntegerAboveMax, InvalidRequest(p, "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.", p, max, n))
 	case n < min:
-		return InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n)
+		return withCode(CodeIntegerBelowMin, InvalidRequest(p, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", p, min, n))
 	}
 	return nil
 }
@@ -690,7 +778,11 @@ func optPositive(d *Doc, v int, p string) (n int, set bool, err *Error) {
 	raw := d.Raw(v)
 	n, perr := strconv.Atoi(raw)
 	if d.Kind(v) != KindNumber || perr != nil || n < 1 {
-		return 0, false, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, raw)
+		code := CodeIntegerBelowMin
+		if d.Kind(v) != KindNumber || perr != nil {
+			code = CodeInvalidType // not an integer (a string, 1.5, one past int's range)
+		}
+		return 0, false, withCode(code, InvalidRequest(p, "Invalid '%s': expected a positive integer, but got %s.", p, raw))
 	}
 	return n, true, nil
 }
@@ -718,7 +810,9 @@ func kindOf(d *Doc, i int) string {
 
 // wrongType is WrongType for value i of d (-1: absent).
 func wrongType(param, want string, d *Doc, i int) *Error {
-	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, kindOf(d, i))
+	e := InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, kindOf(d, i))
+	e.Code = CodeInvalidType
+	return e
 }
 
 // Kind names a JSON value's type for error messages.
@@ -741,9 +835,13 @@ func Kind(v gjson.Result) string {
 	}
 }
 
-// WrongType is the 400 for param holding a value of the wrong type.
+// WrongType is the 400 for param holding a value of the wrong type: type
+// invalid_request_error, code invalid_type (CodeInvalidType), param the
+// parameter's path, as OpenAI's own validation answers.
 func WrongType(param, want string, got gjson.Result) *Error {
-	return InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, Kind(got))
+	e := InvalidRequest(param, "Invalid type for '%s': expected %s, but got %s.", param, want, Kind(got))
+	e.Code = CodeInvalidType
+	return e
 }
 
 // sizeError is the 400 of an empty body or one of 2 GiB or more, nil

@@ -141,6 +141,7 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	text := rq.captured(o)
 	var buf []byte
 	sawDone, sawFinish := false, h.ended
+	upstreamErr := "" // the message of the upstream's error event, once one came
 	// tail is what goes before [DONE]: the usage recorded, the text still
 	// held back, the chunk finishing the choices left open (for a stream
 	// cut at its cap with "length", else as relay.Stream.Close says), the
@@ -220,6 +221,15 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 					return errOutputBlocked{err}
 				}
 			}
+			if e := gjson.GetBytes(data, "error"); e.IsObject() {
+				// The upstream's error event ends the answer: it is relayed
+				// (OpenAI's error object, as OpenAI sends one inside a
+				// stream) and nothing is read or added after it.
+				upstreamErr = e.Get("message").String()
+				if upstreamErr == "" {
+					upstreamErr = "an error event"
+				}
+			}
 			buf = relay.AppendData(buf, data)
 		case len(ev.Data) > 0:
 			p.Metrics.Malformed(o.cand.Target.Name, "not_json")
@@ -236,11 +246,11 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	}
 	var err error
 	for _, ev := range h.events {
-		if err = emit(ev, true); err != nil {
+		if err = emit(ev, true); err != nil || upstreamErr != "" {
 			break
 		}
 	}
-	for err == nil && !sawDone && !h.done {
+	for err == nil && !sawDone && !h.done && upstreamErr == "" {
 		var ev relay.Event
 		ev, err = h.dec.Next()
 		if err != nil {
@@ -289,6 +299,9 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 	switch {
 	case sawDone:
 		err = nil
+	case upstreamErr != "" && err == nil:
+		// Relayed as it came: the client saw the cause.
+		err = fmt.Errorf("the upstream sent an error event: %s", upstreamErr)
 	case sawFinish || h.done:
 		// Ended after its last choice finished, without [DONE]: end it as OpenAI does.
 		buf = buf[:0]

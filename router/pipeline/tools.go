@@ -96,6 +96,27 @@ func withTools(body []byte, specs map[string]ToolSpec) ([]byte, error) {
 	return sjson.SetBytes(body, "tools", tools)
 }
 
+// withoutTools removes the tools named in specs from body's tools, and
+// tools and tool_choice themselves when none is left (OpenAI refuses a
+// tool_choice without tools).
+func withoutTools(body []byte, specs map[string]ToolSpec) ([]byte, error) {
+	var keep []json.RawMessage
+	gjson.GetBytes(body, "tools").ForEach(func(_, tl gjson.Result) bool {
+		if _, governed := specs[tl.Get("function.name").Str]; !governed {
+			keep = append(keep, json.RawMessage(tl.Raw))
+		}
+		return true
+	})
+	if len(keep) > 0 {
+		return sjson.SetBytes(body, "tools", keep)
+	}
+	body, err := sjson.DeleteBytes(body, "tools")
+	if err != nil {
+		return nil, err
+	}
+	return sjson.DeleteBytes(body, "tool_choice")
+}
+
 // toolLoop answers a chat request with the governed tools the policy lets
 // the gateway offer to each candidate's tier: each answer whose tool calls
 // all name offered tools has them run (policy first) and their results
@@ -105,13 +126,19 @@ func withTools(body []byte, specs map[string]ToolSpec) ([]byte, error) {
 // to tool results as to the client's text, and a result that raises the
 // class stops the conversation (tool_result_too_sensitive). Only the first
 // round falls back to the next candidate: once a tool has run, the
-// conversation stays with the model that asked for it.
+// conversation stays with the model that asked for it. A request bounding
+// its built-in tool calls (openai.MaxToolCalls, the Responses API's
+// max_tool_calls) has at most that many run: a call past it is answered
+// {"error": {"code": "max_tool_calls", …}} without running, and once the
+// bound is spent the next round offers no governed tool; a bound of 0
+// offers none.
 func (p *Pipeline) toolLoop(rq *request) error {
 	steps := p.Strategies.Steps()
+	limit, bounded := openai.MaxToolCalls(rq.ctx)
 	for _, c := range rq.plan.Candidates {
 		specs := p.offered(rq.ctx, rq.id, c.Target.Tier)
-		if !c.Target.Supports(route.CapTools) {
-			specs = nil // a target without tools is not offered any
+		if !c.Target.Supports(route.CapTools) || bounded && limit == 0 {
+			specs = nil // a target without tools (or a request allowing no calls) is not offered any
 		}
 		if len(specs) == 0 { // nothing may be offered to this tier (or target): a plain attempt
 			o := p.send(rq, c, 0)
@@ -129,6 +156,7 @@ func (p *Pipeline) toolLoop(rq *request) error {
 			return fmt.Errorf("offering tools: %w", err)
 		}
 		var rounds spentWorst // the worst case of the rounds sent on c
+		ran := 0              // governed calls run on c, for max_tool_calls
 		for round := 0; ; round++ {
 			a, d, err := p.derive(rq.ctx, rq, "tool_round", body)
 			if err != nil {
@@ -184,10 +212,24 @@ func (p *Pipeline) toolLoop(rq *request) error {
 				return fmt.Errorf("appending the tool calls: %w", err)
 			}
 			for _, call := range calls {
-				result := p.runTool(rq, c, specs[call.Get("function.name").Str], call, a.Classifier())
+				var result []byte
+				if bounded && ran >= limit {
+					// Past max_tool_calls: the call is ignored, and the model told so.
+					result, _ = json.Marshal(map[string]any{"error": &ToolError{Code: "max_tool_calls",
+						Message: fmt.Sprintf("not run: this response's max_tool_calls (%d) is spent", limit)}})
+				} else {
+					result = p.runTool(rq, c, specs[call.Get("function.name").Str], call, a.Classifier())
+					ran++
+				}
 				tm := map[string]any{"role": "tool", "tool_call_id": call.Get("id").Str, "content": string(result)}
 				if body, err = sjson.SetBytes(body, "messages.-1", tm); err != nil {
 					return fmt.Errorf("appending a tool result: %w", err)
+				}
+			}
+			if bounded && ran >= limit {
+				// Spent: the next round offers the model no governed tool, so it answers.
+				if body, err = withoutTools(body, specs); err != nil {
+					return fmt.Errorf("withdrawing the tools: %w", err)
 				}
 			}
 		}

@@ -2,6 +2,8 @@ package translate
 
 import (
 	"encoding/json"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -30,6 +32,10 @@ import (
 //     (egress removes it for other targets, whose own reasoning defaults
 //     apply: chat completions has no budget, and reasoning_effort is
 //     refused by models without reasoning);
+//   - output_config.effort (low, medium, high, xhigh, max: the same words
+//     as OpenAI's ReasoningEffort) becomes reasoning_effort, which every
+//     target is sent (the T0 engine's reasoning budget per effort, a
+//     remote's own reasoning effort); another value is a 400 naming it;
 //   - tools (name, description, input_schema) become function tools;
 //     tool_choice auto, any, tool and none become auto, required, the named
 //     function and none (sent only with tools, as OpenAI requires),
@@ -60,7 +66,7 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	if k := root.Get("top_k"); k.Type == gjson.Number && k.Int() < 0 {
 		return nil, nil, openai.InvalidRequest("top_k", "top_k: Input should be greater than or equal to 0, got %s.", k.Raw)
 	}
-	t := &Translation{API: APIMessages, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root}
+	t := &Translation{API: APIMessages, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root, MaxToolCalls: -1}
 	switch th := root.Get("thinking"); {
 	case !th.Exists() || th.Type == gjson.Null:
 	case !th.IsObject() || th.Get("type").Type != gjson.String:
@@ -154,12 +160,26 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	if aerr := outputFormat(root, chat); aerr != nil {
 		return nil, nil, aerr
 	}
+	switch e := root.Get("output_config.effort"); {
+	case !e.Exists() || e.Type == gjson.Null:
+	case e.Type != gjson.String:
+		return nil, nil, openai.WrongType("output_config.effort", "a string", e)
+	case !slices.Contains(efforts, e.Str):
+		return nil, nil, openai.InvalidValue("output_config.effort", "output_config.effort: Input should be '%s'.", strings.Join(efforts, "', '"))
+	default:
+		// Anthropic's effort words are OpenAI's ReasoningEffort's.
+		chat["reasoning_effort"] = e.Str
+	}
 	if t.Stream {
 		chat["stream"] = true
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
 	return marshal(chat), t, nil
 }
+
+// efforts are the values of Anthropic's output_config.effort, each one of
+// OpenAI's ReasoningEffort values too.
+var efforts = []string{"low", "medium", "high", "xhigh", "max"}
 
 // outputFormat translates Anthropic's structured output request —
 // output_config.format, or output_format as the structured outputs beta
@@ -215,6 +235,10 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 		j++
 		switch typ := b.Get("type").Str; typ {
 		case "text":
+			if t := b.Get("text"); t.Type != gjson.String {
+				bad = openai.WrongType(bp+".text", "a string", t)
+				return false
+			}
 			if role == "assistant" {
 				text.WriteString(b.Get("text").Str)
 			} else {
@@ -252,6 +276,10 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 					k++
 					switch rb.Get("type").Str {
 					case "text":
+						if t := rb.Get("text"); t.Type != gjson.String {
+							bad = openai.WrongType(rp+".text", "a string", t)
+							return false
+						}
 						texts = append(texts, rb.Get("text").Str)
 					case "image":
 						part, err := imagePart(rp, rb)
@@ -515,7 +543,7 @@ var messagesParams = []struct{ chat, messages string }{
 	{"max_completion_tokens", "max_tokens"},
 	{"max_reasoning_tokens", "thinking.budget_tokens"},
 	{"min_reasoning_tokens", "thinking"},
-	{"reasoning_effort", "thinking"},
+	{"reasoning_effort", "output_config.effort"},
 	{"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"},
 	{"user", "metadata.user_id"},
 	{"response_format.json_schema.schema", "output_config.format.schema"},
@@ -525,12 +553,32 @@ var messagesParams = []struct{ chat, messages string }{
 // messagesParam is the Messages request's name for the chat request's
 // parameter param, with its sub-path; ok is false where the two are one.
 func messagesParam(param string) (name string, ok bool) {
+	for _, m := range messagesToolPaths {
+		if m.chat.MatchString(param) {
+			return m.chat.ReplaceAllString(param, m.to), true
+		}
+	}
 	for _, m := range messagesParams {
 		if rest, cut := strings.CutPrefix(param, m.chat); cut && (rest == "" || rest[0] == '.' || rest[0] == '[') {
 			return m.messages + rest, true
 		}
 	}
 	return param, false
+}
+
+// messagesToolPaths map a chat tool's path to the Messages tool's
+// (tools[0].function.name is tools.0.name, its parameters input_schema);
+// chat's messages are not the client's (system is one of them), so a
+// message's path is messages alone.
+var messagesToolPaths = []struct {
+	chat *regexp.Regexp
+	to   string
+}{
+	{regexp.MustCompile(`^tools\[(\d+)\]\.function\.name`), "tools.$1.name"},
+	{regexp.MustCompile(`^tools\[(\d+)\]\.function\.parameters`), "tools.$1.input_schema"},
+	{regexp.MustCompile(`^tools\[(\d+)\](\.function)?`), "tools.$1"},
+	{regexp.MustCompile(`^tool_choice\.function\.name`), "tool_choice.name"},
+	{regexp.MustCompile(`^messages\[\d+\].*`), "messages"},
 }
 
 // IsMessagesPath reports a path of Anthropic's Messages API,
@@ -556,7 +604,14 @@ func MessagesError(e *openai.Error) (status int, body []byte) {
 // (error.param; messagesParams) says, as Anthropic's messages do, which
 // parameter of the client's request it is about: "stop_sequences: ..."
 // for chat's stop. A non-empty requestID is the body's request_id, as
-// Anthropic's error bodies carry the request's id beside the error.
+// Anthropic's error bodies carry the request's id beside the error. A
+// wrong-type error (code invalid_type, openai.WrongType) is worded as
+// Anthropic's validation words it: "top_k: Input should be an integer,
+// got a string.".
+// wrongTypeMessage matches openai.WrongType's message: the parameter, the
+// kind it wants, the kind it got.
+var wrongTypeMessage = regexp.MustCompile(`^Invalid type for '([^']*)': expected (.*), but got (.*)\.$`)
+
 func messageError(status int, body []byte, chat bool, requestID string) []byte {
 	msg := gjson.GetBytes(body, "error.message").Str
 	if msg == "" {
@@ -565,8 +620,19 @@ func messageError(status int, body []byte, chat bool, requestID string) []byte {
 	if msg == "" {
 		msg = "HTTP " + strconv.Itoa(status)
 	}
+	if m := wrongTypeMessage.FindStringSubmatch(msg); m != nil && gjson.GetBytes(body, "error.code").Str == openai.CodeInvalidType {
+		// openai.WrongType's sentence, in Anthropic's words ("top_k: Input
+		// should be a valid integer"): the parameter first, as its
+		// validation errors name it.
+		name := m[1]
+		if n, ok := messagesParam(name); chat && ok {
+			name = n
+		}
+		msg = name + ": Input should be " + m[2] + ", got " + m[3] + "."
+	}
 	if p := gjson.GetBytes(body, "error.param"); chat && p.Type == gjson.String {
 		if name, ok := messagesParam(p.Str); ok && !strings.HasPrefix(msg, name+":") {
+			msg = strings.ReplaceAll(msg, "'"+p.Str+"'", "'"+name+"'") // the message quotes the client's name too
 			msg = name + ": " + msg
 		}
 	}

@@ -26,7 +26,8 @@ import (
 //     function_call_output items; reasoning items are skipped) follows as
 //     chat messages, consecutive function calls in one assistant message;
 //   - function tools and tool_choice (an allowed_tools one of function
-//     tools too), parallel_tool_calls,
+//     tools too), parallel_tool_calls (these two sent only with tools, as
+//     OpenAI's chat completions requires),
 //     max_output_tokens (as max_completion_tokens), temperature, top_p,
 //     top_logprobs, user, service_tier, safety_identifier,
 //     prompt_cache_key, text.format (as response_format), text.verbosity
@@ -57,25 +58,33 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 		[2]string{"service_tier", "a string"}, [2]string{"safety_identifier", "a string"}, [2]string{"prompt_cache_key", "a string"}); aerr != nil {
 		return nil, nil, aerr
 	}
+	if v := root.Get("max_tool_calls"); v.Type == gjson.Number && v.Int() < 0 {
+		e := openai.InvalidRequest("max_tool_calls", "Invalid 'max_tool_calls': integer below minimum value. Expected a value >= 0, but got %s instead.", v.Raw)
+		e.Code = openai.CodeIntegerBelowMin
+		return nil, nil, e
+	}
 	if v := root.Get("truncation"); v.Type == gjson.String && v.Str != "auto" && v.Str != "disabled" {
-		return nil, nil, openai.InvalidRequest("truncation", "Invalid value for 'truncation': '%s'. Supported values are: 'auto' and 'disabled'.", v.Str)
+		return nil, nil, openai.InvalidValue("truncation", "Invalid value for 'truncation': '%s'. Supported values are: 'auto' and 'disabled'.", v.Str)
 	}
 	for i, v := range root.Get("include").Array() {
 		if v.Type != gjson.String || !slices.Contains(includables, v.Str) {
-			return nil, nil, openai.InvalidRequest("include["+strconv.Itoa(i)+"]", "Invalid value for 'include[%d]': %s. Supported values are: '%s'.", i, v.Raw, strings.Join(includables, "', '"))
+			return nil, nil, openai.InvalidValue("include["+strconv.Itoa(i)+"]", "Invalid value for 'include[%d]': %s. Supported values are: '%s'.", i, v.Raw, strings.Join(includables, "', '"))
 		}
 	}
 	if v := root.Get("text.format"); v.IsObject() && v.Get("type").Type != gjson.String {
 		return nil, nil, openai.WrongType("text.format.type", "a string", v.Get("type"))
 	}
 	t := &Translation{API: APIResponses, Model: root.Get("model").Str, Stream: root.Get("stream").Bool(), req: root,
-		id: relay.NewID("resp_"), member: member}
+		id: relay.NewID("resp_"), member: member, MaxToolCalls: -1}
+	if v := root.Get("max_tool_calls"); v.Type == gjson.Number {
+		t.MaxToolCalls = int(v.Int())
+	}
 	if root.Get("store").Type != gjson.False {
 		t.store = store
 	}
 	for _, p := range []string{"background", "prompt", "conversation"} {
 		if v := root.Get(p); v.Exists() && v.Type != gjson.Null && v.Type != gjson.False {
-			return nil, nil, openai.InvalidRequest(p, "'%s' is not supported by this gateway.", p)
+			return nil, nil, openai.Unsupported(p, "'%s' is not supported by this gateway.", p)
 		}
 	}
 	chat := map[string]any{"model": t.Model}
@@ -94,7 +103,7 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 			return nil, nil, openai.WrongType("previous_response_id", "a response id", prev)
 		}
 		if store == nil {
-			return nil, nil, openai.InvalidRequest("previous_response_id", "This gateway stores no responses, so previous_response_id cannot be used.")
+			return nil, nil, openai.Unsupported("previous_response_id", "This gateway stores no responses, so previous_response_id cannot be used.")
 		}
 		s, err := store.Response(ctx, prev.Str, member)
 		if errors.Is(err, ErrNotFound) {
@@ -117,18 +126,24 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	t.history = append(t.history, in...)
 	msgs = append(msgs, t.history...)
 	if len(msgs) == 0 {
-		return nil, nil, openai.InvalidRequest("input", "Missing required parameter: 'input'.")
+		return nil, nil, openai.MissingParameter("input", "Missing required parameter: 'input'.")
 	}
 	chat["messages"] = msgs
 	if aerr := responsesTools(root, chat); aerr != nil {
 		return nil, nil, aerr
 	}
-	if v := root.Get("parallel_tool_calls"); v.Type == gjson.True || v.Type == gjson.False {
+	if v := root.Get("parallel_tool_calls"); (v.Type == gjson.True || v.Type == gjson.False) && chat["tools"] != nil {
+		// Only with tools: OpenAI refuses parallel_tool_calls without them.
 		chat["parallel_tool_calls"] = v.Bool()
 	}
 	if v := root.Get("max_output_tokens"); v.Exists() && v.Type != gjson.Null {
-		if n, err := strconv.Atoi(v.Raw); err != nil || n < 1 {
-			return nil, nil, openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': expected a positive integer, but got %s.", v.Raw)
+		if n, err := strconv.Atoi(v.Raw); v.Type != gjson.Number || err != nil || n < 1 {
+			e := openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': expected a positive integer, but got %s.", v.Raw)
+			e.Code = openai.CodeIntegerBelowMin
+			if v.Type != gjson.Number || err != nil {
+				e.Code = openai.CodeInvalidType
+			}
+			return nil, nil, e
 		}
 		chat["max_completion_tokens"] = json.RawMessage(v.Raw)
 	}
@@ -156,7 +171,7 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 	case v.Type == gjson.String && slices.Contains(verbosities, v.Str):
 		chat["verbosity"] = v.Str
 	default:
-		return nil, nil, openai.InvalidRequest("text.verbosity", "Invalid value for 'text.verbosity': %s. Supported values are: '%s'.", v.Raw, strings.Join(verbosities, "', '"))
+		return nil, nil, openai.InvalidValue("text.verbosity", "Invalid value for 'text.verbosity': %s. Supported values are: '%s'.", v.Raw, strings.Join(verbosities, "', '"))
 	}
 	switch f := root.Get("text.format"); f.Get("type").Str {
 	case "", "text":
@@ -171,7 +186,7 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 		}
 		chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
 	default:
-		return nil, nil, openai.InvalidRequest("text.format.type", "Invalid value for 'text.format.type': '%s'. Supported values are: 'text', 'json_object' and 'json_schema'.", f.Get("type").Str)
+		return nil, nil, openai.InvalidValue("text.format.type", "Invalid value for 'text.format.type': '%s'. Supported values are: 'text', 'json_object' and 'json_schema'.", f.Get("type").Str)
 	}
 	if aerr := reasoningParams(root.Get("reasoning"), chat); aerr != nil {
 		return nil, nil, aerr
@@ -221,7 +236,7 @@ func reasoningParams(r gjson.Result, chat map[string]any) *openai.Error {
 			continue
 		}
 		if v.Type != gjson.String || !slices.Contains(f.values, v.Str) {
-			return openai.InvalidRequest("reasoning."+f.name, "Invalid value for 'reasoning.%s': %s. Supported values are: '%s'.",
+			return openai.InvalidValue("reasoning."+f.name, "Invalid value for 'reasoning.%s': %s. Supported values are: '%s'.",
 				f.name, v.Raw, strings.Join(f.values, "', '"))
 		}
 		if f.name == "effort" {
@@ -296,7 +311,7 @@ func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
 		case "reasoning":
 			// Reasoning items of earlier turns: chat completions has no place for them.
 		default:
-			bad = openai.InvalidRequest(param+".type", "Invalid value for '%s.type': '%s'. This gateway supports message, function_call, function_call_output and reasoning items.", param, typ)
+			bad = openai.InvalidValue(param+".type", "Invalid value for '%s.type': '%s'. This gateway supports message, function_call, function_call_output and reasoning items.", param, typ)
 			return false
 		}
 		return true
@@ -317,7 +332,7 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 	switch role {
 	case "user", "assistant", "system", "developer":
 	default:
-		return nil, openai.InvalidRequest(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'user', 'assistant', 'system' and 'developer'.", param, role)
+		return nil, openai.InvalidValue(param+".role", "Invalid value for '%s.role': '%s'. Supported values are: 'user', 'assistant', 'system' and 'developer'.", param, role)
 	}
 	c := item.Get("content")
 	if c.Type == gjson.String {
@@ -349,7 +364,7 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 		case "input_image":
 			url := p.Get("image_url").Str
 			if url == "" {
-				bad = openai.InvalidRequest(pp+".image_url", "'%s.image_url' is required: this gateway has no file store for file_id.", pp)
+				bad = openai.Unsupported(pp+".image_url", "'%s.image_url' is required: this gateway has no file store for file_id.", pp)
 				return false
 			}
 			img := map[string]any{"url": url}
@@ -359,7 +374,7 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 			parts = append(parts, map[string]any{"type": "image_url", "image_url": img})
 		case "input_file":
 			if p.Get("file_data").Type != gjson.String {
-				bad = openai.InvalidRequest(pp+".file_data", "'%s.file_data' is required: this gateway has no file store for file_id or file_url.", pp)
+				bad = openai.Unsupported(pp+".file_data", "'%s.file_data' is required: this gateway has no file store for file_id or file_url.", pp)
 				return false
 			}
 			parts = append(parts, map[string]any{"type": "file", "file": map[string]any{"file_data": p.Get("file_data").Str, "filename": p.Get("filename").Str}})
@@ -367,7 +382,7 @@ func inputMessage(param string, item gjson.Result) (map[string]any, *openai.Erro
 			parts = append(parts, map[string]any{"type": "input_audio", "input_audio": map[string]any{
 				"data": p.Get("input_audio.data").Str, "format": p.Get("input_audio.format").Str}})
 		default:
-			bad = openai.InvalidRequest(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'input_text', 'input_image', 'input_file' and 'input_audio'.", pp, p.Get("type").Str)
+			bad = openai.InvalidValue(pp+".type", "Invalid value for '%s.type': '%s'. Supported values are: 'input_text', 'input_image', 'input_file' and 'input_audio'.", pp, p.Get("type").Str)
 			return false
 		}
 		return true
@@ -398,7 +413,7 @@ func joinText(a gjson.Result, field string) string {
 func allowedTools(tc gjson.Result, chat map[string]any) *openai.Error {
 	mode := tc.Get("mode")
 	if mode.Str != "auto" && mode.Str != "required" || mode.Type != gjson.String {
-		return openai.InvalidRequest("tool_choice.mode", "Invalid value for 'tool_choice.mode': %s. Supported values are: 'auto' and 'required'.", mode.Raw)
+		return openai.InvalidValue("tool_choice.mode", "Invalid value for 'tool_choice.mode': %s. Supported values are: 'auto' and 'required'.", mode.Raw)
 	}
 	list := tc.Get("tools")
 	if !list.IsArray() {
@@ -408,7 +423,7 @@ func allowedTools(tc gjson.Result, chat map[string]any) *openai.Error {
 	for i, tl := range list.Array() {
 		param := "tool_choice.tools[" + strconv.Itoa(i) + "]"
 		if tl.Get("type").Str != "function" {
-			return openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+			return openai.Unsupported(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
 		}
 		if n := tl.Get("name"); n.Type != gjson.String {
 			return openai.WrongType(param+".name", "a string", n)
@@ -428,7 +443,7 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 		param := "tools[" + strconv.Itoa(i) + "]"
 		i++
 		if tl.Get("type").Str != "function" {
-			bad = openai.InvalidRequest(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
+			bad = openai.Unsupported(param+".type", "Tools of type '%s' are not supported by this gateway; only function tools are.", tl.Get("type").Str)
 			return false
 		}
 		fn := map[string]any{"name": tl.Get("name").Str}
@@ -450,7 +465,7 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 	case !tc.Exists() || tc.Type == gjson.Null:
 	case tc.Type == gjson.String:
 		if tc.Str != "none" && tc.Str != "auto" && tc.Str != "required" {
-			return openai.InvalidRequest("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
+			return openai.InvalidValue("tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', 'auto' and 'required'.", tc.Str)
 		}
 		chat["tool_choice"] = tc.Str
 	case tc.Get("type").Str == "function":
@@ -459,15 +474,26 @@ func responsesTools(root gjson.Result, chat map[string]any) *openai.Error {
 		}
 		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": tc.Get("name").Str}}
 	case tc.Get("type").Str == "allowed_tools":
-		return allowedTools(tc, chat)
+		if err := allowedTools(tc, chat); err != nil {
+			return err
+		}
 	default:
-		return openai.InvalidRequest("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
+		return openai.Unsupported("tool_choice", "tool_choice of type '%s' is not supported by this gateway.", tc.Get("type").Str)
+	}
+	if len(tools) == 0 {
+		// OpenAI refuses a chat tool_choice without tools ("'tool_choice' is
+		// only allowed when 'tools' are specified"), which the Responses
+		// API takes (its default is auto with no tools): with none, there
+		// is nothing to choose.
+		delete(chat, "tool_choice")
 	}
 	return nil
 }
 
 // baseResponse is the Response object without output and usage: the
 // request's parameters echoed, with OpenAI's defaults where it set none.
+// service_tier is the request's (auto when it set none); the finished
+// Response carries the tier used instead (usedTier).
 func (t *Translation) baseResponse(created int64, status string) map[string]any {
 	r := t.req
 	or := func(path string, def any) any {
@@ -505,6 +531,8 @@ func (t *Translation) baseResponse(created int64, status string) map[string]any 
 		"top_p":                or("top_p", 1),
 		"truncation":           "disabled",
 		"metadata":             or("metadata", map[string]any{}),
+		"max_tool_calls":       or("max_tool_calls", nil),
+		"service_tier":         or("service_tier", "auto"),
 	}
 	for _, p := range []string{"user", "safety_identifier", "prompt_cache_key"} {
 		if v := r.Get(p); v.Type == gjson.String {
@@ -512,6 +540,19 @@ func (t *Translation) baseResponse(created int64, status string) map[string]any 
 		}
 	}
 	return resp
+}
+
+// usedTier is the service tier a finished Response reports: the one the
+// upstream's chat answer names (OpenAI's ServiceTier: "the response body
+// will include the service_tier value based on the processing mode
+// actually used to serve the request"), else "default" — an upstream that
+// names none (a self-hosted server, the T0 engine) served it the one way
+// it has.
+func usedTier(reported gjson.Result) string {
+	if reported.Type == gjson.String && reported.Str != "" {
+		return reported.Str
+	}
+	return "default"
 }
 
 // or0 is v's raw JSON, or null.
@@ -600,6 +641,7 @@ func (t *Translation) responseFromChat(chat []byte) (resp []byte, assistant map[
 	status, incomplete := statusOf(ch.Get("finish_reason").Str)
 	r := t.baseResponse(root.Get("created").Int(), status)
 	r["incomplete_details"] = incomplete
+	r["service_tier"] = usedTier(root.Get("service_tier"))
 	var output []any
 	assistant = map[string]any{"role": "assistant", "content": nil}
 	if rc := reasoningOf(msg); rc != "" {

@@ -27,7 +27,9 @@ import (
 // — an OpenAI-style upstream's parallel calls may interleave their
 // fragments (index 0, 1, 0, 1), and an item once done cannot grow;
 // last response.completed (or response.incomplete) with the whole
-// Response, usage included. Every event has the next sequence_number.
+// Response, usage included; a chat stream that ends in an error event
+// ends in an error event and response.failed (fail). Every event has the
+// next sequence_number.
 type responsesStream struct {
 	t       *Translation
 	ctx     context.Context
@@ -52,7 +54,8 @@ type responsesStream struct {
 	held    []*outItem         // calls named while live was open, held whole
 	finish  string
 	usage   gjson.Result
-	saveErr error // storing the response failed (the answer is still sent)
+	tier    gjson.Result // the service_tier the chunks name
+	saveErr error        // storing the response failed (the answer is still sent)
 }
 
 type outItem struct {
@@ -96,8 +99,7 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 	}
 	root := gjson.ParseBytes(ev.Data)
 	if e := root.Get("error"); e.Exists() {
-		s.ended = true
-		return s.emit(out, "error", map[string]any{"code": or0(e.Get("code")), "message": e.Get("message").Str, "param": or0(e.Get("param"))})
+		return s.fail(out, e)
 	}
 	if !s.started {
 		created := root.Get("created").Int()
@@ -108,6 +110,9 @@ func (s *responsesStream) event(out []byte, ev relay.Event) []byte {
 	}
 	if u := root.Get("usage"); u.IsObject() {
 		s.usage = u
+	}
+	if st := root.Get("service_tier"); st.Type == gjson.String {
+		s.tier = st
 	}
 	ch := root.Get("choices.0")
 	if !ch.Exists() {
@@ -299,6 +304,60 @@ func (s *responsesStream) closeMessage(out []byte, status string) []byte {
 	return s.emit(out, "response.output_item.done", map[string]any{"output_index": s.msg.index, "item": s.msg.item})
 }
 
+// fail ends a stream the chat stream's error event e (OpenAI's error
+// object: Molly's stream_truncated when the upstream broke off, or the
+// upstream's own) cut short: an error event (ResponseErrorEvent: code,
+// message, param), then the terminal response.failed, whose Response has
+// status failed, the error as a ResponseError (code rate_limit_exceeded
+// for a rate limit, else server_error: ResponseErrorCode's values) and
+// the items so far, the open ones incomplete. A failed response is not
+// stored (previous_response_id cannot continue it).
+func (s *responsesStream) fail(out []byte, e gjson.Result) []byte {
+	s.ended = true
+	if !s.started {
+		out = s.start(out, time.Now().Unix())
+	}
+	code := any(nil)
+	if c := e.Get("code"); c.Exists() && c.Type != gjson.Null {
+		code = c.String() // a string, as the event's code is (vLLM sends the status as a number)
+	}
+	param := any(nil)
+	if p := e.Get("param"); p.Type == gjson.String {
+		param = p.Str
+	}
+	msg := e.Get("message").String()
+	if msg == "" {
+		msg = "The answer failed."
+	}
+	out = s.emit(out, "error", map[string]any{"code": code, "message": msg, "param": param})
+	output := []any{}
+	for _, it := range s.order {
+		switch {
+		case it.done:
+			output = append(output, it.item)
+		case it == s.reason:
+			output = append(output, reasoningItem(it.id, it.args.String(), "incomplete"))
+		case it == s.msg:
+			output = append(output, map[string]any{"type": "message", "id": it.id, "status": "incomplete", "role": "assistant", "content": s.parts()})
+		default:
+			output = append(output, map[string]any{"type": "function_call", "id": it.id, "call_id": it.callID, "name": it.name,
+				"arguments": it.args.String(), "status": "incomplete"})
+		}
+	}
+	rcode := "server_error"
+	if eventType(e) == "rate_limit_error" {
+		rcode = "rate_limit_exceeded"
+	}
+	r := s.t.baseResponse(s.created, "failed")
+	r["error"] = map[string]any{"code": rcode, "message": msg}
+	r["output"] = output
+	r["service_tier"] = usedTier(s.tier)
+	if s.usage.IsObject() {
+		r["usage"] = responseUsage(s.usage)
+	}
+	return s.emit(out, "response.failed", map[string]any{"response": r})
+}
+
 // end closes every item, stores the response and sends its last event.
 func (s *responsesStream) end(out []byte) []byte {
 	if s.ended {
@@ -359,6 +418,7 @@ func (s *responsesStream) end(out []byte) []byte {
 	}
 	r := s.t.baseResponse(s.created, status)
 	r["incomplete_details"] = incomplete
+	r["service_tier"] = usedTier(s.tier)
 	output := []any{}
 	for _, it := range s.order {
 		output = append(output, it.item)

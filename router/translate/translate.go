@@ -78,6 +78,10 @@ type Translation struct {
 	// it when the upstream's first chunk carries no usage; message_delta
 	// reports the upstream's count.
 	PromptEstimate int
+	// MaxToolCalls is the Responses request's max_tool_calls: how many
+	// calls of the gateway's own (built-in, governed) tools the response
+	// may process; -1 when it set none (and for Messages).
+	MaxToolCalls int
 
 	req gjson.Result // the client's request, for the fields answers echo
 

@@ -403,13 +403,18 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 			t.Fatalf("logprobs without include: %s", got)
 		}
 	})
-	t.Run("a stream cut short ends with an error event", func(t *testing.T) {
+	t.Run("a stream cut short ends with an error event and response.failed", func(t *testing.T) {
 		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"x"}`), nil, "ana")
 		rec := serve(t, APIResponses, tr, writeSSE(chatStream[0], `{"error":{"message":"cut","type":"upstream_error","param":null,"code":"stream_truncated"}}`))
 		evs := events(t, rec.Body.Bytes())
-		last := evs[len(evs)-1]
+		errEv, last := evs[len(evs)-2], evs[len(evs)-1]
+		spec.Validate(t, "ResponseStreamEvent", errEv.Data)
 		spec.Validate(t, "ResponseStreamEvent", last.Data)
-		if last.Type != "error" || gjson.GetBytes(last.Data, "code").Str != "stream_truncated" {
+		if errEv.Type != "error" || gjson.GetBytes(errEv.Data, "code").Str != "stream_truncated" {
+			t.Fatalf("error event %s %s", errEv.Type, errEv.Data)
+		}
+		if last.Type != "response.failed" || gjson.GetBytes(last.Data, "response.status").Str != "failed" ||
+			gjson.GetBytes(last.Data, "response.error.code").Str != "server_error" {
 			t.Fatalf("last event %s %s", last.Type, last.Data)
 		}
 	})
@@ -671,6 +676,9 @@ func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
 		{"a tool_choice without a type", `{"model":"m","max_tokens":5,"tool_choice":{},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
 		{"a tool_choice with an empty type", `{"model":"m","max_tokens":5,"tool_choice":{"type":""},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
 		{"a tool tool_choice without a name", `{"model":"m","max_tokens":5,"tool_choice":{"type":"tool"},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.name"},
+		// A text block's text is a string (not read as "").
+		{"a numeric text block", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "messages.0.content.0.text"},
+		{"a tool_result text block without text", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text"}]}]}]}`, "messages.0.content.0.content.0.text"},
 	} {
 		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
 			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
@@ -917,15 +925,43 @@ func TestResponsesErrorsNameTheResponsesParameter(t *testing.T) {
 		{"messages[2].content", "input"},
 		{"temperature", "temperature"},
 		{"response_formatting", "response_formatting"},
+		{"tools[3].function.name", "tools[3].name"},
+		{"tools[0].function", "tools[0]"},
+		{"tools[0].type", "tools[0].type"},
+		{"tool_choice.function.name", "tool_choice.name"},
+		{"tool_choice.allowed_tools.tools[1].function.name", "tool_choice.tools[1].name"},
+		{"tool_choice.allowed_tools.mode", "tool_choice.mode"},
+		{"verbosity", "text.verbosity"},
 	} {
 		body := []byte(`{"error":{"message":"m","type":"invalid_request_error","param":"` + c.chat + `","code":null}}`)
 		if got := gjson.GetBytes(responsesParam(body), "error.param").Str; got != c.want {
 			t.Errorf("param %q became %q, want %q", c.chat, got, c.want)
 		}
 	}
+	// The message quotes the Responses name too.
+	body := []byte(`{"error":{"message":"Invalid 'tools[0].function.name': string does not match pattern.","type":"invalid_request_error","param":"tools[0].function.name","code":"invalid_value"}}`)
+	if got := gjson.GetBytes(responsesParam(body), "error.message").Str; got != "Invalid 'tools[0].name': string does not match pattern." {
+		t.Errorf("message %q", got)
+	}
 	for _, body := range []string{`not json`, `{"error":{"param":null}}`} {
 		if got := string(responsesParam([]byte(body))); got != body {
 			t.Errorf("%s became %s", body, got)
+		}
+	}
+}
+
+// An error about a chat tool on /v1/messages names the client's path
+// (tools.0.name for chat's tools[0].function.name), in the message too.
+func TestMessagesErrorsNameTheMessagesToolPath(t *testing.T) {
+	for _, c := range []struct{ chat, want string }{
+		{"tools[0].function.name", "tools.0.name: Invalid 'tools.0.name': bad."},
+		{"tools[2].function.parameters", "tools.2.input_schema: Invalid 'tools.2.input_schema': bad."},
+		{"tool_choice.function.name", "tool_choice.name: Invalid 'tool_choice.name': bad."},
+		{"messages[3].content", "messages: Invalid 'messages': bad."},
+	} {
+		body := []byte(`{"error":{"message":"Invalid '` + c.chat + `': bad.","type":"invalid_request_error","param":"` + c.chat + `","code":"invalid_value"}}`)
+		if got := gjson.GetBytes(messageError(400, body, true, ""), "error.message").Str; got != c.want {
+			t.Errorf("%s: %q, want %q", c.chat, got, c.want)
 		}
 	}
 }

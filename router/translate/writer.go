@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -202,27 +203,62 @@ var responsesParams = []struct{ chat, responses string }{
 	{"messages", "input"}, // indices differ (instructions are a message): input alone
 }
 
+// responsesToolPaths map a chat tool's path to the Responses tool's, whose
+// members are not under "function": tools[0].function.name is tools[0].name.
+var responsesToolPaths = []struct {
+	chat *regexp.Regexp
+	to   string
+}{
+	{regexp.MustCompile(`^tools\[(\d+)\]\.function(\.|$)`), "tools[$1]$2"},
+	{regexp.MustCompile(`^tool_choice\.function(\.|$)`), "tool_choice$1"},
+	{regexp.MustCompile(`^tool_choice\.allowed_tools\.tools\[(\d+)\]\.function(\.|$)`), "tool_choice.tools[$1]$2"},
+	{regexp.MustCompile(`^tool_choice\.allowed_tools(\.|$)`), "tool_choice$1"},
+	{regexp.MustCompile(`^verbosity$`), "text.verbosity"},
+}
+
 // responsesParam rewrites an OpenAI error body's error.param from the chat
 // request's names to the Responses request's (text.format for
-// response_format, input for messages, ...), so the client is told about
-// the parameter it sent. Other bodies are returned as they are.
+// response_format, input for messages, tools[0].name for
+// tools[0].function.name, ...), so the client is told about the
+// parameter it sent; the message, where it quotes the chat name
+// ('tools[0].function.name'), quotes the Responses one. Other bodies are
+// returned as they are.
 func responsesParam(body []byte) []byte {
 	p := gjson.GetBytes(body, "error.param")
 	if p.Type != gjson.String {
 		return body
 	}
+	to := ""
+	for _, m := range responsesToolPaths {
+		if m.chat.MatchString(p.Str) {
+			to = m.chat.ReplaceAllString(p.Str, m.to)
+			break
+		}
+	}
 	for _, m := range responsesParams {
+		if to != "" {
+			break
+		}
 		if rest, ok := strings.CutPrefix(p.Str, m.chat); ok && (rest == "" || rest[0] == '.' || rest[0] == '[') {
 			if m.chat == "messages" {
 				rest = ""
 			}
-			if out, err := sjson.SetBytes(body, "error.param", m.responses+rest); err == nil {
-				return out
-			}
-			return body
+			to = m.responses + rest
 		}
 	}
-	return body
+	if to == "" || to == p.Str {
+		return body
+	}
+	out, err := sjson.SetBytes(body, "error.param", to)
+	if err != nil {
+		return body
+	}
+	if msg := gjson.GetBytes(out, "error.message"); strings.Contains(msg.Str, "'"+p.Str+"'") {
+		if o, err := sjson.SetBytes(out, "error.message", strings.ReplaceAll(msg.Str, "'"+p.Str+"'", "'"+to+"'")); err == nil {
+			out = o
+		}
+	}
+	return out
 }
 
 var (
