@@ -80,10 +80,6 @@ type Meter struct {
 	recorded bool
 
 	final *Usage
-	// beside: record hands the ledger's append to another goroutine
-	// (BodyBeside); pending is its end, read by Settle.
-	beside  bool
-	pending chan any
 }
 
 // Options are what a Meter needs besides the answer.
@@ -225,35 +221,6 @@ func (m *Meter) Body(body []byte) {
 		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, capability.EstimateTokens(b.String()), true
 	}
 	m.record(u, reported)
-}
-
-// BodyBeside is Body with the ledger's append (a journal write, a few
-// microseconds) made on another goroutine while the caller readies the
-// answer; Final is set at once. The caller must call Settle before the
-// answer, or anything else, reaches the client and before the
-// reservation the record settles is released: then the record is in the
-// ledger before the request is acknowledged, as with Body.
-func (m *Meter) BodyBeside(body []byte) {
-	if m == nil {
-		return
-	}
-	m.beside = true
-	m.Body(body)
-	m.beside = false
-}
-
-// Settle waits until the record BodyBeside handed on is in the ledger (at
-// once when there is none); a panic of the ledger's is raised again here,
-// on the caller's goroutine. Not safe for concurrent use.
-func (m *Meter) Settle() {
-	if m == nil || m.pending == nil {
-		return
-	}
-	v := <-m.pending
-	m.pending = nil
-	if v != nil {
-		panic(v)
-	}
 }
 
 // Event looks at one SSE data payload of a stream (not [DONE]): it merges
@@ -422,20 +389,6 @@ func (m *Meter) record(u Usage, reported bool) {
 	if m.ledger == nil {
 		return
 	}
-	if m.beside {
-		done := make(chan any, 1)
-		m.pending = done
-		go func() {
-			defer func() { done <- recover() }()
-			m.append(u)
-		}()
-		return
-	}
-	m.append(u)
-}
-
-// append records u in the ledger; a failure is logged.
-func (m *Meter) append(u Usage) {
 	if err := m.ledger.Record(m.ctx, u); err != nil {
 		m.log.Error("recording usage failed", zap.String("member", u.Member), zap.String("decision_id", u.DecisionID), zap.Error(err))
 	}

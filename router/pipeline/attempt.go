@@ -189,12 +189,7 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 	}
 	o.body = validUTF8(body)
 	if resp.StatusCode/100 == 2 {
-		if rq.beside {
-			o.meter.BodyBeside(body)
-			rq.hold(o.meter)
-		} else {
-			o.meter.Body(body)
-		}
+		o.meter.Body(body)
 		o.logprob, o.tokens = MeanLogprob(body)
 	}
 	if rq.ctx.Err() != nil {

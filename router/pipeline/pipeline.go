@@ -11,10 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -155,65 +152,7 @@ type request struct {
 	capture bool
 	// topUp is what tool rounds held past the plan's reservation (holdRound).
 	topUp spentWorst
-	// beside: a whole answer's usage goes to the ledger on another
-	// goroutine while the answer is readied (meter.BodyBeside), when a core
-	// is spare and the strategy runs its attempts one at a time. unsettled
-	// holds those meters until settle waits for them: before any byte
-	// reaches the client (settlingWriter) and before the reservation is
-	// released, so the record is in the ledger before the request is
-	// acknowledged, as when it is appended in line.
-	beside    bool
-	mu        sync.Mutex // guards unsettled
-	unsettled []*meter.Meter
 }
-
-// inService counts the Serve calls running, in every Pipeline: fewer than
-// GOMAXPROCS leaves a core to the usage's append (request.beside).
-var inService atomic.Int32
-
-// hold keeps m, whose usage BodyBeside handed on, until settle.
-func (rq *request) hold(m *meter.Meter) {
-	rq.mu.Lock()
-	rq.unsettled = append(rq.unsettled, m)
-	rq.mu.Unlock()
-}
-
-// settle waits until the usage of every meter held is in the ledger.
-func (rq *request) settle() {
-	rq.mu.Lock()
-	ms := rq.unsettled
-	rq.unsettled = nil
-	rq.mu.Unlock()
-	for _, m := range ms {
-		m.Settle()
-	}
-}
-
-// settlingWriter is a request's ResponseWriter that settles the request's
-// held usage (request.settle) before anything is written.
-type settlingWriter struct {
-	http.ResponseWriter
-	rq *request
-}
-
-func (w *settlingWriter) WriteHeader(status int) {
-	w.rq.settle()
-	w.ResponseWriter.WriteHeader(status)
-}
-
-func (w *settlingWriter) Write(b []byte) (int, error) {
-	w.rq.settle()
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush sends what was written (http.Flusher).
-func (w *settlingWriter) Flush() {
-	w.rq.settle()
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-// Unwrap gives http.ResponseController the wrapped writer.
-func (w *settlingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // failed is one attempt that did not answer.
 type failed struct {
@@ -257,9 +196,6 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 			return err
 		}
 	}
-	n := inService.Add(1)
-	defer inService.Add(-1)
-	rq.beside = int(n) < runtime.GOMAXPROCS(0)
 	err := p.serve(rq)
 	p.finish(rq, labelOf(err), statusOf(err, http.StatusOK))
 	return err
@@ -276,15 +212,7 @@ func (p *Pipeline) serve(rq *request) error {
 	if err := p.reserve(rq); err != nil {
 		return err
 	}
-	rq.beside = rq.beside && (rq.plan.Strategy == route.StrategySingle || rq.plan.Strategy == route.StrategyCascade)
-	if rq.beside {
-		rq.w = &settlingWriter{ResponseWriter: rq.w, rq: rq}
-		w = rq.w
-	}
-	defer func() {
-		rq.settle()
-		rq.release()
-	}()
+	defer rq.release()
 	w.Header().Set(HeaderPlan, string(rq.plan.Strategy))
 	var err error
 	switch rq.plan.Strategy {
