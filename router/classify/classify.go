@@ -9,12 +9,10 @@ import (
 	"hash"
 	"net/url"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -713,70 +711,22 @@ func (c *Classifier) checkModelName(name string) *openai.Error {
 // ReasonScanBudget is the Unscanned reason of text the scan budget did not reach.
 const ReasonScanBudget = "scan budget exceeded"
 
-// classifying counts the classifyText calls running, in every Classifier.
-var classifying atomic.Int32
-
-// parallelMin is the size of a request's texts, in bytes, from which
-// classifyText may run its passes on two goroutines: below it the passes
-// take a few microseconds, less than the hand-over costs.
-var parallelMin = 1024
-
-// textBytes is the size of a's texts, in bytes.
-func (a *Annotation) textBytes() int {
-	n := 0
-	for _, f := range a.fields {
-		n += len(f.text)
-	}
-	return n
-}
-
 // classifyText runs the passes over a's texts: the capability estimate
 // (unless the task is known), the detectors over each field (scanFields)
 // and over the values split across fields (scanSplit), then merges their
-// findings, counts them and seals a (the body's hash, sealHead, is one
-// more pass). The estimate, the split scan and the body's hash read only
-// the texts, so when another core may be idle (see spareCore) they run on a
-// second goroutine while this one scans the fields: the request waits for
-// the longer of the two, not their sum. Another core may be idle when
-// fewer classifications run than GOMAXPROCS; under load each runs its
-// passes in turn, as they cost the same CPU either way. The result is the
-// same either way.
+// findings, counts them and seals a. (Running the estimate, the split scan
+// and the body's hash on a second goroutine beside the field scan was
+// measured in make bench and BenchmarkClassify on the 2-core machine: no
+// faster at 2 KB, slower at 32 KB; so they run in turn.)
 func (c *Classifier) classifyText(a *Annotation, fresh []int) {
-	estimate := a.task == ""
+	if a.task == "" {
+		e := c.estimator.Estimate(a.lastUser, a.Tools())
+		a.task, a.diff, a.entropy = e.Task, e.Difficulty, e.Entropy()
+	}
+	c.scanFields(a, fresh)
 	seqs := c.splitSeqs(a)
-	tools := a.Tools()
-	var est capability.Estimate
-	var scans []splitScan
-	var head *sealer
-	n := classifying.Add(1)
-	defer classifying.Add(-1)
-	if int(n) < runtime.GOMAXPROCS(0) && a.textBytes() >= parallelMin {
-		done := make(chan any, 1)
-		go func() {
-			defer func() { done <- recover() }() // a panic is raised again on the request's goroutine
-			if estimate {
-				est = c.estimator.Estimate(a.lastUser, tools)
-			}
-			scans = c.scanSplit(seqs)
-			head = a.sealHead()
-		}()
-		c.scanFields(a, fresh)
-		if v := <-done; v != nil {
-			panic(v)
-		}
-	} else {
-		if estimate {
-			est = c.estimator.Estimate(a.lastUser, tools)
-		}
-		c.scanFields(a, fresh)
-		scans = c.scanSplit(seqs)
-		head = a.sealHead()
-	}
-	if estimate {
-		a.task, a.diff, a.entropy = est.Task, est.Difficulty, est.Entropy()
-	}
-	c.countFindings(a, c.mergeSplit(a, seqs, scans))
-	a.sealTail(head)
+	c.countFindings(a, c.mergeSplit(a, seqs, c.scanSplit(seqs)))
+	a.seal()
 }
 
 // scanFields runs the detectors over each field of a (within the scan
