@@ -762,7 +762,9 @@ func windows(text string, hits []int32) [][2]int {
 	return merged
 }
 
-// detectIn runs rule r over text[ws:we].
+// detectIn runs rule r over text[ws:we]: leftmost-first matches, each
+// searched for after the one before; after a match of a hand-written rule
+// that finding rejects, from the byte after that match's start.
 func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding, memo allowMemo) []Finding {
 	sub := text[ws:we]
 	for pos := 0; pos <= len(sub); {
@@ -782,13 +784,20 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 		}
 		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
+		} else if r.hand {
+			// A hand-written rule's rejected match hides nothing: the
+			// next match may start inside it (see detectAt). Hand rules
+			// start at their keyword, so the search from the byte after
+			// the rejected start finds the next keyword's match.
+			pos = m[0] + 1 - ws
 		}
 	}
 	return dst
 }
 
 // detectAt tries r.anchored at each keyword hit, left to right, skipping
-// hits inside the previous match (the leftmost-first semantics of a scan).
+// hits inside the previous match kept (the leftmost-first semantics of a
+// scan, less the matches finding rejects).
 func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
 	var reach reachScan
@@ -883,9 +892,16 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 				m[k] += p
 			}
 		}
-		last = m[1]
+		// Only a match the rule keeps hides the hits inside it: a rejected
+		// one ("secret: password" of "secret: password: Xk9#mQ2vLp7z",
+		// whose value is a word) must not hide the match that starts at a
+		// later hit inside it, or whether that match is found would depend
+		// on where the scan began (what consumed the first hit), and a
+		// stream guard, which scans a window behind its cut, would read
+		// it otherwise than the whole answer.
 		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
+			last = m[1]
 		}
 	}
 	return dst
