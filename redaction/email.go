@@ -132,6 +132,20 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	for s < a && text[s] == '.' {
 		s++
 	}
+	// Markdown emphasis around the address ("**mario@example.it**",
+	// "~~anna@example.org~~", "_bob@example.com_"): a run of '*' or '~'
+	// at the start of the local part is markup, not address (no one's
+	// address starts with one), and so is a run of '_' the same run closes
+	// after the domain.
+	emph := 0
+	for s < a && (text[s] == '*' || text[s] == '~') {
+		s++
+	}
+	if n := underscoreRun(text, s, a); n > 0 && s+n < a && underscoreRun(text, e, len(text)) == n && !wordByte(at(text, e+n)) &&
+		!wordByte(before(text, s)) {
+		s += n
+		emph = n
+	}
 	if s == a || text[a-1] == '.' {
 		return 0, 0, false
 	}
@@ -159,13 +173,22 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 			break
 		}
 	}
-	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks[k:], e) || gluedAfter(text, e) && !splitAt(breaks[k:], e) {
+	if c := at(text, e); c == '_' && emph == 0 || c == '@' && !splitAt(breaks[k:], e) || gluedAfter(text, e) && !splitAt(breaks[k:], e) {
 		return 0, 0, false
 	}
 	if sc.inURLUserinfo(text, s) {
 		return 0, 0, false
 	}
 	return s, e, true
+}
+
+// underscoreRun returns the number of '_' from text[i] on, before end.
+func underscoreRun(text string, i, end int) int {
+	n := 0
+	for i+n < end && text[i+n] == '_' {
+		n++
+	}
+	return n
 }
 
 // quotedLocalStart returns where the quoted string whose closing quote is

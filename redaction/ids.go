@@ -47,7 +47,7 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 	var up [16]byte
 	for _, t := range toks {
 		i := int(t)
-		if !isAlpha(text[i]) || wordByte(before(text, i)) || wordByte(at(text, i+16)) {
+		if !isAlpha(text[i]) || (wordByte(before(text, i)) || wordByte(at(text, i+16))) && !underscored(text, i, i+16) {
 			continue
 		}
 		ok := true

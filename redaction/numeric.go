@@ -173,7 +173,7 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 				// word, pass Luhn and carry an issuer's prefix are too rare
 				// by chance (one in ~10^13 digit strings per scheme) to be
 				// anything else, and ids are where values get smuggled.
-				if s.en.CreditCard && e-i >= 13 && e-i <= 19 && !rightGlued(text, e) {
+				if s.en.CreditCard && e-i >= 13 && e-i <= 19 && (!rightGlued(text, e) || underscored(text, i, e)) {
 					if sub, ok := validPAN(text[i:e]); ok {
 						ns.add(TypeCreditCard, sub, i, e)
 					}
@@ -297,6 +297,9 @@ func (ns *numScan) cluster() {
 	ns.ds = unsafe.String(unsafe.SliceData(ns.digits), len(ns.digits))
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
+	if (lglued || rglued) && underscored(text, c.atoms[0].s, c.atoms[n-1].e) {
+		lglued, rglued = false, false // "_4111 1111 1111 1111_": emphasis
+	}
 	// A whole card glued to an identifier ("call_4111-1111-1111-1111"):
 	// the cluster in a printed card layout, ending the word, passing Luhn.
 	if lglued && !rglued && ns.s.en.CreditCard && n > 1 {

@@ -963,8 +963,19 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	if r.entropy > 0 && shannon(secret) <= r.entropy {
 		return Finding{}, false
 	}
-	if r.hand && r.subtype == "password" && !passwordValue(secret) {
-		return Finding{}, false
+	if r.hand && r.subtype == "password" {
+		// In a query string or form body ("user=mario&password=Xk9#mQ&x=1")
+		// the value ends before the next parameter.
+		if k := nextParam(secret); k >= 0 {
+			if k < 6 {
+				return Finding{}, false // shorter than the rule's value
+			}
+			e = s + k
+			secret = text[s:e]
+		}
+		if !passwordValue(secret) {
+			return Finding{}, false
+		}
 	}
 	if r.hand && r.subtype == "bearer" && !bearerValue(secret) {
 		return Finding{}, false
@@ -978,6 +989,28 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 		return Finding{}, false
 	}
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
+}
+
+// nextParam returns the offset in v of the first '&' that starts another
+// parameter of a query string or form body (an '&', a name of letters,
+// digits, '_', '.', '-', '[' or ']', then '='), or -1. An '&' not followed
+// by one ("Tr0ub4dor&3x") is part of the password.
+func nextParam(v string) int {
+	for i := strings.IndexByte(v, '&'); i >= 0; {
+		j := i + 1
+		for j < len(v) && (isAlnum(v[j]) || strings.IndexByte("_.-[]", v[j]) >= 0) {
+			j++
+		}
+		if j > i+1 && j < len(v) && v[j] == '=' {
+			return i
+		}
+		k := strings.IndexByte(v[i+1:], '&')
+		if k < 0 {
+			break
+		}
+		i += 1 + k
+	}
+	return -1
 }
 
 // bearerValue reports whether the token after "Bearer" looks like a
