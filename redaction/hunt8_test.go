@@ -159,7 +159,9 @@ func TestHuntRealisticShapes(t *testing.T) {
 		{"a card in underscore italics", "", "carta _4111 1111 1111 1111_ ok", []string{"CREDIT_CARD:4111 1111 1111 1111"}},
 		{"an unbroken card in underscore bold", "", "__4111111111111111__", []string{"CREDIT_CARD:4111111111111111"}},
 		{"a fiscal code in underscore italics", "IT", "CF _RSSMRA80A01H501U_", []string{"IT_FISCAL_CODE:RSSMRA80A01H501U"}},
-		{"an underscore run left open is still glue", "", "id_mario@example.it_ and x__RSSMRA80A01H501U_", nil},
+		{"a phone number in underscore italics", "IT", "chiama _+39 347 123 4567_", []string{"PHONE:+39 347 123 4567"}},
+		{"an IBAN in underscore italics", "", "IBAN _DE89 3704 0044 0532 0130 00_", []string{"IBAN:DE89 3704 0044 0532 0130 00"}},
+		{"an underscore run left open is still glue", "", "id_mario@example.it_ and x__RSSMRA80A01H501U_ and ref_DE89 3704 0044 0532 0130 00", nil},
 	}...)
 	runScanCases(t, cases)
 }

@@ -297,7 +297,7 @@ func (ns *numScan) cluster() {
 	ns.ds = unsafe.String(unsafe.SliceData(ns.digits), len(ns.digits))
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
-	if (lglued || rglued) && underscored(text, c.atoms[0].s, c.atoms[n-1].e) {
+	if s0 := c.atoms[0].s; (lglued || rglued) && (underscored(text, s0, c.atoms[n-1].e) || before(text, s0) == '+' && underscored(text, s0-1, c.atoms[n-1].e)) {
 		lglued, rglued = false, false // "_4111 1111 1111 1111_": emphasis
 	}
 	// A whole card glued to an identifier ("call_4111-1111-1111-1111"):
@@ -533,7 +533,8 @@ func (ns *numScan) iban() {
 		k--
 		cc[n] = text[k] &^ 0x20
 	}
-	if p := before(text, k); p >= 0x80 && numGlueBefore(text, k) || p < 0x80 && wordByte(p) {
+	p := before(text, k)
+	if p >= 0x80 && numGlueBefore(text, k) || p < 0x80 && wordByte(p) && p != '_' {
 		return
 	}
 	want, ok := ibanLength[string(cc[:])]
@@ -561,6 +562,9 @@ func (ns *numScan) iban() {
 	}
 	if got != want || isAlnum(at(text, j)) || at(text, j) >= 0x80 && numGlueAt(text, j) {
 		return
+	}
+	if p == '_' && !underscored(text, k, j) {
+		return // glued to an identifier, not set in emphasis
 	}
 	if ibanValid(buf[:got]) {
 		ns.add(TypeIBAN, string(cc[:]), k, j)
