@@ -179,7 +179,22 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	if sc.inURLUserinfo(text, s) {
 		return 0, 0, false
 	}
+	if gitRemote(text, s, a, e) {
+		return 0, 0, false
+	}
 	return s, e, true
+}
+
+// gitRemote reports whether the address text[s:e] (its '@' at a) is the
+// user and host of a git remote, "git@github.com:org/repo.git" (scp-like
+// syntax) or "ssh://git@gitlab.example.com/org/repo": the shared "git"
+// account of a code host, no one's address.
+func gitRemote(text string, s, a, e int) bool {
+	if text[s:a] != "git" {
+		return false
+	}
+	return at(text, e) == ':' && (isAlnum(at(text, e+1)) || at(text, e+1) == '/' || at(text, e+1) == '~') ||
+		strings.HasSuffix(text[:s], "ssh://") || strings.HasSuffix(text[:s], "git+ssh://")
 }
 
 // underscoreRun returns the number of '_' from text[i] on, before end.

@@ -149,6 +149,18 @@ func TestHuntRealisticShapes(t *testing.T) {
 		{"an escaped newline then a key", "", `"key":"line1\nsk-proj-Zx8kQ2mP9vLr4TfW7yBn3HcJ5dGs1aE6"`, []string{"SECRET:sk-proj-Zx8kQ2mP9vLr4TfW7yBn3HcJ5dGs1aE6"}},
 		{"a key after an escaped quote", "", `"cmd":"export KEY=\"sk-proj-Zx8kQ2mP9vLr4TfW7yBn3HcJ5dGs1aE6\""`, []string{"SECRET:sk-proj-Zx8kQ2mP9vLr4TfW7yBn3HcJ5dGs1aE6"}},
 
+		// A password in an HTML form field, either order of attributes.
+		{"a password field's value", "", `<input name="password" value="Xk9#mQ2vLp7z">`, []string{"SECRET:Xk9#mQ2vLp7z"}},
+		{"a password-typed field's value", "", `<input type="password" name="pw" value="Hunt3r2!xyz9Q"/>`, []string{"SECRET:Hunt3r2!xyz9Q"}},
+		{"a value before the type", "", `<input value="Hunt3r2!xyz9Q" type=password>`, []string{"SECRET:Hunt3r2!xyz9Q"}},
+		{"a confirmation field", "", `<input name="password_confirm" value="Hunt3r2!xyz9Q">`, []string{"SECRET:Hunt3r2!xyz9Q"}},
+		{"an empty or templated password field is nothing", "", `<input type="password" value=""> <input name="password" value="{{ form.password }}">`, nil},
+		{"a text field is nothing", "", `<input type="text" name="user" value="mario.rossi">`, nil},
+		// The shared git account of a code host is no one's address.
+		{"a git remote in scp syntax", "", "git clone git@github.com:org/repo.git", nil},
+		{"a git remote over ssh", "", "git remote add origin ssh://git@gitlab.example.com/org/repo.git", nil},
+		{"a person's address at a code host", "", "write to mario@github.com: thanks", []string{"EMAIL:mario@github.com"}},
+		{"the git address in prose", "", "mail git@example.com now", []string{"EMAIL:git@example.com"}},
 		// Markdown emphasis around a value delimits it: a run of '*' or
 		// '~' is no part of an address, and a pair of '_' runs glues
 		// nothing to an identifier.

@@ -141,7 +141,9 @@ func identStart(text string, i int) int {
 //     is usually followed by one.
 //   - a few hand-written patterns for the providers the gateway cares most
 //     about (OpenAI, Anthropic, AWS, GitHub, Slack, Stripe, Google, JWT, PEM
-//     private keys, also truncated, passwords, HTTP bearer tokens and Basic
+//     private keys, also truncated, passwords (assignments, prose, HTML
+//     form fields; in a query string up to the next parameter), HTTP
+//     bearer tokens and Basic
 //     credentials), which accept key shapes gitleaks' stricter
 //     rules miss (e.g. OpenAI project keys without the T3BlbkFJ marker).
 //
@@ -183,6 +185,10 @@ var handSecretRules = []struct {
 	// or ',' ';', not ending in sentence punctuation; passwordValue then
 	// tells a password from code and prose.
 	{"password", `(?i)(?:(?:password|passwd|passphrase|passwort|contraseña|pwd)[a-z_]{0,20}|secret)(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was|ist|è|es|est)(?::|[ \t]))[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{5,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase", "passwort", "contrase", "pwd", "secret"}},
+	// A password in an HTML form field whose type, name or id says so,
+	// before or after its value: <input type="password" value="…">.
+	{"password", `(?i)<input\b[^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)[\w-]{0,20}[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["']`, 1, 2.5, []string{"<input"}},
+	{"password", `(?i)<input\b[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["'][^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)`, 1, 2.5, []string{"<input"}},
 	// An HTTP bearer token (RFC 6750 §2.1: "Authorization: Bearer
 	// <b64token>", also pasted without the header name) and Basic
 	// credentials in an Authorization header (RFC 7617): gitleaks only
