@@ -22,7 +22,10 @@ import (
 // "password@host" part of a URL's userinfo (URL_CREDENTIALS covers that).
 // The local part stops at a '=', '/' or '?' ("user=mario@…", a URL path
 // before the address), which atext allows but which in practice delimit a
-// key or a path.
+// key or a path, and leaves out Markdown emphasis around the address (a
+// leading run of '*' or '~', a pair of '_' runs: "**mario@example.it**",
+// "_anna@example.org_"). The "git" account of a git remote
+// ("git@github.com:org/repo.git", "ssh://git@host/…") is no address.
 //
 // Addresses written out for humans ("maria dot rossi at example dot org",
 // "anna[at]example.it", "jean point martin arobase example point fr",
