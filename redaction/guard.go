@@ -245,7 +245,9 @@ type StreamGuard struct {
 	// ctx is the last input bytes emitted, as they came (before any
 	// mask), scanned again for context: a mask would change what the
 	// rules read before a value ("token for [IP_ADDRESS]: …" no longer
-	// has gitleaks' generic shape, "token for 10.0.0.12: …" has).
+	// has gitleaks' generic shape, "token for 10.0.0.12: …" has). It
+	// starts guardContextBytes before the end of what was emitted, or
+	// before a value found near that end (see ctxStart).
 	ctx     string
 	err     error
 	found   []Finding
