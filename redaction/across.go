@@ -33,13 +33,15 @@ type piece struct{ seg, off, at, n int }
 // directly (a value cut anywhere: "mario.rossi@" + "example.it") or with
 // one space (a grouped number cut between groups: "4111 1111" + "1111
 // 1111"; not after a part ending in '.', '!' or '?'), and, where white
-// space holding a line break lies at the boundary, once more without that
-// white space (a value cut where its writer broke the line: "AKIAIOSFOD\n"
-// + "NN7EXAMPLE"), and keeps the findings that cover bytes of two or more
+// space lies at the boundary (any run of unicode.IsSpace: a line break,
+// a tab, several spaces, a no-break space, the next segment's indent),
+// once more without that white space (a value cut where its writer broke
+// the line or left a gap: "AKIAIOSFOD\n" + "NN7EXAMPLE", "sk-proj-Zx8k\t"
+// + "Q2mP…"), and keeps the findings that cover bytes of two or more
 // segments. A candidate is dropped when one of its parts holds a whole
 // value of the same type on its own (a complete value glued to the next
-// segment, such as "alice@example.com" + "cc"; at a line break also a
-// line ending in a plain word before a whole value, "Thanks\n" +
+// segment, such as "alice@example.com" + "cc"; across white space also a
+// part ending in a plain word before a whole value, "Thanks\n" +
 // "alice@example.com"). Each part is reported in
 // its own segment's byte offsets, so every segment can be redacted on its
 // own. Values inside one segment are not reported (Scan finds them). Overlapping candidates resolve as in
@@ -64,7 +66,7 @@ func (s *Scanner) ScanAcrossBounded(segments []string) ([]SegmentFinding, error)
 		n += len(seg)
 	}
 	// Each boundary scans a few windows of 2 × acrossWindow bytes (one
-	// per choice of separators), twice as many at a line break.
+	// per choice of separators), twice as many at white space.
 	b, err := s.newBudget(n + 16*acrossWindow*len(segments))
 	if err != nil {
 		return nil, err
@@ -133,9 +135,10 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 				if f.End == q.off+q.n && qi+1 < len(parts) && plainWord(segments, parts[qi+1]) {
 					return true
 				}
-				// At a line break, also the mirror: a line ending in a
-				// plain word, then a line starting with a whole value
-				// ("Thanks\n" + "alice@example.com"), are two lines.
+				// Across white space, also the mirror: a part ending in
+				// a plain word, then one starting with a whole value
+				// ("Thanks\n" + "alice@example.com", "my email is " +
+				// "mario@example.it"), are two words.
 				if broken && f.Start == q.off && qi > 0 && plainWord(segments, parts[qi-1]) {
 					return true
 				}
@@ -208,18 +211,19 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 			}
 		}
 	}
-	// run processes the pieces around a boundary as they are and, when a
-	// line break lies at one of their boundaries, once more without the
-	// white space around it: a value cut where its writer broke the line
-	// ("My IBAN is DE89 3704 0044\n" + "0532 0130 00", "AKIAIOSFOD\n" +
-	// "NN7EXAMPLE") is read as if cut there without one. Only the
-	// detectors that read across white space (numbers) see through the
-	// line break itself.
+	// run processes the pieces around a boundary as they are and, when
+	// white space lies at one of their boundaries (a line break, a tab,
+	// several spaces, a no-break space, the next message's indent), once
+	// more without it: a value cut where its writer broke the line or
+	// left white space ("My IBAN is DE89 3704 0044\n" + "0532 0130 00",
+	// "AKIAIOSFOD\t" + "NN7EXAMPLE") is read as if cut there without
+	// any (and, by process, with one space). Only the detectors that read
+	// across white space (numbers) see through the white space itself.
 	var trimmed []piece
 	run := func(spans []piece) {
 		process(spans, false)
 		var ok bool
-		if trimmed, ok = breakTrimmed(segments, spans, trimmed[:0]); ok {
+		if trimmed, ok = gapTrimmed(segments, spans, trimmed[:0]); ok {
 			process(trimmed, true)
 		}
 	}
@@ -317,19 +321,19 @@ func (s *Scanner) scanAcross(segments []string, bud *budget) []SegmentFinding {
 	return out
 }
 
-// breakTrimmed appends to dst the pieces of spans with the white space
-// (spaces, tabs, CR, LF) around each boundary between two of them
-// removed where that white space holds a line break, dropping the pieces
-// left empty, and reports whether it removed any.
-func breakTrimmed(segments []string, spans []piece, dst []piece) ([]piece, bool) {
+// gapTrimmed appends to dst the pieces of spans with the white space
+// (unicode.IsSpace: spaces, tabs, CR, LF, no-break and other Unicode
+// spaces) around each boundary between two of them removed, dropping the
+// pieces left empty, and reports whether it removed any.
+func gapTrimmed(segments []string, spans []piece, dst []piece) ([]piece, bool) {
 	dst = append(dst, spans...)
 	changed := false
 	for i := 0; i+1 < len(dst); i++ {
 		l, r := &dst[i], &dst[i+1]
 		lt, rt := segments[l.seg][l.off:l.off+l.n], segments[r.seg][r.off:r.off+r.n]
-		tl := strings.TrimRight(lt, " \t\r\n")
-		tr := strings.TrimLeft(rt, " \t\r\n")
-		if !strings.Contains(lt[len(tl):], "\n") && !strings.Contains(rt[:len(rt)-len(tr)], "\n") {
+		tl := strings.TrimRightFunc(lt, unicode.IsSpace)
+		tr := strings.TrimLeftFunc(rt, unicode.IsSpace)
+		if len(tl) == len(lt) && len(tr) == len(rt) {
 			continue
 		}
 		changed = true

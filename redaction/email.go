@@ -22,7 +22,10 @@ import (
 // "password@host" part of a URL's userinfo (URL_CREDENTIALS covers that).
 // The local part stops at a '=', '/' or '?' ("user=mario@…", a URL path
 // before the address), which atext allows but which in practice delimit a
-// key or a path.
+// key or a path, and leaves out Markdown emphasis around the address (a
+// leading run of '*' or '~', a pair of '_' runs: "**mario@example.it**",
+// "_anna@example.org_"). The "git" account of a git remote
+// ("git@github.com:org/repo.git", "ssh://git@host/…") is no address.
 //
 // Addresses written out for humans ("maria dot rossi at example dot org",
 // "anna[at]example.it", "jean point martin arobase example point fr",
@@ -132,6 +135,20 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	for s < a && text[s] == '.' {
 		s++
 	}
+	// Markdown emphasis around the address ("**mario@example.it**",
+	// "~~anna@example.org~~", "_bob@example.com_"): a run of '*' or '~'
+	// at the start of the local part is markup, not address (no one's
+	// address starts with one), and so is a run of '_' the same run closes
+	// after the domain.
+	emph := 0
+	for s < a && (text[s] == '*' || text[s] == '~') {
+		s++
+	}
+	if n := underscoreRun(text, s, a); n > 0 && s+n < a && underscoreRun(text, e, len(text)) == n && !wordByte(at(text, e+n)) &&
+		!wordByte(before(text, s)) {
+		s += n
+		emph = n
+	}
 	if s == a || text[a-1] == '.' {
 		return 0, 0, false
 	}
@@ -159,13 +176,37 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 			break
 		}
 	}
-	if c := at(text, e); c == '_' || c == '@' && !splitAt(breaks[k:], e) || gluedAfter(text, e) && !splitAt(breaks[k:], e) {
+	if c := at(text, e); c == '_' && emph == 0 || c == '@' && !splitAt(breaks[k:], e) || gluedAfter(text, e) && !splitAt(breaks[k:], e) {
 		return 0, 0, false
 	}
 	if sc.inURLUserinfo(text, s) {
 		return 0, 0, false
 	}
+	if gitRemote(text, s, a, e) {
+		return 0, 0, false
+	}
 	return s, e, true
+}
+
+// gitRemote reports whether the address text[s:e] (its '@' at a) is the
+// user and host of a git remote, "git@github.com:org/repo.git" (scp-like
+// syntax) or "ssh://git@gitlab.example.com/org/repo": the shared "git"
+// account of a code host, no one's address.
+func gitRemote(text string, s, a, e int) bool {
+	if text[s:a] != "git" {
+		return false
+	}
+	return at(text, e) == ':' && (isAlnum(at(text, e+1)) || at(text, e+1) == '/' || at(text, e+1) == '~') ||
+		strings.HasSuffix(text[:s], "ssh://") || strings.HasSuffix(text[:s], "git+ssh://")
+}
+
+// underscoreRun returns the number of '_' from text[i] on, before end.
+func underscoreRun(text string, i, end int) int {
+	n := 0
+	for i+n < end && text[i+n] == '_' {
+		n++
+	}
+	return n
 }
 
 // quotedLocalStart returns where the quoted string whose closing quote is

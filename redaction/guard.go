@@ -163,13 +163,18 @@ func (g *Guard) joined(v string) bool {
 // unchecked). Restored values and GuardPass types are left out.
 func (g *Guard) ScanAnswer(answer string) ([]Finding, error) {
 	fs, err := g.s.ScanBounded(answer)
-	out := fs[:0]
+	return g.acted(answer, fs, fs[:0]), err
+}
+
+// acted appends to dst the findings fs of text the policy acts on: not
+// of a GuardPass type, not restored values.
+func (g *Guard) acted(text string, fs, dst []Finding) []Finding {
 	for _, f := range fs {
-		if g.policy.action(f.Type) != GuardPass && !g.restored(answer[f.Start:f.End]) {
-			out = append(out, f)
+		if g.policy.action(f.Type) != GuardPass && !g.restored(text[f.Start:f.End]) {
+			dst = append(dst, f)
 		}
 	}
-	return out, err
+	return dst
 }
 
 // Check scans a whole answer and returns it with GuardMask values replaced
@@ -223,6 +228,9 @@ const (
 	GuardHoldBytes    = 512
 	GuardMaxHoldBytes = 64 << 10
 	guardContextBytes = 64 // already emitted input scanned again for context (as written, not masked)
+	// guardMaxContextBytes bounds the context when it is moved back to a
+	// value's start (see ctxStart).
+	guardMaxContextBytes = 1024
 )
 
 // StreamGuard guards one streamed answer (e.g. the delta.content of SSE
@@ -237,7 +245,9 @@ type StreamGuard struct {
 	// ctx is the last input bytes emitted, as they came (before any
 	// mask), scanned again for context: a mask would change what the
 	// rules read before a value ("token for [IP_ADDRESS]: …" no longer
-	// has gitleaks' generic shape, "token for 10.0.0.12: …" has).
+	// has gitleaks' generic shape, "token for 10.0.0.12: …" has). It
+	// starts guardContextBytes before the end of what was emitted, or
+	// before a value found near that end (see ctxStart).
 	ctx     string
 	err     error
 	found   []Finding
@@ -377,11 +387,12 @@ func (sg *StreamGuard) step(buf string, final bool) (string, error) {
 		cut = holdFrom(buf)
 	}
 	text := sg.ctx + buf
-	fs, err := sg.g.ScanAnswer(text)
+	raw, err := sg.g.s.ScanBounded(text)
 	if err != nil {
 		sg.err = err
 		return "", err
 	}
+	fs := sg.g.acted(text, raw, nil)
 	off := len(sg.ctx)
 	var act []Finding
 	for _, f := range fs {
@@ -417,15 +428,40 @@ func (sg *StreamGuard) step(buf string, final bool) (string, error) {
 	sg.emitted += cut
 	sg.pending = buf[cut:]
 	c := sg.ctx + buf[:cut]
-	if len(c) > guardContextBytes {
-		k := len(c) - guardContextBytes
-		for k < len(c) && !utf8.RuneStart(c[k]) {
-			k++
-		}
+	if k := ctxStart(c, raw); k > 0 {
 		c = c[k:]
 	}
 	sg.ctx = c
 	return out, nil
+}
+
+// ctxStart returns where the context kept from c (the text scanned, up to
+// the cut) starts: guardContextBytes before its end, moved back to
+// guardContextBytes before the start of each finding of fs (the scan's,
+// of every type, passed or not) that ends after it, at most
+// guardMaxContextBytes before the end. The next scan then reads such a
+// value, and the keyword before it, as the whole text does: a scan begun
+// inside a value or its keyword reads the bytes after otherwise (a
+// password rule that took "Xk9#mQ2vLp7z+39" whole leaves "347 123 4567"
+// to no one; begun after "pass", the scan reads "+39 347 123 4567" as a
+// phone number).
+func ctxStart(c string, fs []Finding) int {
+	k := len(c) - guardContextBytes
+	floor := len(c) - guardMaxContextBytes
+	for moved := true; moved && k > max(floor, 0); {
+		moved = false
+		for _, f := range fs {
+			if f.End > k && f.Start-guardContextBytes < k {
+				k = max(f.Start-guardContextBytes, floor)
+				moved = true
+			}
+		}
+	}
+	k = max(k, 0)
+	for k < len(c) && !utf8.RuneStart(c[k]) {
+		k++
+	}
+	return k
 }
 
 // Values returns the values this Vault holds placeholders for (what

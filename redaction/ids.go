@@ -47,7 +47,7 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 	var up [16]byte
 	for _, t := range toks {
 		i := int(t)
-		if !isAlpha(text[i]) || wordByte(before(text, i)) || wordByte(at(text, i+16)) {
+		if !isAlpha(text[i]) || (wordByte(before(text, i)) || wordByte(at(text, i+16))) && !underscored(text, i, i+16) {
 			continue
 		}
 		ok := true
@@ -148,6 +148,66 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 	return dst
 }
 
+// detectFiscalOmocodic finds the fiscal codes detectFiscalGrouped cannot:
+// fully omocodic ones (all seven digits replaced, no digit left) written
+// in groups, "RSS MRA ULALM HRLMD". They are read from the upper-case
+// word starts of the prefilter (caps), as detectFiscalGrouped reads a
+// code (fiscalGroupedAt: structure, day, check letter), and kept only
+// when no digit is left and every separator lies between two of the
+// code's fields (surname 3, name 3, year 2, month 1, day 2, place 4,
+// check 1: after the 3rd, 6th, 8th, 9th, 11th or 15th character), the
+// way people group a code: against capitals in prose ("THE CAT SAT …")
+// seven omocodic letters, a month letter, a valid day and the check
+// letter must fall in field-shaped words. Written in lower case, or in
+// groups that cut a field ("RSSM RAUL ALMH RLMD"), a fully omocodic code
+// is found only unbroken (detectFiscal).
+func detectFiscalOmocodic(text string, caps []int32, dst []Finding) []Finding {
+	var up [16]byte
+	end := -1
+	for _, c := range caps {
+		st := int(c)
+		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(at(text, st+1)) || !isUpper(at(text, st+2)) {
+			continue
+		}
+		if wordByte(before(text, st)) || before(text, st) == '-' && isAlnum(before(text, st-1)) {
+			continue
+		}
+		e, ok := fiscalGroupedAt(text, st, &up)
+		if !ok || !fiscalFieldGroups(text, st, e) {
+			continue
+		}
+		digit := false
+		for _, b := range up {
+			digit = digit || isDigit(b)
+		}
+		if digit {
+			continue // detectFiscalGrouped's
+		}
+		dst = append(dst, Finding{Type: TypeITFiscalCode, Start: st, End: e})
+		end = e
+	}
+	return dst
+}
+
+// fiscalFieldGroups reports whether every separator of the grouped code
+// text[st:e] lies between two of its fields (after its 3rd, 6th, 8th,
+// 9th, 11th or 15th character).
+func fiscalFieldGroups(text string, st, e int) bool {
+	k := 0
+	for j := st; j < e; j++ {
+		if isAlnum(text[j]) {
+			k++
+			continue
+		}
+		switch k {
+		case 3, 6, 8, 9, 11, 15:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // alphaBefore reports whether one of the n bytes before text[i] is an
 // ASCII letter.
 func alphaBefore(text string, i, n int) bool {
@@ -169,7 +229,8 @@ func alphaBefore(text string, i, n int) bool {
 // replaced digits holds this shape; it is the cheap test that keeps
 // detectFiscalGrouped off the digit runs of prose, hashes and
 // identifiers. A fully omocodic code (no digit at all) is found unbroken
-// only (detectFiscal).
+// (detectFiscal) or, in groups, from its upper-case word starts
+// (detectFiscalOmocodic).
 func fiscalYearAt(text string, i, n int) bool {
 	if n-i > 2 {
 		return false

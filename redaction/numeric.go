@@ -180,7 +180,7 @@ func (s *Scanner) detectNumbers(text string, a *anchors, dst []Finding, b *budge
 				// word, pass Luhn and carry an issuer's prefix are too rare
 				// by chance (one in ~10^13 digit strings per scheme) to be
 				// anything else, and ids are where values get smuggled.
-				if s.en.CreditCard && e-i >= 13 && e-i <= 19 && !rightGlued(text, e) {
+				if s.en.CreditCard && e-i >= 13 && e-i <= 19 && (!rightGlued(text, e) || underscored(text, i, e)) {
 					if sub, ok := validPAN(text[i:e]); ok {
 						ns.add(TypeCreditCard, sub, i, e)
 					}
@@ -304,6 +304,9 @@ func (ns *numScan) cluster() {
 	ns.ds = unsafe.String(unsafe.SliceData(ns.digits), len(ns.digits))
 	lglued := leftGlued(text, c.atoms[0].s)
 	rglued := rightGlued(text, c.atoms[n-1].e)
+	if s0 := c.atoms[0].s; (lglued || rglued) && (underscored(text, s0, c.atoms[n-1].e) || before(text, s0) == '+' && underscored(text, s0-1, c.atoms[n-1].e)) {
+		lglued, rglued = false, false // "_4111 1111 1111 1111_": emphasis
+	}
 	// A whole card glued to an identifier ("call_4111-1111-1111-1111"):
 	// the cluster in a printed card layout, ending the word, passing Luhn.
 	if lglued && !rglued && ns.s.en.CreditCard && n > 1 {
@@ -544,7 +547,8 @@ func (ns *numScan) iban() {
 		k--
 		cc[n] = text[k] &^ 0x20
 	}
-	if p := before(text, k); p >= 0x80 && numGlueBefore(text, k) || p < 0x80 && wordByte(p) {
+	p := before(text, k)
+	if p >= 0x80 && numGlueBefore(text, k) || p < 0x80 && wordByte(p) && p != '_' {
 		return
 	}
 	want, ok := ibanLength[string(cc[:])]
@@ -572,6 +576,9 @@ func (ns *numScan) iban() {
 	}
 	if got != want || isAlnum(at(text, j)) || at(text, j) >= 0x80 && numGlueAt(text, j) {
 		return
+	}
+	if p == '_' && !underscored(text, k, j) {
+		return // glued to an identifier, not set in emphasis
 	}
 	if ibanValid(buf[:got]) {
 		ns.add(TypeIBAN, string(cc[:]), k, j)

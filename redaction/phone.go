@@ -285,7 +285,7 @@ func (ns *numScan) phone(i, j int) {
 	if i == 0 && before(text, start) == '(' && j-i > 1 && strings.IndexByte(c.gap(text, i+1), ')') >= 0 {
 		start--
 	}
-	if i == 0 && (leftGluedPhone(text, start)) {
+	if i == 0 && leftGluedPhone(text, start) && !(j == len(c.atoms) && underscored(text, start, end)) {
 		return
 	}
 	// Shapes that are not phone numbers: dates, versions, decimals.

@@ -538,6 +538,7 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 	if s.en.ITFiscalCode {
 		cand = detectFiscal(text, a.tok16, cand)
 		cand = detectFiscalGrouped(text, a.digits, cand)
+		cand = detectFiscalOmocodic(text, a.caps, cand)
 	}
 	var schemes []int32
 	for _, h := range a.kw {

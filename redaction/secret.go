@@ -141,7 +141,9 @@ func identStart(text string, i int) int {
 //     is usually followed by one.
 //   - a few hand-written patterns for the providers the gateway cares most
 //     about (OpenAI, Anthropic, AWS, GitHub, Slack, Stripe, Google, JWT, PEM
-//     private keys, also truncated, passwords, HTTP bearer tokens and Basic
+//     private keys, also truncated, passwords (assignments, prose, HTML
+//     form fields; in a query string up to the next parameter), HTTP
+//     bearer tokens and Basic
 //     credentials), which accept key shapes gitleaks' stricter
 //     rules miss (e.g. OpenAI project keys without the T3BlbkFJ marker).
 //
@@ -183,6 +185,10 @@ var handSecretRules = []struct {
 	// or ',' ';', not ending in sentence punctuation; passwordValue then
 	// tells a password from code and prose.
 	{"password", `(?i)(?:(?:password|passwd|passphrase|passwort|contraseña|pwd)[a-z_]{0,20}|secret)(?:[ \t]*["']?[ \t]*(?::=|=>|=|:)|[ \t]+(?:is|was|ist|è|es|est)(?::|[ \t]))[ \t]*["'\x60]?([^\s"'\x60<>(){}\[\]$,;]{5,127}[^\s"'\x60<>(){}\[\]$,;.!?:])`, 1, 2.5, []string{"password", "passwd", "passphrase", "passwort", "contrase", "pwd", "secret"}},
+	// A password in an HTML form field whose type, name or id says so,
+	// before or after its value: <input type="password" value="…">.
+	{"password", `(?i)<input\b[^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)[\w-]{0,20}[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["']`, 1, 2.5, []string{"<input"}},
+	{"password", `(?i)<input\b[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["'][^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)`, 1, 2.5, []string{"<input"}},
 	// An HTTP bearer token (RFC 6750 §2.1: "Authorization: Bearer
 	// <b64token>", also pasted without the header name) and Basic
 	// credentials in an Authorization header (RFC 7617): gitleaks only
@@ -762,7 +768,9 @@ func windows(text string, hits []int32) [][2]int {
 	return merged
 }
 
-// detectIn runs rule r over text[ws:we].
+// detectIn runs rule r over text[ws:we]: leftmost-first matches, each
+// searched for after the one before; after a match of a hand-written rule
+// that finding rejects, from the byte after that match's start.
 func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []Finding, memo allowMemo) []Finding {
 	sub := text[ws:we]
 	for pos := 0; pos <= len(sub); {
@@ -782,13 +790,20 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 		}
 		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
+		} else if r.hand {
+			// A hand-written rule's rejected match hides nothing: the
+			// next match may start inside it (see detectAt). Hand rules
+			// start at their keyword, so the search from the byte after
+			// the rejected start finds the next keyword's match.
+			pos = m[0] + 1 - ws
 		}
 	}
 	return dst
 }
 
 // detectAt tries r.anchored at each keyword hit, left to right, skipping
-// hits inside the previous match (the leftmost-first semantics of a scan).
+// hits inside the previous match kept (the leftmost-first semantics of a
+// scan, less the matches finding rejects).
 func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
 	var reach reachScan
@@ -883,9 +898,16 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 				m[k] += p
 			}
 		}
-		last = m[1]
+		// Only a match the rule keeps hides the hits inside it: a rejected
+		// one ("secret: password" of "secret: password: Xk9#mQ2vLp7z",
+		// whose value is a word) must not hide the match that starts at a
+		// later hit inside it, or whether that match is found would depend
+		// on where the scan began (what consumed the first hit), and a
+		// stream guard, which scans a window behind its cut, would read
+		// it otherwise than the whole answer.
 		if f, ok := d.finding(r, text, m, memo); ok {
 			dst = append(dst, f)
+			last = m[1]
 		}
 	}
 	return dst
@@ -947,8 +969,19 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	if r.entropy > 0 && shannon(secret) <= r.entropy {
 		return Finding{}, false
 	}
-	if r.hand && r.subtype == "password" && !passwordValue(secret) {
-		return Finding{}, false
+	if r.hand && r.subtype == "password" {
+		// In a query string or form body ("user=mario&password=Xk9#mQ&x=1")
+		// the value ends before the next parameter.
+		if k := nextParam(secret); k >= 0 {
+			if k < 6 {
+				return Finding{}, false // shorter than the rule's value
+			}
+			e = s + k
+			secret = text[s:e]
+		}
+		if !passwordValue(secret) {
+			return Finding{}, false
+		}
 	}
 	if r.hand && r.subtype == "bearer" && !bearerValue(secret) {
 		return Finding{}, false
@@ -962,6 +995,28 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 		return Finding{}, false
 	}
 	return Finding{Type: TypeSecret, Subtype: r.subtype, Start: s, End: e}, true
+}
+
+// nextParam returns the offset in v of the first '&' that starts another
+// parameter of a query string or form body (an '&', a name of letters,
+// digits, '_', '.', '-', '[' or ']', then '='), or -1. An '&' not followed
+// by one ("Tr0ub4dor&3x") is part of the password.
+func nextParam(v string) int {
+	for i := strings.IndexByte(v, '&'); i >= 0; {
+		j := i + 1
+		for j < len(v) && (isAlnum(v[j]) || strings.IndexByte("_.-[]", v[j]) >= 0) {
+			j++
+		}
+		if j > i+1 && j < len(v) && v[j] == '=' {
+			return i
+		}
+		k := strings.IndexByte(v[i+1:], '&')
+		if k < 0 {
+			break
+		}
+		i += 1 + k
+	}
+	return -1
 }
 
 // bearerValue reports whether the token after "Bearer" looks like a

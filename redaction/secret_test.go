@@ -23,10 +23,28 @@ func naiveSecrets(t *testing.T, d *secretDetector, text string) []Finding {
 		plain := r
 		plain.stripped, plain.leadB, plain.anchored = false, false, nil
 		plain.re = regexp.MustCompile(r.orig)
-		for _, m := range plain.re.FindAllStringSubmatchIndex(text, -1) {
+		// Leftmost-first matches; a match finding rejects hides no later
+		// one for hand-written rules and rules tried at their keyword
+		// hits (see detectIn and detectAt): the search goes on from the
+		// byte after its start.
+		retry := r.hand || r.anchored != nil
+		for pos := 0; pos <= len(text); {
+			m := plain.re.FindStringSubmatchIndex(text[pos:])
+			if m == nil {
+				break
+			}
+			for k := range m {
+				if m[k] >= 0 {
+					m[k] += pos
+				}
+			}
 			if f, ok := d.finding(&plain, text, m, nil); ok {
 				out = append(out, f)
+			} else if retry {
+				pos = m[0] + 1
+				continue
 			}
+			pos = max(m[1], m[0]+1)
 		}
 	}
 	return out
@@ -82,7 +100,7 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 	contexts := []string{
 		"%s", "key: %s", "api_key = \"%s\"", "MY_API_KEY=%s\n", "export GITHUB_TOKEN='%s';", "password: %s.",
 		"auth %s, ok", "Authorization: Bearer %s", "the secret is %s!", "token=%s&x=1", "{\"access_token\":\"%s\"}",
-		"twilio key SK%s", "heroku_api_key = %s", "xkey=%s", "ckey=%s and key=%s",
+		"twilio key SK%s", "heroku_api_key = %s", "xkey=%s", "ckey=%s and key=%s", "secret: password: %s",
 	}
 	var texts []string
 	for i := 0; i < 400; i++ {

@@ -24,6 +24,27 @@ func isAlnum(c byte) bool { return isDigit(c) || isAlpha(c) }
 // letter in UTF-8.
 func wordByte(c byte) bool { return isAlnum(c) || c == '_' || c >= 0x80 }
 
+// underscored reports whether text[s:e] is set in Markdown emphasis by
+// underscores ("_4111 1111 1111 1111_", "__RSSMRA80A01H501U__"): one or
+// two '_' right before s, as many right after e, and no word byte outside
+// them. The underscores then delimit the value, not glue it to an
+// identifier.
+func underscored(text string, s, e int) bool {
+	n := 0
+	for n < 3 && before(text, s-n) == '_' {
+		n++
+	}
+	if n == 0 || n > 2 || wordByte(before(text, s-n)) {
+		return false
+	}
+	for k := 0; k < n; k++ {
+		if at(text, e+k) != '_' {
+			return false
+		}
+	}
+	return !wordByte(at(text, e+n))
+}
+
 // before returns text[i-1], or 0 at the start.
 func before(text string, i int) byte {
 	if i <= 0 {
