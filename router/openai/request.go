@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -903,4 +905,17 @@ func CheckBody(body []byte) *Error {
 func CheckStructure(b []byte) (key string, dup, deep bool) {
 	p, _ := parseAll(string(b))
 	return p.dupKey, p.problem == problemDup, p.problem == problemDeep
+}
+
+// CheckJSON reads b once: valid reports whether b is one JSON value (RFC
+// 8259, the grammar of gjson.Valid; the UTF-8 of strings is not checked),
+// and for a valid b dup and deep are CheckStructure's, with the repeated
+// member name key. b is read in place (not copied) and not kept. It stands
+// for gjson.ValidBytes followed by CheckStructure, which read b twice.
+func CheckJSON(b []byte) (valid bool, key string, dup, deep bool) {
+	p, ok := parseAll(unsafe.String(unsafe.SliceData(b), len(b)))
+	if !ok {
+		return false, "", false, false
+	}
+	return true, strings.Clone(p.dupKey), p.problem == problemDup, p.problem == problemDeep
 }

@@ -227,11 +227,12 @@ func readAnswer(rq *request, o *outcome, resp *http.Response, r io.Reader) ([]by
 // misshapen, or an error object (as some routers send a provider's
 // failure in a 200: a failed attempt, as inside a stream).
 func wholeAnswer(ep openai.Endpoint, resp *http.Response, body []byte) (failure, string) {
+	valid, why := checkJSON(body)
 	switch {
-	case !gjson.ValidBytes(body):
+	case !valid:
 		return failBadAnswer, "a 200 answer that is not JSON (" + contentType(resp) + ")"
-	case ambiguous(body) != "":
-		return failBadAnswer, "a 200 answer " + ambiguous(body)
+	case why != "":
+		return failBadAnswer, "a 200 answer " + why
 	case misshapen(ep, body) != "":
 		return failBadAnswer, "a 200 answer " + misshapen(ep, body)
 	}
@@ -301,20 +302,22 @@ type readCloser struct {
 	io.Closer
 }
 
-// ambiguous says why the valid JSON text b is no answer to relay, "" when
-// it is one: a member name repeated in one object (Molly's guard and
+// checkJSON reads b once (openai.CheckJSON): valid reports whether it is
+// JSON, and ambiguous says why a valid b is still no answer to relay, ""
+// when it is one: a member name repeated in one object (Molly's guard and
 // restorer read one value, the client's parser may keep the other: Go's
 // and JavaScript's keep the last), or nesting deeper than
 // openai.MaxJSONDepth (deeper than any answer of the API, and than some
 // clients' parsers recurse).
-func ambiguous(b []byte) string {
-	switch key, dup, deep := openai.CheckStructure(b); {
+func checkJSON(b []byte) (valid bool, ambiguous string) {
+	valid, key, dup, deep := openai.CheckJSON(b)
+	switch {
 	case dup:
-		return fmt.Sprintf("with the key %q twice in one object", key)
+		return valid, fmt.Sprintf("with the key %q twice in one object", key)
 	case deep:
-		return fmt.Sprintf("nested deeper than %d levels", openai.MaxJSONDepth)
+		return valid, fmt.Sprintf("nested deeper than %d levels", openai.MaxJSONDepth)
 	}
-	return ""
+	return valid, ""
 }
 
 // misshapen says why the valid JSON text b is no answer of endpoint ep,

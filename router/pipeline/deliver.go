@@ -182,14 +182,19 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		for _, c := range ev.Comments {
 			buf = relay.AppendComment(buf, c)
 		}
+		var valid bool
+		var why string
+		if len(ev.Data) > 0 {
+			valid, why = checkJSON(ev.Data)
+		}
 		switch {
 		case ev.IsDone():
 			tail(false)
-		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data) && ambiguous(ev.Data) != "":
+		case valid && why != "":
 			p.Metrics.Malformed(o.cand.Target.Name, "ambiguous")
 			rq.log.Warn("dropping a malformed stream event", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
-				zap.String("reason", "an event "+ambiguous(ev.Data)), zap.Int("bytes", len(ev.Data)))
-		case len(ev.Data) > 0 && gjson.ValidBytes(ev.Data):
+				zap.String("reason", "an event "+why), zap.Int("bytes", len(ev.Data)))
+		case valid:
 			data := validUTF8(ev.Data)
 			if text != nil {
 				text.appendChunk(data)
