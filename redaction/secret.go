@@ -270,10 +270,11 @@ func buildSecretDetector() (*secretDetector, error) {
 			entropy: r.Entropy, keywords: kw, allow: r.Allowlists, stripped: stripped, leadB: leadB,
 			windowed: windowable(id, src, kw), orig: orig,
 		})
-		if stripped && windowable(id, src, kw) {
+		if _, starts := newStartFilter(src, kw); stripped && (windowable(id, src, kw) || starts) {
 			// gitleaks generates these rules (GenerateSemiGenericRegex) from
 			// their keyword list: once the identifier prefix is gone, every
-			// match starts with a keyword.
+			// match starts with a keyword ("linked[_-]?in" with keywords
+			// linkedin, linked_in, linked-in).
 			d.rules[len(d.rules)-1].anchored = regexp.MustCompile(`^(?:` + src + `)`)
 			if strings.Contains(src, semiGenericMiddle) {
 				longest := 0

@@ -3,6 +3,7 @@ package redaction
 import (
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -85,8 +86,12 @@ func alternatives(re *syntax.Regexp) [][]*syntax.Regexp {
 		for _, head := range alternatives(re.Sub[0]) {
 			// A literal before an alternation is the prefix the parser
 			// factored out of it ("AKIA|ASIA" is parsed as A(?:KIA|SIA)):
-			// each branch is an alternative of its own, up to a few.
-			if len(re.Sub) > 1 && allLiteral(head) && (re.Sub[1].Op == syntax.OpAlternate || re.Sub[1].Op == syntax.OpCapture && re.Sub[1].Sub[0].Op == syntax.OpAlternate) {
+			// each branch is an alternative of its own, up to a few. So
+			// are a small class ("xox[os]", "(?:sk|rk)_" parsed as
+			// "[rs]k_": its bytes are alternatives of one byte each, see
+			// classLiterals) and an optional part ("linked[_-]?in"),
+			// also after further literals.
+			if len(re.Sub) > 1 && allLiteral(head) && expandable(re.Sub[1]) {
 				tails := alternatives(&syntax.Regexp{Op: syntax.OpConcat, Sub: re.Sub[1:]})
 				if len(out)+len(tails) <= maxStartAlternatives {
 					for _, tail := range tails {
@@ -99,9 +104,81 @@ func alternatives(re *syntax.Regexp) [][]*syntax.Regexp {
 			out = append(out, seq)
 		}
 		return out
+	case syntax.OpQuest:
+		if smallPart(re.Sub[0]) {
+			return append(alternatives(re.Sub[0]), nil)
+		}
+	case syntax.OpCharClass:
+		if lits := classLiterals(re); lits != nil {
+			var out [][]*syntax.Regexp
+			for _, l := range lits {
+				out = append(out, []*syntax.Regexp{l})
+			}
+			return out
+		}
 	}
 	return [][]*syntax.Regexp{{re}}
 }
+
+// expandable reports whether alternatives may read more than one
+// alternative, or a literal, off n.
+func expandable(n *syntax.Regexp) bool {
+	switch n.Op {
+	case syntax.OpLiteral, syntax.OpAlternate:
+		return true
+	case syntax.OpQuest:
+		return smallPart(n.Sub[0])
+	case syntax.OpCapture, syntax.OpConcat:
+		return len(n.Sub) > 0 && expandable(n.Sub[0])
+	}
+	return classLiterals(n) != nil
+}
+
+// smallPart reports whether n is a literal or a small class: an optional
+// n is read as two alternatives ("linked[_-]?in"), not more (the nested
+// options of "x{0,20}" would make thousands).
+func smallPart(n *syntax.Regexp) bool {
+	return n.Op == syntax.OpLiteral || classLiterals(n) != nil
+}
+
+// classLiterals returns a class of at most maxClassLiterals ASCII runes
+// as literals of one rune, an ASCII letter in both cases as one
+// case-folded literal (the form of "(?i)d" that altStartOf joins to the
+// literals around it): the alternatives of one byte the class matches.
+// It returns nil for any other node.
+func classLiterals(n *syntax.Regexp) []*syntax.Regexp {
+	if n.Op != syntax.OpCharClass {
+		return nil
+	}
+	var rs []rune
+	for k := 0; k+1 < len(n.Rune); k += 2 {
+		if n.Rune[k+1] >= 0x80 || int(n.Rune[k+1]-n.Rune[k])+1+len(rs) > maxClassLiterals {
+			return nil
+		}
+		for r := n.Rune[k]; r <= n.Rune[k+1]; r++ {
+			rs = append(rs, r)
+		}
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	var out []*syntax.Regexp
+	for _, r := range rs {
+		lo, up := unicode.ToLower(r), unicode.ToUpper(r)
+		switch {
+		case lo != up && slices.Contains(rs, lo) && slices.Contains(rs, up):
+			if r == lo {
+				out = append(out, &syntax.Regexp{Op: syntax.OpLiteral, Rune: []rune{lo}, Flags: syntax.FoldCase})
+			}
+		default:
+			out = append(out, &syntax.Regexp{Op: syntax.OpLiteral, Rune: []rune{r}})
+		}
+	}
+	return out
+}
+
+// maxClassLiterals is the most runes of a class classLiterals expands.
+const maxClassLiterals = 8
 
 // maxStartAlternatives bounds the alternatives alternatives makes by
 // distributing a factored prefix over its alternation.
@@ -125,31 +202,41 @@ func altStartOf(seq []*syntax.Regexp) (altStart, bool) {
 	var lit []rune
 	i := 0
 	flat := flatten(seq)
-	for ; i < len(flat); i++ {
+	cut := false     // the literal goes on past a non-ASCII rune
+	letters := false // lit has a letter (a.fold is its case)
+	for ; i < len(flat) && !cut; i++ {
 		n := flat[i]
 		if n.Op != syntax.OpLiteral {
 			break
 		}
+		// Folding changes only letters: a literal without letters
+		// joins either kind.
 		fold := n.Flags&syntax.FoldCase != 0
-		if len(lit) > 0 && fold != a.fold {
-			break
+		if hasLetter(n.Rune) {
+			if letters && fold != a.fold {
+				break
+			}
+			a.fold, letters = fold, true
 		}
-		a.fold = fold
-		lit = append(lit, n.Rune...)
+		for _, r := range n.Rune {
+			if r >= 0x80 {
+				// The literal's ASCII prefix ("contrase" of
+				// "contraseña"): a match starts with it, and no
+				// class check follows.
+				cut = true
+				break
+			}
+			lit = append(lit, r)
+		}
 	}
 	if len(lit) == 0 {
 		return a, false
-	}
-	for _, r := range lit {
-		if r >= 0x80 {
-			return a, false
-		}
 	}
 	a.lit = string(lit)
 	if a.fold {
 		a.lit = strings.ToLower(a.lit)
 	}
-	if i < len(flat) {
+	if i < len(flat) && !cut {
 		n := flat[i]
 		switch n.Op {
 		case syntax.OpCharClass:
@@ -165,6 +252,16 @@ func altStartOf(seq []*syntax.Regexp) (altStart, bool) {
 		}
 	}
 	return a, true
+}
+
+// hasLetter reports whether rs holds a rune that case folding changes.
+func hasLetter(rs []rune) bool {
+	for _, r := range rs {
+		if unicode.SimpleFold(r) != r {
+			return true
+		}
+	}
+	return false
 }
 
 // flatten expands nested concatenations and captures at the front.
