@@ -18,7 +18,7 @@ type Shape struct{ Name, Unit string }
 // Shapes are inputs built to make detectors work hard: keyword and
 // assignment floods, key=key=…, unterminated PEM headers, long digit runs
 // and spaced digits, '@' floods, placeholder-like brackets, nested
-// encodings.
+// encodings, random base64.
 var Shapes = []Shape{
 	{"key=key", "key="},
 	{"assignment-flood", `api_key = "`},
