@@ -303,12 +303,16 @@ func qpRune(s string) (rune, int) {
 // decoded.
 func qpEscaped(text string) bool {
 	for i := strings.IndexByte(text, '='); i >= 0 && i+2 < len(text); {
-		switch text[i+1 : i+3] {
-		case "40", "3D", "2E":
-			return true
-		}
-		if qpByte(text[i:]) >= 0x80 && qpByte(text[i+3:]) >= 0x80 {
-			return true // the escapes of a UTF-8 character ("=C3=A9")
+		// Every escape below starts with a digit or A-F: one test skips
+		// the '=' of code and of base64 padding ("key=value").
+		if c := text[i+1]; isDigit(c) || c >= 'A' && c <= 'F' {
+			switch text[i+1 : i+3] {
+			case "40", "3D", "2E":
+				return true
+			}
+			if qpByte(text[i:]) >= 0x80 && qpByte(text[i+3:]) >= 0x80 {
+				return true // the escapes of a UTF-8 character ("=C3=A9")
+			}
 		}
 		k := strings.IndexByte(text[i+1:], '=')
 		if k < 0 {

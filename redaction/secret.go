@@ -45,6 +45,20 @@ type secretRule struct {
 	// (groupedAWSKeyAt, see grouped.go).
 	grouped bool
 	orig    string // the pattern before the speed-ups (for tests)
+	// near: every match holds a keyword that starts at most reach bytes
+	// after the match (keywordReach) and no assertion before its first
+	// byte reads the byte before it, so the rule runs only where a match
+	// can start, [hit-reach, hit] for each keyword hit: on the window
+	// that also holds the longest match from there (span bytes, when
+	// bounded), or anchored at each of those starts (tries, when
+	// unbounded).
+	near  bool
+	reach int
+	span  int
+	tries *regexp.Regexp
+	// inner, when set, is re for a window that starts past the start of
+	// the text: re with its ^ made to match nothing (withoutBeginText).
+	inner *regexp.Regexp
 }
 
 // semiGenericMiddle is the part gitleaks' GenerateSemiGenericRegex puts
@@ -276,10 +290,11 @@ func buildSecretDetector() (*secretDetector, error) {
 			entropy: r.Entropy, keywords: kw, allow: r.Allowlists, stripped: stripped, leadB: leadB,
 			windowed: windowable(id, src, kw), orig: orig,
 		})
-		if stripped && windowable(id, src, kw) {
+		if _, starts := newStartFilter(src, kw); stripped && (windowable(id, src, kw) || starts) {
 			// gitleaks generates these rules (GenerateSemiGenericRegex) from
 			// their keyword list: once the identifier prefix is gone, every
-			// match starts with a keyword.
+			// match starts with a keyword ("linked[_-]?in" with keywords
+			// linkedin, linked_in, linked-in).
 			d.rules[len(d.rules)-1].anchored = regexp.MustCompile(`^(?:` + src + `)`)
 			if strings.Contains(src, semiGenericMiddle) {
 				longest := 0
@@ -302,8 +317,37 @@ func buildSecretDetector() (*secretDetector, error) {
 		} else {
 			d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 		}
+		d.nearKeywords(&d.rules[len(d.rules)-1], src)
 	}
 	return d, nil
+}
+
+// maxTries is the most starts before a keyword hit at which a rule of
+// unbounded span is tried anchored (see secretRule.near).
+const maxTries = 8
+
+// nearKeywords sets r.near when r is neither anchored at its hits nor run
+// over the whole text for another reason and its matches hold a keyword
+// near their start (see secretRule.near).
+func (d *secretDetector) nearKeywords(r *secretRule, src string) {
+	if r.anchored != nil || r.grouped || r.privateKey || len(r.keywords) == 0 {
+		return
+	}
+	reach, ok := keywordReach(src, r.keywords)
+	if !ok || leftContext(src) {
+		return
+	}
+	span := ruleWidth(src)
+	inner := withoutBeginText(src)
+	switch {
+	case span >= 0:
+		r.near, r.reach, r.span = true, reach, span
+		if inner != "" {
+			r.inner = regexp.MustCompile(inner)
+		}
+	case reach <= maxTries && inner == "":
+		r.near, r.reach, r.span, r.tries = true, reach, -1, anchoredRe(src)
+	}
 }
 
 // anchorAtStart makes r tried anchored at its keyword hits when every
@@ -380,6 +424,10 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 					end = e
 				}
 			}
+		}
+		if r.near {
+			dst = d.detectNear(r, text, hs, dst, b, memo)
+			continue
 		}
 		if !r.windowed {
 			if !b.spend(len(text) / 256) {
@@ -796,6 +844,93 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 			// start at their keyword, so the search from the byte after
 			// the rejected start finds the next keyword's match.
 			pos = m[0] + 1 - ws
+		}
+	}
+	return dst
+}
+
+// detectNear runs a near rule (see secretRule.near) where its matches can
+// start, with the leftmost-first semantics of a scan of the whole text:
+// every match starts in [h-reach, h] for a keyword hit h, so the hits
+// are taken in groups whose ranges overlap the window of the group
+// before, and each group's text[lo:last+span+1] is searched for matches
+// that start by its last hit (the window holds the longest match from
+// any such start, and one more byte for a trailing assertion; a match
+// found starting later is left to the next group). A rule of unbounded
+// span is tried anchored at each start of the ranges instead.
+func (d *secretDetector) detectNear(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
+	pos := 0 // where the scan goes on: the end of the last match
+	for i := 0; i < len(hits); {
+		lo := max(pos, int(hits[i])-r.reach)
+		j := i
+		for j+1 < len(hits) && (r.span < 0 && int(hits[j+1])-r.reach <= int(hits[j])+1 || r.span >= 0 && int(hits[j+1])-r.reach <= int(hits[j])+r.span+1) {
+			j++
+		}
+		last := int(hits[j])
+		i = j + 1
+		if lo > last {
+			continue
+		}
+		if r.span < 0 {
+			// Unbounded: anchored at each start in turn.
+			for s := lo; s <= last; s++ {
+				if s < pos {
+					continue
+				}
+				if !b.spend(8) {
+					return dst
+				}
+				if r.leadB && wordASCII(before(text, s)) == wordASCII(at(text, s)) {
+					continue
+				}
+				m := r.tries.FindStringSubmatchIndex(text[s:])
+				if m == nil {
+					continue
+				}
+				for k := range m {
+					if m[k] >= 0 {
+						m[k] += s
+					}
+				}
+				pos = max(m[1], m[0]+1)
+				s = pos - 1
+				if f, ok := d.finding(r, text, m, memo); ok {
+					dst = append(dst, f)
+				}
+			}
+			continue
+		}
+		we := min(len(text), last+r.span+1)
+		if !b.spend((we - lo) / 64) {
+			return dst
+		}
+		for lo <= last {
+			re := r.re
+			if lo > 0 && r.inner != nil {
+				re = r.inner
+			}
+			m := re.FindStringSubmatchIndex(text[lo:we])
+			if m == nil {
+				break
+			}
+			for k := range m {
+				if m[k] >= 0 {
+					m[k] += lo
+				}
+			}
+			if m[0] > last {
+				break
+			}
+			if r.leadB && wordASCII(before(text, m[0])) == wordASCII(at(text, m[0])) {
+				lo = m[0] + 1 // \b failed here; a match may start later
+				pos = lo
+				continue
+			}
+			pos = max(m[1], m[0]+1)
+			lo = pos
+			if f, ok := d.finding(r, text, m, memo); ok {
+				dst = append(dst, f)
+			}
 		}
 	}
 	return dst

@@ -3,6 +3,7 @@ package redaction
 import (
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -85,8 +86,12 @@ func alternatives(re *syntax.Regexp) [][]*syntax.Regexp {
 		for _, head := range alternatives(re.Sub[0]) {
 			// A literal before an alternation is the prefix the parser
 			// factored out of it ("AKIA|ASIA" is parsed as A(?:KIA|SIA)):
-			// each branch is an alternative of its own, up to a few.
-			if len(re.Sub) > 1 && allLiteral(head) && (re.Sub[1].Op == syntax.OpAlternate || re.Sub[1].Op == syntax.OpCapture && re.Sub[1].Sub[0].Op == syntax.OpAlternate) {
+			// each branch is an alternative of its own, up to a few. So
+			// are a small class ("xox[os]", "(?:sk|rk)_" parsed as
+			// "[rs]k_": its bytes are alternatives of one byte each, see
+			// classLiterals) and an optional part ("linked[_-]?in"),
+			// also after further literals.
+			if len(re.Sub) > 1 && allLiteral(head) && expandable(re.Sub[1]) {
 				tails := alternatives(&syntax.Regexp{Op: syntax.OpConcat, Sub: re.Sub[1:]})
 				if len(out)+len(tails) <= maxStartAlternatives {
 					for _, tail := range tails {
@@ -99,9 +104,81 @@ func alternatives(re *syntax.Regexp) [][]*syntax.Regexp {
 			out = append(out, seq)
 		}
 		return out
+	case syntax.OpQuest:
+		if smallPart(re.Sub[0]) {
+			return append(alternatives(re.Sub[0]), nil)
+		}
+	case syntax.OpCharClass:
+		if lits := classLiterals(re); lits != nil {
+			var out [][]*syntax.Regexp
+			for _, l := range lits {
+				out = append(out, []*syntax.Regexp{l})
+			}
+			return out
+		}
 	}
 	return [][]*syntax.Regexp{{re}}
 }
+
+// expandable reports whether alternatives may read more than one
+// alternative, or a literal, off n.
+func expandable(n *syntax.Regexp) bool {
+	switch n.Op {
+	case syntax.OpLiteral, syntax.OpAlternate:
+		return true
+	case syntax.OpQuest:
+		return smallPart(n.Sub[0])
+	case syntax.OpCapture, syntax.OpConcat:
+		return len(n.Sub) > 0 && expandable(n.Sub[0])
+	}
+	return classLiterals(n) != nil
+}
+
+// smallPart reports whether n is a literal or a small class: an optional
+// n is read as two alternatives ("linked[_-]?in"), not more (the nested
+// options of "x{0,20}" would make thousands).
+func smallPart(n *syntax.Regexp) bool {
+	return n.Op == syntax.OpLiteral || classLiterals(n) != nil
+}
+
+// classLiterals returns a class of at most maxClassLiterals ASCII runes
+// as literals of one rune, an ASCII letter in both cases as one
+// case-folded literal (the form of "(?i)d" that altStartOf joins to the
+// literals around it): the alternatives of one byte the class matches.
+// It returns nil for any other node.
+func classLiterals(n *syntax.Regexp) []*syntax.Regexp {
+	if n.Op != syntax.OpCharClass {
+		return nil
+	}
+	var rs []rune
+	for k := 0; k+1 < len(n.Rune); k += 2 {
+		if n.Rune[k+1] >= 0x80 || int(n.Rune[k+1]-n.Rune[k])+1+len(rs) > maxClassLiterals {
+			return nil
+		}
+		for r := n.Rune[k]; r <= n.Rune[k+1]; r++ {
+			rs = append(rs, r)
+		}
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	var out []*syntax.Regexp
+	for _, r := range rs {
+		lo, up := unicode.ToLower(r), unicode.ToUpper(r)
+		switch {
+		case lo != up && slices.Contains(rs, lo) && slices.Contains(rs, up):
+			if r == lo {
+				out = append(out, &syntax.Regexp{Op: syntax.OpLiteral, Rune: []rune{lo}, Flags: syntax.FoldCase})
+			}
+		default:
+			out = append(out, &syntax.Regexp{Op: syntax.OpLiteral, Rune: []rune{r}})
+		}
+	}
+	return out
+}
+
+// maxClassLiterals is the most runes of a class classLiterals expands.
+const maxClassLiterals = 8
 
 // maxStartAlternatives bounds the alternatives alternatives makes by
 // distributing a factored prefix over its alternation.
@@ -125,31 +202,41 @@ func altStartOf(seq []*syntax.Regexp) (altStart, bool) {
 	var lit []rune
 	i := 0
 	flat := flatten(seq)
-	for ; i < len(flat); i++ {
+	cut := false     // the literal goes on past a non-ASCII rune
+	letters := false // lit has a letter (a.fold is its case)
+	for ; i < len(flat) && !cut; i++ {
 		n := flat[i]
 		if n.Op != syntax.OpLiteral {
 			break
 		}
+		// Folding changes only letters: a literal without letters
+		// joins either kind.
 		fold := n.Flags&syntax.FoldCase != 0
-		if len(lit) > 0 && fold != a.fold {
-			break
+		if hasLetter(n.Rune) {
+			if letters && fold != a.fold {
+				break
+			}
+			a.fold, letters = fold, true
 		}
-		a.fold = fold
-		lit = append(lit, n.Rune...)
+		for _, r := range n.Rune {
+			if r >= 0x80 {
+				// The literal's ASCII prefix ("contrase" of
+				// "contraseña"): a match starts with it, and no
+				// class check follows.
+				cut = true
+				break
+			}
+			lit = append(lit, r)
+		}
 	}
 	if len(lit) == 0 {
 		return a, false
-	}
-	for _, r := range lit {
-		if r >= 0x80 {
-			return a, false
-		}
 	}
 	a.lit = string(lit)
 	if a.fold {
 		a.lit = strings.ToLower(a.lit)
 	}
-	if i < len(flat) {
+	if i < len(flat) && !cut {
 		n := flat[i]
 		switch n.Op {
 		case syntax.OpCharClass:
@@ -165,6 +252,16 @@ func altStartOf(seq []*syntax.Regexp) (altStart, bool) {
 		}
 	}
 	return a, true
+}
+
+// hasLetter reports whether rs holds a rune that case folding changes.
+func hasLetter(rs []rune) bool {
+	for _, r := range rs {
+		if unicode.SimpleFold(r) != r {
+			return true
+		}
+	}
+	return false
 }
 
 // flatten expands nested concatenations and captures at the front.
@@ -416,4 +513,238 @@ func ruleWidth(src string) int {
 		return -1
 	}
 	return maxWidth(re.Simplify())
+}
+
+// keywordReach returns, when every match of src contains one of
+// keywords (lower case) ASCII case-insensitively, the most bytes from a
+// match's start to where the first of them in it starts. It reads the
+// literal runs of the pattern's top-level sequence (literals, small
+// classes, optional literals, alternations of literals; see
+// literalStrings) and takes the first run each of whose spellings holds
+// a keyword; the bytes before the run are bounded by maxWidth. An
+// alternation at the top is read branch by branch. ok is false when no
+// such run exists or the bytes before it are unbounded.
+func keywordReach(src string, keywords []string) (reach int, ok bool) {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return 0, false
+	}
+	return seqReach(re.Simplify(), keywords)
+}
+
+func seqReach(re *syntax.Regexp, keywords []string) (int, bool) {
+	for re.Op == syntax.OpCapture {
+		re = re.Sub[0]
+	}
+	if re.Op == syntax.OpAlternate {
+		most := 0
+		for _, s := range re.Sub {
+			r, ok := seqReach(s, keywords)
+			if !ok {
+				return 0, false
+			}
+			most = max(most, r)
+		}
+		return most, true
+	}
+	seq := flattenAll(re, nil)
+	off := 0
+	for i := range seq {
+		strs := []string{""}
+		for j := i; j < len(seq); j++ {
+			next := literalStrings(seq[j])
+			if next == nil || len(strs)*len(next) > maxStartAlternatives {
+				break
+			}
+			var grown []string
+			for _, s := range strs {
+				for _, t := range next {
+					grown = append(grown, s+t)
+				}
+			}
+			strs = grown
+			if most, all := firstKeywordAt(strs, keywords); all {
+				return off + most, true
+			}
+		}
+		if seq[i].Op == syntax.OpAlternate {
+			// An alternation whose every branch holds a keyword.
+			if r, ok := seqReach(seq[i], keywords); ok {
+				return off + r, true
+			}
+		}
+		w := maxWidth(seq[i])
+		if w < 0 {
+			return 0, false
+		}
+		off += w
+	}
+	return 0, false
+}
+
+// firstKeywordAt reports whether every string of strs holds a keyword
+// and the largest offset of the first one in them.
+func firstKeywordAt(strs, keywords []string) (int, bool) {
+	most := 0
+	for _, s := range strs {
+		first := -1
+		for _, k := range keywords {
+			if i := strings.Index(s, k); i >= 0 && (first < 0 || i < first) {
+				first = i
+			}
+		}
+		if first < 0 {
+			return 0, false
+		}
+		most = max(most, first)
+	}
+	return most, true
+}
+
+// literalStrings returns the lower-case strings an ASCII node matches
+// (a literal, a small class, an optional one of those, an alternation
+// of literal sequences), or nil.
+func literalStrings(n *syntax.Regexp) []string {
+	switch n.Op {
+	case syntax.OpLiteral:
+		for _, r := range n.Rune {
+			if r >= 0x80 {
+				return nil
+			}
+		}
+		return []string{strings.ToLower(string(n.Rune))}
+	case syntax.OpCharClass:
+		var out []string
+		for _, l := range classLiterals(n) {
+			out = append(out, strings.ToLower(string(l.Rune)))
+		}
+		return out
+	case syntax.OpQuest:
+		if smallPart(n.Sub[0]) {
+			return append(literalStrings(n.Sub[0]), "")
+		}
+	case syntax.OpCapture:
+		return literalStrings(n.Sub[0])
+	case syntax.OpConcat:
+		out := []string{""}
+		for _, s := range n.Sub {
+			next := literalStrings(s)
+			if next == nil || len(out)*len(next) > maxStartAlternatives {
+				return nil
+			}
+			var grown []string
+			for _, a := range out {
+				for _, b := range next {
+					grown = append(grown, a+b)
+				}
+			}
+			out = grown
+		}
+		return out
+	case syntax.OpAlternate:
+		var out []string
+		for _, s := range n.Sub {
+			next := literalStrings(s)
+			if next == nil || len(out)+len(next) > maxStartAlternatives {
+				return nil
+			}
+			out = append(out, next...)
+		}
+		return out
+	}
+	return nil
+}
+
+// leftContext reports whether a match of src can meet, before its first
+// byte, an assertion that reads the byte before it (\b, \B, (?m)^):
+// such a rule cannot be run on a window that starts inside the text. A
+// ^ there (the start of the text) is not one: see withoutBeginText.
+func leftContext(src string) bool {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return true
+	}
+	ctx, _ := startAssertions(re.Simplify())
+	return ctx
+}
+
+// withoutBeginText returns src with every ^ (the start of the text) made
+// a class that matches nothing, or "" when src has none: the rule as it
+// reads a window that starts inside the text, where no ^ can hold.
+func withoutBeginText(src string) string {
+	re, err := syntax.Parse(src, syntax.Perl)
+	if err != nil {
+		return ""
+	}
+	found := false
+	var walk func(n *syntax.Regexp)
+	walk = func(n *syntax.Regexp) {
+		for k, s := range n.Sub {
+			if s.Op == syntax.OpBeginText {
+				n.Sub[k] = &syntax.Regexp{Op: syntax.OpNoMatch}
+				found = true
+				continue
+			}
+			walk(s)
+		}
+	}
+	walk(re)
+	if !found || re.Op == syntax.OpBeginText {
+		return ""
+	}
+	return re.String()
+}
+
+// startAssertions returns whether n can meet a left-context assertion
+// before it consumes a byte, and whether it can match the empty string.
+func startAssertions(n *syntax.Regexp) (ctx, nullable bool) {
+	switch n.Op {
+	case syntax.OpBeginLine, syntax.OpWordBoundary, syntax.OpNoWordBoundary:
+		return true, true
+	case syntax.OpBeginText:
+		return false, true
+	case syntax.OpEmptyMatch, syntax.OpEndText, syntax.OpEndLine:
+		return false, true
+	case syntax.OpCapture, syntax.OpPlus:
+		return startAssertions(n.Sub[0])
+	case syntax.OpQuest, syntax.OpStar:
+		c, _ := startAssertions(n.Sub[0])
+		return c, true
+	case syntax.OpRepeat:
+		c, nul := startAssertions(n.Sub[0])
+		return c, nul || n.Min == 0
+	case syntax.OpConcat:
+		for _, s := range n.Sub {
+			c, nul := startAssertions(s)
+			if c {
+				return true, false
+			}
+			if !nul {
+				return false, false
+			}
+		}
+		return false, true
+	case syntax.OpAlternate:
+		for _, s := range n.Sub {
+			c, nul := startAssertions(s)
+			ctx, nullable = ctx || c, nullable || nul
+		}
+		return ctx, nullable
+	}
+	return false, false
+}
+
+// flattenAll appends to dst the elements of n's sequence, through every
+// concatenation and capture.
+func flattenAll(n *syntax.Regexp, dst []*syntax.Regexp) []*syntax.Regexp {
+	switch n.Op {
+	case syntax.OpConcat:
+		for _, s := range n.Sub {
+			dst = flattenAll(s, dst)
+		}
+		return dst
+	case syntax.OpCapture:
+		return flattenAll(n.Sub[0], dst)
+	}
+	return append(dst, n)
 }

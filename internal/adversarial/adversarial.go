@@ -5,7 +5,11 @@
 // shape is a unit repeated to the benchmark's size.
 package adversarial
 
-import "encoding/base64"
+import (
+	"encoding/base64"
+	"math/rand/v2"
+	"strings"
+)
 
 // Shape is one adversarial input: Name (used in benchmark and metric
 // names: no white space) and Unit, the text repeated (and cut) to size.
@@ -14,7 +18,7 @@ type Shape struct{ Name, Unit string }
 // Shapes are inputs built to make detectors work hard: keyword and
 // assignment floods, key=key=…, unterminated PEM headers, long digit runs
 // and spaced digits, '@' floods, placeholder-like brackets, nested
-// encodings.
+// encodings, random base64.
 var Shapes = []Shape{
 	{"key=key", "key="},
 	{"assignment-flood", `api_key = "`},
@@ -46,4 +50,26 @@ var Shapes = []Shape{
 	// Addresses glued by a dropped invisible character (every '@' tests
 	// the dropped characters' offsets after it).
 	{"dropped-chars", "ab@example.it\u200b"},
+	// A pasted binary attachment: base64 of pseudo-random bytes wrapped
+	// at 76 columns as MIME writes it, where every rule keyword of four
+	// letters or fewer turns up by chance ("pwd", "xoxs", "eaam").
+	{"random-base64", randomBase64(256 << 10)},
+}
+
+// randomBase64 returns n bytes of MIME-wrapped base64 (RFC 2045 §6.8:
+// lines of 76 characters ending in "\n") of bytes from a fixed-seed PCG,
+// the same on every run.
+func randomBase64(n int) string {
+	r := rand.New(rand.NewPCG(2045, 76))
+	raw := make([]byte, n)
+	for i := range raw {
+		raw[i] = byte(r.Uint32())
+	}
+	enc := base64.StdEncoding.EncodeToString(raw)
+	var b strings.Builder
+	for i := 0; b.Len() < n; i += 76 {
+		b.WriteString(enc[i : i+76])
+		b.WriteByte('\n')
+	}
+	return b.String()[:n]
 }
