@@ -89,8 +89,10 @@ func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_
 // is walked back over to the group starts before it, and from each a code
 // is read and checked as detectFiscal checks one: structure, day and check
 // letter. The letters are all upper or all lower case. A code without any
-// separator is left to detectFiscal.
-func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
+// separator is left to detectFiscal. The starts read and turned down are
+// appended to rejected, in increasing order (detectFiscalOmocodic does not
+// read them again).
+func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []int32) ([]Finding, []int32) {
 	var up [16]byte
 	tried := -1 // the last start tried (starts are tried in increasing order)
 	for _, d := range digits {
@@ -143,9 +145,10 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 				tried = e
 				break
 			}
+			rejected = append(rejected, int32(st))
 		}
 	}
-	return dst
+	return dst, rejected
 }
 
 // detectFiscalOmocodic finds the fiscal codes detectFiscalGrouped cannot:
@@ -160,13 +163,21 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding) []Finding {
 // seven omocodic letters, a month letter, a valid day and the check
 // letter must fall in field-shaped words. Written in lower case, or in
 // groups that cut a field ("RSSM RAUL ALMH RLMD"), a fully omocodic code
-// is found only unbroken (detectFiscal).
-func detectFiscalOmocodic(text string, caps []int32, dst []Finding) []Finding {
+// is found only unbroken (detectFiscal). Starts in rejected (increasing,
+// detectFiscalGrouped's) are not read again: fiscalGroupedAt turned them
+// down already.
+func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []int32) []Finding {
 	var up [16]byte
 	end := -1
 	for _, c := range caps {
 		st := int(c)
 		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(at(text, st+1)) || !isUpper(at(text, st+2)) {
+			continue
+		}
+		for len(rejected) > 0 && int(rejected[0]) < st {
+			rejected = rejected[1:]
+		}
+		if len(rejected) > 0 && int(rejected[0]) == st {
 			continue
 		}
 		if wordByte(before(text, st)) || before(text, st) == '-' && isAlnum(before(text, st-1)) {

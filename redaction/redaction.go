@@ -237,6 +237,7 @@ type scanState struct {
 	num    numScan    // detectNumbers' buffers
 	res    resolveScratch
 	enc    encScratch // encodedSegments' buffers
+	fiscal []int32    // the starts detectFiscalGrouped turned down, for detectFiscalOmocodic
 }
 
 // NewScanner validates cfg and builds the detectors. It returns an error
@@ -537,8 +538,8 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 	}
 	if s.en.ITFiscalCode {
 		cand = detectFiscal(text, a.tok16, cand)
-		cand = detectFiscalGrouped(text, a.digits, cand)
-		cand = detectFiscalOmocodic(text, a.caps, cand)
+		cand, st.fiscal = detectFiscalGrouped(text, a.digits, cand, st.fiscal[:0])
+		cand = detectFiscalOmocodic(text, a.caps, cand, st.fiscal)
 	}
 	var schemes []int32
 	for _, h := range a.kw {
