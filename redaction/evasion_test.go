@@ -42,6 +42,12 @@ func TestScanFindsEvasions(t *testing.T) {
 		{"a fiscal code in slashed groups", "cf RSS/MRA/80A01/H501U", "RSS/MRA/80A01/H501U", TypeITFiscalCode},
 		{"a fiscal code with every character apart", "cf R S S M R A 8 0 A 0 1 H 5 0 1 U.", "R S S M R A 8 0 A 0 1 H 5 0 1 U", TypeITFiscalCode},
 		{"a fiscal code with its year split", "cf RSS MRA 8 0 A01 H501U", "RSS MRA 8 0 A01 H501U", TypeITFiscalCode},
+		// One separator as far from the year as a code holds one (after
+		// the first letter, before the check letter), and none outside it.
+		{"a fiscal code apart after its first letter", "cf:R/SSMRA80A01H501U;", "R/SSMRA80A01H501U", TypeITFiscalCode},
+		{"a fiscal code apart before its check letter", "cf:RSSMRA80A01H501 U;", "RSSMRA80A01H501 U", TypeITFiscalCode},
+		{"a fiscal code with a split year apart before its check letter", "cf:RSSMRA8 0A01H501U;", "RSSMRA8 0A01H501U", TypeITFiscalCode},
+		{"a six-letter omocodic code apart before its check letter", "cf:RSSMRA8LALMHRLM G;", "RSSMRA8LALMHRLM G", TypeITFiscalCode},
 		{"an omocodic fiscal code in groups", "codice RSS MRA 85T10 A56NH", "RSS MRA 85T10 A56NH", TypeITFiscalCode},
 		// RSSMRA80A01H501U with its last five and six digits replaced by
 		// omocodic letters (LMNPQRSTUV), the check letter computed by hand

@@ -1,6 +1,7 @@
 package redaction
 
 import (
+	"math"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -80,6 +81,9 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 // the view maps every dash and space to '-' and ' '.
 func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_' || c == '/' }
 
+// fiscalSeps are the bytes fiscalSep reports.
+const fiscalSeps = " -._/"
+
 // detectFiscalGrouped finds fiscal codes written in groups: 16 characters
 // with single separators (fiscalSep) between some of them, read from the
 // digit runs of the prefilter. Every fiscal code but a fully omocodic one
@@ -95,6 +99,7 @@ func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_
 func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []int32) ([]Finding, []int32) {
 	var up [16]byte
 	tried := -1 // the last start tried (starts are tried in increasing order)
+	sep := -1   // the first separator at or after the last window's start (math.MaxInt: none)
 	for _, d := range digits {
 		i := int(d)
 		if !alphaBefore(text, i, 4) {
@@ -106,6 +111,23 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 		}
 		if n-i > 3 {
 			continue // no group of a fiscal code holds four digits
+		}
+		// A grouped code holds a separator, and its year's run lies at its
+		// 7th and 8th characters: the code starts at most 14 bytes before
+		// the run (six letters, six separators, the year's first digit and
+		// a separator when the run is its second) and ends at most 18
+		// after it (nine characters, nine separators, when the run is one
+		// digit). Runs with no separator that near (base64, hashes) are
+		// not read further; the separators are found by one forward
+		// search over the text, as the runs come in order.
+		if lo := max(0, i-14); sep < lo {
+			sep = math.MaxInt // none
+			if k := strings.IndexAny(text[lo:], fiscalSeps); k >= 0 {
+				sep = lo + k
+			}
+		}
+		if sep > n+18 {
+			continue
 		}
 		if !fiscalYearMaybe(text, i, n) || !fiscalYearAt(text, i, n) {
 			continue
