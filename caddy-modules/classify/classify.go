@@ -237,7 +237,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		w.WriteHeader(499)
 		return nil
 	}
-	in := classify.Input{Endpoint: ep, Path: r.URL.Path, Body: body,
+	in := classify.Input{Endpoint: ep, Path: r.URL.Path, Body: body, BodyHandedOver: true, // read for this request, never written again
 		Declared: strings.Join(r.Header.Values("X-Molly-Sensitivity"), ","), Residency: strings.Join(r.Header.Values("X-Molly-Residency"), ",")}
 	var tr *translate.Translation
 	if tw != nil {
@@ -249,7 +249,7 @@ func (c *Classify) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyh
 		tr = t
 		tw.Bind(tr)
 		body = chat
-		in.Endpoint, in.API, in.StoredConversation, in.Body = openai.EndpointChat, string(ep), tr.StoredConversation, chat
+		in.Endpoint, in.API, in.StoredConversation, in.Body, in.BodyHandedOver = openai.EndpointChat, string(ep), tr.StoredConversation, chat, false
 	}
 	ann, err := c.classifier.Classify(in)
 	if err != nil {

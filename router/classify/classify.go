@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -125,6 +126,10 @@ type Input struct {
 	// StoredConversation reports a body whose history Molly added from its
 	// own store (the Responses API's previous_response_id).
 	StoredConversation bool
+	// BodyHandedOver: the caller never changes Body's bytes again, so the
+	// annotation keeps them as its body text without a copy (the caller
+	// that read the body itself); otherwise Body is copied.
+	BodyHandedOver bool
 }
 
 var residencyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
@@ -167,7 +172,11 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	}
 	// The one read of the body: Parse validates it and records its values
 	// (openai.Doc); the walk below visits them without parsing again.
-	req, doc, aerr := openai.Parse(in.Endpoint, string(in.Body))
+	text := string(in.Body)
+	if in.BodyHandedOver {
+		text = unsafe.String(unsafe.SliceData(in.Body), len(in.Body))
+	}
+	req, doc, aerr := openai.Parse(in.Endpoint, text)
 	if aerr != nil {
 		return nil, aerr
 	}

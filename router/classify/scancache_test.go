@@ -127,3 +127,31 @@ func TestAScanCutShortIsNotKept(t *testing.T) {
 		}
 	}
 }
+
+// TestABodyHandedOverIsTheBodyCopied: a body handed over is annotated as
+// the same bytes copied are (findings, digest, body text); a body not
+// handed over is copied, so the caller's later writes to its slice change
+// nothing.
+func TestABodyHandedOverIsTheBodyCopied(t *testing.T) {
+	c := New(testScanner(t), nil)
+	body := conversation(t, "and write to mario.rossi@example.it too")
+	copied, err := c.Classify(Input{Endpoint: openai.EndpointChat, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed, err := c.Classify(Input{Endpoint: openai.EndpointChat, Body: append([]byte(nil), body...), BodyHandedOver: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"EMAIL": 2, "CREDIT_CARD": 1, "IBAN": 1}
+	if !maps.Equal(copied.Findings(), want) || !maps.Equal(handed.Findings(), want) || copied.Digest() != handed.Digest() || copied.Body() != handed.Body() {
+		t.Fatalf("copied %v, handed over %v (want %v); digests equal %v", copied.Findings(), handed.Findings(), want, copied.Digest() == handed.Digest())
+	}
+	before := copied.Body()
+	for i := range body {
+		body[i] = 'x'
+	}
+	if copied.Body() != before || strings.Contains(copied.Body(), "xxxx") {
+		t.Fatal("a body not handed over changed with the caller's slice")
+	}
+}
