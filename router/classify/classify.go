@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -172,9 +173,11 @@ func (c *Classifier) Classify(in Input) (*Annotation, error) {
 	}
 	// The one read of the body: Parse validates it and records its values
 	// (openai.Doc); the walk below visits them without parsing again.
-	text := string(in.Body)
+	var text string
 	if in.BodyHandedOver {
 		text = unsafe.String(unsafe.SliceData(in.Body), len(in.Body))
+	} else {
+		text = string(in.Body)
 	}
 	req, doc, aerr := openai.Parse(in.Endpoint, text)
 	if aerr != nil {
@@ -249,7 +252,8 @@ func (z *sealer) put(s string) {
 // change: the classifier, the request's endpoint, path, declared class,
 // residency and API, and the body. sealTail adds the findings.
 func (a *Annotation) sealHead() *sealer {
-	z := &sealer{h: sha256.New()}
+	z := sealers.Get().(*sealer)
+	z.h.Reset()
 	z.h.Write(a.classifier.id[:])
 	z.put(string(a.req.Endpoint))
 	z.put(a.path)
@@ -282,7 +286,12 @@ func (a *Annotation) sealTail(z *sealer) {
 		z.put("scan_failed")
 	}
 	z.h.Sum(a.digest[:0])
+	sealers.Put(z)
 }
+
+// sealers keeps sealers for reuse: a sealer's hash and buffer are the same
+// for every digest.
+var sealers = sync.Pool{New: func() any { return &sealer{h: sha256.New()} }}
 
 // enumPaths are the positions whose strings are the OpenAI schema's own
 // enums, with the values each may take; a string there that is one of them
