@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+// freshMolly serves model chat on the T2 target remote (the upstream u),
+// with feedback and metrics routes beside the gateway's.
+func freshMolly(t *testing.T, u *wire7Upstream) *gateway {
+	return startMolly(t, `{
+	admin off
+	auto_https off
+	persist_config off
+	molly {
+		target remote {
+			tier T2
+			endpoint `+u.srv.URL+`/v1
+			models chat=up
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	handle /v1/feedback {
+		molly_feedback
+	}
+	handle /metrics {
+		metrics
+	}
+	handle {
+		molly_classify
+		molly_policy
+		molly_route
+	}
+}
+`)
+}
+
+// openai-go closes a stream's connection as soon as it reads [DONE]. A
+// stream delivered to its [DONE] is a routed answer all the same: it can
+// be given feedback (its decision is remembered) and counts as routed in
+// the metrics, never as a client that went away (client_closed).
+func TestAStreamReadToItsDoneIsRoutedEvenIfTheClientClosesAtOnce(t *testing.T) {
+	u := startWire7Upstream(t)
+	g := freshMolly(t, u)
+	c := client(g)
+	const streams = 200
+	for i := range streams {
+		var resp *http.Response
+		s := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "chat",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")}}, option.WithResponseInto(&resp))
+		text := ""
+		for s.Next() {
+			for _, ch := range s.Current().Choices {
+				text += ch.Delta.Content
+			}
+		}
+		if err := s.Err(); err != nil || text != "Hello" {
+			t.Fatalf("stream %d: %q, %v", i, text, err)
+		}
+		id := resp.Header.Get("X-Molly-Decision-Id")
+		if status, out := feedback(t, g, `{"decision_id":"`+id+`","score":1}`); status != 200 {
+			t.Fatalf("stream %d: feedback on its decision %s: %d %v, want 200 (the answer was delivered)", i, id, status, out)
+		}
+	}
+	resp, err := http.Get(strings.TrimSuffix(g.URL, "/v1") + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	routed := regexp.MustCompile(`(?m)^molly_requests_total\{[^}]*decision="routed"[^}]*target="remote"[^}]*\} 200$`)
+	if !routed.Match(b) || strings.Contains(string(b), `decision="client_closed"`) {
+		t.Fatalf("metrics: want 200 routed requests and no client_closed:\n%s", grepLines(string(b), "molly_requests_total"))
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
