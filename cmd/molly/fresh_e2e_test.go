@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"regexp"
@@ -79,6 +80,42 @@ func TestAStreamReadToItsDoneIsRoutedEvenIfTheClientClosesAtOnce(t *testing.T) {
 	routed := regexp.MustCompile(`(?m)^molly_requests_total\{[^}]*decision="routed"[^}]*target="remote"[^}]*\} 200$`)
 	if !routed.Match(b) || strings.Contains(string(b), `decision="client_closed"`) {
 		t.Fatalf("metrics: want 200 routed requests and no client_closed:\n%s", grepLines(string(b), "molly_requests_total"))
+	}
+}
+
+// GET /v1/models/{model} of a model not listed is a 404, and counts as
+// model_not_found in molly_outcomes_total (as an unknown model on chat
+// completions does), not as routed.
+func TestAnUnknownModelsLookupCountsAsModelNotFound(t *testing.T) {
+	u := startWire7Upstream(t)
+	g := freshMolly(t, u)
+	c := client(g)
+	var apiErr *openai.Error
+	if _, err := c.Models.Get(context.Background(), "nope"); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
+		t.Fatalf("GET /v1/models/nope: %v, want 404 model_not_found", err)
+	}
+	if m, err := c.Models.Get(context.Background(), "chat"); err != nil || m.ID != "chat" {
+		t.Fatalf("GET /v1/models/chat: %v %v", m, err)
+	}
+	resp, err := http.Get(strings.TrimSuffix(g.URL, "/v1") + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	// The models looked up by name (the list, gen_ai_request_model "", is
+	// what startMolly polls).
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, `molly_outcomes_total{gen_ai_operation_name="models",gen_ai_request_model="`) && !strings.Contains(l, `gen_ai_request_model=""`) {
+			lines = append(lines, l)
+		}
+	}
+	got := strings.Join(lines, "\n")
+	want := `molly_outcomes_total{gen_ai_operation_name="models",gen_ai_request_model="chat",outcome="routed",tier=""} 1` + "\n" +
+		`molly_outcomes_total{gen_ai_operation_name="models",gen_ai_request_model="nope",outcome="model_not_found",tier=""} 1`
+	if got != want {
+		t.Fatalf("models outcomes:\n%s\nwant:\n%s", got, want)
 	}
 }
 
