@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -116,6 +117,34 @@ func TestAnUnknownModelsLookupCountsAsModelNotFound(t *testing.T) {
 		`molly_outcomes_total{gen_ai_operation_name="models",gen_ai_request_model="nope",outcome="model_not_found",tier=""} 1`
 	if got != want {
 		t.Fatalf("models outcomes:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// A body that is not what its Content-Encoding says is a 400 invalid_body
+// naming the encoding once.
+func TestABodyThatIsNotItsEncodingIsNamedOnce(t *testing.T) {
+	u := startWire7Upstream(t)
+	g := freshMolly(t, u)
+	for _, c := range []struct{ enc, want string }{
+		{"gzip", "The request body could not be read: gzip: invalid header."},
+		{"deflate", "The request body could not be read: deflate: invalid header."},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, g.URL+"/chat/completions", strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", c.enc)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var out struct {
+			Error struct{ Message, Code, Type string }
+		}
+		if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != 400 || out.Error.Code != "invalid_body" ||
+			out.Error.Type != "invalid_request_error" || out.Error.Message != c.want {
+			t.Fatalf("%s: %d %s\nwant 400 invalid_body %q", c.enc, resp.StatusCode, b, c.want)
+		}
 	}
 }
 
