@@ -12,6 +12,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 )
 
 // freshMolly serves model chat on the T2 target remote (the upstream u),
@@ -145,6 +146,31 @@ func TestABodyThatIsNotItsEncodingIsNamedOnce(t *testing.T) {
 			out.Error.Type != "invalid_request_error" || out.Error.Message != c.want {
 			t.Fatalf("%s: %d %s\nwant 400 invalid_body %q", c.enc, resp.StatusCode, b, c.want)
 		}
+	}
+}
+
+// OpenAI's API description sets max_output_tokens' minimum at 16
+// (CreateResponse): 15 is a 400 integer_below_min_value naming it, 16 is
+// served.
+func TestMaxOutputTokensBelowSixteenIsRefused(t *testing.T) {
+	u := startWire7Upstream(t)
+	g := freshMolly(t, u)
+	c := client(g)
+	params := func(n int64) responses.ResponseNewParams {
+		return responses.ResponseNewParams{Model: "chat", MaxOutputTokens: openai.Int(n), Store: openai.Bool(false),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Hello")}}
+	}
+	var apiErr *openai.Error
+	_, err := c.Responses.New(context.Background(), params(15))
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Code != "integer_below_min_value" || apiErr.Param != "max_output_tokens" ||
+		apiErr.Message != "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got 15 instead." {
+		t.Fatalf("max_output_tokens 15: %v, want 400 integer_below_min_value", err)
+	}
+	if r, err := c.Responses.New(context.Background(), params(16)); err != nil || r.OutputText() != "fine" {
+		t.Fatalf("max_output_tokens 16: %v %v", r, err)
+	}
+	if got := u.last(t).Get("max_completion_tokens").Int(); got != 16 {
+		t.Fatalf("the upstream got max_completion_tokens %d, want 16", got)
 	}
 }
 
