@@ -81,10 +81,29 @@ func decoded(r io.Reader, enc string, limit int64) (io.Reader, error) {
 		return r, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", enc, err)
+		return nil, &decodeError{enc: enc, err: err}
 	}
 	return &limitedReader{r: d, left: limit, limit: limit}, nil
 }
+
+// decodeError is a body that could not be decoded as its Content-Encoding
+// says: "gzip: invalid header", "deflate: invalid header" (the decoder's
+// own message, named by the client's encoding rather than the package's:
+// compress/gzip's already names gzip, compress/zlib's says zlib).
+type decodeError struct {
+	enc string
+	err error
+}
+
+func (e *decodeError) Error() string {
+	msg := e.err.Error()
+	for _, pkg := range []string{"gzip: ", "zlib: ", "flate: "} {
+		msg = strings.TrimPrefix(msg, pkg)
+	}
+	return e.enc + ": " + msg
+}
+
+func (e *decodeError) Unwrap() error { return e.err }
 
 // limitedReader fails with *http.MaxBytesError once more than limit bytes
 // were read through it.

@@ -109,7 +109,7 @@ func (p *Pipeline) Models(ctx context.Context, a *classify.Annotation, d policie
 	rq := &request{w: w, ctx: ctx, a: a, d: d, dec: dec, id: identity.From(ctx), log: p.log(), begin: time.Now()}
 	rq.outcome = newOutcome(a, dec, rq.id, rq.begin)
 	err := p.models(rq)
-	p.finish(rq, "routed", statusOf(err, http.StatusOK))
+	p.finish(rq, modelsLabel(err), statusOf(err, http.StatusOK))
 	if err != nil {
 		return nil, err
 	}

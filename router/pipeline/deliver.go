@@ -93,6 +93,9 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 	p.setHeaders(rq, o)
 	rq.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rq.w.WriteHeader(o.status)
+	if o.status/100 == 2 {
+		p.remember(rq, o)
+	}
 	_, _ = rq.w.Write(body)
 	rq.log.Info("routed", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name), zap.String("tier", o.cand.Target.Tier),
 		zap.Int("status", o.status), zap.Int("redacted", o.disp.Redacted()), zap.String("strategy", string(rq.plan.Strategy)),
@@ -176,6 +179,7 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 			buf = relay.AppendData(buf, fin)
 		}
 		buf = relay.AppendData(buf, []byte("[DONE]"))
+		p.remember(rq, o)
 	}
 	emit := func(ev relay.Event, counted bool) error {
 		buf = buf[:0]
@@ -277,7 +281,11 @@ func (p *Pipeline) deliverStream(rq *request, o *outcome, label string) error {
 		}
 		err = nil
 	}
-	if rq.ctx.Err() != nil {
+	// A stream whose [DONE] was written was delivered, whatever the
+	// client did next: openai-go, for one, closes the connection as soon
+	// as it reads [DONE], which can cancel the request's context before
+	// this line runs.
+	if rq.ctx.Err() != nil && (!sawDone || err != nil) {
 		o.meter.StreamEnd()
 		rq.log.Info("client went away", zap.String("decision_id", rq.dec.ID()), zap.String("target", o.cand.Target.Name),
 			zap.Bool("stream", true), zap.Duration("after", time.Since(rq.begin)))
@@ -352,6 +360,14 @@ func (p *Pipeline) respond(rq *request, o *outcome, label string) error {
 	return nil
 }
 
+// remember keeps rq's decision for feedback on o's answer. It runs before
+// the answer's last bytes are written (the whole body, a stream's [DONE]):
+// a client may post its feedback the moment it has read them, before
+// observe runs.
+func (p *Pipeline) remember(rq *request, o *outcome) {
+	p.Priors.Remember(rq.dec.ID(), o.cand.Key, o.cand.Quality)
+}
+
 // observe feeds a delivered answer to the priors (latency, throughput; the
 // decision, for feedback) and the metrics.
 func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, streamErr error) {
@@ -376,7 +392,7 @@ func (p *Pipeline) observe(rq *request, o *outcome, label string, body []byte, s
 	good := o.status/100 == 2 && streamErr == nil && decision != "client_closed" && decision != "output_blocked"
 	if good {
 		p.Priors.ObserveLatency(o.cand.Target.Name, o.ttfb, total)
-		p.Priors.Remember(rq.dec.ID(), o.cand.Key, o.cand.Quality)
+		p.remember(rq, o)
 	}
 	prompt, completion := -1, -1
 	if u := o.usage(); u != nil {

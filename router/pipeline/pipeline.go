@@ -181,7 +181,7 @@ func (p *Pipeline) Serve(w http.ResponseWriter, r *http.Request, a *classify.Ann
 	defer traceRoute(rq)()
 	if a.Endpoint() == openai.EndpointModels {
 		err := p.models(rq)
-		p.finish(rq, "routed", statusOf(err, http.StatusOK))
+		p.finish(rq, modelsLabel(err), statusOf(err, http.StatusOK))
 		return err
 	}
 	if p.Orchestrator != nil {
@@ -317,6 +317,16 @@ func statusOf(err error, ok int) int {
 		return ae.Status
 	}
 	return http.StatusInternalServerError
+}
+
+// modelsLabel is the outcome of a models request that ended with err:
+// routed when it was answered, else as labelOf says (model_not_found for
+// GET /v1/models/{model} of a model not listed).
+func modelsLabel(err error) string {
+	if err == nil {
+		return "routed"
+	}
+	return labelOf(err)
 }
 
 // Denied records the outcome of a request the policy denied (the policy

@@ -16,6 +16,10 @@ import (
 	"github.com/molly-gateway/molly/router/relay"
 )
 
+// minOutputTokens is the least max_output_tokens OpenAI's API description
+// allows (CreateResponse: minimum 16); a smaller one is a 400.
+const minOutputTokens = 16
+
 // FromResponses translates a Responses API request (CreateResponse) into a
 // chat completions request:
 //
@@ -137,12 +141,18 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 		chat["parallel_tool_calls"] = v.Bool()
 	}
 	if v := root.Get("max_output_tokens"); v.Exists() && v.Type != gjson.Null {
-		if n, err := strconv.Atoi(v.Raw); v.Type != gjson.Number || err != nil || n < 1 {
+		n, err := strconv.Atoi(v.Raw)
+		if v.Type != gjson.Number || err != nil || n < 1 {
 			e := openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': expected a positive integer, but got %s.", v.Raw)
 			e.Code = openai.CodeIntegerBelowMin
 			if v.Type != gjson.Number || err != nil {
 				e.Code = openai.CodeInvalidType
 			}
+			return nil, nil, e
+		}
+		if n < minOutputTokens {
+			e := openai.InvalidRequest("max_output_tokens", "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= %d, but got %d instead.", minOutputTokens, n)
+			e.Code = openai.CodeIntegerBelowMin
 			return nil, nil, e
 		}
 		chat["max_completion_tokens"] = json.RawMessage(v.Raw)

@@ -317,7 +317,7 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 	t.Run("an answer cut by max_output_tokens is incomplete, and so is its item", func(t *testing.T) {
 		cut := `{"id":"chatcmpl-2","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"finish_reason":"length","logprobs":null,
 	"message":{"role":"assistant","content":"Once upon a","refusal":null}}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`
-		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"a story","max_output_tokens":3}`), nil, "ana")
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","input":"a story","max_output_tokens":16}`), nil, "ana")
 		rec := serve(t, APIResponses, tr, writeJSON(200, cut))
 		spec.Validate(t, "Response", rec.Body.Bytes())
 		r := gjson.ParseBytes(rec.Body.Bytes())
@@ -325,7 +325,7 @@ func TestResponsesAnswersAreSpecValid(t *testing.T) {
 			r.Get("output.0.status").Str != "incomplete" || r.Get("output.0.content.0.text").Str != "Once upon a" || r.Get("completed_at").Exists() {
 			t.Fatalf("response %s", rec.Body)
 		}
-		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"a story","max_output_tokens":3}`), nil, "ana")
+		_, tr, _ = FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"a story","max_output_tokens":16}`), nil, "ana")
 		rec = serve(t, APIResponses, tr, writeSSE(
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Once upon a"},"finish_reason":null}]}`,
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`,
@@ -572,7 +572,7 @@ func TestResponsesReasoning(t *testing.T) {
 		check(t, gjson.GetBytes(evs[len(evs)-1].Data, "response"))
 	})
 	t.Run("a stream cut while reasoning: the reasoning item is incomplete", func(t *testing.T) {
-		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"2+2?","reasoning":{"effort":"high"},"max_output_tokens":2}`), nil, "ana")
+		_, tr, _ := FromResponses(ctx, []byte(`{"model":"m","stream":true,"input":"2+2?","reasoning":{"effort":"high"},"max_output_tokens":16}`), nil, "ana")
 		rec := serve(t, APIResponses, tr, writeSSE(
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Two"},"finish_reason":null}]}`,
 			`{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`, `[DONE]`))
