@@ -185,11 +185,15 @@ func (rn *run) refine() (string, *Uncertainty) {
 		stop := ""
 		closure := rn.plan.dependents(targets)
 		var worst Cost
+		worstOut := 0 // the round's completion tokens at most
 		for _, id := range closure {
 			s := rn.byID[id]
 			w := rn.subtaskWorst(s, true)
 			worst.Tokens += s.Alternatives * w.Tokens
 			worst.CostUSD += float64(s.Alternatives) * w.CostUSD
+			if s.Specialist.Tool == "" {
+				worstOut += s.Alternatives * s.Budget.MaxTokens
+			}
 		}
 		spent := rn.spentNow()
 		spent.Tokens, spent.CostUSD = spent.Tokens-rn.admitted.Tokens, spent.CostUSD-rn.admitted.CostUSD
@@ -200,6 +204,8 @@ func (rn *run) refine() (string, *Uncertainty) {
 			stop = StoppedMaxRefinements
 		case spent.Tokens+worst.Tokens > rn.budget.Tokens || spent.CostUSD+worst.CostUSD > rn.budget.CostUSD+1e-9:
 			stop = StoppedBudget
+		case rn.a.MaxTokens() > 0 && rn.spentCompletionNow()+worstOut > rn.a.MaxTokens():
+			stop = StoppedBudget // the client's max_tokens bounds the answer's completion tokens
 		}
 		if stop != "" {
 			u := &Uncertainty{Stopped: stop, Issues: issues}

@@ -52,6 +52,7 @@ func (rn *run) makePlan() error {
 	}
 	plan.ID = rn.rec.ID
 	plan.normalize(Defaults{Ceiling: rn.o.cfg.TierCeiling, Tokens: rn.subtaskTokens(), Refinements: *rn.o.cfg.MaxRefinements})
+	rn.fitClientCap(plan)
 	rn.plan, rn.byID = plan, plan.byID()
 	rn.rec.mu.Lock()
 	rn.rec.Plan, rn.rec.Planner = plan, plan.Planner
@@ -70,6 +71,36 @@ func (rn *run) subtaskTokens() int {
 		n = m
 	}
 	return n
+}
+
+// fitClientCap divides the client's max_tokens (max_completion_tokens)
+// among the plan's model answers, so that what the answer is billed in
+// completion tokens — every subtask's alternatives, and the controller's
+// calls already spent — stays within it: each model subtask's budget
+// becomes at most (max_tokens − completion tokens spent so far) ÷ (the
+// plan's model answers, alternatives counted), at least 1. Refinement is
+// held to the same cap (refine). Nothing changes without a max_tokens.
+func (rn *run) fitClientCap(p *Plan) {
+	m := rn.a.MaxTokens()
+	if m <= 0 {
+		return
+	}
+	answers := 0
+	for i := range p.Subtasks {
+		if p.Subtasks[i].Specialist.Tool == "" {
+			answers += p.Subtasks[i].Alternatives
+		}
+	}
+	if answers == 0 {
+		return
+	}
+	share := max((m-rn.spentCompletionNow())/answers, 1)
+	for i := range p.Subtasks {
+		s := &p.Subtasks[i]
+		if s.Specialist.Tool == "" && s.Budget.MaxTokens > share {
+			s.Budget.MaxTokens = share
+		}
+	}
 }
 
 // bounds is what the plan's inputs may address.

@@ -53,6 +53,7 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 	}
 	prompt, completion := rn.rec.PromptTokens, rn.rec.CompletionTokens
 	rn.rec.mu.Unlock()
+	finish := rn.finishReason(completion)
 	usage := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 	if rn.stream == nil {
 		h := rn.w.Header()
@@ -65,7 +66,7 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 			h.Set(HeaderUncertainty, uncertaintyHeader(unc))
 		}
 		body, err := json.Marshal(map[string]any{"id": id, "object": "chat.completion", "created": created, "model": rn.a.Model(),
-			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "logprobs": nil,
+			"choices": []any{map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil,
 				"message": map[string]any{"role": "assistant", "content": answer, "refusal": nil}}},
 			"usage": usage, BodyMember: rn.info(unc)})
 		if err != nil {
@@ -103,7 +104,7 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 		rn.stream.data(chunk(map[string]any{"content": rest[:n]}, nil, false))
 		rest = rest[n:]
 	}
-	rn.stream.data(chunk(map[string]any{}, "stop", true))
+	rn.stream.data(chunk(map[string]any{}, finish, true))
 	if rn.a.IncludeUsage() {
 		b, _ := json.Marshal(map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": rn.a.Model(),
 			"choices": []any{}, "usage": usage})
@@ -111,6 +112,24 @@ func (rn *run) respond(answer string, unc *Uncertainty) error {
 	}
 	rn.stream.data([]byte("[DONE]"))
 	return nil
+}
+
+// finishReason is the answer's finish_reason: "length" when a subtask's
+// latest answer was cut off at its token budget (finish_reason "length"),
+// or the completion tokens billed pass the client's max_tokens (an
+// upstream that reported more than it was sent); "stop" otherwise.
+func (rn *run) finishReason(completion int) string {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	for _, r := range rn.results {
+		if r != nil && r.ok && r.finish == "length" {
+			return "length"
+		}
+	}
+	if m := rn.a.MaxTokens(); m > 0 && completion > m {
+		return "length"
+	}
+	return "stop"
 }
 
 // uncertaintyHeader is the HeaderUncertainty value of u.

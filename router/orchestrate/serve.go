@@ -305,6 +305,13 @@ func (rn *run) spentNow() Cost {
 	return rn.spent
 }
 
+// spentCompletionNow is the completion tokens spent so far.
+func (rn *run) spentCompletionNow() int {
+	rn.rec.mu.Lock()
+	defer rn.rec.mu.Unlock()
+	return rn.rec.CompletionTokens
+}
+
 func (rn *run) spentPrompt() int     { return rn.rec.PromptTokens }
 func (rn *run) spentCompletion() int { return rn.rec.CompletionTokens }
 
