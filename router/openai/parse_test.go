@@ -36,7 +36,7 @@ func parseSeeds() []string {
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","max_tokens":100,"max_completion_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"functions":[{"name":"g"}],"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","messages":[{"role":"tool","tool_call_id":"c","content":"ok"},{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}}]}`,
+		`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"ok"},{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}}]}`,
 		`{"model":"m","logprobs":true,"n":3,"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}]}`,
 		`{"model":"m","prompt":"x","best_of":4,"n":2,"logprobs":0}`,
 		`{"model":"m","prompt":["a",[1,2]]}`,

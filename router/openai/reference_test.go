@@ -3,6 +3,7 @@ package openai
 import (
 	"errors"
 	"regexp"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -290,9 +291,10 @@ func refChat(r *Request, root gjson.Result) *Error {
 		}
 	}
 	var bad *Error
+	var callIDs []string
 	i := 0
 	msgs.ForEach(func(_, m gjson.Result) bool {
-		bad = refMessage(r, i, m)
+		bad = refMessage(r, i, m, &callIDs)
 		i++
 		return bad == nil
 	})
@@ -306,7 +308,7 @@ func refChat(r *Request, root gjson.Result) *Error {
 	return nil
 }
 
-func refMessage(r *Request, i int, m gjson.Result) *Error {
+func refMessage(r *Request, i int, m gjson.Result, callIDs *[]string) *Error {
 	param := "messages[" + strconv.Itoa(i) + "]"
 	if !m.IsObject() {
 		return WrongType(param, "an object", m)
@@ -326,6 +328,13 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 			return InvalidRequest(param+".tool_call_id", "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.")
 		}
 		return WrongType(param+".tool_call_id", "a string", id)
+	}
+	if id := m.Get("tool_call_id").Str; role.Str == "tool" && !slices.Contains(*callIDs, id) {
+		p := "messages.[" + strconv.Itoa(i) + "]"
+		if len(*callIDs) == 0 {
+			return InvalidRequest(p+".role", "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.")
+		}
+		return InvalidRequest(p+".tool_call_id", "Invalid parameter: 'tool_call_id' of '%s' not found in 'tool_calls' of previous message.", id)
 	}
 	if n := m.Get("name"); n.Exists() && n.Type != gjson.Null && n.Type != gjson.String {
 		return WrongType(param+".name", "a string", n)
@@ -387,6 +396,8 @@ func refMessage(r *Request, i int, m gjson.Result) *Error {
 				bad = WrongType(p+"."+obj+".name", "a string", fn.Get("name"))
 			case fn.Get(args).Type != gjson.String:
 				bad = WrongType(p+"."+obj+"."+args, "a string", fn.Get(args))
+			case tc.Get("id").Type == gjson.String:
+				*callIDs = append(*callIDs, tc.Get("id").Str)
 			}
 			return bad == nil
 		})

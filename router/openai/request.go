@@ -448,8 +448,9 @@ func (r *Request) chat(d *Doc, f *rootMembers) *Error {
 		}
 	}
 	i := 0
+	var callIDs []string // the assistant tool call ids so far
 	for c, end := msgs+1, d.Next(msgs); c < end; c = d.Next(c) {
-		if err := r.message(d, i, c); err != nil {
+		if err := r.message(d, i, c, &callIDs); err != nil {
 			return err
 		}
 		i++
@@ -506,7 +507,10 @@ func (r *Request) toolChoice(d *Doc, tc int) *Error {
 	return nil
 }
 
-func (r *Request) message(d *Doc, i, m int) *Error {
+// message checks messages[i] (value m); callIDs are the assistant tool
+// call ids of the messages before it, this one's added: a tool message
+// whose tool_call_id is none of them is a 400, in OpenAI's words.
+func (r *Request) message(d *Doc, i, m int, callIDs *[]string) *Error {
 	param := func() string { return "messages[" + strconv.Itoa(i) + "]" }
 	if d.Kind(m) != KindObject {
 		return wrongType(param(), "an object", d, m)
@@ -545,6 +549,15 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 			return InvalidRequest(param()+".tool_call_id", "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.")
 		}
 		return wrongType(param()+".tool_call_id", "a string", d, toolCallID)
+	}
+	if rs == "tool" && !slices.Contains(*callIDs, d.Str(toolCallID)) {
+		// OpenAI's words and param (messages.[i].…) for a tool message
+		// answering no assistant tool call before it.
+		p := "messages.[" + strconv.Itoa(i) + "]"
+		if len(*callIDs) == 0 {
+			return InvalidRequest(p+".role", "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.")
+		}
+		return InvalidRequest(p+".tool_call_id", "Invalid parameter: 'tool_call_id' of '%s' not found in 'tool_calls' of previous message.", d.Str(toolCallID))
 	}
 	if name >= 0 && d.Kind(name) != KindNull && d.Kind(name) != KindString {
 		return wrongType(param()+".name", "a string", d, name)
@@ -607,6 +620,9 @@ func (r *Request) message(d *Doc, i, m int) *Error {
 			}
 			if a := d.Member(fn, args); a < 0 || d.Kind(a) != KindString {
 				return wrongType(p+"."+obj+"."+args, "a string", d, a)
+			}
+			if id := d.Member(c, "id"); id >= 0 && d.Kind(id) == KindString {
+				*callIDs = append(*callIDs, d.Str(id))
 			}
 		}
 		r.ToolTurns = true

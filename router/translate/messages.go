@@ -118,10 +118,11 @@ func FromMessages(body []byte) ([]byte, *Translation, *openai.Error) {
 	}
 	var bad *openai.Error
 	i := 0
+	known := map[string]bool{} // the tool_use ids of the messages so far
 	ms.ForEach(func(_, m gjson.Result) bool {
 		param := "messages." + strconv.Itoa(i)
 		i++
-		out, err := anthropicMessage(param, m)
+		out, err := anthropicMessage(param, m, known)
 		if err != nil {
 			bad = err
 			return false
@@ -214,7 +215,11 @@ func outputFormat(root gjson.Result, chat map[string]any) *openai.Error {
 }
 
 // anthropicMessage translates one message into chat messages.
-func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
+//
+// known holds the tool_use ids of the earlier messages (this message's
+// are added): a tool_result whose tool_use_id is none of them is a 400,
+// as Anthropic answers it.
+func anthropicMessage(param string, m gjson.Result, known map[string]bool) ([]any, *openai.Error) {
 	role := m.Get("role").Str
 	if role != "user" && role != "assistant" {
 		return nil, openai.InvalidRequest(param+".role", "%s.role: Input should be 'user' or 'assistant'.", param)
@@ -260,9 +265,14 @@ func anthropicMessage(param string, m gjson.Result) ([]any, *openai.Error) {
 			if args == "" {
 				args = "{}"
 			}
+			known[b.Get("id").Str] = true
 			calls = append(calls, map[string]any{"id": b.Get("id").Str, "type": "function",
 				"function": map[string]any{"name": b.Get("name").Str, "arguments": args}})
 		case "tool_result":
+			if id := b.Get("tool_use_id").Str; !known[id] {
+				bad = openai.InvalidRequest(bp, "%s: unexpected `tool_use_id` found in `tool_result` blocks: %s. Each `tool_result` block must have a corresponding `tool_use` block in the previous message.", bp, id)
+				return false
+			}
 			rc := b.Get("content")
 			result := rc.Str
 			if rc.IsArray() {

@@ -123,7 +123,14 @@ func FromResponses(ctx context.Context, body []byte, store Store, member string)
 		})
 		t.StoredConversation = true
 	}
-	in, aerr := inputMessages(root.Get("input"))
+	known := map[string]bool{} // the tool call ids of the stored conversation
+	for _, m := range t.history {
+		gjson.GetBytes(m, "tool_calls.#.id").ForEach(func(_, id gjson.Result) bool {
+			known[id.Str] = true
+			return true
+		})
+	}
+	in, aerr := inputMessages(root.Get("input"), known)
 	if aerr != nil {
 		return nil, nil, aerr
 	}
@@ -256,8 +263,11 @@ func reasoningParams(r gjson.Result, chat map[string]any) *openai.Error {
 	return nil
 }
 
-// inputMessages translates the input (a string or items) into chat messages.
-func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
+// inputMessages translates the input (a string or items) into chat
+// messages. known holds the call ids of the stored conversation (the
+// input's function_call items are added): a function_call_output whose
+// call_id is none of them is a 400 (param "input"), as OpenAI answers it.
+func inputMessages(input gjson.Result, known map[string]bool) ([]json.RawMessage, *openai.Error) {
 	switch {
 	case !input.Exists() || input.Type == gjson.Null:
 		return nil, nil
@@ -295,6 +305,7 @@ func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
 					return false
 				}
 			}
+			known[item.Get("call_id").Str] = true
 			call := map[string]any{"id": item.Get("call_id").Str, "type": "function",
 				"function": map[string]any{"name": item.Get("name").Str, "arguments": item.Get("arguments").Str}}
 			if n := len(out); n > 0 && out[n-1]["role"] == "assistant" {
@@ -306,6 +317,10 @@ func inputMessages(input gjson.Result) ([]json.RawMessage, *openai.Error) {
 		case "function_call_output":
 			if v := item.Get("call_id"); v.Type != gjson.String {
 				bad = openai.WrongType(param+".call_id", "a string", v)
+				return false
+			}
+			if id := item.Get("call_id").Str; !known[id] {
+				bad = openai.InvalidRequest("input", "No tool call found for function call output with call_id %s.", id)
 				return false
 			}
 			o := item.Get("output")

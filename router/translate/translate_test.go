@@ -162,7 +162,9 @@ func TestFromResponses(t *testing.T) {
 		{"a function_call without a name", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call","call_id":"c","arguments":"{}"}]}`, "input[1].name", 400},
 		{"a function_call with object arguments", `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":{}}]}`, "input[0].arguments", 400},
 		{"a function_call_output without call_id", `{"model":"m","input":[{"type":"function_call_output","output":"ok"}]}`, "input[0].call_id", 400},
-		{"a numeric function_call_output", `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":5}]}`, "input[0].output", 400},
+		{"a numeric function_call_output", `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":5}]}`, "input[1].output", 400},
+		// OpenAI: "No tool call found for function call output with call_id d."
+		{"a function_call_output answering no call", `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"d","output":"x"}]}`, "input", 400},
 	}
 	for _, tt := range refusals {
 		t.Run("refuses "+tt.name, func(t *testing.T) {
@@ -678,7 +680,9 @@ func TestFromMessagesTranslatesTheRecordedRequest(t *testing.T) {
 		{"a tool tool_choice without a name", `{"model":"m","max_tokens":5,"tool_choice":{"type":"tool"},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.name"},
 		// A text block's text is a string (not read as "").
 		{"a numeric text block", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "messages.0.content.0.text"},
-		{"a tool_result text block without text", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text"}]}]}]}`, "messages.0.content.0.content.0.text"},
+		{"a tool_result text block without text", `{"model":"m","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text"}]}]}]}`, "messages.1.content.0.content.0.text"},
+		// Anthropic: a tool_result answers a tool_use before it.
+		{"a tool_result answering no tool_use", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"x"}]}]}`, "messages.0.content.0"},
 	} {
 		if _, _, aerr := FromMessages([]byte(tt.body)); aerr == nil || aerr.Status != 400 || aerr.Param != tt.param {
 			t.Fatalf("%s: %+v, want 400 param %q", tt.name, aerr, tt.param)
