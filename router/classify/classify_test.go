@@ -138,8 +138,8 @@ func TestClassifyCapability(t *testing.T) {
 		{"an empty tools array is no tool use", openai.EndpointChat,
 			`{"model":"m","tools":[],"messages":[{"role":"user","content":"hi"}]}`,
 			capability{openai.EndpointChat, "m", false, false, 0, []string{"text"}, 7, false, "chat"}},
-		{"a tool message marks tool use", openai.EndpointChat,
-			`{"model":"m","messages":[{"role":"tool","tool_call_id":"c","content":"ok"}]}`,
+		{"a function message marks tool use", openai.EndpointChat,
+			`{"model":"m","messages":[{"role":"function","name":"c","content":"ok"}]}`,
 			capability{openai.EndpointChat, "m", false, false, 0, []string{"text"}, 1 + 1 + 6, true, "chat"}},
 		{"completions count no message overhead", openai.EndpointCompletions,
 			`{"model":"m","prompt":"12345678"}`,
@@ -565,7 +565,7 @@ func TestDeriveKeepsTheHeadersAndClassifier(t *testing.T) {
 	if in := a.PolicyInput()["request"].(map[string]any); in["api"] != "responses" || in["stored_conversation"] != true {
 		t.Fatalf("policy input request %v", in)
 	}
-	d, err := a.Derive([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"c","content":"4111 1111 1111 1111"}]}`))
+	d, err := a.Derive([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"4111 1111 1111 1111"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,7 @@ func TestNewDispatchRefusesADecisionForOtherContent(t *testing.T) {
 	cls := testClassifier(t)
 	judged := annotate(t, cls, openai.EndpointChat, chatBody("hello"))
 	d := decided(t, judged, allowTiers(allTiers, nil))
-	grown, err := judged.Derive([]byte(`{"model":"m","messages":[{"role":"user","content":"hello"},{"role":"tool","tool_call_id":"c","content":"alice@example.com"}]}`))
+	grown, err := judged.Derive([]byte(`{"model":"m","messages":[{"role":"user","content":"hello"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"alice@example.com"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestNeeds(t *testing.T) {
 		{"plain text needs nothing", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"declared tools need tools", `{"model":"m",` + tool + `,"messages":[{"role":"user","content":"hi"}]}`, []string{CapTools}},
 		{"tool_choice none needs no tools", `{"model":"m",` + tool + `,"tool_choice":"none","messages":[{"role":"user","content":"hi"}]}`, nil},
-		{"a tool turn in the conversation needs tools", `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"c","content":"r"}]}`, []string{CapTools}},
+		{"a tool turn in the conversation needs tools", `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}]}`, []string{CapTools}},
 		{"json_schema needs structured output", `{"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"x"}},"messages":[{"role":"user","content":"hi"}]}`, []string{CapJSONSchema}},
 		{"json_object needs structured output", `{"model":"m","response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi"}]}`, []string{CapJSONSchema}},
 		{"text format needs nothing", `{"model":"m","response_format":{"type":"text"},"messages":[{"role":"user","content":"hi"}]}`, nil},
