@@ -380,4 +380,16 @@ http://127.0.0.1:{PORT} {
 			}
 		}
 	}
+	// The page at its documented paths; an unknown path below it is a 404.
+	for path, want := range map[string]int{"/console": 200, "/console/": 200, "/console/anything-unknown": 404, "/console/state/x": 404} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == 404 && gjson.GetBytes(b, "error.code").Str != "not_found" {
+			t.Fatalf("GET %s: %d %s, want %d", path, resp.StatusCode, b, want)
+		}
+	}
 }

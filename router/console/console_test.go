@@ -164,6 +164,23 @@ func TestHandlerServesThePageAndTheState(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil || s.Engine == nil || s.Engine.KVShare != 0.25 || s.Engine.Share["billing"] != 0.75 || s.Tiers["T0"] != 1 {
 		t.Fatalf("state: %v %s", err, rec.Body.String())
 	}
+	for _, path := range []string{"/console/", "/"} {
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != 200 || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/html") {
+			t.Fatalf("GET %s: %d, want the page", path, rec.Code)
+		}
+	}
+	for _, path := range []string{"/console/anything-unknown", "/console/state/x", "/consolex"} {
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		var nf struct {
+			Error struct{ Code, Type string } `json:"error"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &nf); rec.Code != http.StatusNotFound || err != nil || nf.Error.Code != "not_found" {
+			t.Fatalf("GET %s: %d %s, want a 404 not_found", path, rec.Code, rec.Body.String())
+		}
+	}
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/console/state", nil))
 	var e struct {
