@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,39 +21,7 @@ import (
 // real gateway and a real OpenAI client: the answer carries the plan id,
 // and the admin API shows the plan with each subtask's tier and target.
 func TestOrchestrationOnTheDemoModel(t *testing.T) {
-	models := t.TempDir()
-	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
-		t.Fatal(err)
-	}
-	admin := adminSocket(t)
-	g := startMolly(t, `{
-	admin `+admin+`|0600
-	auto_https off
-	persist_config off
-	molly {
-		engine {
-			model `+filepath.Join(models, serving.DemoModelFile)+`
-			adapters `+filepath.Join(models, serving.DemoAdapterDir)+`
-			n_seq_max 2
-			n_ctx 1024
-			threads 1
-		}
-		target device {
-			tier T0
-			kind engine
-		}
-		orchestrator {
-			max_refinements 0
-			max_parallel 2
-		}
-	}
-}
-http://127.0.0.1:{PORT} {
-	molly_classify
-	molly_policy
-	molly_route
-}
-`)
+	g, admin := startOrchestrator(t, 0)
 	c := client(g)
 	params := openai.ChatCompletionNewParams{Model: "molly-orchestrator", MaxTokens: openai.Int(4), Messages: []openai.ChatCompletionMessageParamUnion{
 		openai.UserMessage("1. Why was I charged twice on my last invoice?\n2. Is the termination clause of my contract enforceable?")}}
@@ -99,39 +68,7 @@ http://127.0.0.1:{PORT} {
 // their budget the finish_reason is "length" (OpenAI: "the maximum number
 // of tokens specified in the request was reached"), whole and streamed.
 func TestOrchestrationKeepsToTheClientsMaxTokens(t *testing.T) {
-	models := t.TempDir()
-	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
-		t.Fatal(err)
-	}
-	admin := adminSocket(t)
-	g := startMolly(t, `{
-	admin `+admin+`|0600
-	auto_https off
-	persist_config off
-	molly {
-		engine {
-			model `+filepath.Join(models, serving.DemoModelFile)+`
-			adapters `+filepath.Join(models, serving.DemoAdapterDir)+`
-			n_seq_max 2
-			n_ctx 1024
-			threads 1
-		}
-		target device {
-			tier T0
-			kind engine
-		}
-		orchestrator {
-			max_refinements 2
-			max_parallel 2
-		}
-	}
-}
-http://127.0.0.1:{PORT} {
-	molly_classify
-	molly_policy
-	molly_route
-}
-`)
+	g, admin := startOrchestrator(t, 2)
 	c := client(g)
 	params := openai.ChatCompletionNewParams{Model: "molly-orchestrator", MaxTokens: openai.Int(16), Messages: []openai.ChatCompletionMessageParamUnion{
 		openai.UserMessage("1. Why was I charged twice on my invoice? 2. Is my contract's termination clause enforceable?")}}
@@ -170,4 +107,46 @@ http://127.0.0.1:{PORT} {
 	if err := stream.Err(); err != nil || len(acc.Choices) != 1 || acc.Choices[0].FinishReason != "length" || acc.Usage.CompletionTokens > 16 || acc.Usage.CompletionTokens == 0 {
 		t.Fatalf("stream: %v, finish %+v, usage %+v", err, acc.Choices, acc.Usage)
 	}
+}
+
+// startOrchestrator starts molly as a fresh install orchestrates: the demo
+// engine with its adapters as the one T0 target, no controller, at most
+// maxRefinements refinement rounds; it returns the gateway and its admin
+// socket.
+func startOrchestrator(t *testing.T, maxRefinements int) (*gateway, string) {
+	t.Helper()
+	models := t.TempDir()
+	if err := serving.WriteDemo(models, 1, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminSocket(t)
+	g := startMolly(t, `{
+	admin `+admin+`|0600
+	auto_https off
+	persist_config off
+	molly {
+		engine {
+			model `+filepath.Join(models, serving.DemoModelFile)+`
+			adapters `+filepath.Join(models, serving.DemoAdapterDir)+`
+			n_seq_max 2
+			n_ctx 1024
+			threads 1
+		}
+		target device {
+			tier T0
+			kind engine
+		}
+		orchestrator {
+			max_refinements `+strconv.Itoa(maxRefinements)+`
+			max_parallel 2
+		}
+	}
+}
+http://127.0.0.1:{PORT} {
+	molly_classify
+	molly_policy
+	molly_route
+}
+`)
+	return g, admin
 }
