@@ -81,9 +81,6 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 // the view maps every dash and space to '-' and ' '.
 func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_' || c == '/' }
 
-// fiscalSeps are the bytes fiscalSep reports.
-const fiscalSeps = " -._/"
-
 // detectFiscalGrouped finds fiscal codes written in groups: 16 characters
 // with single separators (fiscalSep) between some of them, read from the
 // digit runs of the prefilter. Every fiscal code but a fully omocodic one
@@ -122,8 +119,11 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 		// search over the text, as the runs come in order.
 		if lo := max(0, i-14); sep < lo {
 			sep = math.MaxInt // none
-			if k := strings.IndexAny(text[lo:], fiscalSeps); k >= 0 {
-				sep = lo + k
+			for k := lo; k < len(text); k++ {
+				if fiscalSep(text[k]) {
+					sep = k
+					break
+				}
 			}
 		}
 		if sep > n+18 {

@@ -2,8 +2,10 @@ package redaction
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -363,5 +365,82 @@ func TestThirdBytesCoverAdmits(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no two-byte keyword has a third-byte set")
+	}
+}
+
+// TestStartFilterCountsTheClassRun checks the least run of the class a
+// start filter asks for after the literal against Go's own matcher: a
+// literal followed by k bytes of the class (and a byte outside it) is
+// admitted whenever the anchored pattern matches it, and turned down
+// whenever k is under the pattern's count (which Simplify spells as
+// copies of the class) and the byte after the run is outside the class.
+func TestStartFilterCountsTheClassRun(t *testing.T) {
+	for _, c := range []struct {
+		src, kw, lit string
+		class        byte
+		least        int
+	}{
+		{`s\.(?i:[a-z0-9]{24})`, "s.", "s.", 'Q', 24},
+		{`sk-[A-Za-z0-9]{32,}`, "sk-", "sk-", '7', 32},
+		{`sk-(?:proj|admin)-[A-Za-z0-9_-]{20,}`, "sk-", "sk-proj-", '_', 20},
+		{`ghp_[0-9a-zA-Z]{36}`, "ghp_", "ghp_", 'x', 36},
+		{`key-[a-f]{2,5}[a-f]*z`, "key-", "key-", 'b', 2},
+		{`tok[0-9]+`, "tok", "tok", '5', 1},
+		{`tok[0-9]{0,3}x`, "tok", "tok", '5', 0},
+	} {
+		f, ok := newStartFilter(c.src, []string{c.kw})
+		if !ok {
+			t.Fatalf("%s: no start filter", c.src)
+		}
+		re := regexp.MustCompile(`^(?:` + c.src + `)`)
+		for k := 0; k <= 60; k++ {
+			for _, tail := range []string{"", " ", "z", "x", "%"} {
+				text := c.lit + strings.Repeat(string(c.class), k) + tail
+				if re.MatchString(text) && !f.admits(text, 0) {
+					t.Fatalf("%s: %q matches, but the filter turns it down", c.src, text)
+				}
+				if k < c.least && tail != "z" && tail != "x" && f.admits(text, 0) {
+					t.Fatalf("%s: %q has %d bytes of the class, under %d, and is admitted", c.src, text, k, c.least)
+				}
+			}
+		}
+	}
+}
+
+// TestShannonIsTheTextbookEntropy checks shannon against the definition,
+// -Σ p·log2 p over the bytes' frequencies, summed the plain way, and
+// against values known in closed form.
+func TestShannonIsTheTextbookEntropy(t *testing.T) {
+	textbook := func(s string) float64 {
+		freq := map[byte]float64{}
+		for i := 0; i < len(s); i++ {
+			freq[s[i]]++
+		}
+		h := 0.0
+		for _, c := range freq {
+			p := c / float64(len(s))
+			h -= p * math.Log2(p)
+		}
+		return h
+	}
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	for s, want := range map[string]float64{"": 0, "aaaa": 0, "ab": 1, "abcd": 2, "aabb": 1, string(all): 8, strings.Repeat("xy", 300): 1} {
+		if got := shannon(s); math.Abs(got-want) > 1e-12 {
+			t.Fatalf("shannon(%.20q) = %v, want %v", s, got, want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		b := make([]byte, 1+rng.IntN(700))
+		alpha := 1 + rng.IntN(256)
+		for i := range b {
+			b[i] = byte(rng.IntN(alpha))
+		}
+		if got, want := shannon(string(b)), textbook(string(b)); math.Abs(got-want) > 1e-9 {
+			t.Fatalf("shannon of %d bytes over %d symbols = %v, the definition gives %v", len(b), alpha, got, want)
+		}
 	}
 }

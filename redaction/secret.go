@@ -1004,14 +1004,17 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			} else if r.window != nil {
 				m = r.anchored.FindStringSubmatchIndex(text[p:min(len(text), r.window(text, p))])
 			} else {
-				// Unbounded: try the next 2 KiB first (Go's backtracker
-				// runs there, the NFA on longer inputs); a match ending
-				// well inside that window is the match, anything else is
-				// decided on the rest of the text.
-				w := min(len(text), p+2048)
-				m = r.anchored.FindStringSubmatchIndex(text[p:w])
-				if w < len(text) && (m == nil || m[1] > w-p-256) {
-					m = r.anchored.FindStringSubmatchIndex(text[p:e])
+				// Unbounded: try the next 512 bytes, then 2 KiB (Go's
+				// backtracker runs there, the NFA on longer inputs; its
+				// cost grows with the input, matched or not); a match
+				// ending well inside a window is the match, anything
+				// else is decided on the rest of the text.
+				m = nil
+				for _, size := range [...]int{512, 2048, len(text)} {
+					w := min(len(text), p+size)
+					if m = r.anchored.FindStringSubmatchIndex(text[p:w]); w == len(text) || m != nil && m[1] <= w-p-256 {
+						break
+					}
 				}
 			}
 		} else {
@@ -1283,21 +1286,41 @@ func allowed(lists []*glconfig.Allowlist, secret, match, text string, at int) bo
 }
 
 // shannon returns the Shannon entropy of s in bits per byte, as gitleaks
-// computes it.
+// computes it (over bytes here; gitleaks counts runes, the same on ASCII):
+// H = -Σ p·log2 p with p = c/n for each byte's count c, written as
+// log2 n - (Σ c·log2 c)/n so that c·log2 c comes from a table and each
+// distinct byte is visited once.
 func shannon(s string) float64 {
-	if s == "" {
+	n := len(s)
+	if n == 0 {
 		return 0
 	}
-	var counts [256]int
-	for i := 0; i < len(s); i++ {
+	var counts [256]int32
+	for i := 0; i < n; i++ {
 		counts[s[i]]++
 	}
-	h, n := 0.0, float64(len(s))
-	for _, c := range counts {
-		if c > 0 {
-			p := float64(c) / n
-			h -= p * math.Log2(p)
+	sum := 0.0
+	for i := 0; i < n; i++ {
+		if c := counts[s[i]]; c != 0 {
+			sum += cLog2c(c)
+			counts[s[i]] = 0
 		}
 	}
-	return h
+	return math.Log2(float64(n)) - sum/float64(n)
+}
+
+// cLog2cTable holds c·log2 c for counts up to 256.
+var cLog2cTable = func() (t [257]float64) {
+	for c := 2; c < len(t); c++ {
+		t[c] = float64(c) * math.Log2(float64(c))
+	}
+	return t
+}()
+
+// cLog2c returns c·log2 c (0 for c = 1).
+func cLog2c(c int32) float64 {
+	if int(c) < len(cLog2cTable) {
+		return cLog2cTable[c]
+	}
+	return float64(c) * math.Log2(float64(c))
 }

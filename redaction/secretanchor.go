@@ -240,7 +240,24 @@ func altStartOf(seq []*syntax.Regexp) (altStart, bool) {
 		n := flat[i]
 		switch n.Op {
 		case syntax.OpCharClass:
+			// Simplify writes x{n} as n copies of x, x{n,} as n-1 copies
+			// and x+, x{n,m} as n copies and nested options: every
+			// copy is one more byte of the class a match must hold.
 			a.cls, a.min = n.Rune, 1
+			for _, m := range flat[i+1:] {
+				if m.Op == syntax.OpCharClass && slices.Equal(m.Rune, n.Rune) {
+					a.min++
+					continue
+				}
+				if (m.Op == syntax.OpPlus || m.Op == syntax.OpRepeat) && m.Sub[0].Op == syntax.OpCharClass && slices.Equal(m.Sub[0].Rune, n.Rune) {
+					if m.Op == syntax.OpPlus {
+						a.min++
+					} else {
+						a.min += m.Min
+					}
+				}
+				break
+			}
 		case syntax.OpRepeat, syntax.OpPlus:
 			if s := n.Sub[0]; s.Op == syntax.OpCharClass {
 				a.cls = s.Rune
