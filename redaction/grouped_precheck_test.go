@@ -2,6 +2,7 @@ package redaction
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -134,4 +135,51 @@ func TestSubrangeBelowMinValueDigits(t *testing.T) {
 		}
 	}
 	runScanCases(t, []scanCase{{"an IPv4 address of four digits", "", "server at 1.2.3.4 today", []string{"IP_ADDRESS/public:1.2.3.4"}}})
+}
+
+// TestGroupedFiscalCodesOfEitherCaseAreFound: valid fiscal codes (their
+// check letters computed by hand from the ministerial tables), written in
+// upper or in lower case with each separator and grouping, are found with
+// exactly their bounds; the same code with its letters' case mixed is not
+// one (detectFiscalGrouped reads only codes of one case, and skips a digit
+// run whose neighbouring letters differ in case).
+func TestGroupedFiscalCodesOfEitherCaseAreFound(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := func(code, sep string, sizes []int) string {
+		var out []string
+		for _, n := range sizes {
+			out = append(out, code[:n])
+			code = code[n:]
+		}
+		return strings.Join(out, sep)
+	}
+	groupings := [][]int{{3, 3, 5, 5}, {6, 10}, {6, 2, 3, 5}, {3, 3, 2, 1, 2, 4, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}
+	for _, code := range []string{"RSSMRA80A01H501U", "RSSMRA85T10A562S", "RSSMRA8LALMHRLMG"} {
+		for _, sep := range []string{" ", "-", ".", "_", "/"} {
+			for _, g := range groupings {
+				for _, c := range []string{code, strings.ToLower(code)} {
+					v := group(c, sep, g)
+					text := "il mio codice è " + v + ", grazie"
+					found := false
+					for _, f := range s.Scan(text) {
+						if f.Type == TypeITFiscalCode && text[f.Start:f.End] == v {
+							found = true
+						}
+					}
+					if !found {
+						t.Errorf("%q: the fiscal code %q was not found whole", text, v)
+					}
+				}
+			}
+		}
+	}
+	mixed := "il mio codice è rsS-MRa-80A01-H501U, grazie"
+	for _, f := range s.Scan(mixed) {
+		if f.Type == TypeITFiscalCode {
+			t.Fatalf("%q: a code of mixed case was read as one: %q", mixed, mixed[f.Start:f.End])
+		}
+	}
 }

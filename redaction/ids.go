@@ -81,6 +81,9 @@ func detectFiscal(text string, toks []int32, dst []Finding) []Finding {
 // the view maps every dash and space to '-' and ' '.
 func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_' || c == '/' }
 
+// fiscalSeps are the bytes fiscalSep reports.
+const fiscalSeps = " -._/"
+
 // detectFiscalGrouped finds fiscal codes written in groups: 16 characters
 // with single separators (fiscalSep) between some of them, read from the
 // digit runs of the prefilter. Every fiscal code but a fully omocodic one
@@ -95,8 +98,12 @@ func fiscalSep(c byte) bool { return c == ' ' || c == '-' || c == '.' || c == '_
 // read them again).
 func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []int32) ([]Finding, []int32) {
 	var up [16]byte
-	tried := -1 // the last start tried (starts are tried in increasing order)
-	sep := -1   // the first separator at or after the last window's start (math.MaxInt: none)
+	tried := -1                   // the last start tried (starts are tried in increasing order)
+	sep := -1                     // the first separator at or after the last window's start (math.MaxInt: none)
+	var next [len(fiscalSeps)]int // by byte of fiscalSeps: its next occurrence (math.MaxInt: none), -1 before any search
+	for q := range next {
+		next[q] = -1
+	}
 	for _, d := range digits {
 		i := int(d)
 		if !alphaBefore(text, i, 4) {
@@ -117,19 +124,37 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 		// digit). Runs with no separator that near (base64, hashes) are
 		// not read further; the separators are found by one forward
 		// search over the text, as the runs come in order.
+		// Each separator's next occurrence is kept and searched for
+		// again (strings.IndexByte, vectorised) only once passed.
 		if lo := max(0, i-14); sep < lo {
 			sep = math.MaxInt // none
-			for k := lo; k < len(text); k++ {
-				if fiscalSep(text[k]) {
-					sep = k
-					break
+			for q := range next {
+				if next[q] < lo {
+					next[q] = math.MaxInt
+					if k := strings.IndexByte(text[lo:], fiscalSeps[q]); k >= 0 {
+						next[q] = lo + k
+					}
 				}
+				sep = min(sep, next[q])
 			}
 		}
 		if sep > n+18 {
 			continue
 		}
-		if !fiscalYearMaybe(text, i, n) || !fiscalYearAt(text, i, n) {
+		if !fiscalYearMaybe(text, i, n) {
+			continue
+		}
+		// The letters of a grouped code are of one case (fiscalGroupedAt):
+		// a letter right before the run and the one fiscalYearMaybe read
+		// after it (at most one separator on) are both the code's.
+		m := n
+		if fiscalSep(text[m]) {
+			m++
+		}
+		if c := before(text, i); isAlpha(c) && (c^text[m])&0x20 != 0 {
+			continue
+		}
+		if !fiscalYearAt(text, i, n) {
 			continue
 		}
 		// Group starts behind the run: at most 14 characters back.
