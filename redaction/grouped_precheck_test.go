@@ -138,11 +138,13 @@ func TestSubrangeBelowMinValueDigits(t *testing.T) {
 }
 
 // TestGroupedFiscalCodesOfEitherCaseAreFound: valid fiscal codes (their
-// check letters computed by hand from the ministerial tables), written in
+// check letters computed apart from Molly with the ministerial tables of
+// odd and even values; two have the day's digits replaced), written in
 // upper or in lower case with each separator and grouping, are found with
-// exactly their bounds; the same code with its letters' case mixed is not
-// one (detectFiscalGrouped reads only codes of one case, and skips a digit
-// run whose neighbouring letters differ in case).
+// exactly their bounds, whatever follows them outside a word; the same
+// code with its letters' case mixed is not one (detectFiscalGrouped reads
+// only codes of one case, and skips a digit run whose neighbouring
+// letters differ in case).
 func TestGroupedFiscalCodesOfEitherCaseAreFound(t *testing.T) {
 	s, err := NewScanner(Config{})
 	if err != nil {
@@ -157,22 +159,39 @@ func TestGroupedFiscalCodesOfEitherCaseAreFound(t *testing.T) {
 		return strings.Join(out, sep)
 	}
 	groupings := [][]int{{3, 3, 5, 5}, {6, 10}, {6, 2, 3, 5}, {3, 3, 2, 1, 2, 4, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}
-	for _, code := range []string{"RSSMRA80A01H501U", "RSSMRA85T10A562S", "RSSMRA8LALMHRLMG"} {
+	for _, code := range []string{"RSSMRA80A01H501U", "RSSMRA85T10A562S", "RSSMRA8LALMHRLMG", "RSSMRA80ALMHRLMV"} {
 		for _, sep := range []string{" ", "-", ".", "_", "/"} {
 			for _, g := range groupings {
 				for _, c := range []string{code, strings.ToLower(code)} {
 					v := group(c, sep, g)
-					text := "il mio codice è " + v + ", grazie"
-					found := false
-					for _, f := range s.Scan(text) {
-						if f.Type == TypeITFiscalCode && text[f.Start:f.End] == v {
-							found = true
+					for _, after := range []string{", grazie", ".", "", "-", "- ok", "\n", ")"} {
+						text := "il mio codice è " + v + after
+						found := false
+						for _, f := range s.Scan(text) {
+							if f.Type == TypeITFiscalCode && text[f.Start:f.End] == v {
+								found = true
+							}
+						}
+						if !found {
+							t.Errorf("%q: the fiscal code %q was not found whole", text, v)
 						}
 					}
-					if !found {
-						t.Errorf("%q: the fiscal code %q was not found whole", text, v)
-					}
 				}
+			}
+		}
+	}
+	// Fully omocodic (no digit left), in upper case and groups of whole
+	// fields: found by detectFiscalOmocodic.
+	for _, sep := range []string{" ", "-", ".", "_", "/"} {
+		for _, g := range [][]int{{3, 3, 5, 5}, {6, 10}, {3, 3, 2, 1, 2, 4, 1}, {6, 2, 1, 2, 5}} {
+			v := group("RSSMRAULALMHRLMD", sep, g)
+			text := "CF: " + v + "."
+			found := false
+			for _, f := range s.Scan(text) {
+				found = found || f.Type == TypeITFiscalCode && text[f.Start:f.End] == v
+			}
+			if !found {
+				t.Errorf("%q: the fully omocodic code %q was not found whole", text, v)
 			}
 		}
 	}

@@ -154,7 +154,7 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 		if c := before(text, i); isAlpha(c) && (c^text[m])&0x20 != 0 {
 			continue
 		}
-		if !fiscalYearAt(text, i, n) {
+		if !fiscalYearAt(text, i, n) || fiscalEndsInWord(text, i, n) {
 			continue
 		}
 		// Group starts behind the run: at most 14 characters back.
@@ -228,6 +228,18 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 			continue
 		}
 		if wordByte(before(text, st)) || before(text, st) == '-' && isAlnum(before(text, st-1)) {
+			continue
+		}
+		// The year's first character as fiscalGroupedAt would read it: a
+		// digit there is no fully omocodic code.
+		j := st
+		for range 6 {
+			j++
+			if fiscalSep(at(text, j)) && isAlnum(at(text, j+1)) {
+				j++
+			}
+		}
+		if isDigit(at(text, j)) {
 			continue
 		}
 		e, ok := fiscalGroupedAt(text, st, &up)
@@ -316,6 +328,24 @@ func fiscalYearAt(text string, i, n int) bool {
 	return true
 }
 
+// fiscalEndsInWord reports, for a digit run fiscalYearAt accepts, that
+// every code holding it as its year ends where fiscalGroupedAt turns a
+// code down (inside a word, or before '-' and more of one): each reading
+// of the run as a year (fiscalYearAt's two) that holds has its day's
+// first digit replaced, so the code's end is known from the run on,
+// whichever start it has.
+func fiscalEndsInWord(text string, i, n int) bool {
+	bad := func(ok bool, e int) bool {
+		return !ok || e >= 0 && (wordByte(at(text, e)) || at(text, e) == '-' && isAlnum(at(text, e+1)))
+	}
+	ok1, e1 := fiscalMonthEnd(text, n)
+	ok2, e2 := false, -1
+	if n-i == 1 {
+		ok2, e2 = fiscalMonthEnd(text, omocodicAfter(text, n))
+	}
+	return (ok1 || ok2) && bad(ok1, e1) && bad(ok2, e2)
+}
+
 // fiscalYearMaybe is fiscalYearAt's first condition, cheap enough to
 // inline: after the digit run text[i:n] (and at most one separator), a
 // month letter, or an omocodic letter after a single digit.
@@ -368,8 +398,16 @@ func omocodicAfter(text string, n int) int {
 // followed by the rest of a code whose digits are all replaced from there
 // on. n < 0 reports false.
 func fiscalMonthAfter(text string, n int) bool {
+	ok, _ := fiscalMonthEnd(text, n)
+	return ok
+}
+
+// fiscalMonthEnd is fiscalMonthAfter, with the end of the code when its
+// day's first digit is replaced (the code's last character is then read):
+// end is -1 when the day starts with a digit.
+func fiscalMonthEnd(text string, n int) (ok bool, end int) {
 	if n < 0 {
-		return false
+		return false, -1
 	}
 	j := n
 	if fiscalSep(at(text, j)) {
@@ -380,14 +418,14 @@ func fiscalMonthAfter(text string, n int) bool {
 		c -= 'a' - 'A'
 	}
 	if !isFiscalMonth(c) {
-		return false
+		return false, -1
 	}
 	j++
 	if fiscalSep(at(text, j)) {
 		j++
 	}
 	if isDigit(at(text, j)) {
-		return true
+		return true, -1
 	}
 	// The day's first digit is replaced only when every digit after it
 	// is: omocodic letters for the day's second digit and the place's
@@ -399,14 +437,14 @@ func fiscalMonthAfter(text string, n int) bool {
 		c := at(text, j)
 		if k == 11 || k == 15 {
 			if !isAlpha(c) {
-				return false
+				return false, -1
 			}
 		} else if !isOmocodic(c) {
-			return false
+			return false, -1
 		}
 		j++
 	}
-	return true
+	return true, j
 }
 
 // fiscalGroupedAt reads a grouped fiscal code starting at st into up and
