@@ -377,3 +377,44 @@ func TestRulesRunNearTheirKeywords(t *testing.T) {
 		}
 	}
 }
+
+// TestGenericKeysOfAnyLengthAreFoundAsByThePlainRule compares
+// generic-api-key's findings (tried at its keyword hits, on a window cut
+// after its operator) with the plain rule's, its whole pattern over the
+// whole text (plainRuleFindings), on assignments whose values run from
+// ten bytes to past the window (its bounded alternative's 150, the
+// unbounded one's hundreds), after every operator and quoting, in ASCII
+// and with letters that fold to the rule's classes (the Kelvin sign, the
+// long s).
+func TestGenericKeysOfAnyLengthAreFoundAsByThePlainRule(t *testing.T) {
+	s := mustScanner(t)
+	r := rand.New(rand.NewPCG(77, 5))
+	word := func(n int, alphabet string) string {
+		var b strings.Builder
+		for range n {
+			b.WriteByte(alphabet[r.IntN(len(alphabet))])
+		}
+		return b.String()
+	}
+	const b64 = "abcdefghijklmnopqrstuvwxyz0123456789+/"
+	const w = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.=-"
+	checked := 0
+	for _, n := range []int{10, 40, 149, 150, 151, 160, 250, 300, 390, 401, 600} {
+		for _, op := range []string{"=", ":", " := ", ":::=", "=>", ": ", "?=", "||"} {
+			for _, q := range []string{"", `"`, "'", "`", "  "} {
+				for _, v := range []string{word(n, b64), word(n, w), word(n/2, w) + "\u212a\u017f" + word(n/2, w)} {
+					text := "config:\n  my_api_token" + op + q + v + q + "\nnext line here\n"
+					got := mollyRuleFindings(s, text, []string{"generic-api-key"})
+					want := plainRuleFindings(t, s.secrets, text, []string{"generic-api-key"})
+					if !slices.Equal(got, want) {
+						t.Errorf("%q: Molly %v\nplain %v", text, got, want)
+					}
+					checked += len(want)
+				}
+			}
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("the plain rule found %d keys in all texts: the comparison proves little", checked)
+	}
+}

@@ -322,6 +322,15 @@ func buildSecretDetector() (*secretDetector, error) {
 	return d, nil
 }
 
+// genericAfter bounds the bytes of a generic-api-key match after its
+// operator's start, on ASCII text: the operator (4), quotes (5), the
+// secret's first alternative (150) and the tail (2). A longer match (its
+// secret's second, unbounded alternative, or non-ASCII letters that fold
+// to its classes) reaches the cut there, ending at it by its tail's $,
+// and is read again without the cut; every match holds its secret's first
+// ten bytes well inside.
+const genericAfter = 4 + 5 + 150 + 2
+
 // maxTries is the most starts before a keyword hit at which a rule of
 // unbounded span is tried anchored (see secretRule.near).
 const maxTries = 8
@@ -1023,6 +1032,14 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			// ends at the cut may have used the cut as its end ($): retry
 			// without the cut.
 			e := min(len(text), p+400)
+			if r.generic {
+				// generic-api-key: its operator starts at the first
+				// operator byte, within assign bytes (assignmentNear: its
+				// middle and quote classes hold none), and what follows
+				// is bounded (genericAfter); the backtracker's cost grows
+				// with its input, so it gets no more.
+				e = min(e, p+r.assign+genericAfter)
+			}
 			m = r.anchored.FindStringSubmatchIndex(text[p:e])
 			if m != nil && m[1] == e-p && e < len(text) {
 				m = r.anchored.FindStringSubmatchIndex(text[p:])
