@@ -230,16 +230,21 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 		if wordByte(before(text, st)) || before(text, st) == '-' && isAlnum(before(text, st-1)) {
 			continue
 		}
-		// The year's first character as fiscalGroupedAt would read it: a
-		// digit there is no fully omocodic code.
-		j := st
-		for range 6 {
+		// The first eight characters as fiscalGroupedAt reads them: with
+		// no digit left, the 7th and 8th (the year) are omocodic letters,
+		// and a separator among them lies after the 3rd or the 6th
+		// (fiscalFieldGroups). Capitals in prose and keys ("BEGIN RSA
+		// PRIVATE", "AKIA IOSF ODNN") end here.
+		j, ok := st, true
+		for k := 1; k < 8 && ok; k++ {
 			j++
 			if fiscalSep(at(text, j)) && isAlnum(at(text, j+1)) {
+				ok = k == 3 || k == 6
 				j++
 			}
+			ok = ok && (k < 6 || isOmocodic(at(text, j)))
 		}
-		if isDigit(at(text, j)) {
+		if !ok {
 			continue
 		}
 		e, ok := fiscalGroupedAt(text, st, &up)
