@@ -149,10 +149,12 @@ func identStart(text string, i int) int {
 //     the generic "key-like name = high-entropy value" rule), applied the way
 //     gitleaks' detector applies it: keyword prefilter, secret group, Shannon
 //     entropy threshold, global and per-rule allowlists (regex and stopword
-//     criteria; path and commit criteria never match a prompt). One change:
-//     gitleaks' trailing boundary (quote, space, ';' or end) also accepts
-//     prose punctuation (, . ! ? ) ] } >), because a key in a chat message
-//     is usually followed by one.
+//     criteria; path and commit criteria never match a prompt). Two
+//     changes: gitleaks' trailing boundary (quote, space, ';' or end) also
+//     accepts prose punctuation (, . ! ? ) ] } >), because a key in a chat
+//     message is usually followed by one; and Markdown emphasis by
+//     underscores around a secret ("__…__", "_…_") is no part of it (see
+//     unemphasise), nor, for the hand-written rules, glue to a word.
 //   - a few hand-written patterns for the providers the gateway cares most
 //     about (OpenAI, Anthropic, AWS, GitHub, Slack, Stripe, Google, JWT, PEM
 //     private keys, also truncated, passwords (assignments, prose, HTML
@@ -841,7 +843,7 @@ func (d *secretDetector) detectIn(r *secretRule, text string, ws, we int, dst []
 			}
 		}
 		pos = max(m[1], m[0]+1) - ws
-		if r.leadB && wordASCII(before(text, m[0])) == wordASCII(at(text, m[0])) {
+		if r.leadB && r.boundaryFails(text, m[0]) {
 			pos = m[0] + 1 - ws // \b failed here; a match may start later
 			continue
 		}
@@ -889,7 +891,7 @@ func (d *secretDetector) detectNear(r *secretRule, text string, hits []int32, ds
 				if !b.spend(8) {
 					return dst
 				}
-				if r.leadB && wordASCII(before(text, s)) == wordASCII(at(text, s)) {
+				if r.leadB && r.boundaryFails(text, s) {
 					continue
 				}
 				m := r.tries.FindStringSubmatchIndex(text[s:])
@@ -930,7 +932,7 @@ func (d *secretDetector) detectNear(r *secretRule, text string, hits []int32, ds
 			if m[0] > last {
 				break
 			}
-			if r.leadB && wordASCII(before(text, m[0])) == wordASCII(at(text, m[0])) {
+			if r.leadB && r.boundaryFails(text, m[0]) {
 				lo = m[0] + 1 // \b failed here; a match may start later
 				pos = lo
 				continue
@@ -978,7 +980,7 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if r.start != nil && !r.start.admits(text, p) {
 			continue
 		}
-		if r.leadB && wordASCII(before(text, p)) == wordASCII(at(text, p)) {
+		if r.leadB && r.boundaryFails(text, p) {
 			continue
 		}
 		// The reach check before the assignment's: in prose both reject
@@ -1112,12 +1114,19 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	for e > s && (text[e-1] == '\n' || text[e-1] == '\r') {
 		e--
 	}
+	// Markdown emphasis by underscores around the secret ("__ghp_…__",
+	// "_AKIA…_") is no part of it, and glues it to nothing: lead and tail
+	// are then the emphasis' bounds.
+	lead, tail := s, e
+	if vs, ve, o, c, ok := unemphasise(text, s, e); ok {
+		s, e, lead, tail = vs, ve, o, c
+	}
 	secret := text[s:e]
 	if r.hand {
-		if wordByte(before(text, s)) && s == m[0] {
+		if wordByte(before(text, lead)) && lead == m[0] {
 			return Finding{}, false
 		}
-		if c := at(text, e); isAlnum(c) || c == '_' || c == '-' {
+		if c := at(text, tail); isAlnum(c) || c == '_' || c == '-' {
 			return Finding{}, false
 		}
 	}
@@ -1243,6 +1252,15 @@ var (
 
 func isSpaceByte(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
+
+// boundaryFails reports whether the \b that starts r's pattern (leadB)
+// fails at p. A hand-written rule also starts after Markdown emphasis by
+// underscores ("_AKIA…_", "__sk_live_…__": see emphasisOpens); finding
+// then turns the match down unless a run as long closes the emphasis
+// (see unemphasise).
+func (r *secretRule) boundaryFails(text string, p int) bool {
+	return wordASCII(before(text, p)) == wordASCII(at(text, p)) && !(r.hand && emphasisOpens(text, p))
 }
 
 // wordASCII is RE2's \b word class.

@@ -45,6 +45,59 @@ func underscored(text string, s, e int) bool {
 	return !wordByte(at(text, e+n))
 }
 
+// emphasisOpens reports whether a run of one or two '_' that no word
+// byte precedes ends at p: the opening of Markdown emphasis by
+// underscores ("_x", "__x"), not glue to an identifier ("id_x").
+func emphasisOpens(text string, p int) bool {
+	n := 0
+	for n < 3 && before(text, p-n) == '_' {
+		n++
+	}
+	return n > 0 && n < 3 && !wordByte(before(text, p-n))
+}
+
+// unemphasise returns the bounds of a value text[s:e] found by a pattern
+// whose alphabet has '_', without the Markdown emphasis by underscores
+// around it, which the pattern may have taken in or stopped at: the
+// opening run (one or two '_', the bytes before s and those at the start
+// of text[s:e] together, no word byte before it) and a closing run at
+// least as long (the '_' at the end of text[s:e] and at most as many
+// after e as the opening run has, no word byte after it). The closing
+// run's last bytes mirror the opening run; any '_' before them ends the
+// value ("__sk-proj-…x___" holds a key ending in "x_"). o and c are where
+// the runs start and end (the bytes the value must not be glued to); ok
+// is false, and s and e are returned unchanged, when no such emphasis
+// surrounds the value. In "__AKIA…__", a value read as "AKIA…",
+// "__AKIA…__" or "AKIA…__" has the bounds of "AKIA…".
+func unemphasise(text string, s, e int) (vs, ve, o, c int, ok bool) {
+	o = s
+	for s-o < 3 && before(text, o) == '_' {
+		o--
+	}
+	i := s
+	for i < e && i-o < 3 && text[i] == '_' {
+		i++
+	}
+	open := i - o
+	if open == 0 || open > 2 || wordByte(before(text, o)) {
+		return s, e, s, e, false
+	}
+	t := e
+	for t > i && text[t-1] == '_' {
+		t--
+	}
+	c = e
+	for c < len(text) && c-e < 3 && text[c] == '_' {
+		c++
+	}
+	// The value ends where the pattern ended it, or before: a '_' after
+	// it that the mirror does not take is glue.
+	if c-t < open || c-e > open || wordByte(at(text, c)) || c-open <= i {
+		return s, e, s, e, false
+	}
+	return i, c - open, o, c, true
+}
+
 // before returns text[i-1], or 0 at the start.
 func before(text string, i int) byte {
 	if i <= 0 {
