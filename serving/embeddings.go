@@ -167,7 +167,7 @@ func (e *Engine) parseEmbeddings(body []byte) (string, [][]int32, string, error)
 		return "", nil, "", badRequest("encoding_format", "encoding_format must be float or base64")
 	}
 	if d := gjson.GetBytes(body, "dimensions"); d.Exists() && int(d.Int()) != e.model.NEmbd() {
-		return "", nil, "", badRequest("dimensions", "this model's embeddings have %d dimensions and cannot be shortened", e.model.NEmbd())
+		return "", nil, "", unsupported("dimensions", "this model's embeddings have %d dimensions and cannot be shortened", e.model.NEmbd())
 	}
 	in := gjson.GetBytes(body, "input")
 	var items []gjson.Result

@@ -83,6 +83,15 @@ func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
 }
 
+// unsupported is the 400 of a parameter (or a value of one) that the API
+// defines but this engine does not serve: invalid_request_error with param
+// set and code unsupported_parameter, as openai.Unsupported reports it for
+// the gateway.
+func unsupported(param, format string, args ...any) *apiError {
+	oe := openai.Unsupported(param, format, args...)
+	return &apiError{oe.Status, oe.Type, oe.Param, oe.Code, oe.Message}
+}
+
 // writeError writes OpenAI's error body (the gateway's one writer, openai.Error).
 func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
 	(&openai.Error{Status: status, Type: typ, Param: param, Code: code, Message: msg}).Write(w)
@@ -291,13 +300,13 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 		// The deprecated functions API would need a function_call answer;
 		// refused, rather than answered as if no function were declared.
 		if v := gjson.GetBytes(body, p); v.Exists() && v.Type != gjson.Null {
-			return nil, Request{}, badRequest(p, "%s (deprecated) is not supported by this engine; declare tools and tool_choice instead", p)
+			return nil, Request{}, unsupported(p, "%s (deprecated) is not supported by this engine; declare tools and tool_choice instead", p)
 		}
 	}
 	if view.AudioOut {
 		// The engine writes text only: a request for a spoken answer is
 		// refused rather than answered without the audio it asked for.
-		return nil, Request{}, badRequest("modalities", "audio output is not supported by this engine: it answers text only")
+		return nil, Request{}, unsupported("modalities", "audio output is not supported by this engine: it answers text only")
 	}
 	var cr completionRequest
 	if err := json.Unmarshal(body, &cr); err != nil {
@@ -447,13 +456,13 @@ func (e *Engine) parseRequest(body []byte, chat, switching bool) (*completionReq
 		return e.withPrompt(&cr, r, e.withReasoning(toks, rp, closed), nil)
 	} else {
 		if cr.Echo {
-			return nil, r, badRequest("echo", "echo is not supported")
+			return nil, r, unsupported("echo", "echo is not supported by this engine")
 		}
 		if cr.Suffix != nil && *cr.Suffix != "" {
-			return nil, r, badRequest("suffix", "suffix (insertion) is not supported by this engine")
+			return nil, r, unsupported("suffix", "suffix (insertion) is not supported by this engine")
 		}
 		if cr.BestOf != nil && *cr.BestOf > 1 {
-			return nil, r, badRequest("best_of", "best_of above 1 is not supported by this engine; use n for several completions")
+			return nil, r, unsupported("best_of", "best_of above 1 is not supported by this engine; use n for several completions")
 		}
 		if err := json.Unmarshal(cr.Prompt, &text); err != nil {
 			var arr []string

@@ -61,7 +61,7 @@ func planFor(body []byte) (*plan, string, error) {
 		}
 		respSchema = s.Raw
 	default:
-		return nil, "", badRequest("response_format.type", "response_format type %q is not supported by this engine", rf.Get("type").Str)
+		return nil, "", unsupported("response_format.type", "response_format type %q is not supported by this engine", rf.Get("type").Str)
 	}
 	tools := gjson.GetBytes(body, "tools").Array()
 	choice := gjson.GetBytes(body, "tool_choice")
@@ -74,7 +74,7 @@ func planFor(body []byte) (*plan, string, error) {
 	case choice.Get("type").Str == "function":
 		mode, forced = "function", choice.Get("function.name").Str
 	default:
-		return nil, "", badRequest("tool_choice", "tool_choice type %q is not supported by this engine", choice.Get("type").Str)
+		return nil, "", unsupported("tool_choice", "tool_choice type %q is not supported by this engine", choice.Get("type").Str)
 	}
 	if len(tools) == 0 || mode == "none" {
 		if mode == "required" || mode == "function" {
@@ -96,7 +96,7 @@ func planFor(body []byte) (*plan, string, error) {
 	found := false
 	for i, t := range tools {
 		if t.Get("type").Str != "function" {
-			return nil, "", badRequest(fmt.Sprintf("tools[%d].type", i), "tool type %q is not supported by this engine", t.Get("type").Str)
+			return nil, "", unsupported(fmt.Sprintf("tools[%d].type", i), "tool type %q is not supported by this engine", t.Get("type").Str)
 		}
 		name := t.Get("function.name").Str
 		params := t.Get("function.parameters")

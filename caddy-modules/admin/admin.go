@@ -137,12 +137,13 @@ func FromContext(ctx caddy.Context) (*caddy.AdminConfig, error) {
 	return &caddy.AdminConfig{Listen: listen.String(), Disabled: disabled.Bool()}, nil
 }
 
-// Check is the admin API module admin.api.molly_admin_check. It has no
-// routes: Caddy provisions every admin API module before it binds an admin
-// listener, and Check's Provision refuses the config (so nothing is bound,
-// and the load fails) when Validate refuses its admin block. That covers
-// `molly run`, `reload`, `--watch`, `--resume` and POST /load alike. It
-// also creates the folder of Molly's default socket (mode 0700).
+// Check is the admin API module admin.api.molly_admin_check. Caddy
+// provisions every admin API module before it binds an admin listener, and
+// Check's Provision refuses the config (so nothing is bound, and the load
+// fails) when Validate refuses its admin block. That covers `molly run`,
+// `reload`, `--watch`, `--resume` and POST /load alike. It also creates
+// the folder of Molly's default socket (mode 0700). Its one route is the
+// fallback of Molly's admin paths (Routes).
 type Check struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -178,8 +179,16 @@ func CheckContext(ctx caddy.Context) error {
 	return nil
 }
 
-// Routes returns none: Check only validates.
-func (Check) Routes() []caddy.AdminRoute { return nil }
+// Routes returns the fallback of Molly's admin paths: /molly and any path
+// under /molly/ that no module's route serves is, behind Guard (so 403
+// permission_denied first off the socket and the remote endpoint, as on
+// every Molly route), a 404 not_found in OpenAI's error shape naming the
+// method and path, instead of the plain-text 404 of Caddy's admin mux.
+// Longer patterns (/molly/keys, /molly/keys/ …) win over it.
+func (Check) Routes() []caddy.AdminRoute {
+	unknown := Guard(caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error { return NotRouted(r, nil) }))
+	return []caddy.AdminRoute{{Pattern: "/molly", Handler: unknown}, {Pattern: "/molly/", Handler: unknown}}
+}
 
 // Guard wraps one of Molly's admin handlers: it answers only requests that
 // came over a Unix socket (the OS checked the caller) or over Caddy's

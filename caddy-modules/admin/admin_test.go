@@ -1,12 +1,14 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -196,6 +198,66 @@ func TestGuardAnswersErrorsInOpenAIShape(t *testing.T) {
 		}
 		if tc.status >= 400 && resp.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("%s: Content-Type %q", tc.path, resp.Header.Get("Content-Type"))
+		}
+	}
+}
+
+// TestUnknownMollyAdminPathsAreOpenAI404s: with a real Caddy config loaded
+// in-process on an admin socket, a path under /molly/ (or /molly itself)
+// that no route serves is a 404 in OpenAI's error shape
+// ({"error":{"message","type","param","code"}}, code not_found as Error
+// gives every admin 404), not the plain-text 404 of Caddy's admin mux;
+// Caddy's own routes and its 404 outside /molly/ are unchanged. Over
+// plaintext TCP the fallback is refused 403 before it answers, as every
+// Molly route is (Guard).
+func TestUnknownMollyAdminPathsAreOpenAI404s(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ma") // socket paths are limited to about 104 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "admin.sock")
+	if err := caddy.Load([]byte(`{"admin":{"listen":"unix/`+sock+`|0600"}}`), true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	c := &http.Client{Transport: &http.Transport{Dial: func(_, _ string) (net.Conn, error) { return net.Dial("unix", sock) }}}
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		want, ctype  string
+	}{
+		{"GET", "/molly/nope", 404, `{"error":{"code":"not_found","message":"no route GET /molly/nope","param":null,"type":"invalid_request_error"}}`, "application/json"},
+		{"POST", "/molly/a/b", 404, `{"error":{"code":"not_found","message":"no route POST /molly/a/b","param":null,"type":"invalid_request_error"}}`, "application/json"},
+		{"DELETE", "/molly/", 404, `{"error":{"code":"not_found","message":"no route DELETE /molly/","param":null,"type":"invalid_request_error"}}`, "application/json"},
+		{"GET", "/molly", 404, `{"error":{"code":"not_found","message":"no route GET /molly","param":null,"type":"invalid_request_error"}}`, "application/json"},
+		// Caddy's: its config, and its 404 outside Molly's paths.
+		{"GET", "/config/", 200, "{\"admin\":{\"listen\":\"unix/" + sock + "|0600\"}}\n", "application/json"},
+		{"GET", "/nope", 404, "404 page not found\n", "text/plain; charset=utf-8"},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://admin"+tc.path, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || string(b) != tc.want || resp.Header.Get("Content-Type") != tc.ctype {
+			t.Errorf("%s %s: %d %q (%s)\nwant %d %q (%s)", tc.method, tc.path, resp.StatusCode, b, resp.Header.Get("Content-Type"), tc.status, tc.want, tc.ctype)
+		}
+	}
+
+	routes := Check{}.Routes()
+	if len(routes) == 0 {
+		t.Fatal("Check has no fallback route")
+	}
+	tcp := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2019}
+	for _, route := range routes {
+		r := httptest.NewRequest(http.MethodGet, "http://localhost"+route.Pattern+"nope", nil)
+		r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, tcp))
+		w := httptest.NewRecorder()
+		if err := route.Handler.ServeHTTP(w, r); err != nil || w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), `"code":"permission_denied"`) {
+			t.Errorf("%s over TCP: %v %d %s, want 403 permission_denied", route.Pattern, err, w.Code, w.Body)
 		}
 	}
 }

@@ -509,6 +509,9 @@ func TestRemoteAdminNeedsAnIdentityAndFollowsItsPermissions(t *testing.T) {
 		{"ops", as(&ops), "GET", "/debug/pprof/heap", 403},
 		{"ops", as(&ops), "POST", "/load", 403},
 		{"ops", as(&ops), "POST", "/stop", 403},
+		// An unknown Molly path: the access control first, then the 404.
+		{"ops", as(&ops), "GET", "/molly/nope", 403},
+		{"owner", as(&owner), "GET", "/molly/nope", 404},
 		{"owner", as(&owner), "GET", "/config/", 200},
 	} {
 		code, err := do(tc.c, tc.method, tc.path)

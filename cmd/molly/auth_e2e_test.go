@@ -191,6 +191,15 @@ func TestAuthKeysBudgetsAndLimits(t *testing.T) {
 		gjson.Get(body, "error.code").Str != "method_not_supported" {
 		t.Fatalf("PUT /molly/members: %d %s", code, body)
 	}
+	// A path under /molly/ that no route serves is a 404 in the same shape,
+	// not the plain text of Caddy's admin mux; the routes beside it still
+	// answer (POST /molly/members above, GET /molly/usage below).
+	for _, path := range []string{"/molly/nope", "/molly/members/alice", "/molly/usage/alice", "/molly"} {
+		if code, body := adminCall(t, admin, http.MethodGet, path, nil); code != http.StatusNotFound || gjson.Get(body, "error.code").Str != "not_found" ||
+			gjson.Get(body, "error.type").Str != "invalid_request_error" || !strings.Contains(gjson.Get(body, "error.message").Str, path) {
+			t.Fatalf("GET %s: %d %s", path, code, body)
+		}
+	}
 	if code, body := adminCall(t, admin, http.MethodPost, "/molly/members", map[string]any{"name": strings.Repeat("a", 1<<17)}); code != http.StatusRequestEntityTooLarge ||
 		gjson.Get(body, "error.code").Str != "request_too_large" {
 		t.Fatalf("a body over 64 KiB: %d %s", code, body)

@@ -442,6 +442,40 @@ func TestWireEngineStreamsOfSeveralChoices(t *testing.T) {
 	}
 }
 
+// TestWireEngineRefusesParametersItDoesNotServe: through the gateway, the
+// T0 engine's refusal of a parameter of the API it does not serve (echo
+// and suffix on completions, shortened embeddings) reaches the official
+// SDK as OpenAI's 400 invalid_request_error with param naming it and code
+// unsupported_parameter, a valid ErrorResponse.
+func TestWireEngineRefusesParametersItDoesNotServe(t *testing.T) {
+	spec := openapitest.Load(t)
+	g := startEngineMolly(t, "tiny", 1024, "")
+	c := client(g)
+	ctx := context.Background()
+	prompt := openai.CompletionNewParamsPromptUnion{OfString: openai.String("once")}
+	for param, err := range map[string]error{
+		"echo": func() error {
+			_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat", Prompt: prompt, Echo: openai.Bool(true), MaxTokens: openai.Int(2)})
+			return err
+		}(),
+		"suffix": func() error {
+			_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat", Prompt: prompt, Suffix: openai.String("the end"), MaxTokens: openai.Int(2)})
+			return err
+		}(),
+		"dimensions": func() error {
+			_, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "chat", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("x")}, Dimensions: openai.Int(1)})
+			return err
+		}(),
+	} {
+		var ae *openai.Error
+		if !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest || ae.Type != "invalid_request_error" || ae.Param != param || ae.Code != "unsupported_parameter" {
+			t.Errorf("%s: %v, want 400 invalid_request_error param %s code unsupported_parameter", param, err, param)
+			continue
+		}
+		spec.Validate(t, "ErrorResponse", []byte(`{"error":`+ae.RawJSON()+`}`))
+	}
+}
+
 // TestWireStreamOfNullsIsNotContent: a stream whose only chunk is a role
 // and nulls ("tool_calls": null) ended before its first token, so the next
 // candidate answers, as for any empty stream.
