@@ -186,13 +186,7 @@ func TestGuardAnswersErrorsInOpenAIShape(t *testing.T) {
 		{"/plain", "GET", "", 500, `{"error":{"code":null,"message":"registry: disk full","param":null,"type":"server_error"}}`, ""},
 		{"/begun", "GET", "", 200, `[1,`, ""},
 	} {
-		req, _ := http.NewRequest(tc.method, "http://admin"+tc.path, strings.NewReader(tc.body))
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, b := adminDo(t, c, tc.method, tc.path, tc.body)
 		if resp.StatusCode != tc.status || string(b) != tc.want || resp.Header.Get("Allow") != tc.allow {
 			t.Errorf("%s %s: %d %s (Allow %q)\nwant %d %s (Allow %q)", tc.method, tc.path, resp.StatusCode, b, resp.Header.Get("Allow"), tc.status, tc.want, tc.allow)
 		}
@@ -235,13 +229,7 @@ func TestUnknownMollyAdminPathsAreOpenAI404s(t *testing.T) {
 		{"GET", "/config/", 200, "{\"admin\":{\"listen\":\"unix/" + sock + "|0600\"}}\n", "application/json"},
 		{"GET", "/nope", 404, "404 page not found\n", "text/plain; charset=utf-8"},
 	} {
-		req, _ := http.NewRequest(tc.method, "http://admin"+tc.path, nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, b := adminDo(t, c, tc.method, tc.path, "")
 		if resp.StatusCode != tc.status || string(b) != tc.want || resp.Header.Get("Content-Type") != tc.ctype {
 			t.Errorf("%s %s: %d %q (%s)\nwant %d %q (%s)", tc.method, tc.path, resp.StatusCode, b, resp.Header.Get("Content-Type"), tc.status, tc.want, tc.ctype)
 		}
@@ -260,4 +248,21 @@ func TestUnknownMollyAdminPathsAreOpenAI404s(t *testing.T) {
 			t.Errorf("%s over TCP: %v %d %s, want 403 permission_denied", route.Pattern, err, w.Code, w.Body)
 		}
 	}
+}
+
+// adminDo sends method path (with body) to the admin endpoint c reaches
+// and returns the response, its body read and closed.
+func adminDo(t *testing.T, c *http.Client, method, path, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://admin"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b
 }
