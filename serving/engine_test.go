@@ -58,6 +58,16 @@ func newEngine(t testing.TB, mod func(*Config)) *Engine {
 	return e
 }
 
+// tokenLogprob is one token of a chat answer's logprobs.content.
+type tokenLogprob struct {
+	Token       string  `json:"token"`
+	Logprob     float64 `json:"logprob"`
+	TopLogprobs []struct {
+		Token   string  `json:"token"`
+		Logprob float64 `json:"logprob"`
+	} `json:"top_logprobs"`
+}
+
 type chatResponse struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
@@ -71,16 +81,9 @@ type chatResponse struct {
 		Text         string `json:"text"`
 		FinishReason string `json:"finish_reason"`
 		Logprobs     *struct {
-			Content []struct {
-				Token       string  `json:"token"`
-				Logprob     float64 `json:"logprob"`
-				TopLogprobs []struct {
-					Token   string  `json:"token"`
-					Logprob float64 `json:"logprob"`
-				} `json:"top_logprobs"`
-			} `json:"content"`
-			Tokens        []string  `json:"tokens"`
-			TokenLogprobs []float64 `json:"token_logprobs"`
+			Content       []tokenLogprob `json:"content"`
+			Tokens        []string       `json:"tokens"`
+			TokenLogprobs []float64      `json:"token_logprobs"`
 		} `json:"logprobs"`
 	} `json:"choices"`
 	Usage             *Usage `json:"usage"`
@@ -164,14 +167,7 @@ func nearTie(a, b chatResponse) (string, bool) {
 		if ta[k].Token == tb[k].Token {
 			continue
 		}
-		alt := func(c struct {
-			Token       string  `json:"token"`
-			Logprob     float64 `json:"logprob"`
-			TopLogprobs []struct {
-				Token   string  `json:"token"`
-				Logprob float64 `json:"logprob"`
-			} `json:"top_logprobs"`
-		}, tok string) bool {
+		alt := func(c tokenLogprob, tok string) bool {
 			for _, o := range c.TopLogprobs {
 				if o.Token == tok && c.Logprob-o.Logprob <= tieLogprob {
 					return true
