@@ -846,11 +846,12 @@ func TestQueuedRequestsWaitForSequencesAndHotBudgetThenMatch(t *testing.T) {
 			wg.Wait()
 			for i := range models {
 				if got[i] != want[i] {
-					if why, tie := nearTie(wantR[i], gotR[i]); tie {
+					why, tie := nearTie(wantR[i], gotR[i])
+					if tie {
 						t.Logf("%s: %q, want %q: %s", models[i], got[i], want[i], why)
 						continue
 					}
-					t.Errorf("%s: %q, want %q", models[i], got[i], want[i])
+					t.Errorf("%s: %q, want %q: %s", models[i], got[i], want[i], why)
 				}
 			}
 			if s := e.Stats(); s.BusySequences != 0 || s.Queued != 0 {
