@@ -166,6 +166,21 @@ func prefilterTexts(t *testing.T, ix *keywordIndex) []string {
 		}
 		texts = append(texts, sb.String()[:min(sb.Len(), n%300)])
 	}
+	// Texts of one to fifteen 64-byte blocks and up to two bytes more or
+	// less (prefilterBlocks' blocks and its padded last one), from the
+	// same pieces.
+	for n := range 600 {
+		size := 64*(1+n%15) + n%5 - 2
+		var sb strings.Builder
+		for sb.Len() < size {
+			if rng.IntN(3) == 0 {
+				sb.WriteString(strings.Repeat("aZ09+/_-"[rng.IntN(8):][:1], 1+rng.IntN(24)))
+			} else {
+				sb.WriteString(randCase(pieces[rng.IntN(len(pieces))]))
+			}
+		}
+		texts = append(texts, sb.String()[:size])
+	}
 	return texts
 }
 
@@ -190,24 +205,20 @@ func TestPrefilterMatchesReference(t *testing.T) {
 // refAnchors'.
 func checkAnchors(t *testing.T, ix *keywordIndex, text string, got *anchors) {
 	t.Helper()
-	ix.prefilter(text, got)
 	want := refAnchors(ix, text)
-	for _, c := range []struct {
-		name      string
-		got, want []int32
-	}{
-		{"digits", got.digits, want.digits}, {"ats", got.ats, want.ats}, {"colons", got.colons, want.colons},
-		{"tok16", got.tok16, want.tok16}, {"caps", got.caps, want.caps}, {"hex2", got.hex2, want.hex2},
-	} {
-		if !slices.Equal(c.got, c.want) {
-			t.Fatalf("%s of %q:\n got %v\nwant %v", c.name, text, c.got, c.want)
-		}
+	impls := []struct {
+		name string
+		pass func(string, *anchors)
+	}{{"prefilter", ix.prefilter}, {"prefilterSWAR", ix.prefilterSWAR}}
+	if useBlocks {
+		impls = append(impls, struct {
+			name string
+			pass func(string, *anchors)
+		}{"prefilterBlocks", ix.prefilterBlocks})
 	}
-	if !slices.Equal(got.runs, want.runs) {
-		t.Fatalf("runs of %q:\n got %v\nwant %v", text, got.runs, want.runs)
-	}
-	if !slices.Equal(got.kw, want.kw) {
-		t.Fatalf("keyword hits of %q:\n got %v\nwant %v", text, got.kw, want.kw)
+	for _, impl := range impls {
+		impl.pass(text, got)
+		checkAnchorsOf(t, impl.name, text, got, &want)
 	}
 	// The keyword-only pass finds the same hits and no other anchor.
 	ix.prefilterKeywords(text, got)
@@ -216,6 +227,29 @@ func checkAnchors(t *testing.T, ix *keywordIndex, text string, got *anchors) {
 	}
 	if n := len(got.digits) + len(got.ats) + len(got.colons) + len(got.tok16) + len(got.caps) + len(got.hex2) + len(got.runs); n != 0 {
 		t.Fatalf("prefilterKeywords of %q left %d other anchors", text, n)
+	}
+}
+
+// checkAnchorsOf compares the anchors got of text, found by impl, with
+// want.
+func checkAnchorsOf(t *testing.T, impl, text string, got, want *anchors) {
+	t.Helper()
+	for _, c := range []struct {
+		name      string
+		got, want []int32
+	}{
+		{"digits", got.digits, want.digits}, {"ats", got.ats, want.ats}, {"colons", got.colons, want.colons},
+		{"tok16", got.tok16, want.tok16}, {"caps", got.caps, want.caps}, {"hex2", got.hex2, want.hex2},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Fatalf("%s: %s of %q:\n got %v\nwant %v", impl, c.name, text, c.got, c.want)
+		}
+	}
+	if !slices.Equal(got.runs, want.runs) {
+		t.Fatalf("%s: runs of %q:\n got %v\nwant %v", impl, text, got.runs, want.runs)
+	}
+	if !slices.Equal(got.kw, want.kw) {
+		t.Fatalf("%s: keyword hits of %q:\n got %v\nwant %v", impl, text, got.kw, want.kw)
 	}
 }
 
