@@ -15,3 +15,11 @@ var useBlocks = cpu.X86.HasAVX2
 //
 //go:noescape
 func classMasksAVX2(p *byte, n int, out *blockMasks)
+
+// kwCandAVX2 writes to out[b], for each of the n 64-byte blocks at p,
+// the offsets j whose key (kwKey) passes the keyword filter (bit j),
+// eight keys per gather. It reads p[-1] up to p[64n+7]: the byte before
+// each offset and the two after it.
+//
+//go:noescape
+func kwCandAVX2(p *byte, n int, filter *uint64, out *uint64)

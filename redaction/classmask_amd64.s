@@ -94,3 +94,78 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// keyShuffle picks, for the eight offsets j of a group, the bytes j, j+1
+// and j+2 of T (both 128-bit lanes hold T's 16 bytes) into dword j.
+DATA keyShuffle<>+0(SB)/8, $0x8003020180020100
+DATA keyShuffle<>+8(SB)/8, $0x8005040380040302
+DATA keyShuffle<>+16(SB)/8, $0x8007060580060504
+DATA keyShuffle<>+24(SB)/8, $0x8009080780080706
+GLOBL keyShuffle<>(SB), RODATA|NOPTR, $32
+
+// GROUP sets bits 8g..8g+7 of BX to the filter bits of the keys of the
+// eight offsets at 8g(SI).
+#define GROUP(g) \
+	VMOVDQU     (8*g-1)(SI), X0          \
+	VMOVDQU     (8*g)(SI), X1            \
+	VPOR        X4, X0, X0               \
+	VPSUBB      X5, X0, X0               \
+	VPMINUB     X6, X0, X2               \
+	VPCMPEQB    X2, X0, X0               \
+	VPANDN      X4, X0, X0               \
+	VPOR        X4, X1, X1               \
+	VPXOR       X0, X1, X1               \
+	VINSERTI128 $1, X1, Y1, Y1           \
+	VPSHUFB     Y7, Y1, Y1               \
+	VPMULLD     Y8, Y1, Y1               \
+	VPSRLD      $16, Y1, Y1              \
+	VPSRLD      $5, Y1, Y2               \
+	VPAND       Y9, Y1, Y1               \
+	VMOVDQA     Y10, Y3                  \
+	VPXOR       Y11, Y11, Y11            \
+	VPGATHERDD  Y3, (DX)(Y2*4), Y11      \
+	VPSRLVD     Y1, Y11, Y11             \
+	VPSLLD      $31, Y11, Y11            \
+	VMOVMSKPS   Y11, AX                  \
+	SHLQ        $(8*g), AX               \
+	ORQ         AX, BX
+
+// func kwCandAVX2(p *byte, n int, filter *uint64, out *uint64)
+TEXT ·kwCandAVX2(SB), NOSPLIT, $0-32
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ filter+16(FP), DX
+	MOVQ out+24(FP), DI
+	BCAST(0x20, Y4, X4)
+	BCAST(0x61, Y5, X5)
+	BCAST(25, Y6, X6)
+	VMOVDQU keyShuffle<>(SB), Y7
+	MOVQ         $0x9E3779B1, AX
+	VMOVQ        AX, X8
+	VPBROADCASTD X8, Y8
+	MOVQ         $31, AX
+	VMOVQ        AX, X9
+	VPBROADCASTD X9, Y9
+	VPCMPEQD     Y10, Y10, Y10
+	TESTQ CX, CX
+	JZ    kwdone
+
+kwloop:
+	XORQ BX, BX
+	GROUP(0)
+	GROUP(1)
+	GROUP(2)
+	GROUP(3)
+	GROUP(4)
+	GROUP(5)
+	GROUP(6)
+	GROUP(7)
+	MOVQ BX, (DI)
+	ADDQ $8, DI
+	ADDQ $64, SI
+	DECQ CX
+	JNZ  kwloop
+
+kwdone:
+	VZEROUPPER
+	RET

@@ -7,3 +7,7 @@ package redaction
 const useBlocks = false
 
 func classMasksAVX2(p *byte, n int, out *blockMasks) { panic("redaction: classMasksAVX2 without AVX2") }
+
+func kwCandAVX2(p *byte, n int, filter *uint64, out *uint64) {
+	panic("redaction: kwCandAVX2 without AVX2")
+}

@@ -136,8 +136,10 @@ func kwKey(b0, b1, b2 byte, wordStart bool) uint32 {
 }
 
 // kwHash hashes a 24-bit key into kwFilterBits bits: Fibonacci hashing
-// (Knuth, TAOCP vol. 3, §6.4), a multiply by 2^64/φ keeping the top bits.
-func kwHash(k uint32) uint32 { return uint32(uint64(k) * 0x9E3779B97F4A7C15 >> (64 - kwFilterBits)) }
+// (Knuth, TAOCP vol. 3, §6.4), a multiply by 2^32/φ modulo 2^32 keeping
+// the top bits (32-bit lanes, so that kwCandAVX2 computes it eight keys
+// at a time).
+func kwHash(k uint32) uint32 { return k * 0x9E3779B1 >> (32 - kwFilterBits) }
 
 // add registers kw (lower case) and returns its id; adding a keyword twice
 // returns the first id (and makes it match anywhere if either call did).
@@ -286,20 +288,26 @@ func (ix *keywordIndex) verify(text string, i int, cand, cKey, nKey uint64, a *a
 		if j > 5 {
 			k = uint32(cKey>>(8*j)|nKey<<(64-8*j)) & 0xFFFFFF
 		}
-		for _, e := range ix.buckets[kwHash(k)>>kwBucketShift] {
-			id, p := e.id, q-int(e.off)
-			if e.key != k || p < 0 || !hasPrefixFold(text, p, ix.words[id]) || ix.wordOnly[id] && p > 0 && isAlpha(text[p-1]) {
-				continue
-			}
-			if int(id) < len(ix.keep) && ix.keep[id] != nil && !ix.keep[id](text, p) {
-				continue
-			}
-			h := kwHit{id, int32(p)}
-			if n := len(a.kw); n > 0 && cmpHit(a.kw[n-1], h) > 0 {
-				a.kwOut = true
-			}
-			a.kw = append(a.kw, h)
+		ix.hitsAt(text, q, k, a)
+	}
+}
+
+// hitsAt records the keywords whose filter bytes are at offset q, whose
+// key (kwKey) is k.
+func (ix *keywordIndex) hitsAt(text string, q int, k uint32, a *anchors) {
+	for _, e := range ix.buckets[kwHash(k)>>kwBucketShift] {
+		id, p := e.id, q-int(e.off)
+		if e.key != k || p < 0 || !hasPrefixFold(text, p, ix.words[id]) || ix.wordOnly[id] && p > 0 && isAlpha(text[p-1]) {
+			continue
 		}
+		if int(id) < len(ix.keep) && ix.keep[id] != nil && !ix.keep[id](text, p) {
+			continue
+		}
+		h := kwHit{id, int32(p)}
+		if n := len(a.kw); n > 0 && cmpHit(a.kw[n-1], h) > 0 {
+			a.kwOut = true
+		}
+		a.kw = append(a.kw, h)
 	}
 }
 
@@ -481,6 +489,15 @@ func (ix *keywordIndex) prefilterKeywords(text string, a *anchors) {
 
 // keywords appends the keyword hits of text to a.kw, in order.
 func (ix *keywordIndex) keywords(text string, a *anchors) {
+	if useBlocks {
+		ix.keywordsBlocks(text, a)
+		return
+	}
+	ix.keywordsSWAR(text, a)
+}
+
+// keywordsSWAR is keywords on eight offsets at a time in a 64-bit word.
+func (ix *keywordIndex) keywordsSWAR(text string, a *anchors) {
 	n := len(text)
 	var cLetter, cKey uint64
 	for i := -8; i < n; i += 8 {

@@ -2,6 +2,7 @@ package redaction
 
 import (
 	"math/bits"
+	"slices"
 	"unsafe"
 )
 
@@ -169,4 +170,45 @@ func (st *blockScan) block(text string, b, nb *blockMasks, a *anchors) {
 
 	st.pD, st.pH, st.pA, st.pXC, st.pR = D, H, A, XC, R
 	st.base += 64
+}
+
+// kwReach is how far kwCandAVX2 reads past a block: its last group of
+// eight offsets loads 16 bytes.
+const kwReach = 8
+
+// keywordsBlocks is keywords with the filter tested eight offsets per
+// AVX2 gather (kwCandAVX2) over 64-byte blocks; the blocks at the text's
+// edges, whose reads would leave the text, are read from a copy padded
+// with zero bytes (no letter before the text, zero bytes past its end, as
+// keywordsSWAR reads it). The hits are keywordsSWAR's, in its order.
+func (ix *keywordIndex) keywordsBlocks(text string, a *anchors) {
+	n := len(text)
+	nb := (n + 63) / 64
+	last := (n - 64 - kwReach) / 64 // the last block read in place (when ≥ 1)
+	var cand [blockChunk]uint64
+	for b := 0; b < nb; {
+		k := 1
+		if b >= 1 && b <= last {
+			k = min(blockChunk, last-b+1)
+			kwCandAVX2(unsafe.StringData(text[64*b:]), k, &ix.filter[0], &cand[0])
+		} else {
+			var pad [1 + 64 + kwReach]byte
+			if b > 0 {
+				pad[0] = text[64*b-1]
+			}
+			copy(pad[1:], text[64*b:])
+			kwCandAVX2(&pad[1], 1, &ix.filter[0], &cand[0])
+		}
+		for j := range k {
+			base := 64 * (b + j)
+			for c := cand[j]; c != 0; c &= c - 1 {
+				q := base + bits.TrailingZeros64(c)
+				ix.hitsAt(text, q, kwKey(at(text, q), at(text, q+1), at(text, q+2), q == 0 || !isAlpha(text[q-1])), a)
+			}
+		}
+		b += k
+	}
+	if a.kwOut {
+		slices.SortFunc(a.kw, cmpHit)
+	}
 }
