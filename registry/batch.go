@@ -2,7 +2,8 @@ package registry
 
 import (
 	"database/sql"
-	"fmt"
+	"errors"
+	"strconv"
 	"strings"
 )
 
@@ -10,8 +11,9 @@ import (
 // SQLite), with the effect of recordIn on each in order — the same rows,
 // record ids, spend counters, settlements and outbox rows — in a few
 // statements for the whole batch instead of three or four per record:
-// one read of each member's period, one count of the decisions' earlier
-// records, multi-row inserts of the usage rows, one upsert per spend
+// one read of each member's period, multi-row inserts of the usage rows
+// (a count of the decisions' earlier records only when one of them has
+// some: numberRecords), one upsert per spend
 // counter touched, one settlement per reservation, one read of the sinks
 // and multi-row inserts of the outbox rows (the multi-row statements in
 // chunks of batchChunks rows, prepared at Open). A record without a decision
@@ -53,43 +55,10 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 
 	// Record ids: the decision id for a decision's first record,
 	// "<decision id>:<n>" for its n-th, counting the ledger's rows and the
-	// batch's earlier ones.
-	seen := map[string]int{}
-	var decisions []any
-	for _, u := range records {
-		if _, ok := seen[u.DecisionID]; ok {
-			continue
-		}
-		seen[u.DecisionID] = 0
-		decisions = append(decisions, u.DecisionID)
-	}
-	err = inChunks(len(decisions), func(off, n int) error {
-		rows, err := tx.rows(qDecisionCounts[n], decisions[off:off+n]...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var d string
-			var c int
-			if err := rows.Scan(&d, &c); err != nil {
-				rows.Close()
-				return err
-			}
-			seen[d] = c
-		}
-		return rows.Close()
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i, u := range records {
-		n := seen[u.DecisionID] + 1
-		seen[u.DecisionID] = n
-		ids[i] = u.DecisionID
-		if n > 1 {
-			ids[i] = fmt.Sprintf("%s:%d", u.DecisionID, n)
-		}
-	}
+	// batch's earlier ones. They are first numbered as if no decision of
+	// the batch had a record in the ledger yet, without reading it: the
+	// usage insert's unique index on record_id checks that (numberRecords).
+	numberRecords(records, ids, nil)
 
 	type spendKey struct {
 		member string
@@ -137,8 +106,24 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 			st.tokens += int64(u.PromptTokens) + int64(u.CompletionTokens)
 		}
 	}
+	renumbered := false
 	err = inChunks(len(records), func(off, n int) error {
 		_, err := tx.exec(qInsertUsageRows[n], args[off*usageColumns:(off+n)*usageColumns]...)
+		if err != nil && !renumbered && isConstraint(err) {
+			// A decision from this chunk on has records in the ledger (or a
+			// record id is taken otherwise: numbered exactly, the insert
+			// fails again, as it would have at once). The chunks before
+			// are numbered right; the rest are numbered again against the
+			// ledger as it is now, which holds those chunks' rows.
+			renumbered = true
+			if err := r.countRecords(tx, records[off:], ids[off:]); err != nil {
+				return err
+			}
+			for i := off; i < len(records); i++ {
+				args[i*usageColumns] = ids[i]
+			}
+			_, err = tx.exec(qInsertUsageRows[n], args[off*usageColumns:(off+n)*usageColumns]...)
+		}
 		return err
 	})
 	if err != nil {
@@ -191,6 +176,82 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 	}
 	return ids, nil
 }
+
+// numberRecords sets ids[i] to records[i]'s record id given prior, each
+// decision's count of records in the ledger before the batch (nil: none has
+// any): the decision id for its first record, "<decision id>:<n>" for its
+// n-th.
+//
+// Numbered with prior nil, a batch's ids are right exactly when the
+// insert of their usage rows does not fail on the unique index on
+// record_id (recordBatchAs): if a decision d of the batch has a record in
+// the ledger, one of them has the record id d — its first, as every writer
+// numbers (recordIn, recordBatch, the schemaV2 migration) and no row of
+// usage is ever deleted — and the batch's first record of d, numbered d,
+// collides with it; if none has one, prior is all zeros. A chunk of the
+// insert that succeeds holds the first batch record of each of its
+// records' decisions or comes after it, so its ids are right.
+func numberRecords(records []Usage, ids []string, prior map[string]int) {
+	seen := make(map[string]int, len(records))
+	for i, u := range records {
+		n, ok := seen[u.DecisionID]
+		if !ok {
+			n = prior[u.DecisionID]
+		}
+		n++
+		seen[u.DecisionID] = n
+		ids[i] = u.DecisionID
+		if n > 1 {
+			ids[i] = u.DecisionID + ":" + strconv.Itoa(n)
+		}
+	}
+}
+
+// countRecords numbers records (ids[i] for records[i]) after the records
+// their decisions have in the ledger, read in tx.
+func (r *Registry) countRecords(tx q, records []Usage, ids []string) error {
+	prior := map[string]int{}
+	var decisions []any
+	for _, u := range records {
+		if _, ok := prior[u.DecisionID]; ok {
+			continue
+		}
+		prior[u.DecisionID] = 0
+		decisions = append(decisions, u.DecisionID)
+	}
+	err := inChunks(len(decisions), func(off, n int) error {
+		rows, err := tx.rows(qDecisionCounts[n], decisions[off:off+n]...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var d string
+			var c int
+			if err := rows.Scan(&d, &c); err != nil {
+				rows.Close()
+				return err
+			}
+			prior[d] = c
+		}
+		return rows.Close()
+	})
+	if err != nil {
+		return err
+	}
+	numberRecords(records, ids, prior)
+	return nil
+}
+
+// isConstraint reports whether err is SQLite's SQLITE_CONSTRAINT (a
+// statement that failed a constraint: SQLite undid that statement alone
+// and the transaction goes on).
+func isConstraint(err error) bool {
+	var e interface{ Code() int }
+	return errors.As(err, &e) && e.Code()&0xff == sqliteConstraint
+}
+
+// sqliteConstraint is SQLITE_CONSTRAINT, the primary result code.
+const sqliteConstraint = 19
 
 // batchChunks are the row counts of recordBatch's multi-row statements,
 // largest first. A batch of n rows runs as chunks of these sizes, taken
