@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // recordBatch writes records inside tx, which holds the write lock (on
@@ -55,10 +56,20 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 
 	// Record ids: the decision id for a decision's first record,
 	// "<decision id>:<n>" for its n-th, counting the ledger's rows and the
-	// batch's earlier ones. They are first numbered as if no decision of
-	// the batch had a record in the ledger yet, without reading it: the
-	// usage insert's unique index on record_id checks that (numberRecords).
-	numberRecords(records, ids, nil)
+	// batch's earlier ones. When no decision of the batch is one this
+	// handle recorded lately, they are numbered as if none had a record in
+	// the ledger yet, without reading it: the usage insert's unique index
+	// on record_id checks that (numberRecords). Otherwise (a decision whose
+	// records straddle two commits) the ledger's counts are read first.
+	renumbered := false
+	if r.recent.any(records) {
+		renumbered = true
+		if err := r.countRecords(tx, records, ids); err != nil {
+			return nil, err
+		}
+	} else {
+		numberRecords(records, ids, nil)
+	}
 
 	type spendKey struct {
 		member string
@@ -106,7 +117,6 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 			st.tokens += int64(u.PromptTokens) + int64(u.CompletionTokens)
 		}
 	}
-	renumbered := false
 	err = inChunks(len(records), func(off, n int) error {
 		_, err := tx.exec(qInsertUsageRows[n], args[off*usageColumns:(off+n)*usageColumns]...)
 		if err != nil && !renumbered && isConstraint(err) {
@@ -129,6 +139,7 @@ func (r *Registry) recordBatchAs(tx q, records []Usage, owner string, keepTime b
 	if err != nil {
 		return nil, err
 	}
+	r.recent.add(records)
 	for _, k := range spendOrder {
 		s := spend[k]
 		if _, err := tx.exec(qAddSpendN, k.member, k.start, s.nusd, s.prompt, s.completion, s.records); err != nil {
@@ -240,6 +251,50 @@ func (r *Registry) countRecords(tx q, records []Usage, ids []string) error {
 	}
 	numberRecords(records, ids, prior)
 	return nil
+}
+
+// recentDecisions bounds a generation of recentSet: a decision is
+// remembered for its last 4,096 to 8,192 decisions.
+const recentDecisions = 4096
+
+// recentSet holds the decision ids of the records a handle wrote lately
+// (two generations of maps), so that a batch holding a decision's later
+// record reads the ledger's counts at once instead of failing an insert
+// first (recordBatchAs). It only picks the way ids are numbered, never
+// what they are: one it lacks or keeps too long costs time, no error.
+type recentSet struct {
+	mu       sync.Mutex
+	cur, old map[string]struct{}
+}
+
+// any reports whether a decision of records is in the set.
+func (s *recentSet) any(records []Usage) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range records {
+		if _, ok := s.cur[u.DecisionID]; ok {
+			return true
+		}
+		if _, ok := s.old[u.DecisionID]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// add puts the decisions of records into the set.
+func (s *recentSet) add(records []Usage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range records {
+		if len(s.cur) >= recentDecisions {
+			s.old, s.cur = s.cur, nil
+		}
+		if s.cur == nil {
+			s.cur = make(map[string]struct{}, recentDecisions)
+		}
+		s.cur[u.DecisionID] = struct{}{}
+	}
 }
 
 // isConstraint reports whether err is SQLite's SQLITE_CONSTRAINT (a

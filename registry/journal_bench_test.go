@@ -104,10 +104,14 @@ func cpuTime() time.Duration {
 // BenchmarkApplyEntries measures the journal committer's transaction
 // alone: groups of 60 records (the gateway's group at ~3,000 records a
 // second and the 20 ms commit delay), one per iteration of 60 records.
-// Reported: CPU µs per record (getrusage, user + system).
+// repeat=1: the 32nd record of each group is a decision's second record,
+// its first in the group before (a decision whose records straddle two
+// commits; the worst place for it in a group of 60, the end of its
+// largest chunk). Reported: CPU µs per record (getrusage, user + system).
 func BenchmarkApplyEntries(b *testing.B) {
-	for _, sinks := range []int{0, 1} {
-		b.Run(fmt.Sprintf("group=60/sinks=%d", sinks), func(b *testing.B) {
+	for _, c := range []struct{ sinks, repeat int }{{0, 0}, {1, 0}, {0, 1}} {
+		sinks := c.sinks
+		b.Run(fmt.Sprintf("group=60/sinks=%d/repeat=%d", sinks, c.repeat), func(b *testing.B) {
 			ctx := context.Background()
 			r, err := Open(filepath.Join(b.TempDir(), "molly.db"), Options{})
 			if err != nil {
@@ -130,6 +134,9 @@ func BenchmarkApplyEntries(b *testing.B) {
 					n++
 					batch[k] = entry{kind: entryRecord, seg: 0, end: int64(n * 80), u: Usage{Member: "anonymous", DecisionID: "d-" + strconv.Itoa(n),
 						Model: "m", Target: "t", Tier: "T1", PromptTokens: 100, CompletionTokens: 50, CostUSD: 0.0003, Time: time.Now()}}
+				}
+				if c.repeat > 0 && g > 0 {
+					batch[31].u.DecisionID = "d-" + strconv.Itoa(n-group)
 				}
 				if err := r.applyEntries(ctx, "bench-"+strconv.Itoa(g%1), batch, false); err != nil {
 					b.Fatal(err)
