@@ -611,14 +611,19 @@ func (r *Registry) applyEntries(ctx context.Context, owner string, entries []ent
 			ends[e.seg] = e.end
 		}
 		for seg, end := range ends {
-			if _, err := tx.exec(`INSERT INTO usage_journals (name, applied) VALUES (?, ?)
-				ON CONFLICT (name) DO UPDATE SET applied = excluded.applied`, segName(owner, seg), end); err != nil {
+			if _, err := tx.exec(qJournalApplied, segName(owner, seg), end); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
 }
+
+// qJournalApplied sets the offset a segment's entries are committed to
+// (applyEntries, once per group: prepared at Open, as a statement of the
+// committer's every transaction).
+const qJournalApplied = `INSERT INTO usage_journals (name, applied) VALUES (?, ?)
+				ON CONFLICT (name) DO UPDATE SET applied = excluded.applied`
 
 // close commits what is queued (unless the database keeps failing: the
 // next handle replays it), then removes the journal's files.

@@ -70,4 +70,5 @@ var preparedQueries = []string{
 	qExpire, qReserve, qRelease, // Reserve, Release
 	qInsertUsage, qInsertUsageNumbered, qAddSpend, qSettle, qQueue, // Record
 	qAddSpendN, qMemberPeriod, qSinks, // recordBatch
+	qJournalApplied, // the journal's committer
 }

@@ -90,7 +90,8 @@ type Registry struct {
 
 	stmts map[string]*sql.Stmt // preparedQueries, prepared at Open; read-only after
 
-	group groupCommit // Record's group commit (SQLite)
+	group  groupCommit // Record's group commit (SQLite)
+	recent recentSet   // decisions recorded lately (recordBatchAs)
 
 	jmu       sync.Mutex
 	journal   *journal // Journal's, from its first call (journal.go)

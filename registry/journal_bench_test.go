@@ -1,0 +1,150 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BenchmarkJournal measures the CPU time the usage journal costs per
+// record as the gateway pays it: 16 recorders journal records of a member
+// without a budget (as "anonymous", no reservation, a fresh decision id
+// per record) and the journal's committer writes them into the ledger.
+// A round is 100 records per recorder, then CommitJournal (so the round's
+// commits fall into it); its cost is the process's CPU time over the round
+// (getrusage(2) RUSAGE_SELF, user + system: the recorders, the committer,
+// SQLite, the runtime), divided by the records. "paced" spaces each
+// recorder's records gap apart (16 recorders at 5 ms: about 3,000 records
+// a second, the gateway's rate on 2 cores, so the committer's groups are
+// about as large as there); "burst" journals as fast as it can (groups of
+// maxGroup, appends that meet). sinks=1 registers one outbox sink (a
+// gateway with a usage_tool). Reported: the median of the rounds' CPU µs
+// per record, and wall µs per record. Compare two builds by running their
+// test binaries alternately (docs/benchmarks.md).
+func BenchmarkJournal(b *testing.B) {
+	for _, sinks := range []int{0, 1} {
+		for _, pace := range []struct {
+			name string
+			gap  time.Duration
+		}{{"burst", 0}, {"paced", 5 * time.Millisecond}} {
+			b.Run(fmt.Sprintf("c=16/%s/sinks=%d", pace.name, sinks), func(b *testing.B) { benchJournal(b, 16, pace.gap, sinks) })
+		}
+	}
+}
+
+func benchJournal(b *testing.B, c int, gap time.Duration, sinks int) {
+	ctx := context.Background()
+	r, err := Open(filepath.Join(b.TempDir(), "molly.db"), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	for i := range sinks {
+		if err := r.RegisterSink(ctx, fmt.Sprintf("sink-%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const perRound = 100 // records per recorder and round
+	var n atomic.Int64
+	round := func() (cpu, wall float64) {
+		cpu0 := cpuTime()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range c {
+			wg.Go(func() {
+				for k := range perRound {
+					if gap > 0 && k > 0 {
+						time.Sleep(gap)
+					}
+					i := n.Add(1)
+					u := Usage{Member: "anonymous", DecisionID: "d-" + strconv.FormatInt(i, 10), Model: "m", Target: "t", Tier: "T1",
+						PromptTokens: 100, CompletionTokens: 50, CostUSD: 0.0003, Time: time.Now()}
+					if err := r.Journal(ctx, u); err != nil {
+						b.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := r.CommitJournal(ctx); err != nil {
+			b.Fatal(err)
+		}
+		records := float64(c * perRound)
+		return float64((cpuTime() - cpu0).Microseconds()) / records, float64(time.Since(start).Microseconds()) / records
+	}
+	round() // opens the journal, warms the caches
+	rounds := max(3, b.N/(c*perRound))
+	var cpu, wall []float64
+	b.ResetTimer()
+	for range rounds {
+		c, w := round()
+		cpu, wall = append(cpu, c), append(wall, w)
+	}
+	b.StopTimer()
+	b.ReportMetric(median(cpu), "cpu_us/record")
+	b.ReportMetric(median(wall), "wall_us/record")
+	b.ReportMetric(0, "ns/op")
+}
+
+// cpuTime is the process's CPU time so far (user + system, all threads).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkApplyEntries measures the journal committer's transaction
+// alone: groups of 60 records (the gateway's group at ~3,000 records a
+// second and the 20 ms commit delay), one per iteration of 60 records.
+// repeat=1: the 32nd record of each group is a decision's second record,
+// its first in the group before (a decision whose records straddle two
+// commits; the worst place for it in a group of 60, the end of its
+// largest chunk). Reported: CPU µs per record (getrusage, user + system).
+func BenchmarkApplyEntries(b *testing.B) {
+	for _, c := range []struct{ sinks, repeat int }{{0, 0}, {1, 0}, {0, 1}} {
+		sinks := c.sinks
+		b.Run(fmt.Sprintf("group=60/sinks=%d/repeat=%d", sinks, c.repeat), func(b *testing.B) {
+			ctx := context.Background()
+			r, err := Open(filepath.Join(b.TempDir(), "molly.db"), Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			for i := range sinks {
+				if err := r.RegisterSink(ctx, fmt.Sprintf("sink-%d", i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			const group = 60
+			batch := make([]entry, group)
+			var n int
+			groups := max(1, b.N/group)
+			b.ResetTimer()
+			cpu0 := cpuTime()
+			for g := range groups {
+				for k := range batch {
+					n++
+					batch[k] = entry{kind: entryRecord, seg: 0, end: int64(n * 80), u: Usage{Member: "anonymous", DecisionID: "d-" + strconv.Itoa(n),
+						Model: "m", Target: "t", Tier: "T1", PromptTokens: 100, CompletionTokens: 50, CostUSD: 0.0003, Time: time.Now()}}
+				}
+				if c.repeat > 0 && g > 0 {
+					batch[31].u.DecisionID = "d-" + strconv.Itoa(n-group)
+				}
+				if err := r.applyEntries(ctx, "bench-"+strconv.Itoa(g%1), batch, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(groups*group), "cpu_us/record")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
