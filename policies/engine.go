@@ -26,6 +26,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Default holds the embedded default policies (*.rego and *_test.rego).
@@ -116,6 +117,13 @@ type Engine struct {
 	path string // the route decision's path, as decision logs name it
 
 	rev atomic.Pointer[revision]
+
+	// Caches of what callers convert once (Input's docs): the last
+	// targets' array, and the log plans of identities and shared subject
+	// members (logplan.go).
+	targets   atomic.Pointer[targetsCache]
+	idPlans   planCache[ast.Object]
+	termPlans planCache[*ast.Term]
 
 	mu        sync.Mutex // guards the fields below
 	lastErr   string
@@ -303,14 +311,14 @@ func (e *Engine) Decide(ctx context.Context, in Input) Decided {
 		return Decided{decision: d}
 	}
 	digest := in.Subject.Digest()
-	input, err := routeInput(in)
+	input, inLog, err := e.routeInput(in)
 	if err != nil {
 		d := denyDetail(CodePolicyError, "policy input is malformed (details in the server log)", err.Error())
 		d.id = newID()
 		e.log.Error("policy decision", zap.String("decision_id", d.id), zap.String("path", e.path), zap.String("error", d.detail))
 		return Decided{decision: d, digest: digest}
 	}
-	return Decided{decision: e.decideValue(ctx, input), digest: digest}
+	return Decided{decision: e.decideValue(ctx, input, inLog), digest: digest}
 }
 
 // DecideMap evaluates the route decision on an input document given as
@@ -326,11 +334,16 @@ func (e *Engine) DecideMap(ctx context.Context, input map[string]any) *Decision 
 		return d
 	}
 	obj, _ := v.(ast.Object)
-	return e.decideValue(ctx, obj)
+	return e.decideValue(ctx, obj, nil)
 }
 
-// decideValue evaluates the route decision on one revision and logs it.
-func (e *Engine) decideValue(ctx context.Context, input ast.Object) *Decision {
+// decideValue evaluates the route decision on one revision and logs it
+// (the input through inLog when not nil, which writes input).
+func (e *Engine) decideValue(ctx context.Context, input ast.Object, inLog *inputLog) *Decision {
+	var logIn zapcore.ObjectMarshaler = astObject{input}
+	if inLog != nil {
+		logIn = inLog
+	}
 	rev := e.rev.Load()
 	var key []ast.Value
 	var hash int
@@ -339,7 +352,7 @@ func (e *Engine) decideValue(ctx context.Context, input ast.Object) *Decision {
 		if m := rev.memo.get(key, hash); m != nil {
 			d := *m.decision
 			d.id, d.revision = newID(), rev.id
-			e.logDecision(e.path, d.id, rev.id, input, result{value: m.value, defined: true}, "", zap.Object("molly", &d), zap.Bool("memoized", true))
+			e.logDecision(e.path, d.id, rev.id, logIn, result{value: m.value, defined: true}, m.result, "", zap.Object("molly", &d), zap.Bool("memoized", true))
 			return &d
 		}
 	}
@@ -361,20 +374,21 @@ func (e *Engine) decideValue(ctx context.Context, input ast.Object) *Decision {
 		if d, err = parseDecision(r.value); err != nil {
 			d = denyDetail(CodePolicyError, "policy returned a malformed decision (details in the server log)", err.Error())
 		} else if rev.memo != nil {
-			rev.memo.put(key, hash, r.value, d)
+			rev.memo.put(key, hash, r.value, resultPlan(r.value), d)
 			d = ptr(*d) // the memo keeps its own, without id
 		}
 	}
 	d.id, d.revision = newID(), rev.id
-	e.logDecision(e.path, d.id, rev.id, input, r, d.detail, zap.Object("molly", d))
+	e.logDecision(e.path, d.id, rev.id, logIn, r, nil, d.detail, zap.Object("molly", d))
 	return d
 }
 
 // logDecision writes one decision in the shape of OPA's decision log
 // (https://www.openpolicyagent.org/docs/management-decision-logs):
 // decision_id, path, input, result (absent when undefined), revision,
-// timestamp, metrics, error; extra fields say what Molly made of it.
-func (e *Engine) logDecision(path, id, revision string, input ast.Object, r result, detail string, extra ...zap.Field) {
+// timestamp, metrics, error; extra fields say what Molly made of it. plan,
+// when not nil, is r.value's (an object's) plan, written instead of it.
+func (e *Engine) logDecision(path, id, revision string, input zapcore.ObjectMarshaler, r result, plan *logPlan, detail string, extra ...zap.Field) {
 	ce := e.log.Check(zap.InfoLevel, "policy decision")
 	if ce == nil {
 		return
@@ -383,10 +397,12 @@ func (e *Engine) logDecision(path, id, revision string, input ast.Object, r resu
 	fields = append(fields,
 		zap.String("decision_id", id),
 		zap.String("path", path),
-		zap.Object("input", astObject{input}),
+		zap.Object("input", input),
 	)
 	if r.defined {
-		if m, ok := r.value.(map[string]any); ok {
+		if plan != nil {
+			fields = append(fields, zap.Object("result", plan))
+		} else if m, ok := r.value.(map[string]any); ok {
 			fields = append(fields, zap.Object("result", jsonObject(m)))
 		} else {
 			fields = append(fields, zap.Any("result", r.value))
@@ -447,37 +463,150 @@ var (
 // PolicyMembers or PolicyValue when the Subject has them), identity ({} when nil), targets
 // ([] when nil) and derived (absent when nil).
 func routeInput(in Input) (ast.Object, error) {
+	obj, _, err := buildRouteInput(in, nil)
+	return obj, err
+}
+
+// routeInput is routeInput with the Engine's caches: the targets' array
+// is reused while a caller passes the same converted targets, and the
+// returned inputLog writes the parts callers convert once from their plans.
+func (e *Engine) routeInput(in Input) (ast.Object, *inputLog, error) {
+	return buildRouteInput(in, e)
+}
+
+// targetsCache is the input.targets array made of elems (ast.Objects a
+// caller converted once), and its log plan.
+type targetsCache struct {
+	elems []ast.Object
+	term  *ast.Term
+	plan  *logOp
+}
+
+// inputLog writes a route decision's input to the decision log: as
+// astObject does, but members whose value term is in planned from their
+// plans.
+type inputLog struct {
+	obj     ast.Object
+	n       int
+	planned [4]struct {
+		t  *ast.Term
+		op *logOp
+	}
+}
+
+func (l *inputLog) plan(t *ast.Term, op *logOp) {
+	if op != nil && l.n < len(l.planned) {
+		l.planned[l.n].t, l.planned[l.n].op = t, op
+		l.n++
+	}
+}
+
+func (l *inputLog) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	var err error
+	l.obj.Foreach(func(k, v *ast.Term) {
+		key, ok := k.Value.(ast.String)
+		if !ok {
+			key = ast.String(k.Value.String())
+		}
+		var e error
+		for i := range l.n {
+			if p := &l.planned[i]; p.t == v {
+				if p.op.kind == opObject {
+					e = enc.AddObject(string(key), p.op.sub)
+				} else {
+					e = enc.AddArray(string(key), p.op.sub)
+				}
+				goto done
+			}
+		}
+		e = addValue(enc, string(key), v)
+	done:
+		if e != nil && err == nil {
+			err = e
+		}
+	})
+	return err
+}
+
+// cachedTargets returns the targets' array term and plan when every
+// element is an ast.Object, from e's cache when they are the same objects
+// as last time; nil otherwise.
+func (e *Engine) cachedTargets(targets []any) *targetsCache {
+	c := e.targets.Load()
+	if c != nil && len(c.elems) == len(targets) {
+		same := true
+		for i, t := range targets {
+			if o, ok := t.(ast.Object); !ok || o != c.elems[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return c
+		}
+	}
+	elems := make([]ast.Object, len(targets))
+	terms := make([]*ast.Term, len(targets))
+	for i, t := range targets {
+		o, ok := t.(ast.Object)
+		if !ok {
+			return nil
+		}
+		elems[i], terms[i] = o, ast.NewTerm(o)
+	}
+	arr := ast.NewArray(terms...)
+	op, _ := astValuePlan(arr)
+	c = &targetsCache{elems: elems, term: ast.NewTerm(arr), plan: &op}
+	e.targets.Store(c)
+	return c
+}
+
+func buildRouteInput(in Input, e *Engine) (ast.Object, *inputLog, error) {
 	obj := ast.NewObjectWithCapacity(6)
+	var log *inputLog
+	if e != nil {
+		log = &inputLog{obj: obj}
+	}
 	if ms, ok := in.Subject.(MemberSubject); ok {
 		req, capability, sov := ms.PolicyMembers()
 		if req == nil && capability == nil && sov == nil {
-			return nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", ms.PolicyValue())
+			return nil, nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", ms.PolicyValue())
 		}
-		for i, v := range [3]*ast.Term{req, capability, sov} {
-			if v != nil {
-				obj.Insert([3]*ast.Term{keyRequest, keyCapability, keySovereignty}[i], v)
+		if req != nil {
+			obj.Insert(keyRequest, req)
+			if log != nil {
+				log.plan(req, e.termPlans.get(req, req.Value))
+			}
+		}
+		if capability != nil {
+			obj.Insert(keyCapability, capability)
+		}
+		if sov != nil {
+			obj.Insert(keySovereignty, sov)
+			if log != nil {
+				log.plan(sov, e.termPlans.get(sov, sov.Value))
 			}
 		}
 	} else if vs, ok := in.Subject.(ValueSubject); ok {
 		so, ok := vs.PolicyValue().(ast.Object)
 		if !ok {
-			return nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", vs.PolicyValue())
+			return nil, nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", vs.PolicyValue())
 		}
-		for _, k := range []*ast.Term{keyRequest, keyCapability, keySovereignty} {
+		for _, k := range [...]*ast.Term{keyRequest, keyCapability, keySovereignty} {
 			if v := so.Get(k); v != nil {
 				obj.Insert(k, v)
 			}
 		}
 	} else {
 		m := in.Subject.PolicyInput()
-		for _, k := range []*ast.Term{keyRequest, keyCapability, keySovereignty} {
+		for _, k := range [...]*ast.Term{keyRequest, keyCapability, keySovereignty} {
 			x, ok := m[string(k.Value.(ast.String))]
 			if !ok {
 				continue
 			}
 			v, err := ValueOf(x)
 			if err != nil {
-				return nil, fmt.Errorf("input.%s: %w", k.Value.(ast.String), err)
+				return nil, nil, fmt.Errorf("input.%s: %w", k.Value.(ast.String), err)
 			}
 			obj.Insert(k, ast.NewTerm(v))
 		}
@@ -488,24 +617,46 @@ func routeInput(in Input) (ast.Object, error) {
 		id, err = ValueOf(in.Identity) // a nil map is {} too
 	}
 	if err != nil {
-		return nil, fmt.Errorf("input.identity: %w", err)
+		return nil, nil, fmt.Errorf("input.identity: %w", err)
 	}
-	obj.Insert(keyIdentity, ast.NewTerm(id))
-	targets := make([]*ast.Term, len(in.Targets))
-	for i, t := range in.Targets {
-		v, err := ValueOf(t)
-		if err != nil {
-			return nil, fmt.Errorf("input.targets[%d]: %w", i, err)
+	idTerm := ast.NewTerm(id)
+	obj.Insert(keyIdentity, idTerm)
+	if o, converted := in.Identity.(ast.Object); converted && log != nil {
+		log.plan(idTerm, e.idPlans.get(o, o))
+	}
+	var tc *targetsCache
+	if e != nil {
+		tc = e.cachedTargets(in.Targets)
+	}
+	if tc != nil {
+		obj.Insert(keyTargets, tc.term)
+		log.plan(tc.term, tc.plan)
+	} else {
+		targets := make([]*ast.Term, len(in.Targets))
+		for i, t := range in.Targets {
+			v, err := ValueOf(t)
+			if err != nil {
+				return nil, nil, fmt.Errorf("input.targets[%d]: %w", i, err)
+			}
+			targets[i] = ast.NewTerm(v)
 		}
-		targets[i] = ast.NewTerm(v)
+		obj.Insert(keyTargets, ast.NewTerm(ast.NewArray(targets...)))
 	}
-	obj.Insert(keyTargets, ast.NewTerm(ast.NewArray(targets...)))
 	if in.Derived != nil {
 		v, err := ValueOf(in.Derived)
 		if err != nil {
-			return nil, fmt.Errorf("input.derived: %w", err)
+			return nil, nil, fmt.Errorf("input.derived: %w", err)
 		}
 		obj.Insert(keyDerived, ast.NewTerm(v))
 	}
-	return obj, nil
+	return obj, log, nil
+}
+
+// resultPlan is the log plan of a rego result that is an object; nil
+// otherwise.
+func resultPlan(v any) *logPlan {
+	if m, ok := v.(map[string]any); ok {
+		return jsonObjectPlan(m)
+	}
+	return nil
 }

@@ -46,6 +46,7 @@ type memo struct {
 type memoEntry struct {
 	key      []ast.Value // the input's values at memo.paths; nil where absent
 	value    any         // the rego result, for the decision log
+	result   *logPlan    // value's log plan (nil: value is not an object)
 	decision *Decision   // parsed, without id and revision
 }
 
@@ -246,7 +247,7 @@ func (m *memo) get(key []ast.Value, h int) *memoEntry {
 }
 
 // put remembers an evaluation.
-func (m *memo) put(key []ast.Value, h int, value any, d *Decision) {
+func (m *memo) put(key []ast.Value, h int, value any, plan *logPlan, d *Decision) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.entries[h] {
@@ -258,7 +259,7 @@ func (m *memo) put(key []ast.Value, h int, value any, d *Decision) {
 		clear(m.entries)
 		m.n = 0
 	}
-	m.entries[h] = append(m.entries[h], &memoEntry{key: key, value: value, decision: d})
+	m.entries[h] = append(m.entries[h], &memoEntry{key: key, value: value, result: plan, decision: d})
 	m.n++
 }
 

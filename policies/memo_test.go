@@ -256,20 +256,34 @@ func BenchmarkDecideMemo(b *testing.B) {
 		}
 	}
 	in := Input{Subject: valueSubject{subject: newSubject(m), v: v}, Identity: id, Targets: converted}
+	// As the pipeline passes it: the subject's members, the identity and
+	// the targets converted once.
+	idv, err := ValueOf(id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	o := v.(ast.Object)
+	pipeline := Input{Subject: memberSubject{valueSubject: valueSubject{subject: newSubject(m), v: v},
+		req: o.Get(keyRequest), capability: o.Get(keyCapability), sov: o.Get(keySovereignty)}, Identity: idv, Targets: converted}
 	for _, c := range []struct {
 		name string
 		size int
 		log  *zap.Logger
-	}{{"baseline/evaluated+json-log", -1, discardLogger()}, {"memoised+json-log", 0, discardLogger()}, {"memoised", 0, zap.NewNop()}} {
+		in   Input
+	}{
+		{"baseline/evaluated+json-log", -1, discardLogger(), in}, {"memoised+json-log", 0, discardLogger(), in}, {"memoised", 0, zap.NewNop(), in},
+		{"pipeline/evaluated+json-log", -1, discardLogger(), pipeline}, {"pipeline/memoised+json-log", 0, discardLogger(), pipeline},
+		{"pipeline/memoised", 0, zap.NewNop(), pipeline},
+	} {
 		b.Run(c.name, func(b *testing.B) {
 			e, err := New(ctx, Options{MemoSize: c.size, Logger: c.log})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if d := e.Decide(ctx, in).Decision(); !d.Allowed() {
+			if d := e.Decide(ctx, c.in).Decision(); !d.Allowed() {
 				b.Fatalf("denied: %v", d.Reasons())
 			}
-			loop(b, func() { e.Decide(ctx, in) })
+			loop(b, func() { e.Decide(ctx, c.in) })
 		})
 	}
 }
