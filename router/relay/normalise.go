@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -141,10 +142,9 @@ func (e *edit) replaceString(v gjson.Result, path, s string) {
 		e.set(path, s)
 		return
 	}
-	q := appendStringify(nil, s)
-	out := make([]byte, 0, len(e.b)-len(v.Raw)+len(q))
+	out := make([]byte, 0, len(e.b)-len(v.Raw)+len(s)+2)
 	out = append(out, e.b[:v.Index]...)
-	out = append(out, q...)
+	out = appendStringify(out, s)
 	e.b = append(out, e.b[v.Index+len(v.Raw):]...)
 	e.edited = true
 }
@@ -229,7 +229,9 @@ func nextCall(sofar, delta string) bool {
 // requires. A body that is not a JSON object, or an error object, is
 // returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
-	root := gjson.ParseBytes(body)
+	// Read in place: body is never written to (every edit makes a new
+	// document), and no Result read from it outlives this call.
+	root := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
 	if !root.IsObject() {
 		return body
 	}
@@ -431,7 +433,8 @@ func header(ans Answer, top *[len(topNames)]gjson.Result, e *edit, prefix, objec
 	if top[topObject].Str != object {
 		e.set("object", object)
 	}
-	if c := top[topCreated]; c.Type != gjson.Number || c.Raw != strconv.FormatInt(c.Int(), 10) {
+	var digits [20]byte
+	if c := top[topCreated]; c.Type != gjson.Number || c.Raw != string(strconv.AppendInt(digits[:0], c.Int(), 10)) {
 		e.set("created", ans.Created)
 	}
 	if m := top[topModel]; ans.Model != "" && m.Str != ans.Model {
