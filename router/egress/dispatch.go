@@ -204,14 +204,28 @@ func withModel(body, model string) ([]byte, error) {
 	if !r.Exists() || r.Index <= 0 || r.Index+len(r.Raw) > len(body) || body[r.Index:r.Index+len(r.Raw)] != r.Raw {
 		return sjson.SetBytes([]byte(body), "model", model)
 	}
-	q, err := json.Marshal(model)
+	out := make([]byte, 0, len(body)-len(r.Raw)+len(model)+2)
+	out = append(out, body[:r.Index]...)
+	out, err := appendJSONString(out, model)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, 0, len(body)-len(r.Raw)+len(q))
-	out = append(out, body[:r.Index]...)
-	out = append(out, q...)
 	return append(out, body[r.Index+len(r.Raw):]...), nil
+}
+
+// appendJSONString appends s as encoding/json marshals a string: quoted as
+// it is when every byte is printable ASCII that json.Marshal leaves alone
+// (not '"', a backslash, '<', '>' or '&'), by json.Marshal otherwise.
+func appendJSONString(buf []byte, s string) ([]byte, error) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c > '~' || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, err := json.Marshal(s)
+			return append(buf, q...), err
+		}
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"'), nil
 }
 
 // Extensions are the request parameters of Molly's own (the T0 engine's:

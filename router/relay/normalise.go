@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -127,23 +128,57 @@ func NewID(prefix string) string {
 
 // edit applies sjson edits to a JSON document, keeping the first error's
 // document unchanged.
-type edit struct{ b []byte }
+type edit struct {
+	b      []byte
+	edited bool // b is no longer the document edit began with
+}
+
+// replaceString sets the string value of the member v (a value read from
+// the unedited document, at v.Index) to s: spliced in place of v's text,
+// as sjson writes it, while no other edit has moved the document's bytes;
+// by sjson's look-up of path otherwise.
+func (e *edit) replaceString(v gjson.Result, path, s string) {
+	if e.edited || v.Index <= 0 || v.Index+len(v.Raw) > len(e.b) || string(e.b[v.Index:v.Index+len(v.Raw)]) != v.Raw {
+		e.set(path, s)
+		return
+	}
+	out := make([]byte, 0, len(e.b)-len(v.Raw)+len(s)+2)
+	out = append(out, e.b[:v.Index]...)
+	out = appendStringify(out, s)
+	e.b = append(out, e.b[v.Index+len(v.Raw):]...)
+	e.edited = true
+}
+
+// appendStringify appends s as a JSON string, as sjson.SetBytes writes a
+// string value: as it is, quoted, when it has only printable ASCII other
+// than '"' and a backslash; as encoding/json marshals it otherwise.
+func appendStringify(buf []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > 0x7f || s[i] == '"' || s[i] == '\\' {
+			q, _ := json.Marshal(s)
+			return append(buf, q...)
+		}
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"')
+}
 
 func (e *edit) set(path string, v any) {
 	if out, err := sjson.SetBytes(e.b, path, v); err == nil {
-		e.b = out
+		e.b, e.edited = out, true
 	}
 }
 
 func (e *edit) raw(path, v string) {
 	if out, err := sjson.SetRawBytes(e.b, path, []byte(v)); err == nil {
-		e.b = out
+		e.b, e.edited = out, true
 	}
 }
 
 func (e *edit) del(path string) {
 	if out, err := sjson.DeleteBytes(e.b, path); err == nil {
-		e.b = out
+		e.b, e.edited = out, true
 	}
 }
 
@@ -194,7 +229,9 @@ func nextCall(sofar, delta string) bool {
 // requires. A body that is not a JSON object, or an error object, is
 // returned as it is.
 func NormaliseBody(ans Answer, body []byte) []byte {
-	root := gjson.ParseBytes(body)
+	// Read in place: body is never written to (every edit makes a new
+	// document), and no Result read from it outlives this call.
+	root := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
 	if !root.IsObject() {
 		return body
 	}
@@ -226,7 +263,7 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 		return e.b
 	}
 	top[topChoices].ForEach(func(k, ch gjson.Result) bool {
-		base := "choices." + k.String()
+		base := choicePath(k)
 		var c [len(choiceNames)]gjson.Result
 		if ch.IsObject() {
 			pick(ch, choiceNames[:], c[:])
@@ -314,6 +351,24 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 	return e.b
 }
 
+// choicePaths are the sjson paths of the first choices.
+var choicePaths = func() (p [16]string) {
+	for i := range p {
+		p[i] = "choices." + strconv.Itoa(i)
+	}
+	return p
+}()
+
+// choicePath is the sjson path of the choice whose array key is k, as
+// "choices." + k.String() spells it, without making the string for the
+// first choices.
+func choicePath(k gjson.Result) string {
+	if k.Raw == "" && k.Num >= 0 && k.Num < float64(len(choicePaths)) && k.Num == math.Trunc(k.Num) {
+		return choicePaths[int(k.Num)]
+	}
+	return "choices." + k.String()
+}
+
 // The members NormaliseBody looks at, by object, and their indexes.
 var (
 	topNames     = [...]string{"error", "id", "object", "created", "model", "system_fingerprint", "choices", "usage", "service_tier"}
@@ -378,11 +433,16 @@ func header(ans Answer, top *[len(topNames)]gjson.Result, e *edit, prefix, objec
 	if top[topObject].Str != object {
 		e.set("object", object)
 	}
-	if c := top[topCreated]; c.Type != gjson.Number || c.Raw != strconv.FormatInt(c.Int(), 10) {
+	var digits [20]byte
+	if c := top[topCreated]; c.Type != gjson.Number || c.Raw != string(strconv.AppendInt(digits[:0], c.Int(), 10)) {
 		e.set("created", ans.Created)
 	}
-	if ans.Model != "" && top[topModel].Str != ans.Model {
-		e.set("model", ans.Model)
+	if m := top[topModel]; ans.Model != "" && m.Str != ans.Model {
+		if m.Type == gjson.String {
+			e.replaceString(m, "model", ans.Model)
+		} else {
+			e.set("model", ans.Model)
+		}
 	}
 	if fp := top[topFingerprint]; fp.Exists() && fp.Type != gjson.String {
 		e.del("system_fingerprint")

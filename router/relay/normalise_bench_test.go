@@ -61,4 +61,15 @@ func BenchmarkNormaliseBody(b *testing.B) {
 			}
 		}
 	})
+	// As the pipeline calls it: with the usage the ledger recorded.
+	recorded := ans
+	recorded.Usage = &Counts{Prompt: 512, Completion: 24}
+	b.Run("recorded", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if out := NormaliseBody(recorded, body); len(out) == 0 {
+				b.Fatal("empty")
+			}
+		}
+	})
 }
