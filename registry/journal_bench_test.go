@@ -40,16 +40,7 @@ func BenchmarkJournal(b *testing.B) {
 
 func benchJournal(b *testing.B, c int, gap time.Duration, sinks int) {
 	ctx := context.Background()
-	r, err := Open(filepath.Join(b.TempDir(), "molly.db"), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
-	for i := range sinks {
-		if err := r.RegisterSink(ctx, fmt.Sprintf("sink-%d", i)); err != nil {
-			b.Fatal(err)
-		}
-	}
+	r := openBenchLedger(b, sinks)
 	const perRound = 100 // records per recorder and round
 	var n atomic.Int64
 	round := func() (cpu, wall float64) {
@@ -113,16 +104,7 @@ func BenchmarkApplyEntries(b *testing.B) {
 		sinks := c.sinks
 		b.Run(fmt.Sprintf("group=60/sinks=%d/repeat=%d", sinks, c.repeat), func(b *testing.B) {
 			ctx := context.Background()
-			r, err := Open(filepath.Join(b.TempDir(), "molly.db"), Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer r.Close()
-			for i := range sinks {
-				if err := r.RegisterSink(ctx, fmt.Sprintf("sink-%d", i)); err != nil {
-					b.Fatal(err)
-				}
-			}
+			r := openBenchLedger(b, sinks)
 			const group = 60
 			batch := make([]entry, group)
 			var n int
@@ -147,4 +129,21 @@ func BenchmarkApplyEntries(b *testing.B) {
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// openBenchLedger opens a registry of its own for b, closed at its end,
+// with sinks outbox sinks registered.
+func openBenchLedger(b *testing.B, sinks int) *Registry {
+	b.Helper()
+	r, err := Open(filepath.Join(b.TempDir(), "molly.db"), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	for i := range sinks {
+		if err := r.RegisterSink(context.Background(), fmt.Sprintf("sink-%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return r
 }
