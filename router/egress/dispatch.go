@@ -81,7 +81,7 @@ func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
 				return nil, fmt.Errorf("target %s: kind engine needs the molly app's engine, and none is configured", t.Name)
 			}
 			u.base = &url.URL{Scheme: "http", Host: "engine.molly.internal", Path: "/v1"}
-			u.client = &http.Client{Transport: &handlerTransport{h: engine}}
+			u.client = &http.Client{Transport: &handlerTransport{h: engine}, CheckRedirect: noRedirect}
 			e.clients[t.Name] = u
 			continue
 		}
@@ -99,7 +99,7 @@ func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       90 * time.Second,
 			ForceAttemptHTTP2:     true,
-		}}
+		}, CheckRedirect: noRedirect}
 		if t.DraftWithEngine {
 			d, ok := engine.(Drafter)
 			if !ok {
@@ -111,6 +111,13 @@ func New(cat *route.Catalogue, engine http.Handler) (*Egress, error) {
 	}
 	return e, nil
 }
+
+// noRedirect is the CheckRedirect of every upstream client: a target's
+// redirect (3xx and its Location) is its answer, never followed. The
+// decision allowed this target, not the host a Location names (another
+// tier, another region, an external API); following a 307 or 308 would
+// send that host the prompt.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // Close releases idle upstream connections.
 func (e *Egress) Close() {
@@ -344,7 +351,23 @@ func (d *Dispatch) Send(ctx context.Context, hdr http.Header) (*http.Response, e
 	}
 	req.Header = d.Header(hdr)
 	u := d.egress.clients[d.target.Name]
-	resp, err := u.client.Do(req)
+	// The client's transport, not Client.Do: no redirect is followed
+	// (noRedirect), so Client.Do's redirect bookkeeping (a copy of the
+	// headers per request) buys nothing. Errors are wrapped as Client.Do
+	// wraps them (*url.Error: the method, the URL, the cause).
+	resp, err := u.client.Transport.RoundTrip(req)
+	if err != nil {
+		return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(), Err: err}
+	}
 	scrubKey(resp, u.apiKey)
-	return resp, err
+	return resp, nil
+}
+
+// urlErrorOp is the Op of the *url.Error net/http's Client.Do returns for
+// method: "Post" for POST, "Get" for GET.
+func urlErrorOp(method string) string {
+	if method == "" {
+		return "Get"
+	}
+	return method[:1] + strings.ToLower(method[1:])
 }

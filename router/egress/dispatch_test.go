@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -524,6 +526,47 @@ func TestNewDispatchKeepsMollysExtensionsOnTheDevice(t *testing.T) {
 	for _, f := range Extensions {
 		if !gjson.GetBytes(disp.Body(), f).Exists() {
 			t.Fatalf("the engine did not get %s: %s", f, disp.Body())
+		}
+	}
+}
+
+// A target's answer that redirects is its answer: Send follows no
+// redirect, so a LAN target answering 307 or 308 with the address of
+// another host (an external API, a host outside the decision's residency)
+// never makes Molly send that host the prompt, which the decision allowed
+// for this target only.
+func TestSendFollowsNoRedirect(t *testing.T) {
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[]}`)
+	}))
+	t.Cleanup(other.Close)
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		lan := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+r.URL.Path, code)
+		}))
+		tg := &route.Target{Name: "lan", Tier: "T1", Endpoint: lan.URL + "/v1", Models: []string{"m"}}
+		e := newEgress(t, []*route.Target{tg}, nil)
+		a := annotate(t, nil, openai.EndpointChat, chatBody("my account is private"))
+		disp, err := e.NewDispatch(decided(t, a, allowTiers([]string{"T1"}, nil)), a, route.Candidate{Target: tg, Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := disp.Send(context.Background(), http.Header{})
+		if err != nil {
+			t.Fatalf("%d: Send: %v", code, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		lan.Close()
+		if resp.StatusCode != code {
+			t.Errorf("a %d from the target came back as %d", code, resp.StatusCode)
+		}
+		if n := elsewhere.Load(); n != 0 {
+			t.Fatalf("after a %d from the target, the host it named got %d requests", code, n)
 		}
 	}
 }

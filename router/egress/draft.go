@@ -81,6 +81,6 @@ func (e *Egress) drafting(name string, u *upstream, engine Drafter, tokens int) 
 			l.Info(fmt.Sprintf(format, args...), zap.String("target", name))
 		}
 	}
-	serve := engine.RemoteDrafter(VerifyURL(u.base), header, &http.Client{Transport: next}, tokens, logf)
-	u.client = &http.Client{Transport: &draftTransport{serve: serve, next: next}}
+	serve := engine.RemoteDrafter(VerifyURL(u.base), header, &http.Client{Transport: next, CheckRedirect: noRedirect}, tokens, logf)
+	u.client = &http.Client{Transport: &draftTransport{serve: serve, next: next}, CheckRedirect: noRedirect}
 }
