@@ -112,6 +112,21 @@ func FuzzWalk(f *testing.F) {
 	})
 }
 
+// benchProse is a chat body of about n bytes: a system message and one
+// user turn of prose ending in an e-mail address, as the gateway table's.
+func benchProse(n int) []byte {
+	var sb strings.Builder
+	sb.WriteString("Please draft a reply to the customer below. Keep it polite and short, and summarise what we will do next.\\n\\n")
+	para := "Hello team, we have been using the gateway for our internal support assistant for three weeks now. " +
+		"Most answers are good, but some replies about invoices arrive late and a few mention the wrong contract dates. " +
+		"Could you check the configuration of the routing rules and tell us whether the latency targets are realistic? "
+	for sb.Len() < n-330-len(para) {
+		sb.WriteString(para)
+	}
+	sb.WriteString("\\nYou can reach me at giulia.bianchi@example.com or through the usual ticket queue.\\nBest regards, Giulia")
+	return []byte(`{"model":"chat","stream":false,"max_tokens":256,"messages":[{"role":"system","content":"You are a helpful support assistant for a software company."},{"role":"user","content":"` + sb.String() + `"}]}`)
+}
+
 // benchChat is a chat body of about kb KB: a system message and user
 // turns of prose with escapes.
 func benchChat(kb int) []byte {
@@ -135,6 +150,19 @@ func BenchmarkClassify(b *testing.B) {
 	c := New(testScanner(b), nil)
 	c.scan = func(string) ([]redaction.Finding, error) { return nil, nil }
 	c.scanAcross = func([]string) ([]redaction.SegmentFinding, error) { return nil, nil }
+	full := New(testScanner(b), nil)
+	b.Run("full/2KB", func(b *testing.B) {
+		// The gateway table's body (cmd/molly's benchBody): prose and one
+		// e-mail address, every detector on.
+		body := benchProse(2 << 10)
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := full.Classify(Input{Endpoint: openai.EndpointChat, Body: body}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	for _, kb := range []int{2, 32} {
 		body := benchChat(kb)
 		name := strconv.Itoa(kb) + "KB"
