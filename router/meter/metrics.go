@@ -4,6 +4,9 @@
 package meter
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/molly-gateway/molly/router/classify"
@@ -50,6 +53,30 @@ type Metrics struct {
 	ttfb     *prometheus.HistogramVec
 	bad      *prometheus.CounterVec
 	overCap  *prometheus.CounterVec
+
+	// served holds Served's collectors by label tuple, read without a
+	// lock (a map replaced whole, under grow, when a tuple is new), so
+	// that an answer costs one map look-up instead of a label look-up
+	// (hash and lock) in each of six vectors.
+	served atomic.Pointer[map[servedKey]*servedSet]
+	grow   sync.Mutex
+}
+
+// servedKey is the label tuple of one Served call, and which token
+// counts it observes (the token and cost series exist only once one is
+// observed, as with WithLabelValues at each call).
+type servedKey struct {
+	op, model, tier, target, adapter, category, decision string
+	prompt, completion                                   bool
+}
+
+// servedSet is the collectors Served observes for one servedKey (the
+// token and cost ones nil when the key observes no count).
+type servedSet struct {
+	requests           prometheus.Counter
+	duration, ttfb     prometheus.Observer
+	prompt, completion prometheus.Observer
+	cost               prometheus.Counter
 }
 
 // DefaultMetrics are the process's collectors.
@@ -118,19 +145,68 @@ func (m *Metrics) Served(a *classify.Annotation, c route.Candidate, decision str
 	if m == nil {
 		return
 	}
-	t, ad, op := c.Target, c.Adapter(), a.Endpoint().Operation()
-	m.requests.WithLabelValues(t.Tier, t.Name, ad, a.Task(), decision).Inc()
-	m.duration.WithLabelValues(op, a.Model(), t.Tier, t.Name, ad, a.Task(), decision).Observe(seconds)
-	m.ttfb.WithLabelValues(t.Tier, t.Name).Observe(ttfb)
+	t := c.Target
+	set := m.servedSet(servedKey{op: a.Endpoint().Operation(), model: a.Model(), tier: t.Tier, target: t.Name, adapter: c.Adapter(),
+		category: a.Task(), decision: decision, prompt: prompt >= 0, completion: completion >= 0})
+	set.requests.Inc()
+	set.duration.Observe(seconds)
+	set.ttfb.Observe(ttfb)
 	if prompt >= 0 {
-		m.tokens.WithLabelValues(op, a.Model(), "input", t.Tier, t.Name, ad, a.Task()).Observe(float64(prompt))
+		set.prompt.Observe(float64(prompt))
 	}
 	if completion >= 0 {
-		m.tokens.WithLabelValues(op, a.Model(), "output", t.Tier, t.Name, ad, a.Task()).Observe(float64(completion))
+		set.completion.Observe(float64(completion))
 	}
 	if prompt >= 0 || completion >= 0 {
-		m.cost.WithLabelValues(t.Tier, t.Name, ad, a.Task()).Add(t.Cost(max(prompt, 0), max(completion, 0)))
+		set.cost.Add(t.Cost(max(prompt, 0), max(completion, 0)))
 	}
+}
+
+// servedSet returns the collectors of k, made (by WithLabelValues, which
+// creates the series) the first time k is seen.
+func (m *Metrics) servedSet(k servedKey) *servedSet {
+	if sets := m.served.Load(); sets != nil {
+		if s := (*sets)[k]; s != nil {
+			return s
+		}
+	}
+	m.grow.Lock()
+	defer m.grow.Unlock()
+	old := m.served.Load()
+	if old != nil {
+		if s := (*old)[k]; s != nil {
+			return s
+		}
+	}
+	s := &servedSet{
+		requests: m.requests.WithLabelValues(k.tier, k.target, k.adapter, k.category, k.decision),
+		duration: m.duration.WithLabelValues(k.op, k.model, k.tier, k.target, k.adapter, k.category, k.decision),
+		ttfb:     m.ttfb.WithLabelValues(k.tier, k.target),
+	}
+	if k.prompt {
+		s.prompt = m.tokens.WithLabelValues(k.op, k.model, "input", k.tier, k.target, k.adapter, k.category)
+	}
+	if k.completion {
+		s.completion = m.tokens.WithLabelValues(k.op, k.model, "output", k.tier, k.target, k.adapter, k.category)
+	}
+	if k.prompt || k.completion {
+		s.cost = m.cost.WithLabelValues(k.tier, k.target, k.adapter, k.category)
+	}
+	sets := make(map[servedKey]*servedSet, 1+len(ptrMap(old)))
+	for key, v := range ptrMap(old) {
+		sets[key] = v
+	}
+	sets[k] = s
+	m.served.Store(&sets)
+	return s
+}
+
+// ptrMap is *p, nil for a nil p.
+func ptrMap(p *map[servedKey]*servedSet) map[servedKey]*servedSet {
+	if p == nil {
+		return nil
+	}
+	return *p
 }
 
 // Spent counts the tokens and cost of an answer that was obtained but not

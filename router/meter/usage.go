@@ -210,14 +210,24 @@ func (m *Meter) Body(body []byte) {
 	if m == nil || m.recorded {
 		return
 	}
-	root := gjson.ParseBytes(body)
+	m.BodyUsage(body, gjson.GetBytes(body, "usage"))
+}
+
+// BodyUsage is Body for a caller that has read the answer already: usage
+// is body's "usage" member, as gjson.GetBytes(body, "usage") finds it (it
+// does not exist when body has none); body is read again only when usage
+// is no report to bill by (ReportedUsage), for Molly's count of its text.
+func (m *Meter) BodyUsage(body []byte, usage gjson.Result) {
+	if m == nil || m.recorded {
+		return
+	}
 	u := m.base
 	reported := false
-	if p, c, ok := ReportedUsage(root.Get("usage")); ok {
+	if p, c, ok := ReportedUsage(usage); ok {
 		u.PromptTokens, u.CompletionTokens, reported = p, c, true
 	} else {
 		var b strings.Builder
-		AnswerText(&b, root)
+		AnswerText(&b, gjson.ParseBytes(body))
 		u.PromptTokens, u.CompletionTokens, u.Estimated = m.prompt, capability.EstimateTokens(b.String()), true
 	}
 	m.record(u, reported)

@@ -262,6 +262,12 @@ func parseAll(s string) (p parser, ok bool) {
 	// A chat body has a value per ~100 bytes of structure and long strings:
 	// start small and let append grow it.
 	p.nodes = make([]node, 0, min(len(s)/256+16, 4096))
+	// The levels open at once, in one allocation for the first 8 (an
+	// answer or a request nests 4 to 6 deep) instead of each slice
+	// growing from nothing.
+	levels := make([]int32, 0, 16)
+	p.open, p.counts = levels[:0:8], levels[8:8:16]
+	p.sets = make([]map[string]struct{}, 0, 8)
 	return p, p.run()
 }
 

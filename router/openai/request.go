@@ -929,9 +929,24 @@ func CheckStructure(b []byte) (key string, dup, deep bool) {
 // member name key. b is read in place (not copied) and not kept. It stands
 // for gjson.ValidBytes followed by CheckStructure, which read b twice.
 func CheckJSON(b []byte) (valid bool, key string, dup, deep bool) {
-	p, ok := parseAll(unsafe.String(unsafe.SliceData(b), len(b)))
+	_, valid, key, dup, deep = ReadJSON(b)
+	return valid, key, dup, deep
+}
+
+// ReadJSON is CheckJSON keeping what it read, for a caller that then
+// looks at b's values (an upstream's answer: checked, then read by
+// several stages) without parsing it again: when b is valid and neither
+// dup nor deep, d holds every value of b as Parse's Doc does (the UTF-8
+// of strings unchecked); otherwise d is empty (Len 0). d reads b in place:
+// b must not change while d is used.
+func ReadJSON(b []byte) (d Doc, valid bool, key string, dup, deep bool) {
+	s := unsafe.String(unsafe.SliceData(b), len(b))
+	p, ok := parseAll(s)
 	if !ok {
-		return false, "", false, false
+		return Doc{}, false, "", false, false
 	}
-	return true, strings.Clone(p.dupKey), p.problem == problemDup, p.problem == problemDeep
+	if p.problem == problemNone {
+		d = Doc{body: s, nodes: p.nodes}
+	}
+	return d, true, strings.Clone(p.dupKey), p.problem == problemDup, p.problem == problemDeep
 }

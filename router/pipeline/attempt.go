@@ -66,6 +66,11 @@ type outcome struct {
 	logprob     float64
 	tokens      int
 	selfChecked bool
+	// doc is body as wholeAnswer read it (openai.ReadJSON), for the
+	// stages after it (usage, logprobs, normalising) to look at without
+	// parsing it again; empty when body was not read so (a stream, a
+	// non-2xx answer), and stale once body is replaced (they check).
+	doc openai.Doc
 }
 
 func (o *outcome) ok() bool { return o.kind == failNone }
@@ -182,15 +187,17 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 			o.header = o.header.Clone()
 			o.header.Set("Content-Type", "application/json")
 		}
-		if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
+		var kind failure
+		var why string
+		if o.doc, kind, why = wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
 			o.kind, o.failure = kind, why
 			return o
 		}
 	}
 	o.body = validUTF8(body)
 	if resp.StatusCode/100 == 2 {
-		o.meter.Body(body)
-		o.logprob, o.tokens = MeanLogprob(body)
+		o.meter.BodyUsage(body, usageMember(&o.doc))
+		o.logprob, o.tokens = meanLogprob(&o.doc, body)
 	}
 	if rq.ctx.Err() != nil {
 		// The client left while the upstream answered: its usage is in
@@ -225,25 +232,43 @@ func readAnswer(rq *request, o *outcome, resp *http.Response, r io.Reader) ([]by
 // wholeAnswer says why the 2xx whole answer body of resp to a request for
 // ep is no answer (failNone when it is one): not JSON, ambiguous,
 // misshapen, or an error object (as some routers send a provider's
-// failure in a 200: a failed attempt, as inside a stream).
-func wholeAnswer(ep openai.Endpoint, resp *http.Response, body []byte) (failure, string) {
-	valid, why := checkJSON(body)
+// failure in a 200: a failed attempt, as inside a stream). It reads body
+// once (openai.ReadJSON) and returns what it read, for the stages after
+// it (the Doc is empty when body is not JSON or is ambiguous).
+func wholeAnswer(ep openai.Endpoint, resp *http.Response, body []byte) (openai.Doc, failure, string) {
+	d, valid, key, dup, deep := openai.ReadJSON(body)
 	switch {
 	case !valid:
-		return failBadAnswer, "a 200 answer that is not JSON (" + contentType(resp) + ")"
-	case why != "":
-		return failBadAnswer, "a 200 answer " + why
-	case misshapen(ep, body) != "":
-		return failBadAnswer, "a 200 answer " + misshapen(ep, body)
+		return d, failBadAnswer, "a 200 answer that is not JSON (" + contentType(resp) + ")"
+	case dup || deep:
+		return d, failBadAnswer, "a 200 answer " + ambiguity(key, dup)
 	}
-	if e := gjson.GetBytes(body, "error"); e.Exists() && e.Type != gjson.Null {
+	if why := misshapen(ep, &d); why != "" {
+		return d, failBadAnswer, "a 200 answer " + why
+	}
+	if i := d.Member(0, "error"); i >= 0 && d.Kind(i) != openai.KindNull {
+		e := gjson.Parse(d.Raw(i))
 		kind := failServer
 		if strings.Contains(e.Get("code").String()+e.Get("type").String(), "rate_limit") || e.Get("code").Int() == 429 {
 			kind = failRateLimited
 		}
-		return kind, "an error object in a 200 answer: " + truncate(e.Get("message").String(), 200)
+		return d, kind, "an error object in a 200 answer: " + truncate(e.Get("message").String(), 200)
 	}
-	return failNone, ""
+	return d, failNone, ""
+}
+
+// usageMember is the "usage" member of the answer d holds (it does not
+// exist when the answer has none, or d is empty), as
+// gjson.GetBytes(body, "usage") finds it.
+func usageMember(d *openai.Doc) gjson.Result {
+	if d.Len() == 0 {
+		return gjson.Result{}
+	}
+	i := d.Member(0, "usage")
+	if i < 0 {
+		return gjson.Result{}
+	}
+	return gjson.Parse(d.Raw(i))
 }
 
 // notStreamed handles a 2xx answer to a streamed request that is not
@@ -264,7 +289,7 @@ func (p *Pipeline) notStreamed(rq *request, o outcome, resp *http.Response, hold
 	if !ok {
 		return o
 	}
-	if kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
+	if _, kind, why := wholeAnswer(rq.a.Endpoint(), resp, body); kind != failNone {
 		o.kind, o.failure = kind, "a stream was asked for: "+why
 		return o
 	}
@@ -311,42 +336,46 @@ type readCloser struct {
 // clients' parsers recurse).
 func checkJSON(b []byte) (valid bool, ambiguous string) {
 	valid, key, dup, deep := openai.CheckJSON(b)
-	switch {
-	case dup:
-		return valid, fmt.Sprintf("with the key %q twice in one object", key)
-	case deep:
-		return valid, fmt.Sprintf("nested deeper than %d levels", openai.MaxJSONDepth)
+	if dup || deep {
+		return valid, ambiguity(key, dup)
 	}
 	return valid, ""
 }
 
-// misshapen says why the valid JSON text b is no answer of endpoint ep,
-// "" when it may be one: a chat or completions answer is an object whose
-// "choices" (when present) is an array of objects (the normaliser would
-// otherwise make an answer up around a string or a number).
-func misshapen(ep openai.Endpoint, b []byte) string {
+// ambiguity says why JSON text with a repeated member name key (dup) or
+// nesting deeper than openai.MaxJSONDepth (otherwise) is no answer.
+func ambiguity(key string, dup bool) string {
+	if dup {
+		return fmt.Sprintf("with the key %q twice in one object", key)
+	}
+	return fmt.Sprintf("nested deeper than %d levels", openai.MaxJSONDepth)
+}
+
+// misshapen says why the JSON text d holds (openai.ReadJSON, not empty)
+// is no answer of endpoint ep, "" when it may be one: a chat or
+// completions answer is an object whose "choices" (when present) is an
+// array of objects (the normaliser would otherwise make an answer up
+// around a string or a number).
+func misshapen(ep openai.Endpoint, d *openai.Doc) string {
 	if ep != openai.EndpointChat && ep != openai.EndpointCompletions {
 		return ""
 	}
-	root := gjson.ParseBytes(b)
-	if !root.IsObject() {
+	if d.Kind(0) != openai.KindObject {
 		return "that is not a JSON object"
 	}
-	ch := root.Get("choices")
-	if !ch.Exists() || ch.Type == gjson.Null {
+	ch := d.Member(0, "choices")
+	if ch < 0 || d.Kind(ch) == openai.KindNull {
 		return ""
 	}
-	if !ch.IsArray() {
+	if d.Kind(ch) != openai.KindArray {
 		return `whose "choices" is not an array`
 	}
-	bad := ""
-	ch.ForEach(func(_, c gjson.Result) bool {
-		if !c.IsObject() {
-			bad = `with a choice that is not an object`
+	for c, end := ch+1, d.Next(ch); c < end; c = d.Next(c) {
+		if d.Kind(c) != openai.KindObject {
+			return `with a choice that is not an object`
 		}
-		return bad == ""
-	})
-	return bad
+	}
+	return ""
 }
 
 // validUTF8 is b with each invalid UTF-8 sequence replaced by U+FFFD (JSON
@@ -571,6 +600,24 @@ func MeanLogprob(body []byte) (mean float64, n int) {
 		return 0, 0
 	}
 	return sum / float64(n), n
+}
+
+// meanLogprob is MeanLogprob(body) for the answer body that d holds
+// (openai.ReadJSON; empty: not read so), without reading body again when
+// no member named "logprobs" in it is other than null: then it carries
+// no log-probabilities (0, 0).
+func meanLogprob(d *openai.Doc, body []byte) (mean float64, n int) {
+	if d.Len() == 0 {
+		return MeanLogprob(body)
+	}
+	for i := 1; i < d.Len(); i++ {
+		if d.Kind(i) != openai.KindNull {
+			if k, _ := d.Key(i); k == "logprobs" {
+				return MeanLogprob(body)
+			}
+		}
+	}
+	return 0, 0
 }
 
 // send is the common case of an attempt: a dispatch for c under rq's

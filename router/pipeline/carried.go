@@ -191,7 +191,7 @@ func (c *Carried) Whole(body []byte) (http.Header, []byte) {
 			o.header.Set("Content-Type", "application/json")
 		}
 	}
-	o.body, o.total = body, time.Since(o.start)
+	o.body, o.total, o.doc = body, time.Since(o.start), openai.Doc{} // not read by wholeAnswer
 	if o.status/100 == 2 && gjson.ValidBytes(body) {
 		o.meter.Body(body)
 		o.logprob, o.tokens = MeanLogprob(body)
@@ -214,7 +214,7 @@ func (c *Carried) wholeAsStream(body []byte) (http.Header, []byte, bool) {
 		return nil, nil, false
 	}
 	resp := &http.Response{StatusCode: o.status, Header: o.header.Clone()}
-	if kind, _ := wholeAnswer(ep, resp, body); kind != failNone {
+	if _, kind, _ := wholeAnswer(ep, resp, body); kind != failNone {
 		return nil, nil, false
 	}
 	sse := relay.StreamOfAnswer(ep, validUTF8(body))

@@ -69,7 +69,7 @@ func (p *Pipeline) deliver(rq *request, o *outcome, label string) {
 			// What the ledger recorded replaces a usage it did not believe.
 			ans.Usage = &relay.Counts{Prompt: u.PromptTokens, Completion: u.CompletionTokens}
 		}
-		body = relay.NormaliseBody(ans, body)
+		body = relay.NormaliseRead(ans, &o.doc, body)
 	} else if o.status >= 400 {
 		body = relay.NormaliseError(o.status, body)
 		o.header.Set("Content-Type", "application/json")

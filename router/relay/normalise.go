@@ -351,6 +351,179 @@ func NormaliseBody(ans Answer, body []byte) []byte {
 	return e.b
 }
 
+// NormaliseRead is NormaliseBody(ans, body) for a body that d holds
+// (openai.ReadJSON of body itself, the same bytes; otherwise, or when d is
+// empty, it is NormaliseBody): a chat or text completion in which
+// NormaliseBody would change nothing but the model name — the answers of
+// OpenAI and of most OpenAI-compatible servers — is written from what d
+// holds (body itself, or body with its "model" string replaced), without
+// reading body again; any other answer is NormaliseBody's.
+func NormaliseRead(ans Answer, d *openai.Doc, body []byte) []byte {
+	if d.Len() == 0 || len(d.Body()) != len(body) || unsafe.StringData(d.Body()) != unsafe.SliceData(body) {
+		return NormaliseBody(ans, body)
+	}
+	model, ok := plainAnswer(ans, d)
+	if !ok {
+		return NormaliseBody(ans, body)
+	}
+	if ans.Model == "" || model < 0 {
+		return body
+	}
+	// As edit.replaceString splices the first edit: a new document.
+	start, end := d.Offset(model), d.Offset(model)+len(d.Raw(model))
+	out := make([]byte, 0, len(body)-(end-start)+len(ans.Model)+2)
+	out = append(out, body[:start]...)
+	out = appendStringify(out, ans.Model)
+	return append(out, body[end:]...)
+}
+
+// plainAnswer reports whether NormaliseBody(ans, body), for the body that
+// d holds (no member name repeated in one object: openai.ReadJSON), would
+// change nothing but a string "model" that is not ans.Model; model is
+// that member's value (-1 when the model needs no change). Each condition
+// is one of NormaliseBody's for leaving a member as it is; an answer that
+// fails one (or that NormaliseBody looks at more closely: tool calls, a
+// chat logprobs object) is not plain.
+func plainAnswer(ans Answer, d *openai.Doc) (model int, ok bool) {
+	chat := ans.Endpoint == openai.EndpointChat
+	if !chat && ans.Endpoint != openai.EndpointCompletions || d.Kind(0) != openai.KindObject {
+		return -1, false
+	}
+	object := "text_completion"
+	if chat {
+		object = "chat.completion"
+	}
+	var top [len(topNames)]int
+	members(d, 0, topNames[:], top[:])
+	switch {
+	case top[topError] >= 0,
+		!docString(d, top[topID]) || len(d.Raw(top[topID])) <= 2,
+		!docString(d, top[topObject]) || d.Str(top[topObject]) != object,
+		!canonicalInt(d, top[topCreated]),
+		top[topFingerprint] >= 0 && !docString(d, top[topFingerprint]),
+		top[topServiceTier] >= 0 && d.Kind(top[topServiceTier]) != openai.KindNull &&
+			!(docString(d, top[topServiceTier]) && serviceTiers[d.Str(top[topServiceTier])]),
+		top[topChoices] < 0 || d.Kind(top[topChoices]) != openai.KindArray,
+		!plainUsage(d, top[topUsage], ans.Usage != nil):
+		return -1, false
+	}
+	model = -1
+	if m := top[topModel]; ans.Model != "" && (m < 0 || d.Str(m) != ans.Model) {
+		if !docString(d, m) {
+			return -1, false // set, not replaced
+		}
+		model = m
+	}
+	ch := top[topChoices]
+	for c, end := ch+1, d.Next(ch); c < end; c = d.Next(c) {
+		if !plainChoice(ans.Endpoint, d, c) {
+			return -1, false
+		}
+	}
+	return model, true
+}
+
+// plainChoice reports whether NormaliseBody leaves choice c as it is.
+func plainChoice(ep openai.Endpoint, d *openai.Doc, c int) bool {
+	if d.Kind(c) != openai.KindObject {
+		return false
+	}
+	var f [len(choiceNames)]int
+	members(d, c, choiceNames[:], f[:])
+	lp, fr := f[choiceLogprobs], f[choiceFinish]
+	if !docPresent(d, f[choiceIndex]) || lp < 0 || !docString(d, fr) || finishReason(ep, d.Str(fr)) != d.Str(fr) {
+		return false
+	}
+	if ep != openai.EndpointChat {
+		return docPresent(d, f[choiceText])
+	}
+	msg := f[choiceMessage]
+	if d.Kind(lp) == openai.KindObject || msg < 0 || d.Kind(msg) != openai.KindObject {
+		return false
+	}
+	var m [len(messageNames)]int
+	members(d, msg, messageNames[:], m[:])
+	fc := m[messageFunctionCall]
+	return docString(d, m[messageRole]) && m[messageContent] >= 0 && d.Kind(m[messageContent]) != openai.KindArray &&
+		m[messageRefusal] >= 0 && m[messageToolCalls] < 0 && (fc < 0 || d.Kind(fc) == openai.KindObject)
+}
+
+// plainUsage reports whether normaliseUsage leaves the usage u (-1: none)
+// as it is; checked says it is given the usage Molly recorded, and so
+// looks at every count.
+func plainUsage(d *openai.Doc, u int, checked bool) bool {
+	if u < 0 {
+		return true
+	}
+	if d.Kind(u) != openai.KindObject || checked && !docCounts(d, u) {
+		return false
+	}
+	var f [len(usageNames)]int
+	members(d, u, usageNames[:], f[:])
+	for _, i := range f[3:] {
+		if i >= 0 && d.Kind(i) != openai.KindObject {
+			return false
+		}
+	}
+	return docPresent(d, f[0]) && docPresent(d, f[1]) && docPresent(d, f[2])
+}
+
+// docCounts is validCounts for the usage object u of d.
+func docCounts(d *openai.Doc, u int) bool {
+	for c, end := u+1, d.Next(u); c < end; c = d.Next(c) {
+		k, _ := d.Key(c)
+		switch {
+		case d.Kind(c) == openai.KindObject:
+			if !docCounts(d, c) {
+				return false
+			}
+		case strings.HasSuffix(k, "_tokens") && d.Kind(c) != openai.KindNull:
+			n, err := strconv.ParseInt(d.Raw(c), 10, 64)
+			if d.Kind(c) != openai.KindNumber || err != nil || n < 0 || n > MaxTokenCount {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// members sets out[i] to the value of object obj's member named names[i]
+// (-1 when it has none), as pick does for a gjson.Result.
+func members(d *openai.Doc, obj int, names []string, out []int) {
+	for i := range out {
+		out[i] = -1
+	}
+	for c, end := obj+1, d.Next(obj); c < end; c = d.Next(c) {
+		k, _ := d.Key(c)
+		for i, n := range names {
+			if k == n {
+				if out[i] < 0 {
+					out[i] = c
+				}
+				break
+			}
+		}
+	}
+}
+
+// docString reports a value i (-1: none) that is a string.
+func docString(d *openai.Doc, i int) bool { return i >= 0 && d.Kind(i) == openai.KindString }
+
+// docPresent is present for value i of d (-1: none).
+func docPresent(d *openai.Doc, i int) bool { return i >= 0 && d.Kind(i) != openai.KindNull }
+
+// canonicalInt reports a value i (-1: none) that header leaves as the
+// answer's "created": a number whose text is the decimal of its integer
+// value, of at most 15 digits (where gjson's Int reads it exactly).
+func canonicalInt(d *openai.Doc, i int) bool {
+	if i < 0 || d.Kind(i) != openai.KindNumber || len(d.Raw(i)) > 15 {
+		return false
+	}
+	n, err := strconv.ParseInt(d.Raw(i), 10, 64)
+	var digits [20]byte
+	return err == nil && d.Raw(i) == string(strconv.AppendInt(digits[:0], n, 10))
+}
+
 // choicePaths are the sjson paths of the first choices.
 var choicePaths = func() (p [16]string) {
 	for i := range p {

@@ -72,7 +72,7 @@ func TestNormaliseBodyMatchesGolden(t *testing.T) {
 }
 
 // readLines reads a file of JSON strings, one a line.
-func readLines(t *testing.T, path string) []string {
+func readLines(t testing.TB, path string) []string {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
