@@ -29,7 +29,9 @@ import (
 // commit in SQLite's WAL at synchronous=NORMAL — it survives kill -9 (a
 // shared mapping's pages are the kernel's page cache, as write(2)'s bytes
 // are), not a power loss — so the caller may acknowledge the request at
-// once. A goroutine of the handle commits the
+// once. BenchmarkJournalAppend on the 2-core VM, medians of 5 runs: 0.55
+// µs per Journal call mapped against 4.3 µs with a write(2) and an
+// fstat(2) per frame (one recorder; 16 at once: 0.44 against 4.4). A goroutine of the handle commits the
 // journal's entries into the ledger in order, journalCommitDelay after the
 // first, as many per transaction as have come (group commit: Gray &
 // Reuter, "Transaction Processing", §9.4.7; recordBatch), together with the byte offset they end at (table
@@ -118,11 +120,14 @@ type journal struct {
 	mu        sync.Mutex
 	f         *os.File      // current segment
 	fd        int           // f's descriptor, for gone's fstat(2)
+	opened    time.Time     // when the journal opened (its monotonic reading)
+	checked   time.Duration // when (since opened) goneNow last asked gone
 	m         []byte        // f mapped (MAP_SHARED, journalSegmentBytes), or nil: appends write(2) to f
 	seg       int           // its number
 	size      int64         // the bytes of frames in it
 	segs      []int         // segments not yet removed, oldest first (current last)
-	queue     []entry       // appended, not committed, in order
+	queue     []entry       // queue[head:]: appended, not committed, in order
+	head      int           // queue[:head]: committed, cleared (commitQueued)
 	pending   int           // len(queue)
 	written   uint64        // entries appended since the journal opened
 	applied   uint64        // entries committed since the journal opened
@@ -295,7 +300,7 @@ func newJournal(r *Registry) (*journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &journal{r: r, dir: dir, owner: r.owner, lock: lf, seg: -1, changed: make(chan struct{}),
+	j := &journal{r: r, dir: dir, owner: r.owner, lock: lf, seg: -1, opened: time.Now(), checked: -journalGoneEvery, changed: make(chan struct{}),
 		kick: make(chan struct{}, 1), hurry: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := j.rotate(); err != nil {
 		j.removeFiles()
@@ -426,12 +431,33 @@ func (j *journal) segPath(owner string, seg int) string {
 
 func segName(owner string, seg int) string { return owner + "." + strconv.Itoa(seg) }
 
+// journalGoneEvery bounds how often append asks whether its segment was
+// removed (gone; a variable for tests). gone's fstat(2) costs about 0.5 µs
+// on the 2-core VM, as much as the rest of a mapped append; at most one
+// per 10 ms is ~20 ns per record at the gateway's 3,000 a second. The
+// records appended in the 10 ms after a removal go to the removed file:
+// committed from memory as every entry is, lost only if the process also
+// dies before their commit — as the entries appended before the removal
+// and not yet committed (up to journalCommitDelay of them) always were.
+var journalGoneEvery = 10 * time.Millisecond
+
+// goneNow is gone at most once per journalGoneEvery (false between), the
+// time read from the monotonic clock alone (time.Since of a monotonic
+// time: one vDSO read, where time.Now reads two clocks). Under j.mu.
+func (j *journal) goneNow() bool {
+	at := time.Since(j.opened)
+	if at-j.checked < journalGoneEvery {
+		return false
+	}
+	j.checked = at
+	return j.gone()
+}
+
 // gone reports whether the current segment's file was removed (its folder
 // deleted while running): what is appended there could not be replayed
-// after a crash. One fstat(2) per append (well under a microsecond).
-// Entries appended before the removal are still committed from memory;
-// only a crash before that commit loses them. Called with j.mu held and
-// j.f open, so j.fd is f's.
+// after a crash. One fstat(2). Entries appended before the removal are
+// still committed from memory; only a crash before that commit loses
+// them. Called with j.mu held and j.f open, so j.fd is f's.
 func (j *journal) gone() bool {
 	var st syscall.Stat_t // on the stack: os.File.Stat would allocate a FileInfo
 	if err := syscall.Fstat(j.fd, &st); err != nil {
@@ -513,7 +539,7 @@ func (j *journal) append(ctx context.Context, e entry) error {
 	if j.m != nil {
 		ended = j.size+int64(len(j.buf)) > int64(len(j.m)) // the rest stays zeros: the end
 	}
-	if ended || j.gone() {
+	if ended || j.goneNow() {
 		if err := j.rotate(); err != nil {
 			j.appendErr = fmt.Errorf("registry: starting a usage journal segment: %w", err)
 			return j.appendErr
@@ -602,7 +628,8 @@ func (j *journal) queued() int {
 // then removes the segments whose entries are all committed.
 func (j *journal) commitQueued() error {
 	j.mu.Lock()
-	batch := slices.Clone(j.queue[:min(len(j.queue), maxGroup)])
+	q := j.queue[j.head:]
+	batch := slices.Clone(q[:min(len(q), maxGroup)])
 	j.mu.Unlock()
 	if len(batch) == 0 {
 		return nil
@@ -617,10 +644,7 @@ func (j *journal) commitQueued() error {
 		return err
 	}
 	j.err = nil
-	j.queue = j.queue[len(batch):]
-	if len(j.queue) == 0 {
-		j.queue = nil // let the backing array go
-	}
+	j.dequeue(len(batch))
 	j.pending -= len(batch)
 	j.applied += uint64(len(batch))
 	close(j.changed)
@@ -628,8 +652,8 @@ func (j *journal) commitQueued() error {
 	// Segments older than the oldest queued entry's (and than the current
 	// one) are all committed.
 	oldest := j.seg
-	if len(j.queue) > 0 {
-		oldest = j.queue[0].seg
+	if j.head < len(j.queue) {
+		oldest = j.queue[j.head].seg
 	}
 	var done []int
 	for len(j.segs) > 0 && j.segs[0] < oldest {
@@ -642,6 +666,30 @@ func (j *journal) commitQueued() error {
 		_ = j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s)) // what stays is not replayed twice (its row)
 	}
 	return nil
+}
+
+// journalQueueKeep is the capacity of entries an empty queue keeps for
+// the next appends; a larger one (after a backlog) is let go.
+const journalQueueKeep = 4096 // of 192 bytes
+
+// dequeue removes the n oldest queued entries (under mu). The queue's
+// array is kept and reused (appends do not grow a new one after every
+// commit): emptied, it starts again at 0; half committed, the rest moves
+// down (each entry moves at most once per time the queue's length is
+// halved, so O(1) per entry).
+func (j *journal) dequeue(n int) {
+	clear(j.queue[j.head : j.head+n]) // let their strings go
+	j.head += n
+	switch {
+	case j.head == len(j.queue) && cap(j.queue) > journalQueueKeep:
+		j.queue, j.head = nil, 0
+	case j.head == len(j.queue):
+		j.queue, j.head = j.queue[:0], 0
+	case j.head >= len(j.queue)/2:
+		k := copy(j.queue, j.queue[j.head:])
+		clear(j.queue[k:])
+		j.queue, j.head = j.queue[:k], 0
+	}
 }
 
 // dropSegment removes a committed segment: the file first, then its row
