@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,11 +23,15 @@ import (
 
 // The usage journal takes the ledger's transaction off the request path.
 //
-// Journal appends a usage record to a file of this handle (one write(2) of
-// a checksummed frame, a few µs) and returns: the record is then as durable
-// as a commit in SQLite's WAL at synchronous=NORMAL — it survives kill -9
-// (it is in the kernel's page cache), not a power loss — so the caller may
-// acknowledge the request at once. A goroutine of the handle commits the
+// Journal appends a usage record to a file of this handle (a checksummed
+// frame copied into the segment's shared mapping; one write(2) where the
+// file cannot be mapped) and returns: the record is then as durable as a
+// commit in SQLite's WAL at synchronous=NORMAL — it survives kill -9 (a
+// shared mapping's pages are the kernel's page cache, as write(2)'s bytes
+// are), not a power loss — so the caller may acknowledge the request at
+// once. BenchmarkJournalAppend on the 2-core VM, medians of 5 runs: 0.55
+// µs per Journal call mapped against 4.3 µs with a write(2) and an
+// fstat(2) per frame (one recorder; 16 at once: 0.44 against 4.4). A goroutine of the handle commits the
 // journal's entries into the ledger in order, journalCommitDelay after the
 // first, as many per transaction as have come (group commit: Gray &
 // Reuter, "Transaction Processing", §9.4.7; recordBatch), together with the byte offset they end at (table
@@ -36,12 +41,14 @@ import (
 // are idempotent once their offset is known.
 //
 // Files: <registry file>.journals/<owner>.lock (held with flock(2) for the
-// life of the handle) and <owner>.<n>.log, segments of up to
-// journalSegmentBytes. A handle whose process died leaves its lock file
+// life of the handle) and <owner>.<n>.log, segments of
+// journalSegmentBytes, preallocated (fallocate(2)) and mapped (mmap(2),
+// MAP_SHARED): the zeros after the last frame are the segment's end. A handle whose process died leaves its lock file
 // unlocked: the next handle opened on the registry file, and every live one
 // on its lease-renewal tick, replays such segments from their committed
-// offset, then removes them. A torn last frame (a power loss during its
-// write) fails its checksum and is dropped: it was never acknowledged. A
+// offset, then removes them. A torn last frame (a kill during its copy, a
+// power loss during its write) fails its checksum, or has no header yet,
+// and is dropped: it was never acknowledged. A
 // frame damaged in the middle is skipped (replaySegment). Replayed records
 // keep the time they happened.
 //
@@ -55,8 +62,10 @@ import (
 // is released through the journal too, after the records that settle it:
 // until their commit, the reservation still holds their worst case.
 
-// journalSegmentBytes is the size past which appends go to a new segment;
-// a segment is removed once its entries are committed.
+// journalSegmentBytes is a mapped segment's size (a frame that does not
+// fit in what is left goes to a new segment), or the size past which a
+// segment written by write(2) ends; a segment is removed once its entries
+// are committed.
 const journalSegmentBytes = 4 << 20
 
 // journalMaxPending bounds the entries appended and not yet committed;
@@ -111,10 +120,14 @@ type journal struct {
 	mu        sync.Mutex
 	f         *os.File      // current segment
 	fd        int           // f's descriptor, for gone's fstat(2)
+	opened    time.Time     // when the journal opened (its monotonic reading)
+	checked   time.Duration // when (since opened) goneNow last asked gone
+	m         []byte        // f mapped (MAP_SHARED, journalSegmentBytes), or nil: appends write(2) to f
 	seg       int           // its number
-	size      int64         // its length
+	size      int64         // the bytes of frames in it
 	segs      []int         // segments not yet removed, oldest first (current last)
-	queue     []entry       // appended, not committed, in order
+	queue     []entry       // queue[head:]: appended, not committed, in order
+	head      int           // queue[:head]: committed, cleared (commitQueued)
 	pending   int           // len(queue)
 	written   uint64        // entries appended since the journal opened
 	applied   uint64        // entries committed since the journal opened
@@ -287,7 +300,7 @@ func newJournal(r *Registry) (*journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &journal{r: r, dir: dir, owner: r.owner, lock: lf, seg: -1, changed: make(chan struct{}),
+	j := &journal{r: r, dir: dir, owner: r.owner, lock: lf, seg: -1, opened: time.Now(), checked: -journalGoneEvery, changed: make(chan struct{}),
 		kick: make(chan struct{}, 1), hurry: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := j.rotate(); err != nil {
 		j.removeFiles()
@@ -335,17 +348,80 @@ func (j *journal) rotate() error {
 			j.lock = lf
 		}
 	}
-	f, err := os.OpenFile(j.segPath(j.owner, j.seg+1), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
+	// Not O_APPEND: a mapped segment is never written through f, and one
+	// that is not is written from 0 on, in order.
+	f, err := os.OpenFile(j.segPath(j.owner, j.seg+1), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	if j.f != nil {
-		j.f.Close()
-	}
+	j.closeSegment()
 	j.seg++
 	// Fd leaves a regular file as it is (it is never in the poller).
 	j.f, j.fd, j.size = f, int(f.Fd()), 0
+	if journalMapped {
+		j.m = mapSegment(f)
+	}
 	j.segs = append(j.segs, j.seg)
+	return nil
+}
+
+// journalMapped: rotate maps new segments (mapSegment); false, appends
+// write(2) every frame (a variable for tests and the A/B benchmark).
+var journalMapped = true
+
+// mapSegment allocates f's blocks to journalSegmentBytes (fallocate(2), so
+// that a full disk fails here, not as a SIGBUS at a later append) and maps
+// them shared and writable; nil when either fails (a file system without
+// fallocate or mmap, a full disk), f then empty again for write(2).
+func mapSegment(f *os.File) []byte {
+	fd := int(f.Fd())
+	if err := unix.Fallocate(fd, 0, 0, journalSegmentBytes); err != nil {
+		_ = f.Truncate(0)
+		return nil
+	}
+	m, err := unix.Mmap(fd, 0, journalSegmentBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		_ = f.Truncate(0)
+		return nil
+	}
+	return m
+}
+
+// closeSegment unmaps and closes the current segment, if any (under mu).
+// What was copied into the mapping stays in the page cache, written back
+// as write(2)'s bytes are.
+func (j *journal) closeSegment() {
+	if j.m != nil {
+		_ = unix.Munmap(j.m)
+		j.m = nil
+	}
+	if j.f != nil {
+		j.f.Close()
+		j.f = nil
+	}
+}
+
+// errMapFault: a copy into a segment's mapping faulted (SIGBUS: the file
+// was truncated under it, or its blocks could not be had).
+var errMapFault = errors.New("registry: the usage journal's mapping faulted")
+
+// copyFrame copies frame into dst (a segment's mapping at the end of its
+// frames), the 8-byte header last: a copy cut short by kill -9 leaves a
+// zero length word, the end of the segment's frames, or at worst a frame
+// whose checksum fails. A fault (SIGBUS) is errMapFault, not a crash
+// (debug.SetPanicOnFault, meant for mapped files).
+func copyFrame(dst, frame []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if _, ok := p.(interface{ Addr() uintptr }); !ok {
+				panic(p)
+			}
+			err = errMapFault
+		}
+	}()
+	copy(dst[8:len(frame)], frame[8:])
+	copy(dst[:8], frame[:8])
 	return nil
 }
 
@@ -355,12 +431,33 @@ func (j *journal) segPath(owner string, seg int) string {
 
 func segName(owner string, seg int) string { return owner + "." + strconv.Itoa(seg) }
 
+// journalGoneEvery bounds how often append asks whether its segment was
+// removed (gone; a variable for tests). gone's fstat(2) costs about 0.5 µs
+// on the 2-core VM, as much as the rest of a mapped append; at most one
+// per 10 ms is ~20 ns per record at the gateway's 3,000 a second. The
+// records appended in the 10 ms after a removal go to the removed file:
+// committed from memory as every entry is, lost only if the process also
+// dies before their commit — as the entries appended before the removal
+// and not yet committed (up to journalCommitDelay of them) always were.
+var journalGoneEvery = 10 * time.Millisecond
+
+// goneNow is gone at most once per journalGoneEvery (false between), the
+// time read from the monotonic clock alone (time.Since of a monotonic
+// time: one vDSO read, where time.Now reads two clocks). Under j.mu.
+func (j *journal) goneNow() bool {
+	at := time.Since(j.opened)
+	if at-j.checked < journalGoneEvery {
+		return false
+	}
+	j.checked = at
+	return j.gone()
+}
+
 // gone reports whether the current segment's file was removed (its folder
 // deleted while running): what is appended there could not be replayed
-// after a crash. One fstat(2) per append (well under a microsecond).
-// Entries appended before the removal are still committed from memory;
-// only a crash before that commit loses them. Called with j.mu held and
-// j.f open, so j.fd is f's.
+// after a crash. One fstat(2). Entries appended before the removal are
+// still committed from memory; only a crash before that commit loses
+// them. Called with j.mu held and j.f open, so j.fd is f's.
 func (j *journal) gone() bool {
 	var st syscall.Stat_t // on the stack: os.File.Stat would allocate a FileInfo
 	if err := syscall.Fstat(j.fd, &st); err != nil {
@@ -406,7 +503,8 @@ func (j *journal) wait(ctx context.Context, n uint64) error {
 	}
 }
 
-// append writes e as one frame and queues it for the committer.
+// append writes e as one frame (a copy into the mapped segment, or one
+// write(2)) and queues it for the committer.
 func (j *journal) append(ctx context.Context, e entry) error {
 	j.mu.Lock()
 	var full <-chan time.Time
@@ -433,27 +531,41 @@ func (j *journal) append(ctx context.Context, e entry) error {
 	if j.f == nil {
 		return errors.New("registry: the usage journal is closed")
 	}
-	if j.size >= journalSegmentBytes || j.gone() {
+	j.buf = encodeEntry(j.buf[:0], e)
+	if len(j.buf)-8 > maxFrame {
+		return fmt.Errorf("registry: a usage record of %d bytes is over the journal's %d", len(j.buf)-8, maxFrame)
+	}
+	ended := j.size >= journalSegmentBytes
+	if j.m != nil {
+		ended = j.size+int64(len(j.buf)) > int64(len(j.m)) // the rest stays zeros: the end
+	}
+	if ended || j.goneNow() {
 		if err := j.rotate(); err != nil {
 			j.appendErr = fmt.Errorf("registry: starting a usage journal segment: %w", err)
 			return j.appendErr
 		}
 	}
-	j.buf = encodeEntry(j.buf[:0], e)
-	if len(j.buf)-8 > maxFrame {
-		return fmt.Errorf("registry: a usage record of %d bytes is over the journal's %d", len(j.buf)-8, maxFrame)
-	}
-	n, err := j.f.Write(j.buf)
-	if err != nil {
-		// A partial frame fails its checksum at replay, which then looks
-		// for the next whole frame; the segment ends here anyway.
+	if j.m != nil {
+		if err := copyFrame(j.m[j.size:], j.buf); err != nil {
+			// What was copied is a torn frame, the segment's last.
+			_ = j.rotate()
+			j.appendErr = fmt.Errorf("registry: writing the usage journal: %w", err)
+			return j.appendErr
+		}
+		j.size += int64(len(j.buf))
+	} else {
+		n, err := j.f.Write(j.buf)
+		if err != nil {
+			// A partial frame fails its checksum at replay, which then looks
+			// for the next whole frame; the segment ends here anyway.
+			j.size += int64(n)
+			_ = j.rotate()
+			j.appendErr = fmt.Errorf("registry: writing the usage journal: %w", err)
+			return j.appendErr
+		}
 		j.size += int64(n)
-		_ = j.rotate()
-		j.appendErr = fmt.Errorf("registry: writing the usage journal: %w", err)
-		return j.appendErr
 	}
 	j.appendErr = nil
-	j.size += int64(n)
 	e.seg, e.end = j.seg, j.size
 	j.queue = append(j.queue, e)
 	j.pending++
@@ -516,7 +628,8 @@ func (j *journal) queued() int {
 // then removes the segments whose entries are all committed.
 func (j *journal) commitQueued() error {
 	j.mu.Lock()
-	batch := slices.Clone(j.queue[:min(len(j.queue), maxGroup)])
+	q := j.queue[j.head:]
+	batch := slices.Clone(q[:min(len(q), maxGroup)])
 	j.mu.Unlock()
 	if len(batch) == 0 {
 		return nil
@@ -531,10 +644,7 @@ func (j *journal) commitQueued() error {
 		return err
 	}
 	j.err = nil
-	j.queue = j.queue[len(batch):]
-	if len(j.queue) == 0 {
-		j.queue = nil // let the backing array go
-	}
+	j.dequeue(len(batch))
 	j.pending -= len(batch)
 	j.applied += uint64(len(batch))
 	close(j.changed)
@@ -542,8 +652,8 @@ func (j *journal) commitQueued() error {
 	// Segments older than the oldest queued entry's (and than the current
 	// one) are all committed.
 	oldest := j.seg
-	if len(j.queue) > 0 {
-		oldest = j.queue[0].seg
+	if j.head < len(j.queue) {
+		oldest = j.queue[j.head].seg
 	}
 	var done []int
 	for len(j.segs) > 0 && j.segs[0] < oldest {
@@ -556,6 +666,30 @@ func (j *journal) commitQueued() error {
 		_ = j.r.dropSegment(ctx, j.segPath(j.owner, s), segName(j.owner, s)) // what stays is not replayed twice (its row)
 	}
 	return nil
+}
+
+// journalQueueKeep is the capacity of entries an empty queue keeps for
+// the next appends; a larger one (after a backlog) is let go.
+const journalQueueKeep = 4096 // of 192 bytes
+
+// dequeue removes the n oldest queued entries (under mu). The queue's
+// array is kept and reused (appends do not grow a new one after every
+// commit): emptied, it starts again at 0; half committed, the rest moves
+// down (each entry moves at most once per time the queue's length is
+// halved, so O(1) per entry).
+func (j *journal) dequeue(n int) {
+	clear(j.queue[j.head : j.head+n]) // let their strings go
+	j.head += n
+	switch {
+	case j.head == len(j.queue) && cap(j.queue) > journalQueueKeep:
+		j.queue, j.head = nil, 0
+	case j.head == len(j.queue):
+		j.queue, j.head = j.queue[:0], 0
+	case j.head >= len(j.queue)/2:
+		k := copy(j.queue, j.queue[j.head:])
+		clear(j.queue[k:])
+		j.queue, j.head = j.queue[:k], 0
+	}
 }
 
 // dropSegment removes a committed segment: the file first, then its row
@@ -631,10 +765,7 @@ func (j *journal) close() {
 	close(j.stop)
 	<-j.done
 	j.mu.Lock()
-	if j.f != nil {
-		j.f.Close()
-		j.f = nil
-	}
+	j.closeSegment()
 	left := j.pending
 	j.mu.Unlock()
 	if left == 0 {
@@ -646,10 +777,7 @@ func (j *journal) close() {
 
 // removeFiles removes a journal with nothing left to commit.
 func (j *journal) removeFiles() {
-	if j.f != nil {
-		j.f.Close()
-		j.f = nil
-	}
+	j.closeSegment()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, s := range j.segs {
@@ -764,7 +892,7 @@ func (r *Registry) replaySegment(ctx context.Context, dir, owner string, seg int
 		e, n, err := decodeFrame(data[off:])
 		if err != nil {
 			bad = true
-			off++ // look for the next whole frame
+			off = nextFrameAt(data, off)
 			continue
 		}
 		damaged = damaged || bad
@@ -790,13 +918,40 @@ func (r *Registry) replaySegment(ctx context.Context, dir, owner string, seg int
 	return r.dropSegment(ctx, path, segName(owner, seg))
 }
 
+// nextFrameAt is the next offset after off at which a frame may start,
+// when the frame at off did not decode: off+1, or, in a run of zeros (the
+// unwritten rest of a mapped segment, or damage), the first offset whose
+// length word is not zero (a frame's is not), at most len(data). The same
+// frames are found as by trying every byte, without the 4 MB of tries.
+func nextFrameAt(data []byte, off int64) int64 {
+	if int64(len(data))-off < 4 || binary.LittleEndian.Uint32(data[off:]) != 0 {
+		return off + 1
+	}
+	k := off + 4
+	for k+8 <= int64(len(data)) && binary.LittleEndian.Uint64(data[k:]) == 0 {
+		k += 8
+	}
+	for k < int64(len(data)) && data[k] == 0 {
+		k++
+	}
+	if k == int64(len(data)) {
+		return k // zeros to the end
+	}
+	return max(off+1, k-3) // data[k] is the first non-zero byte: a frame's length word holds it
+}
+
 // A frame is: payload length (uint32, little-endian), CRC-32C of the
 // payload (uint32, little-endian), payload. A record's payload is 'u',
 // then member, decision id, model, target, tier as uvarint-length-prefixed
 // bytes, then prompt tokens, completion tokens, estimated (0/1) and the
 // reservation as uvarints, the cost as the IEEE-754 bits of CostUSD
 // (uint64, little-endian) and the time in Unix nanoseconds (varint). A
-// release's payload is 'r' and the reservation id (uvarint).
+// release's payload is 'r' and the reservation id (uvarint). A mapped
+// segment is preallocated: its frames are followed by zeros, which no
+// frame begins with (its length is not 0), so replay skips them
+// (nextFrameAt) as the torn end they are. Segments written by write(2)
+// (before mapping, or where it fails) have no zeros after their frames;
+// both replay alike.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // maxFrame bounds a frame's payload (append refuses a larger entry, which

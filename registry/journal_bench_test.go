@@ -147,3 +147,98 @@ func openBenchLedger(b *testing.B, sinks int) *Registry {
 	}
 	return r
 }
+
+// BenchmarkJournalAppend measures what Journal costs the request that
+// calls it — the append of a record's frame, before any commit — with
+// segments mapped (a copy into the mapping, and gone's fstat(2) at most
+// every journalGoneEvery: mmap) against one write(2) and one fstat(2) per
+// frame (write: the journal before mapping, but for its queue's reuse),
+// on a file each, in the same run: rounds of 200 records per recorder alternate between the two
+// (ABBA), each journal's committer committing in the background as in
+// the gateway, and both journals committed between rounds (outside the
+// clock; the queue stays as short as the gateway's). c recorders journal at once (1: the latency a request
+// pays; 16: the appends meet at the journal's lock). b.N is the number of
+// records per implementation. Reported: the median over rounds of wall
+// ns per Journal call for each (at c=16, the round's wall time over its
+// records: the lock's throughput), and heap allocations per call.
+func BenchmarkJournalAppend(b *testing.B) {
+	for _, c := range []int{1, 16} {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) { benchJournalAppend(b, c) })
+	}
+}
+
+func benchJournalAppend(b *testing.B, c int) {
+	ctx := context.Background()
+	var regs [2]*Registry // write, mmap
+	saved, savedGone := journalMapped, journalGoneEvery
+	defer func() { journalMapped, journalGoneEvery = saved, savedGone }()
+	for i := range regs {
+		regs[i] = openBenchLedger(b, 0)
+		journalMapped = i == 1
+		if j := regs[i].openJournal(); j == nil || (j.m != nil) != journalMapped {
+			b.Fatalf("journal %d: not opened as mapped=%v", i, journalMapped)
+		}
+	}
+	journalMapped = saved
+	const perRound = 200
+	var n atomic.Int64
+	usage := func() Usage {
+		i := n.Add(1)
+		return Usage{Member: "anonymous", DecisionID: "d-" + strconv.FormatInt(i, 10), Model: "m", Target: "t", Tier: "T1",
+			PromptTokens: 100, CompletionTokens: 50, CostUSD: 0.0003, Time: time.Now()}
+	}
+	round := func(r *Registry) float64 {
+		us := make([][]Usage, c)
+		for g := range us {
+			for range perRound {
+				us[g] = append(us[g], usage()) // made before the clock starts
+			}
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		for g := range c {
+			wg.Go(func() {
+				for _, u := range us[g] {
+					if err := r.Journal(ctx, u); err != nil {
+						b.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return float64(time.Since(start).Nanoseconds()) / float64(c*perRound)
+	}
+	rounds := max(2, b.N/(c*perRound))
+	var per [2][]float64
+	b.ResetTimer()
+	for k := range rounds {
+		order := [2]int{0, 1}
+		if k%2 == 1 {
+			order = [2]int{1, 0}
+		}
+		for _, i := range order {
+			if i == 0 {
+				journalGoneEvery = 0 // the journal before: an fstat(2) per append
+			}
+			per[i] = append(per[i], round(regs[i]))
+			journalGoneEvery = savedGone
+		}
+		{ // commit, outside the clock: the queue as short as the gateway's
+			b.StopTimer()
+			for _, r := range regs {
+				if err := r.CommitJournal(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(median(per[0]), "write_ns/record")
+	b.ReportMetric(median(per[1]), "mmap_ns/record")
+	for i, name := range []string{"write", "mmap"} {
+		u := usage()
+		b.ReportMetric(testing.AllocsPerRun(100, func() { _ = regs[i].Journal(ctx, u) }), name+"_allocs/record")
+	}
+	b.ReportMetric(0, "ns/op")
+}

@@ -455,12 +455,16 @@ func TestAJournalThatCannotBeReadFailsOpen(t *testing.T) {
 }
 
 // TestJournalFailuresLoseNothing: a journal whose folder is removed while
-// running makes it again (folder, lock, segment), so a crash still leaves
-// a journal to replay; an append that fails goes to the ledger directly
+// running makes it again (folder, lock, segment) at its next append
+// (here, with journalGoneEvery 0; otherwise within that of appends), so a
+// crash still leaves a journal to replay; an append that fails goes to the ledger directly
 // and shows in JournalStats; a read waiting for commits that cannot
 // happen (the file's write lock held elsewhere) fails after
 // journalSyncWait instead of hanging.
 func TestJournalFailuresLoseNothing(t *testing.T) {
+	savedGone := journalGoneEvery
+	journalGoneEvery = 0 // every append asks whether its segment is gone
+	defer func() { journalGoneEvery = savedGone }()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "molly.db")
 	r, err := Open(path, Options{})
@@ -487,7 +491,7 @@ func TestJournalFailuresLoseNothing(t *testing.T) {
 
 	j := r.openJournal()
 	j.mu.Lock()
-	j.f.Close()
+	j.closeSegment()             // unmapped: appends write(2) to f
 	j.f, _ = os.Open(os.DevNull) // read-only: every write fails
 	j.size = 0
 	j.mu.Unlock()
