@@ -260,9 +260,24 @@ func (d *Decision) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	if c := d.Code(); c != "" {
 		enc.AddString("code", c)
 	}
-	_ = enc.AddArray("tiers", stringArray(d.tiers))
-	_ = enc.AddArray("reasons", stringArray(d.reasons))
+	_ = enc.AddArray("tiers", (*logTiers)(d))
+	_ = enc.AddArray("reasons", (*logReasons)(d))
 	return nil
+}
+
+// logTiers and logReasons write a decision's tiers and reasons; pointers,
+// so that handing them to the encoder does not allocate.
+type (
+	logTiers   Decision
+	logReasons Decision
+)
+
+func (d *logTiers) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	return stringArray(d.tiers).MarshalLogArray(enc)
+}
+
+func (d *logReasons) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	return stringArray(d.reasons).MarshalLogArray(enc)
 }
 
 type stringArray []string

@@ -311,14 +311,14 @@ func (e *Engine) Decide(ctx context.Context, in Input) Decided {
 		return Decided{decision: d}
 	}
 	digest := in.Subject.Digest()
-	input, inLog, err := e.routeInput(in)
-	if err != nil {
+	rec := &record{}
+	if err := buildRouteDoc(&rec.doc, in, e); err != nil {
 		d := denyDetail(CodePolicyError, "policy input is malformed (details in the server log)", err.Error())
 		d.id = newID()
 		e.log.Error("policy decision", zap.String("decision_id", d.id), zap.String("path", e.path), zap.String("error", d.detail))
 		return Decided{decision: d, digest: digest}
 	}
-	return Decided{decision: e.decideValue(ctx, input, inLog), digest: digest}
+	return Decided{decision: e.decideDoc(ctx, rec), digest: digest}
 }
 
 // DecideMap evaluates the route decision on an input document given as
@@ -334,29 +334,51 @@ func (e *Engine) DecideMap(ctx context.Context, input map[string]any) *Decision 
 		return d
 	}
 	obj, _ := v.(ast.Object)
-	return e.decideValue(ctx, obj, nil)
+	rec := &record{doc: routeDoc{obj: obj, whole: true}}
+	return e.decideDoc(ctx, rec)
 }
 
-// decideValue evaluates the route decision on one revision and logs it
-// (the input through inLog when not nil, which writes input).
-func (e *Engine) decideValue(ctx context.Context, input ast.Object, inLog *inputLog) *Decision {
-	var logIn zapcore.ObjectMarshaler = astObject{input}
-	if inLog != nil {
-		logIn = inLog
-	}
+// record is one route decision and what its log line refers to, in one
+// allocation: the decision returned, the input document and the
+// evaluation's timers.
+type record struct {
+	d       Decision
+	doc     routeDoc
+	metrics evalMetrics
+}
+
+// decideDoc evaluates the route decision on rec.doc on one revision, logs
+// it and returns &rec.d.
+func (e *Engine) decideDoc(ctx context.Context, rec *record) *Decision {
 	rev := e.rev.Load()
 	var key []ast.Value
 	var hash int
-	if rev.memo != nil {
-		key, hash = rev.memo.key(input)
-		if m := rev.memo.get(key, hash); m != nil {
-			d := *m.decision
-			d.id, d.revision = newID(), rev.id
-			e.logDecision(e.path, d.id, rev.id, logIn, result{value: m.value, defined: true}, m.result, "", zap.Object("molly", &d), zap.Bool("memoized", true))
-			return &d
+	var hk [nMembers]*ast.Term
+	var slot *atomic.Pointer[hotEntry]
+	var hot bool
+	if m := rev.memo; m != nil {
+		hk, slot, hot = m.hotKey(&rec.doc)
+		var me *memoEntry
+		if hot {
+			if he := slot.Load(); he != nil && he.terms == hk {
+				me = he.entry
+			}
+		}
+		if me == nil {
+			key, hash = m.key(&rec.doc)
+			if me = m.get(key, hash); me != nil && hot {
+				slot.Store(&hotEntry{terms: hk, entry: me})
+			}
+		}
+		if me != nil {
+			rec.d = *me.decision
+			rec.d.id, rec.d.revision = newID(), rev.id
+			e.logDecision(e.path, rec.d.id, rev.id, &rec.doc, result{value: me.value, defined: true}, me.result, "", &rec.metrics,
+				zap.Object("molly", &rec.d), zap.Bool("memoized", true))
+			return &rec.d
 		}
 	}
-	r := eval(ctx, &rev.decision, input, e.opts.Timeout)
+	r := eval(ctx, &rev.decision, rec.doc.object(), e.opts.Timeout)
 	var d *Decision
 	switch r.outcome {
 	case evalTimeout:
@@ -373,25 +395,33 @@ func (e *Engine) decideValue(ctx context.Context, input ast.Object, inLog *input
 		var err error
 		if d, err = parseDecision(r.value); err != nil {
 			d = denyDetail(CodePolicyError, "policy returned a malformed decision (details in the server log)", err.Error())
-		} else if rev.memo != nil {
-			rev.memo.put(key, hash, r.value, resultPlan(r.value), d)
-			d = ptr(*d) // the memo keeps its own, without id
+		} else if m := rev.memo; m != nil {
+			me := m.put(key, hash, r.value, resultPlan(r.value), d) // the memo keeps d, without id
+			if hot {
+				slot.Store(&hotEntry{terms: hk, entry: me})
+			}
 		}
 	}
-	d.id, d.revision = newID(), rev.id
-	e.logDecision(e.path, d.id, rev.id, logIn, r, nil, d.detail, zap.Object("molly", d))
-	return d
+	rec.d = *d
+	rec.d.id, rec.d.revision = newID(), rev.id
+	rec.metrics = evalMetrics{evalNS: r.evalNS, cpuNS: r.cpuNS}
+	e.logDecision(e.path, rec.d.id, rev.id, &rec.doc, r, nil, rec.d.detail, &rec.metrics, zap.Object("molly", &rec.d))
+	return &rec.d
 }
 
 // logDecision writes one decision in the shape of OPA's decision log
 // (https://www.openpolicyagent.org/docs/management-decision-logs):
 // decision_id, path, input, result (absent when undefined), revision,
 // timestamp, metrics, error; extra fields say what Molly made of it. plan,
-// when not nil, is r.value's (an object's) plan, written instead of it.
-func (e *Engine) logDecision(path, id, revision string, input zapcore.ObjectMarshaler, r result, plan *logPlan, detail string, extra ...zap.Field) {
+// when not nil, is r.value's (an object's) plan, written instead of it;
+// metrics, when not nil, is r's timers, written instead of a copy.
+func (e *Engine) logDecision(path, id, revision string, input zapcore.ObjectMarshaler, r result, plan *logPlan, detail string, metrics *evalMetrics, extra ...zap.Field) {
 	ce := e.log.Check(zap.InfoLevel, "policy decision")
 	if ce == nil {
 		return
+	}
+	if metrics == nil {
+		metrics = &evalMetrics{evalNS: r.evalNS, cpuNS: r.cpuNS}
 	}
 	fields := make([]zap.Field, 0, 9+len(extra))
 	fields = append(fields,
@@ -411,15 +441,13 @@ func (e *Engine) logDecision(path, id, revision string, input zapcore.ObjectMars
 	fields = append(fields,
 		zap.String("revision", revision),
 		zap.String("timestamp", time.Now().UTC().Format(time.RFC3339Nano)),
-		zap.Object("metrics", evalMetrics(r)),
+		zap.Object("metrics", metrics),
 	)
 	if detail != "" {
 		fields = append(fields, zap.String("error", detail))
 	}
 	ce.Write(append(fields, extra...)...)
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // newID returns an RFC 9562 version 7 UUID (§5.7): the first 48 bits are
 // the Unix time in milliseconds, big-endian, the other 74 (beside version
@@ -458,20 +486,103 @@ var (
 	keyDerived     = ast.StringTerm("derived")
 )
 
+// The members of a route decision's input document, in the order an
+// ast.Object iterates (and the decision log writes) them: its keys sorted
+// by ast.Compare, which orders strings as Go does.
+const (
+	memberCapability = iota
+	memberDerived
+	memberIdentity
+	memberRequest
+	memberSovereignty
+	memberTargets
+	nMembers
+)
+
+var (
+	memberKeys  = [nMembers]*ast.Term{keyCapability, keyDerived, keyIdentity, keyRequest, keySovereignty, keyTargets}
+	memberNames = [nMembers]string{"capability", "derived", "identity", "request", "sovereignty", "targets"}
+)
+
+// routeDoc is a route decision's input document held as its members, so
+// that a remembered decision is found (memo.hot, memo.key) and logged
+// without building the ast.Object the evaluation needs; object builds it
+// on first use. Immutable once built, but for that lazy object.
+type routeDoc struct {
+	terms [nMembers]*ast.Term // by member; nil where absent
+	plans [nMembers]*logOp    // log plans of members callers convert once; nil: walked
+	obj   ast.Object          // the document; built by object, or given (whole)
+	whole bool                // obj was given and may hold other members (DecideMap): log and key it as it is
+}
+
+// object returns the input document as an ast.Object.
+func (d *routeDoc) object() ast.Object {
+	if d.obj != nil {
+		return d.obj
+	}
+	n := 0
+	for _, t := range d.terms {
+		if t != nil {
+			n++
+		}
+	}
+	obj := ast.NewObjectWithCapacity(n)
+	for i, t := range d.terms {
+		if t != nil {
+			obj.Insert(memberKeys[i], t)
+		}
+	}
+	d.obj = obj
+	return obj
+}
+
+// MarshalLogObject writes the input document to the decision log as
+// astObject writes its ast.Object (members in key order), members with a
+// plan from their plans.
+func (d *routeDoc) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	if d.whole {
+		return marshalObject(enc, d.obj)
+	}
+	var err error
+	for i, t := range d.terms {
+		if t == nil {
+			continue
+		}
+		var e error
+		switch op := d.plans[i]; {
+		case op == nil:
+			e = addValue(enc, memberNames[i], t)
+		case op.kind == opObject:
+			e = enc.AddObject(memberNames[i], op.sub)
+		default:
+			e = enc.AddArray(memberNames[i], op.sub)
+		}
+		if e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
 // routeInput builds the route decision's input document as an ast.Object:
 // the Subject's request, capability and sovereignty members (from
 // PolicyMembers or PolicyValue when the Subject has them), identity ({} when nil), targets
 // ([] when nil) and derived (absent when nil).
 func routeInput(in Input) (ast.Object, error) {
-	obj, _, err := buildRouteInput(in, nil)
-	return obj, err
+	var d routeDoc
+	if err := buildRouteDoc(&d, in, nil); err != nil {
+		return nil, err
+	}
+	return d.object(), nil
 }
 
-// routeInput is routeInput with the Engine's caches: the targets' array
-// is reused while a caller passes the same converted targets, and the
-// returned inputLog writes the parts callers convert once from their plans.
-func (e *Engine) routeInput(in Input) (ast.Object, *inputLog, error) {
-	return buildRouteInput(in, e)
+// routeDoc is routeInput's document with the Engine's caches: the
+// targets' array is reused while a caller passes the same converted
+// targets, a converted identity's term too, and the members callers
+// convert once are logged from their plans.
+func (e *Engine) routeDoc(in Input) (*routeDoc, error) {
+	d := &routeDoc{}
+	return d, buildRouteDoc(d, in, e)
 }
 
 // targetsCache is the input.targets array made of elems (ast.Objects a
@@ -480,52 +591,6 @@ type targetsCache struct {
 	elems []ast.Object
 	term  *ast.Term
 	plan  *logOp
-}
-
-// inputLog writes a route decision's input to the decision log: as
-// astObject does, but members whose value term is in planned from their
-// plans.
-type inputLog struct {
-	obj     ast.Object
-	n       int
-	planned [4]struct {
-		t  *ast.Term
-		op *logOp
-	}
-}
-
-func (l *inputLog) plan(t *ast.Term, op *logOp) {
-	if op != nil && l.n < len(l.planned) {
-		l.planned[l.n].t, l.planned[l.n].op = t, op
-		l.n++
-	}
-}
-
-func (l *inputLog) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	var err error
-	l.obj.Foreach(func(k, v *ast.Term) {
-		key, ok := k.Value.(ast.String)
-		if !ok {
-			key = ast.String(k.Value.String())
-		}
-		var e error
-		for i := range l.n {
-			if p := &l.planned[i]; p.t == v {
-				if p.op.kind == opObject {
-					e = enc.AddObject(string(key), p.op.sub)
-				} else {
-					e = enc.AddArray(string(key), p.op.sub)
-				}
-				goto done
-			}
-		}
-		e = addValue(enc, string(key), v)
-	done:
-		if e != nil && err == nil {
-			err = e
-		}
-	})
-	return err
 }
 
 // cachedTargets returns the targets' array term and plan when every
@@ -561,95 +626,86 @@ func (e *Engine) cachedTargets(targets []any) *targetsCache {
 	return c
 }
 
-func buildRouteInput(in Input, e *Engine) (ast.Object, *inputLog, error) {
-	obj := ast.NewObjectWithCapacity(6)
-	var log *inputLog
-	if e != nil {
-		log = &inputLog{obj: obj}
-	}
+// buildRouteDoc fills d with in's members; e (nil: none) supplies the
+// caches.
+func buildRouteDoc(d *routeDoc, in Input, e *Engine) error {
 	if ms, ok := in.Subject.(MemberSubject); ok {
 		req, capability, sov := ms.PolicyMembers()
 		if req == nil && capability == nil && sov == nil {
-			return nil, nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", ms.PolicyValue())
+			return fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", ms.PolicyValue())
 		}
-		if req != nil {
-			obj.Insert(keyRequest, req)
-			if log != nil {
-				log.plan(req, e.termPlans.get(req, req.Value))
+		d.terms[memberRequest], d.terms[memberCapability], d.terms[memberSovereignty] = req, capability, sov
+		if e != nil {
+			if req != nil {
+				d.plans[memberRequest] = e.termPlans.get(req, req.Value).op
 			}
-		}
-		if capability != nil {
-			obj.Insert(keyCapability, capability)
-		}
-		if sov != nil {
-			obj.Insert(keySovereignty, sov)
-			if log != nil {
-				log.plan(sov, e.termPlans.get(sov, sov.Value))
+			if sov != nil {
+				d.plans[memberSovereignty] = e.termPlans.get(sov, sov.Value).op
 			}
 		}
 	} else if vs, ok := in.Subject.(ValueSubject); ok {
 		so, ok := vs.PolicyValue().(ast.Object)
 		if !ok {
-			return nil, nil, fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", vs.PolicyValue())
+			return fmt.Errorf("Subject.PolicyValue is %T, want an ast.Object", vs.PolicyValue())
 		}
-		for _, k := range [...]*ast.Term{keyRequest, keyCapability, keySovereignty} {
-			if v := so.Get(k); v != nil {
-				obj.Insert(k, v)
-			}
-		}
+		d.terms[memberRequest] = so.Get(keyRequest)
+		d.terms[memberCapability] = so.Get(keyCapability)
+		d.terms[memberSovereignty] = so.Get(keySovereignty)
 	} else {
 		m := in.Subject.PolicyInput()
-		for _, k := range [...]*ast.Term{keyRequest, keyCapability, keySovereignty} {
-			x, ok := m[string(k.Value.(ast.String))]
+		for _, i := range [...]int{memberRequest, memberCapability, memberSovereignty} {
+			x, ok := m[memberNames[i]]
 			if !ok {
 				continue
 			}
 			v, err := ValueOf(x)
 			if err != nil {
-				return nil, nil, fmt.Errorf("input.%s: %w", k.Value.(ast.String), err)
+				return fmt.Errorf("input.%s: %w", memberNames[i], err)
 			}
-			obj.Insert(k, ast.NewTerm(v))
+			d.terms[i] = ast.NewTerm(v)
 		}
 	}
-	var id ast.Value = ast.NewObject()
-	var err error
-	if in.Identity != nil {
-		id, err = ValueOf(in.Identity) // a nil map is {} too
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("input.identity: %w", err)
-	}
-	idTerm := ast.NewTerm(id)
-	obj.Insert(keyIdentity, idTerm)
-	if o, converted := in.Identity.(ast.Object); converted && log != nil {
-		log.plan(idTerm, e.idPlans.get(o, o))
+	if o, converted := in.Identity.(ast.Object); converted && e != nil {
+		// The term is kept with the plan, so that a member's requests
+		// share it (memo.hot compares members by term).
+		c := e.idPlans.get(o, o)
+		d.terms[memberIdentity], d.plans[memberIdentity] = c.term, c.op
+	} else {
+		var id ast.Value = ast.NewObject()
+		var err error
+		if in.Identity != nil {
+			id, err = ValueOf(in.Identity) // a nil map is {} too
+		}
+		if err != nil {
+			return fmt.Errorf("input.identity: %w", err)
+		}
+		d.terms[memberIdentity] = ast.NewTerm(id)
 	}
 	var tc *targetsCache
 	if e != nil {
 		tc = e.cachedTargets(in.Targets)
 	}
 	if tc != nil {
-		obj.Insert(keyTargets, tc.term)
-		log.plan(tc.term, tc.plan)
+		d.terms[memberTargets], d.plans[memberTargets] = tc.term, tc.plan
 	} else {
 		targets := make([]*ast.Term, len(in.Targets))
 		for i, t := range in.Targets {
 			v, err := ValueOf(t)
 			if err != nil {
-				return nil, nil, fmt.Errorf("input.targets[%d]: %w", i, err)
+				return fmt.Errorf("input.targets[%d]: %w", i, err)
 			}
 			targets[i] = ast.NewTerm(v)
 		}
-		obj.Insert(keyTargets, ast.NewTerm(ast.NewArray(targets...)))
+		d.terms[memberTargets] = ast.NewTerm(ast.NewArray(targets...))
 	}
 	if in.Derived != nil {
 		v, err := ValueOf(in.Derived)
 		if err != nil {
-			return nil, nil, fmt.Errorf("input.derived: %w", err)
+			return fmt.Errorf("input.derived: %w", err)
 		}
-		obj.Insert(keyDerived, ast.NewTerm(v))
+		d.terms[memberDerived] = ast.NewTerm(v)
 	}
-	return obj, log, nil
+	return nil
 }
 
 // resultPlan is the log plan of a rego result that is an object; nil

@@ -131,12 +131,12 @@ func (w *watchdog) check() {
 	time.AfterFunc(max(min(w.limit-used, w.backstop-wall), time.Millisecond), w.check)
 }
 
-// evalMetrics writes an evaluation's timers the way OPA's decision log
-// names them (timer_rego_query_eval_ns), plus the thread CPU time the
-// timeout is measured in.
-type evalMetrics result
+// evalMetrics writes an evaluation's timers (result.evalNS, result.cpuNS)
+// the way OPA's decision log names them (timer_rego_query_eval_ns), plus
+// the thread CPU time the timeout is measured in.
+type evalMetrics struct{ evalNS, cpuNS int64 }
 
-func (m evalMetrics) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+func (m *evalMetrics) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	enc.AddInt64("timer_rego_query_eval_ns", m.evalNS)
 	if m.cpuNS > 0 {
 		enc.AddInt64("timer_molly_eval_cpu_ns", m.cpuNS)

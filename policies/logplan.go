@@ -3,6 +3,7 @@ package policies
 import (
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap/zapcore"
@@ -195,34 +196,39 @@ func jsonObjectPlan(m map[string]any) *logPlan {
 }
 
 // planCache remembers the plans of values that callers convert once and
-// keep (their identity is their content: they must not be mutated).
-// Bounded: when full it starts over.
+// keep (their identity is their content: they must not be mutated), with
+// a term holding the value, shared by every input that holds it. Reads
+// take no lock (sync.Map: its keys are written once and read by every
+// request). Bounded: when full it starts over.
 type planCache[K comparable] struct {
-	mu sync.Mutex
-	m  map[K]*logOp
+	m sync.Map // K → *cachedPlan
+	n atomic.Int64
+}
+
+// cachedPlan is a value's term and plan (nil when the value is neither an
+// object nor an array).
+type cachedPlan struct {
+	term *ast.Term
+	op   *logOp
 }
 
 const maxCachedPlans = 1024
 
-// get returns the plan of v under k, building it on a miss; nil when v is
-// neither an object nor an array.
-func (c *planCache[K]) get(k K, v ast.Value) *logOp {
-	c.mu.Lock()
-	op, ok := c.m[k]
-	c.mu.Unlock()
-	if ok {
-		return op
+// get returns the term and plan of v under k, building them on a miss.
+func (c *planCache[K]) get(k K, v ast.Value) *cachedPlan {
+	if p, ok := c.m.Load(k); ok {
+		return p.(*cachedPlan)
 	}
-	o, ok := astValuePlan(v)
-	if !ok {
-		return nil
+	p := &cachedPlan{term: ast.NewTerm(v)}
+	if o, ok := astValuePlan(v); ok {
+		p.op = &o
 	}
-	op = &o
-	c.mu.Lock()
-	if c.m == nil || len(c.m) >= maxCachedPlans {
-		c.m = make(map[K]*logOp)
+	if c.n.Add(1) > maxCachedPlans {
+		c.m.Clear()
+		c.n.Store(1)
 	}
-	c.m[k] = op
-	c.mu.Unlock()
-	return op
+	if old, loaded := c.m.LoadOrStore(k, p); loaded {
+		return old.(*cachedPlan)
+	}
+	return p
 }

@@ -206,12 +206,12 @@ func TestTheDecisionLogIsWhatTheWalkWrites(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, inLog, err := e.routeInput(in)
+			doc, err := e.routeDoc(in)
 			if err != nil {
 				t.Fatal(err)
 			}
 			walked := encodeField(t, zap.Object("input", astObject{plain}))
-			planned := encodeField(t, zap.Object("input", inLog))
+			planned := encodeField(t, zap.Object("input", doc))
 			if !bytes.Equal(planned, walked) {
 				t.Fatalf("round %d input %d: logged\n%s\nthe walk writes\n%s", round, i, planned, walked)
 			}

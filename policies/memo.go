@@ -1,8 +1,10 @@
 package policies
 
 import (
+	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -34,12 +36,35 @@ const DefaultMemoSize = 4096
 // When full, it forgets everything (size bounds memory; a revision's
 // working set of distinct inputs is small: members × classes × findings).
 type memo struct {
-	paths [][]*ast.Term // nil: the whole input; a memo with no paths keys nothing
-	size  int
+	paths  [][]*ast.Term // nil: the whole input; a memo with no paths keys nothing
+	member []int         // by path: the input member its first segment names (memberRequest, …); -1: whole input or another name
+	size   int
+
+	// hot finds the entry of an input whose members the policy reads are
+	// the very terms of an input seen before (callers share the terms of
+	// what they convert once: targets, identities, subject members), in
+	// a direct-mapped table read without a lock. Sound because a term
+	// must not be mutated, so the same term is the same value at every
+	// path below it. Not used when a path reads the whole input or a
+	// member Decide does not build (hotOn is then false).
+	reads [nMembers]bool
+	hotOn bool
+	seed  maphash.Seed
+	hot   [hotSlots]atomic.Pointer[hotEntry]
 
 	mu      sync.Mutex
 	entries map[int][]*memoEntry // by key hash
 	n       int
+}
+
+// hotSlots is the size of memo.hot: more than the distinct member terms
+// a revision's traffic holds at once (classes × findings × members).
+const hotSlots = 512
+
+// hotEntry is the entry of the input whose read members are terms.
+type hotEntry struct {
+	terms [nMembers]*ast.Term
+	entry *memoEntry
 }
 
 // memoEntry is one remembered evaluation.
@@ -67,7 +92,24 @@ func newMemo(c *ast.Compiler, query string, size int) *memo {
 	if !ok {
 		return nil
 	}
-	return &memo{paths: paths, size: size, entries: map[int][]*memoEntry{}}
+	m := &memo{paths: paths, size: size, entries: map[int][]*memoEntry{}, seed: maphash.MakeSeed()}
+	hot := true
+	for _, p := range paths {
+		i := -1
+		if len(p) > 0 {
+			if s, isStr := p[0].Value.(ast.String); isStr {
+				i = slices.Index(memberNames[:], string(s))
+			}
+		}
+		m.member = append(m.member, i)
+		if i < 0 {
+			hot = false
+		} else {
+			m.reads[i] = true
+		}
+	}
+	m.hotOn = hot && len(paths) > 0
+	return m
 }
 
 // reachable returns the rules the query body may evaluate: those its data
@@ -206,24 +248,33 @@ func deterministic(op any) bool {
 	return known && !b.Nondeterministic
 }
 
-// key returns input's values at the memo's paths and their hash.
-func (m *memo) key(input ast.Object) ([]ast.Value, int) {
+// hotKey is doc's terms of the members the memo reads (nil for the
+// others), and the slot of memo.hot it maps to; ok is false when hot is
+// not used for doc.
+func (m *memo) hotKey(doc *routeDoc) (k [nMembers]*ast.Term, slot *atomic.Pointer[hotEntry], ok bool) {
+	if doc.whole || !m.hotOn {
+		return k, nil, false
+	}
+	for i, t := range doc.terms {
+		if m.reads[i] {
+			k[i] = t
+		}
+	}
+	return k, &m.hot[maphash.Comparable(m.seed, k)%hotSlots], true
+}
+
+// key returns doc's values at the memo's paths and their hash.
+func (m *memo) key(doc *routeDoc) ([]ast.Value, int) {
 	key := make([]ast.Value, len(m.paths))
 	h := len(m.paths)
 	for i, p := range m.paths {
-		var v ast.Value = input
-		for _, seg := range p {
-			obj, isObj := v.(ast.Object)
-			if !isObj {
-				v = nil
-				break
+		var v ast.Value
+		if mi := m.member[i]; mi >= 0 && !doc.whole {
+			if t := doc.terms[mi]; t != nil {
+				v = valueAt(t.Value, p[1:])
 			}
-			t := obj.Get(seg)
-			if t == nil {
-				v = nil
-				break
-			}
-			v = t.Value
+		} else {
+			v = valueAt(doc.object(), p)
 		}
 		key[i] = v
 		h *= 31
@@ -232,6 +283,22 @@ func (m *memo) key(input ast.Object) ([]ast.Value, int) {
 		}
 	}
 	return key, h
+}
+
+// valueAt is v's value at path; nil where absent.
+func valueAt(v ast.Value, path []*ast.Term) ast.Value {
+	for _, seg := range path {
+		obj, isObj := v.(ast.Object)
+		if !isObj {
+			return nil
+		}
+		t := obj.Get(seg)
+		if t == nil {
+			return nil
+		}
+		v = t.Value
+	}
+	return v
 }
 
 // get returns the entry remembered for key, or nil.
@@ -246,21 +313,27 @@ func (m *memo) get(key []ast.Value, h int) *memoEntry {
 	return nil
 }
 
-// put remembers an evaluation.
-func (m *memo) put(key []ast.Value, h int, value any, plan *logPlan, d *Decision) {
+// put remembers an evaluation; it returns the entry remembered for key
+// (an earlier one when another evaluation put it first).
+func (m *memo) put(key []ast.Value, h int, value any, plan *logPlan, d *Decision) *memoEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.entries[h] {
 		if sameKey(e.key, key) {
-			return
+			return e
 		}
 	}
 	if m.n >= m.size {
 		clear(m.entries)
 		m.n = 0
+		for i := range m.hot {
+			m.hot[i].Store(nil)
+		}
 	}
-	m.entries[h] = append(m.entries[h], &memoEntry{key: key, value: value, result: plan, decision: d})
+	e := &memoEntry{key: key, value: value, result: plan, decision: d}
+	m.entries[h] = append(m.entries[h], e)
 	m.n++
+	return e
 }
 
 func sameKey(a, b []ast.Value) bool {

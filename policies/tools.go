@@ -48,7 +48,7 @@ func (e *Engine) decideTool(ctx context.Context, query, what string, q func(*rev
 	v, err := ValueOf(input)
 	if err != nil {
 		d.Code, d.Reasons = CodePolicyError, []string{what + " policy input is malformed"}
-		e.logDecision(rulePath(query), d.ID, rev.id, astObject{ast.NewObject()}, result{}, nil, err.Error(), zap.Bool("allow", false))
+		e.logDecision(rulePath(query), d.ID, rev.id, astObject{ast.NewObject()}, result{}, nil, err.Error(), nil, zap.Bool("allow", false))
 		return d
 	}
 	obj := v.(ast.Object)
@@ -76,7 +76,7 @@ func (e *Engine) decideTool(ctx context.Context, query, what string, q func(*rev
 			d.Code = CodePolicyDenied
 		}
 	}
-	e.logDecision(rulePath(query), d.ID, rev.id, astObject{obj}, r, nil, detail, zap.Bool("allow", d.Allow), zap.String("code", d.Code))
+	e.logDecision(rulePath(query), d.ID, rev.id, astObject{obj}, r, nil, detail, nil, zap.Bool("allow", d.Allow), zap.String("code", d.Code))
 	return d
 }
 
@@ -121,7 +121,7 @@ func (e *Engine) DecideEscalation(ctx context.Context, input map[string]any) Esc
 	v, err := ValueOf(input)
 	if err != nil {
 		d.Reasons = []string{"escalation policy input is malformed; the answer in hand is returned"}
-		e.logDecision(path, d.ID, rev.id, astObject{ast.NewObject()}, result{}, nil, err.Error(), zap.Bool("escalate", false))
+		e.logDecision(path, d.ID, rev.id, astObject{ast.NewObject()}, result{}, nil, err.Error(), nil, zap.Bool("escalate", false))
 		return d
 	}
 	obj := v.(ast.Object)
@@ -146,6 +146,6 @@ func (e *Engine) DecideEscalation(ctx context.Context, input map[string]any) Esc
 		}
 		d.Escalate, d.Reasons = esc, reasons
 	}
-	e.logDecision(path, d.ID, rev.id, astObject{obj}, r, nil, detail, zap.Bool("escalate", d.Escalate))
+	e.logDecision(path, d.ID, rev.id, astObject{obj}, r, nil, detail, nil, zap.Bool("escalate", d.Escalate))
 	return d
 }
