@@ -163,6 +163,15 @@ func (p *Pipeline) upstream(rq *request, c route.Candidate, disp *egress.Dispatc
 		}
 		return o
 	}
+	if resp.StatusCode/100 == 3 {
+		// egress follows no redirect: the decision allowed this target,
+		// not the host its Location names. A redirect is no answer of the
+		// API either; another target may serve.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		o.kind, o.failure = failServer, "HTTP "+resp.Status+" (a redirect, not followed: the request goes to its target only)"
+		return o
+	}
 	isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if resp.StatusCode/100 == 2 && disp.Stream() {
 		if !isSSE {

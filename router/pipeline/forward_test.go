@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,6 +248,31 @@ func TestFallsBack(t *testing.T) {
 			t.Fatalf("status %d, cloud got %d requests: %s", r.status, cloud.Count(), r.body)
 		}
 	})
+	// A LAN target that redirects to an external API must not get the
+	// external API the prompt its tier forbids: the redirect is a failed
+	// attempt, never followed.
+	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+		t.Run(fmt.Sprintf("a %d is not followed out of the allowed tiers", code), func(t *testing.T) {
+			cloud := upstreamtest.Start("cloud")
+			t.Cleanup(cloud.Close)
+			var hits atomic.Int64
+			redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
+				http.Redirect(w, r, cloud.URL()+"/chat/completions", code)
+			}))
+			t.Cleanup(redirecting.Close)
+			gw, _ := startGateway(t, setup{targets: []*route.Target{
+				{Name: "lan", Tier: "T1", Endpoint: redirecting.URL + "/v1", Models: []string{"m"}},
+				{Name: "cloud", Tier: "T3", Endpoint: cloud.URL(), Models: []string{"m"}},
+			}})
+			r := post(t, gw.URL+"/v1/chat/completions", chatBody("mail alice@example.com"))
+			want := fmt.Sprintf("All allowed targets for model `m` failed (cloud: tier T3 not allowed by the policy; lan: HTTP %d %s (a redirect, not followed: the request goes to its target only)).",
+				code, http.StatusText(code))
+			if r.status != 503 || hits.Load() != 1 || cloud.Count() != 0 || gjson.Get(r.body, "error.message").String() != want {
+				t.Fatalf("status %d, lan got %d requests, cloud %d: %s", r.status, hits.Load(), cloud.Count(), r.body)
+			}
+		})
+	}
 }
 
 // heldUpstream streams one chunk per word of the last message, then waits
