@@ -314,13 +314,28 @@ func qpEscaped(text string) bool {
 				return true // the escapes of a UTF-8 character ("=C3=A9")
 			}
 		}
-		k := strings.IndexByte(text[i+1:], '=')
-		if k < 0 {
-			break
-		}
-		i += 1 + k
+		i = nextEquals(text, i+1)
 	}
 	return false
+}
+
+// nextEquals returns the offset of the first '=' at or after i, or -1:
+// the next few bytes are read one by one, so that a text dense with '='
+// (a flood of "key=") does not pay a call of strings.IndexByte per '=',
+// and the rest by strings.IndexByte (vectorised), as in prose.
+func nextEquals(text string, i int) int {
+	for end := min(len(text), i+16); i < end; i++ {
+		if text[i] == '=' {
+			return i
+		}
+	}
+	if i >= len(text) {
+		return -1
+	}
+	if k := strings.IndexByte(text[i:], '='); k >= 0 {
+		return i + k
+	}
+	return -1
 }
 
 // hasQPEscape reports whether s holds any quoted-printable escape.

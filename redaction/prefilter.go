@@ -99,11 +99,35 @@ type thirdBytes struct {
 }
 
 // kwEntry is one key of one keyword in a bucket: the key of the
-// keyword's bytes at offset off (see gramOffset).
+// keyword's bytes at offset off (see gramOffset), with what hitsAt
+// compares of the keyword: its first eight bytes (fewer when it is
+// shorter) as le64 reads them, mask selecting them, and its length.
 type kwEntry struct {
-	key uint32
-	id  int32
-	off int32
+	key      uint32
+	id       int32
+	off      int32
+	n        int32
+	wordOnly bool
+	pre      uint64
+	mask     uint64
+}
+
+// newKWEntry is the entry of the key k of keyword kw (lower case), of id
+// id, at offset off.
+func newKWEntry(k uint32, id int32, off int, kw string, wordOnly bool) kwEntry {
+	e := kwEntry{key: k, id: id, off: int32(off), n: int32(len(kw)), wordOnly: wordOnly}
+	for i := 0; i < 8 && i < len(kw); i++ {
+		e.pre |= uint64(kw[i]) << (8 * i)
+		e.mask |= 0xFF << (8 * i)
+	}
+	return e
+}
+
+// lower8 lower-cases the ASCII letters among the eight bytes of w
+// (lowerByte on each byte): bit 5 is set on the bytes in 'A'..'Z', found
+// on their low seven bits, less the bytes with the high bit set.
+func lower8(w uint64) uint64 {
+	return w | (inRange(w&^msb, 'A', 'Z')&^w)>>2
 }
 
 // Sizes of the keyword filter: a 2^16-bit bitmap (8 KB, it stays in the
@@ -247,7 +271,7 @@ func (ix *keywordIndex) addKeys(kw string, id int32, wordStart bool) {
 		k := kwKey(kw[d], kw[d+1], c, wordStart)
 		h := kwHash(k)
 		ix.filter[h/64] |= 1 << (h % 64)
-		e := kwEntry{k, id, int32(d)}
+		e := newKWEntry(k, id, d, kw, ix.wordOnly[id])
 		b := &ix.buckets[h>>kwBucketShift]
 		if !slices.Contains(*b, e) {
 			*b = append(*b, e)
@@ -293,13 +317,26 @@ func (ix *keywordIndex) verify(text string, i int, cand, cKey, nKey uint64, a *a
 }
 
 // hitsAt records the keywords whose filter bytes are at offset q, whose
-// key (kwKey) is k.
+// key (kwKey) is k. A keyword's first eight bytes are compared in one
+// load (lower8), the rest, if any, byte by byte.
 func (ix *keywordIndex) hitsAt(text string, q int, k uint32, a *anchors) {
-	for _, e := range ix.buckets[kwHash(k)>>kwBucketShift] {
-		id, p := e.id, q-int(e.off)
-		if e.key != k || p < 0 || !hasPrefixFold(text, p, ix.words[id]) || ix.wordOnly[id] && p > 0 && isAlpha(text[p-1]) {
+	b := ix.buckets[kwHash(k)>>kwBucketShift]
+	for i := range b {
+		e := &b[i]
+		p := q - int(e.off)
+		if e.key != k || p < 0 || len(text)-p < int(e.n) {
 			continue
 		}
+		var w uint64
+		if len(text)-p >= 8 {
+			w = le64(text[p:])
+		} else {
+			w = le64Tail(text, p)
+		}
+		if lower8(w)&e.mask != e.pre || e.n > 8 && !hasPrefixFold(text, p+8, ix.words[e.id][8:]) || e.wordOnly && p > 0 && isAlpha(text[p-1]) {
+			continue
+		}
+		id := e.id
 		if int(id) < len(ix.keep) && ix.keep[id] != nil && !ix.keep[id](text, p) {
 			continue
 		}

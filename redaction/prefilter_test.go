@@ -279,6 +279,34 @@ func TestSpecial8MatchesTable(t *testing.T) {
 	}
 }
 
+// TestLower8MatchesToLower checks hitsAt's eight-byte lower-casing
+// against strings.ToLower on ASCII (bytes from 0x80 unchanged), on every
+// pair of adjacent byte values at every offset of the word (a carry
+// between bytes would show there).
+func TestLower8MatchesToLower(t *testing.T) {
+	lower := func(c byte) byte {
+		if c >= 0x80 {
+			return c
+		}
+		return strings.ToLower(string(rune(c)))[0]
+	}
+	for k := range 7 {
+		for b1 := range 256 {
+			for b2 := range 256 {
+				buf := []byte("AzZa@[`{")
+				buf[k], buf[k+1] = byte(b1), byte(b2)
+				want := make([]byte, 8)
+				for i, c := range buf {
+					want[i] = lower(c)
+				}
+				if got := lower8(le64(string(buf))); got != le64(string(want)) {
+					t.Fatalf("lower8(%q) = %#x, want %q", buf, got, want)
+				}
+			}
+		}
+	}
+}
+
 // FuzzPrefilter checks prefilter against refAnchors on any input.
 func FuzzPrefilter(f *testing.F) {
 	for _, s := range fuzzSeeds {

@@ -646,32 +646,40 @@ func (rs *runScan) runAfter(text string, o, need int) bool {
 // generic-api-key match could end (its tail: a quote, space, ; , . ! ? )
 // ] } > or a backslash) and the last byte before that which cannot be in
 // its unbounded base64 alternative. Both only move forward, so checking
-// every hit of a text costs one pass.
+// every hit of a text costs at most one pass.
 type reachScan struct {
 	nextTail int // first tail byte at or after the last position asked
 	scanned  int
-	lastBad  int // last byte < badTo that is not [A-Za-z0-9+/=]
+	lastBad  int // last byte < badTo that is not [A-Za-z0-9+/], or a byte before badTo-160
 	badTo    int
 }
 
-func isGenericTail(c byte) bool {
-	switch c {
-	case '`', '\'', '"', ' ', '\t', '\n', '\r', '\f', '\v', ';', ',', '.', '!', '?', ')', ']', '}', '>', '\\':
-		return true
+// genericTail and base64Body are byte classes of reachScan, as tables:
+// a byte test in one load where a switch is a chain of branches.
+var genericTail, base64Body = func() (tail, body [256]bool) {
+	for _, c := range []byte("`'\" \t\n\r\f\v;,.!?)]}>\\") {
+		tail[c] = true
 	}
-	return false
-}
+	for c := range 256 {
+		body[c] = isAlnum(byte(c)) || c == '+' || c == '/'
+	}
+	return tail, body
+}()
+
+func isGenericTail(c byte) bool { return genericTail[c] }
 
 // admits reports whether a generic-api-key match may start at p: its
 // secret of at most 150 bytes ([\w.=-]) must end at a tail byte within
 // reach, or else its base64 alternative must run on past the reach.
+// For one rule, assign is fixed and p increases, so the reach w only
+// moves forward.
 func (rs *reachScan) admits(text string, p, assign int) bool {
 	if rs.scanned < p {
 		rs.scanned = p
 	}
 	if rs.nextTail < p {
 		k := max(rs.scanned, p)
-		for k < len(text) && !isGenericTail(text[k]) {
+		for k < len(text) && !genericTail[text[k]] {
 			k++
 		}
 		rs.nextTail, rs.scanned = k, k
@@ -681,12 +689,19 @@ func (rs *reachScan) admits(text string, p, assign int) bool {
 		return true // a tail, or the end of the text, within reach
 	}
 	// No tail within reach: only a base64 run spanning [w-160, w) can
-	// still make a match.
-	for rs.badTo < w {
-		if c := text[rs.badTo]; !(isAlnum(c) || c == '+' || c == '/') {
-			rs.lastBad = rs.badTo
+	// still make a match. The last bad byte before w is sought backwards
+	// from w, down to badTo or w-160, whichever is later: a bad byte
+	// before w-160 decides nothing, now or for a later (larger) w, so
+	// the bytes below it need not be read; in a flood of short
+	// assignments (key=key=…) the search stops within a few bytes.
+	if rs.badTo < w {
+		for k, lo := w-1, max(rs.badTo, w-160); k >= lo; k-- {
+			if !base64Body[text[k]] {
+				rs.lastBad = k
+				break
+			}
 		}
-		rs.badTo++
+		rs.badTo = w
 	}
 	return rs.lastBad < w-160
 }
