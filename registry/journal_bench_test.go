@@ -212,11 +212,7 @@ func benchJournalAppend(b *testing.B, c int) {
 	var per [2][]float64
 	b.ResetTimer()
 	for k := range rounds {
-		order := [2]int{0, 1}
-		if k%2 == 1 {
-			order = [2]int{1, 0}
-		}
-		for _, i := range order {
+		for _, i := range abbaOrder(k) {
 			if i == 0 {
 				journalGoneEvery = 0 // the journal before: an fstat(2) per append
 			}

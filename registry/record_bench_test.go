@@ -75,11 +75,7 @@ func benchRecord(b *testing.B, c int) {
 	var per [2][]float64
 	b.ResetTimer()
 	for k := range rounds {
-		order := [2]int{0, 1}
-		if k%2 == 1 {
-			order = [2]int{1, 0}
-		}
-		for _, i := range order {
+		for _, i := range abbaOrder(k) {
 			per[i] = append(per[i], round(impls[i]))
 		}
 	}
@@ -87,6 +83,15 @@ func benchRecord(b *testing.B, c int) {
 	b.ReportMetric(serial, "serial_us/record")
 	b.ReportMetric(grouped, "grouped_us/record")
 	b.ReportMetric(serial/grouped, "speedup")
+}
+
+// abbaOrder is the order of the two sides in round k: A then B, then B
+// then A, so that neither always runs on a machine its partner warmed.
+func abbaOrder(k int) [2]int {
+	if k%2 == 1 {
+		return [2]int{1, 0}
+	}
+	return [2]int{0, 1}
 }
 
 func median(v []float64) float64 {
@@ -192,11 +197,7 @@ func BenchmarkRecordTail(b *testing.B) {
 	rounds := max(2, b.N/perRound)
 	b.ResetTimer()
 	for k := range rounds {
-		order := [2]int{0, 1}
-		if k%2 == 1 {
-			order = [2]int{1, 0}
-		}
-		for _, i := range order {
+		for _, i := range abbaOrder(k) {
 			for range perRound {
 				n++
 				u := Usage{Member: "anonymous", DecisionID: "d-" + strconv.Itoa(n), Model: "m", Target: "t", Tier: "T1",
