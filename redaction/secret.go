@@ -604,13 +604,15 @@ type runScan struct {
 	valid      bool
 }
 
-func isRunBreak(c byte) bool {
-	switch c {
-	case ' ', '\t', '\n', '\r', '\f', '\v', '\'', '"', '`':
-		return true
+// runBreak holds the break bytes of runScan: white space and quotes.
+var runBreak = func() (t [256]bool) {
+	for _, c := range []byte(" \t\n\r\f\v'\"`") {
+		t[c] = true
 	}
-	return false
-}
+	return t
+}()
+
+func isRunBreak(c byte) bool { return runBreak[c] }
 
 // nextBreak returns the first break byte at or after x (len(text) if none).
 func (rs *runScan) nextBreak(text string, x int) int {
@@ -654,6 +656,11 @@ type reachScan struct {
 	badTo    int
 }
 
+// newReachScan returns a reachScan that has read nothing: no tail found
+// yet (a nextTail of 0 would read as a tail at offset 0, admitting a hit
+// there whatever follows).
+func newReachScan() reachScan { return reachScan{nextTail: -1} }
+
 // genericTail and base64Body are byte classes of reachScan, as tables:
 // a byte test in one load where a switch is a chain of branches.
 var genericTail, base64Body = func() (tail, body [256]bool) {
@@ -665,8 +672,6 @@ var genericTail, base64Body = func() (tail, body [256]bool) {
 	}
 	return tail, body
 }()
-
-func isGenericTail(c byte) bool { return genericTail[c] }
 
 // admits reports whether a generic-api-key match may start at p: its
 // secret of at most 150 bytes ([\w.=-]) must end at a tail byte within
@@ -967,7 +972,7 @@ func (d *secretDetector) detectNear(r *secretRule, text string, hits []int32, ds
 // scan, less the matches finding rejects).
 func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst []Finding, b *budget, memo allowMemo) []Finding {
 	last := -1
-	var reach reachScan
+	reach := newReachScan()
 	var runs runScan
 	// The last occurrence of each literal the rule needs: a hit after it
 	// cannot start a match.

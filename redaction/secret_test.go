@@ -156,6 +156,53 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 	t.Logf("%d texts, %d findings, fast and plain agree", len(texts), total)
 }
 
+// TestReachScanMatchesItsDefinition checks the generic rule's reach
+// filter, as detectAt starts it, against its definition read off the
+// text for each hit on its own: a tail byte (a quote, white space,
+// ; , . ! ? ) ] } > or a backslash) or the end of the text at most
+// assign+160 bytes after the hit, or else no byte outside [A-Za-z0-9+/]
+// among the 160 before that reach. Hits come in increasing order, from
+// offset 0 (where a reach filter that took offset 0 for a tail would
+// admit every text).
+func TestReachScanMatchesItsDefinition(t *testing.T) {
+	const tails = "`'\" \t\n\r\f\v;,.!?)]}>\\"
+	body := func(c byte) bool {
+		return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '+' || c == '/'
+	}
+	want := func(text string, p, assign int) bool {
+		w := p + assign + 160
+		if k := strings.IndexAny(text[p:], tails); k < 0 && len(text) <= w || k >= 0 && p+k <= w {
+			return true
+		}
+		for k := w - 160; k < w; k++ {
+			if !body(text[k]) {
+				return false
+			}
+		}
+		return true
+	}
+	r := rand.New(rand.NewPCG(7, 11))
+	for range 3000 {
+		n := 1 + r.IntN(900)
+		b := make([]byte, n)
+		alphabet := []string{"aB9+/", "aB9+/=", "aB9+/= ", "key=", "aB9+/=-_"}[r.IntN(5)]
+		for i := range b {
+			b[i] = alphabet[r.IntN(len(alphabet))]
+			if r.IntN(400) == 0 {
+				b[i] = tails[r.IntN(len(tails))]
+			}
+		}
+		text := string(b)
+		assign := 1 + r.IntN(40)
+		rs := newReachScan()
+		for p := r.IntN(3); p < n; p += 1 + r.IntN(12) {
+			if got, want := rs.admits(text, p, assign), want(text, p, assign); got != want {
+				t.Fatalf("admits(%q, %d, %d) = %v, want %v", text, p, assign, got, want)
+			}
+		}
+	}
+}
+
 // TestRunScanIsSecretRunAfter checks the remembering form of the secret-run
 // test against the plain one, on random texts of run and break bytes, with
 // queries in increasing order (as hits come) and in any order.
