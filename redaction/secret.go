@@ -699,6 +699,11 @@ func (rs *reachScan) admits(text string, p, assign int) bool {
 	// before w-160 decides nothing, now or for a later (larger) w, so
 	// the bytes below it need not be read; in a flood of short
 	// assignments (key=key=…) the search stops within a few bytes.
+	if rs.lastBad >= w-160 {
+		// Decided by a bad byte already seen; the bytes up to w, not yet
+		// read, can only hold later ones.
+		return false
+	}
 	if rs.badTo < w {
 		for k, lo := w-1, max(rs.badTo, w-160); k >= lo; k-- {
 			if !base64Body[text[k]] {
