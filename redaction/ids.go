@@ -218,7 +218,7 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 	end := -1
 	for _, c := range caps {
 		st := int(c)
-		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(at(text, st+1)) || !isUpper(at(text, st+2)) {
+		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(text[st+1]) || !isUpper(text[st+2]) {
 			continue
 		}
 		for len(rejected) > 0 && int(rejected[0]) < st {
@@ -235,14 +235,15 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 		// and a separator among them lies after the 3rd or the 6th
 		// (fiscalFieldGroups). Capitals in prose and keys ("BEGIN RSA
 		// PRIVATE", "AKIA IOSF ODNN") end here.
+		// The bytes read lie within text[st:st+16] (two a step at most), inside the text.
 		j, ok := st, true
 		for k := 1; k < 8 && ok; k++ {
 			j++
-			if fiscalSep(at(text, j)) && isAlnum(at(text, j+1)) {
+			if fiscalClass[text[j]]&fcSep != 0 && fiscalClass[text[j+1]]&fcAlnum != 0 {
 				ok = k == 3 || k == 6
 				j++
 			}
-			ok = ok && (k < 6 || isOmocodic(at(text, j)))
+			ok = ok && (k < 6 || fiscalClass[text[j]]&fcOmocodic != 0)
 		}
 		if !ok {
 			continue
@@ -263,6 +264,31 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 	}
 	return dst
 }
+
+// fiscalClass holds, by byte, the classes detectFiscalOmocodic reads at
+// every byte of a candidate (fiscalSep, isAlnum, isOmocodic): one load
+// where the tests are chains of comparisons.
+var fiscalClass = func() (t [256]uint8) {
+	for c := range t {
+		b := byte(c)
+		if fiscalSep(b) {
+			t[c] |= fcSep
+		}
+		if isAlnum(b) {
+			t[c] |= fcAlnum
+		}
+		if isOmocodic(b) {
+			t[c] |= fcOmocodic
+		}
+	}
+	return t
+}()
+
+const (
+	fcSep = 1 << iota
+	fcAlnum
+	fcOmocodic
+)
 
 // fiscalFieldGroups reports whether every separator of the grouped code
 // text[st:e] lies between two of its fields (after its 3rd, 6th, 8th,
