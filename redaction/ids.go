@@ -221,6 +221,9 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(text[st+1]) || !isUpper(text[st+2]) {
 			continue
 		}
+		if !fiscalOmocodicMaybe(text, st) {
+			continue
+		}
 		for len(rejected) > 0 && int(rejected[0]) < st {
 			rejected = rejected[1:]
 		}
@@ -263,6 +266,20 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 		end = e
 	}
 	return dst
+}
+
+// fiscalOmocodicMaybe is a necessary condition for detectFiscalOmocodic
+// to read a code at st (len(text)-st ≥ 17), which ends most capitals of
+// prose and keys in a few loads ("BEGIN RSA", "PRIVATE KEY"): the 7th and
+// 8th characters are adjacent omocodic letters, in text[st+6:st+10] (each
+// of the two separators may come before them), and no separator comes
+// before the 5th or 6th character (at text[st+4] or text[st+5]; one
+// after the 3rd puts the 4th at text[st+4]).
+func fiscalOmocodicMaybe(text string, st int) bool {
+	c := &fiscalClass
+	w := text[st : st+10]
+	om := c[w[6]]&c[w[7]] | c[w[7]]&c[w[8]] | c[w[8]]&c[w[9]]
+	return om&fcOmocodic != 0 && !(c[w[4]]&fcSep != 0 && c[w[5]]&fcAlnum != 0) && !(c[w[5]]&fcSep != 0 && c[w[6]]&fcAlnum != 0)
 }
 
 // fiscalClass holds, by byte, the classes detectFiscalOmocodic reads at
