@@ -32,6 +32,56 @@ func precheckTexts(n int) []string {
 	return out
 }
 
+// TestFiscalOmocodicPrecheckIsNecessary: wherever detectFiscalOmocodic
+// would keep a code (fiscalGroupedAt reads one, its separators lie
+// between fields, no digit is left), fiscalOmocodicMaybe admits its
+// start; on the fully omocodic codes of TestGroupedFullyOmocodicFiscalCodes
+// with separators at any of the positions between fields and at some
+// that cut one, and on precheckTexts (the oracle is fiscalGroupedAt).
+func TestFiscalOmocodicPrecheckIsNecessary(t *testing.T) {
+	texts := precheckTexts(100000)
+	cuts := []int{3, 6, 8, 9, 11, 15, 4, 5, 7}
+	for _, code := range []string{"RSSMRAULALMHRLMD", "BNCLRAURTRLFNLRT", "VRDGPPVVCPMLNMVY"} {
+		for set := range 1 << len(cuts) {
+			for _, sep := range []string{" ", "-", ".", "_", "/"} {
+				var b strings.Builder
+				b.WriteString("CF ")
+				for i := range code {
+					for k, c := range cuts {
+						if set>>k&1 != 0 && c == i {
+							b.WriteString(sep)
+						}
+					}
+					b.WriteByte(code[i])
+				}
+				b.WriteString(".")
+				texts = append(texts, b.String())
+			}
+		}
+	}
+	var up [16]byte
+	accepted := 0
+	for _, text := range texts {
+		for st := 0; st+17 <= len(text); st++ {
+			if !isUpper(text[st]) || !isUpper(text[st+1]) || !isUpper(text[st+2]) {
+				continue
+			}
+			e, ok := fiscalGroupedAt(text, st, &up)
+			if !ok || !fiscalFieldGroups(text, st, e) || strings.ContainsAny(string(up[:]), "0123456789") {
+				continue
+			}
+			accepted++
+			if !fiscalOmocodicMaybe(text, st) {
+				t.Fatalf("%q at %d: a fully omocodic code the first test turns down", text, st)
+			}
+		}
+	}
+	if accepted == 0 {
+		t.Fatal("no fully omocodic code was read: the texts do not test the condition")
+	}
+	t.Logf("%d codes admitted", accepted)
+}
+
 // TestFiscalYearPrecheckIsNecessary: wherever fiscalYearAt accepts a
 // digit run, fiscalYearMaybe does (it only saves calls; the oracle is
 // fiscalYearAt itself).

@@ -218,7 +218,10 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 	end := -1
 	for _, c := range caps {
 		st := int(c)
-		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(at(text, st+1)) || !isUpper(at(text, st+2)) {
+		if st < end || len(text)-st < 17 || !isUpper(text[st]) || !isUpper(text[st+1]) || !isUpper(text[st+2]) {
+			continue
+		}
+		if !fiscalOmocodicMaybe(text, st) {
 			continue
 		}
 		for len(rejected) > 0 && int(rejected[0]) < st {
@@ -235,14 +238,15 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 		// and a separator among them lies after the 3rd or the 6th
 		// (fiscalFieldGroups). Capitals in prose and keys ("BEGIN RSA
 		// PRIVATE", "AKIA IOSF ODNN") end here.
+		// The bytes read lie within text[st:st+16] (two a step at most), inside the text.
 		j, ok := st, true
 		for k := 1; k < 8 && ok; k++ {
 			j++
-			if fiscalSep(at(text, j)) && isAlnum(at(text, j+1)) {
+			if fiscalClass[text[j]]&fcSep != 0 && fiscalClass[text[j+1]]&fcAlnum != 0 {
 				ok = k == 3 || k == 6
 				j++
 			}
-			ok = ok && (k < 6 || isOmocodic(at(text, j)))
+			ok = ok && (k < 6 || fiscalClass[text[j]]&fcOmocodic != 0)
 		}
 		if !ok {
 			continue
@@ -263,6 +267,45 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 	}
 	return dst
 }
+
+// fiscalOmocodicMaybe is a necessary condition for detectFiscalOmocodic
+// to read a code at st (len(text)-st ≥ 17), which ends most capitals of
+// prose and keys in a few loads ("BEGIN RSA", "PRIVATE KEY"): the 7th and
+// 8th characters are adjacent omocodic letters, in text[st+6:st+10] (each
+// of the two separators may come before them), and no separator comes
+// before the 5th or 6th character (at text[st+4] or text[st+5]; one
+// after the 3rd puts the 4th at text[st+4]).
+func fiscalOmocodicMaybe(text string, st int) bool {
+	c := &fiscalClass
+	w := text[st : st+10]
+	om := c[w[6]]&c[w[7]] | c[w[7]]&c[w[8]] | c[w[8]]&c[w[9]]
+	return om&fcOmocodic != 0 && !(c[w[4]]&fcSep != 0 && c[w[5]]&fcAlnum != 0) && !(c[w[5]]&fcSep != 0 && c[w[6]]&fcAlnum != 0)
+}
+
+// fiscalClass holds, by byte, the classes detectFiscalOmocodic reads at
+// every byte of a candidate (fiscalSep, isAlnum, isOmocodic): one load
+// where the tests are chains of comparisons.
+var fiscalClass = func() (t [256]uint8) {
+	for c := range t {
+		b := byte(c)
+		if fiscalSep(b) {
+			t[c] |= fcSep
+		}
+		if isAlnum(b) {
+			t[c] |= fcAlnum
+		}
+		if isOmocodic(b) {
+			t[c] |= fcOmocodic
+		}
+	}
+	return t
+}()
+
+const (
+	fcSep = 1 << iota
+	fcAlnum
+	fcOmocodic
+)
 
 // fiscalFieldGroups reports whether every separator of the grouped code
 // text[st:e] lies between two of its fields (after its 3rd, 6th, 8th,

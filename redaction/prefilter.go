@@ -207,14 +207,21 @@ func (ix *keywordIndex) build() {
 // "token", "confluence", "codecov" are common in any text, "flu" and
 // "cov" much less). A byte's likelihood is its frequency in English
 // letters (R. Lewand, "Cryptological Mathematics", 2000), with fixed
-// shares for spaces, digits and punctuation; three bytes are as likely
-// as the product of theirs. At offset 0 the key also says whether the
+// shares for spaces, digits and punctuation ('=' of assignments as
+// common as '-' or ':'); three bytes are as likely as the product of
+// theirs, but one byte three times 25 times more (floods and rules of
+// one byte repeat it: "-----BEGIN"). At offset 0 the key also says whether the
 // offset starts a word, which rules out four in five offsets of text
 // for a keyword matched at word starts only.
 func gramOffset(kw string, wordOnly bool) int32 {
 	best, off := 0.0, int32(0)
 	for d := 0; d+3 <= len(kw); d++ {
 		p := byteShare(kw[d]) * byteShare(kw[d+1]) * byteShare(kw[d+2])
+		if kw[d] == kw[d+1] && kw[d+1] == kw[d+2] {
+			// One byte three times ("---" of "-----begin") is found at
+			// every offset but the last two of a longer run of it.
+			p *= 25
+		}
 		if d == 0 && wordOnly {
 			p /= 5
 		}
@@ -239,7 +246,7 @@ func byteShare(c byte) float64 {
 		return 1
 	case c == '.' || c == ',':
 		return 1.5
-	case c == '-' || c == '_' || c == '/' || c == ':' || c == '\'' || c == '"':
+	case c == '-' || c == '_' || c == '/' || c == ':' || c == '\'' || c == '"' || c == '=':
 		return 0.5
 	}
 	return 0.2

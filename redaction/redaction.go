@@ -201,6 +201,7 @@ type Scanner struct {
 	secrets      *secretDetector
 	index        keywordIndex
 	kwRules      [][]int32    // keyword id -> secret rules using it
+	kwRule       []int32      // keyword id -> its one secret rule, noRule (none) or manyRules
 	atWord       []atWordInfo // by keyword id; word "" = not an at-word
 	schemeKW     int32        // id of "://" in index
 	phoneRegions []*phoneRegion
@@ -342,6 +343,17 @@ func NewScanner(cfg Config) (*Scanner, error) {
 		}
 	}
 	s.index.build()
+	s.kwRule = make([]int32, len(s.kwRules))
+	for id, rules := range s.kwRules {
+		switch len(rules) {
+		case 0:
+			s.kwRule[id] = noRule
+		case 1:
+			s.kwRule[id] = rules[0]
+		default:
+			s.kwRule[id] = manyRules
+		}
+	}
 	s.atWord = make([]atWordInfo, len(s.index.words))
 	for id, w := range atIDs {
 		s.atWord[id] = w
@@ -366,7 +378,7 @@ func NewScanner(cfg Config) (*Scanner, error) {
 	s.types = append(s.types, customTypes...)
 	if s.secrets != nil {
 		s.secretsOnly = &Scanner{types: s.types, prio: s.prio, on: s.on, en: enabled{Secret: true}, secrets: s.secrets,
-			index: s.index, kwRules: s.kwRules, atWord: s.atWord, schemeKW: s.schemeKW, phoneRegions: s.phoneRegions,
+			index: s.index, kwRules: s.kwRules, kwRule: s.kwRule, atWord: s.atWord, schemeKW: s.schemeKW, phoneRegions: s.phoneRegions,
 			timeout: s.timeout, maxBytes: s.maxBytes, kwOnly: true}
 	}
 	return s, nil
@@ -523,6 +535,13 @@ func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool
 	return cand
 }
 
+// Scanner.kwRule's marks of a keyword used by no secret rule or by
+// several (see kwRules).
+const (
+	noRule    int32 = -1
+	manyRules int32 = -2
+)
+
 // detect runs every enabled detector on the candidates of text.
 func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Finding {
 	var cand []Finding
@@ -557,12 +576,36 @@ func (s *Scanner) detect(text string, st *scanState, b *budget, depth int) []Fin
 		for i := range st.hits {
 			st.hits[i] = st.hits[i][:0]
 		}
+		// Hits of one rule come in runs (a flood of one keyword): the
+		// run's slice is held in cur and stored back when it ends.
 		any := false
+		cur, curRule := []int32(nil), noRule
 		for _, h := range a.kw {
+			r := s.kwRule[h.id]
+			if r == curRule {
+				if r >= 0 {
+					cur = append(cur, h.pos)
+				}
+				continue
+			}
+			if r == noRule {
+				continue
+			}
+			if curRule >= 0 {
+				st.hits[curRule] = cur
+			}
+			any = true
+			if r >= 0 {
+				curRule, cur = r, append(st.hits[r], h.pos)
+				continue
+			}
+			curRule = noRule
 			for _, r := range s.kwRules[h.id] {
 				st.hits[r] = append(st.hits[r], h.pos)
-				any = true
 			}
+		}
+		if curRule >= 0 {
+			st.hits[curRule] = cur
 		}
 		if any {
 			cand = s.secrets.detect(text, st.hits, cand, b)

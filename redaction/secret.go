@@ -595,13 +595,16 @@ func secretRunAfter(text string, o, need int) bool {
 	return false
 }
 
-// runScan is secretRunAfter for the hits of one text, which come in
-// increasing order: it remembers the last run of bytes that are neither
-// white space nor quotes it measured, so that a flood of one long run
-// ("key=key=…") is read once, not once per hit.
+// runScan is secretRunAfter for the hits of one text and one need, which
+// come in increasing order. A start is an offset s where the need bytes
+// text[s:s+need] hold no break (white space or quote); runScan remembers
+// that no start lies in [from, at) and, when found, that at is one, in
+// the run of break-free bytes [at, end): a flood of one long run
+// ("key=key=…") is read once, and a flood of short assignments
+// (api_key = "…) about once, not once per hit.
 type runScan struct {
-	from, next int // text[from:next] holds no break byte; next is one or len(text)
-	valid      bool
+	need, from, at, end int
+	found, valid        bool
 }
 
 // runBreak holds the break bytes of runScan: white space and quotes.
@@ -612,35 +615,43 @@ var runBreak = func() (t [256]bool) {
 	return t
 }()
 
-func isRunBreak(c byte) bool { return runBreak[c] }
-
-// nextBreak returns the first break byte at or after x (len(text) if none).
-func (rs *runScan) nextBreak(text string, x int) int {
-	if rs.valid && x >= rs.from && x <= rs.next {
-		return rs.next
-	}
-	k := x
-	for k < len(text) && !isRunBreak(text[k]) {
-		if rs.valid && k == rs.from {
-			k = rs.next // the remembered run goes on to its break
-			break
-		}
-		k++
-	}
-	rs.from, rs.next, rs.valid = x, k, true
-	return k
-}
-
 // runAfter is secretRunAfter(text, o, need): a run of need bytes without
 // a break starts within the ten bytes after o.
 func (rs *runScan) runAfter(text string, o, need int) bool {
-	for s := o + 1; s <= o+10 && s < len(text); {
-		nb := rs.nextBreak(text, s)
-		if nb-s >= need {
+	x, last := o+1, min(o+10, len(text)-1)
+	if x > last {
+		return false
+	}
+	s := x
+	if rs.valid && rs.need == need && x >= rs.from {
+		switch {
+		case x <= rs.at && rs.found:
+			return rs.at <= last
+		case x <= rs.at:
+			if rs.at > last {
+				return false
+			}
+			s = rs.at // no start in [x, at): read on from at
+		case rs.found && x+need <= rs.end:
+			return true // x is inside the remembered run
+		}
+	}
+	if s == x {
+		rs.from = x
+	}
+	rs.need, rs.valid = need, true
+	for s <= last {
+		e := s
+		for e < len(text) && !runBreak[text[e]] {
+			e++
+		}
+		if e-s >= need {
+			rs.at, rs.end, rs.found = s, e, true
 			return true
 		}
-		s = nb + 1
+		s = e + 1
 	}
+	rs.at, rs.found = s, false
 	return false
 }
 
@@ -699,6 +710,11 @@ func (rs *reachScan) admits(text string, p, assign int) bool {
 	// before w-160 decides nothing, now or for a later (larger) w, so
 	// the bytes below it need not be read; in a flood of short
 	// assignments (key=key=…) the search stops within a few bytes.
+	if rs.lastBad >= w-160 {
+		// Decided by a bad byte already seen; the bytes up to w, not yet
+		// read, can only hold later ones.
+		return false
+	}
 	if rs.badTo < w {
 		for k, lo := w-1, max(rs.badTo, w-160); k >= lo; k-- {
 			if !base64Body[text[k]] {

@@ -205,10 +205,11 @@ func TestReachScanMatchesItsDefinition(t *testing.T) {
 
 // TestRunScanIsSecretRunAfter checks the remembering form of the secret-run
 // test against the plain one, on random texts of run and break bytes, with
-// queries in increasing order (as hits come) and in any order.
+// queries in increasing order (as hits come) and in any order, of one need
+// or of any.
 func TestRunScanIsSecretRunAfter(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 5))
-	for range 2000 {
+	for range 20000 {
 		n := 1 + r.IntN(80)
 		b := make([]byte, n)
 		for i := range b {
@@ -217,6 +218,10 @@ func TestRunScanIsSecretRunAfter(t *testing.T) {
 		text := string(b)
 		var rs runScan
 		sorted := r.IntN(2) == 0
+		fixed := 1 + r.IntN(14) // one need per text (one rule's), or any
+		if r.IntN(2) == 0 {
+			fixed = 0
+		}
 		o := 0
 		for range 30 {
 			if sorted {
@@ -228,6 +233,9 @@ func TestRunScanIsSecretRunAfter(t *testing.T) {
 				break
 			}
 			need := 1 + r.IntN(14)
+			if fixed > 0 {
+				need = fixed
+			}
 			if got, want := rs.runAfter(text, o, need), secretRunAfter(text, o, need); got != want {
 				t.Fatalf("runAfter(%q, %d, %d) = %v, want %v", text, o, need, got, want)
 			}
