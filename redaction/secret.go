@@ -600,8 +600,7 @@ func secretRunAfter(text string, o, need int) bool {
 // text[s:s+need] hold no break (white space or quote); runScan remembers
 // that no start lies in [from, at) and, when found, that at is one, in
 // the run of break-free bytes [at, end): a flood of one long run
-// ("key=key=…") is read once, and a flood of short assignments
-// (api_key = "…) about once, not once per hit.
+// ("key=key=…") is read once, not once per hit.
 type runScan struct {
 	need, from, at, end int
 	found, valid        bool
@@ -640,16 +639,30 @@ func (rs *runScan) runAfter(text string, o, need int) bool {
 		rs.from = x
 	}
 	rs.need, rs.valid = need, true
+	// Each window text[s:s+need] is read backwards: a break at b rules
+	// out every start up to b at once (the skip of Boyer and Moore's
+	// string search, R. S. Boyer, J. S. Moore, "A fast string searching
+	// algorithm", CACM 20(10), 1977), so a flood of short runs is read a
+	// byte or two per window.
 	for s <= last {
-		e := s
-		for e < len(text) && !runBreak[text[e]] {
-			e++
+		if s+need > len(text) {
+			s = len(text) // no start fits
+			break
 		}
-		if e-s >= need {
+		b := s + need - 1
+		for b >= s && !runBreak[text[b]] {
+			b--
+		}
+		if b < s {
+			// A start: its run goes on to the next break.
+			e := s + need
+			for e < len(text) && !runBreak[text[e]] {
+				e++
+			}
 			rs.at, rs.end, rs.found = s, e, true
 			return true
 		}
-		s = e + 1
+		s = b + 1
 	}
 	rs.at, rs.found = s, false
 	return false
