@@ -520,7 +520,9 @@ func pemWindowCut(text string, p int) int {
 				e = -1
 			}
 			if e >= 0 {
-				end = max(end, pemCutBody(text, e))
+				if b := pemCutBody(text, e); b > e {
+					end = max(end, b) // only a header with a body can end a match
+				}
 			}
 		}
 		if !isPEMHeaderByte(text[j]) {
@@ -1062,7 +1064,11 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 					m = []int{0, end - p}
 				}
 			} else if r.window != nil {
-				m = r.anchored.FindStringSubmatchIndex(text[p:min(len(text), r.window(text, p))])
+				we := min(len(text), r.window(text, p))
+				if we <= p {
+					continue // no match can end anywhere (an empty one is no finding)
+				}
+				m = r.anchored.FindStringSubmatchIndex(text[p:we])
 			} else {
 				// Unbounded: try the next 512 bytes, then 2 KiB (Go's
 				// backtracker runs there, the NFA on longer inputs; its
