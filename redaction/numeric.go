@@ -296,7 +296,11 @@ func (ns *numScan) cluster() {
 	ns.digits, ns.off = ns.digits[:0], ns.off[:0]
 	for _, a := range c.atoms {
 		ns.off = append(ns.off, len(ns.digits))
-		ns.digits = append(ns.digits, text[a.s:a.e]...)
+		if a.e-a.s == 1 {
+			ns.digits = append(ns.digits, text[a.s]) // no copy call for one digit ("4 1 4 1 …")
+		} else {
+			ns.digits = append(ns.digits, text[a.s:a.e]...)
+		}
 	}
 	ns.off = append(ns.off, len(ns.digits))
 	// A view of the reused buffer, valid while this cluster is checked
@@ -324,7 +328,10 @@ func (ns *numScan) cluster() {
 			continue
 		}
 		digits := 0
-		var mask uint64
+		var mask, right uint64 // right: the gap at j, the sub-range's right edge
+		if j < n {
+			right = 1 << ns.gid[j]
+		}
 		for i := j - 1; i >= 0; i-- {
 			digits += c.atoms[i].e - c.atoms[i].s
 			if digits > 19 {
@@ -333,7 +340,7 @@ func (ns *numScan) cluster() {
 			if i < j-1 {
 				mask |= 1 << ns.gid[i+1]
 			}
-			if j < n && mask&(1<<ns.gid[j]) != 0 {
+			if mask&right != 0 {
 				break
 			}
 			if i == 0 && lglued || i > 0 && mask&(1<<ns.gid[i]) != 0 {
