@@ -119,14 +119,18 @@ func (ns *numScan) gapIDs() {
 	ns.gid = ns.gid[:0]
 	ns.gaps = ns.gaps[:0]
 	ns.gid = append(ns.gid, 0)
+	prev := -1 // the byte of the gap before when it is one byte, else -1
 	for k := 1; k < len(c.atoms); k++ {
 		g := c.gap(ns.text, k)
-		if k > 1 && len(g) == 1 {
+		if len(g) == 1 {
 			// The gap before is most often the same byte.
-			if p := c.gap(ns.text, k-1); len(p) == 1 && p[0] == g[0] {
+			if int(g[0]) == prev {
 				ns.gid = append(ns.gid, ns.gid[k-1])
 				continue
 			}
+			prev = int(g[0])
+		} else {
+			prev = -1
 		}
 		id := -1
 		for q, h := range ns.gaps {
