@@ -480,9 +480,16 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 //     is neither white space nor base64. No such header: no match.
 const pemHeaderMax = 10 + 100 + 11 + 6 + 5
 
-func isPEMHeaderByte(c byte) bool {
-	return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-'
-}
+func isPEMHeaderByte(c byte) bool { return pemHeaderByte[c] }
+
+// pemHeaderByte holds the bytes of [ A-Z0-9_-], a PEM header's.
+var pemHeaderByte = func() (t [256]bool) {
+	for c := range t {
+		b := byte(c)
+		t[c] = isUpper(b) || isDigit(b) || b == ' ' || b == '_' || b == '-'
+	}
+	return t
+}()
 
 func pemWindowBlock(text string, p int) int {
 	for k := p + 10; ; {
