@@ -655,6 +655,9 @@ func writtenEmailW(text string, p, q int, strong bool, sc *emailScratch) (int, i
 func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Finding) []Finding {
 	last := -1
 	var sc emailScratch
+	// Every spaced dot holds " . " (spacedDotAt): a text without one, as
+	// a flood of '@'s, skips the tests below at each '@'.
+	spaced := len(a.ats) > 0 && strings.Contains(text, " . ")
 	for _, p := range a.ats {
 		if int(p) < last {
 			continue
@@ -668,7 +671,7 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 		// '@' ("john.doe@example . com", "john . doe@example.com"): read
 		// as a written-out one when a spaced dot is next to the '@''s
 		// parts (cheap tests first: most '@'s have none).
-		if !ok && spacedDotNear(text, int(p)+1, true) || ok && (spacedDotBefore(text, st) >= 0 || spacedDotAt(text, e) > 0) || !ok && spacedDotNear(text, int(p), false) {
+		if spaced && (!ok && spacedDotNear(text, int(p)+1, true) || ok && (spacedDotBefore(text, st) >= 0 || spacedDotAt(text, e) > 0) || !ok && spacedDotNear(text, int(p), false)) {
 			if ws, we, written, wok := writtenEmailW(text, int(p), int(p)+1, true, &sc); wok && written && (!ok || ws < st || we > e) {
 				dst = addFinding(dst, Finding{Type: TypeEmail, Subtype: "written", Start: ws, End: we})
 				last = max(last, we)

@@ -119,14 +119,18 @@ func (ns *numScan) gapIDs() {
 	ns.gid = ns.gid[:0]
 	ns.gaps = ns.gaps[:0]
 	ns.gid = append(ns.gid, 0)
+	prev := -1 // the byte of the gap before when it is one byte, else -1
 	for k := 1; k < len(c.atoms); k++ {
 		g := c.gap(ns.text, k)
-		if k > 1 && len(g) == 1 {
+		if len(g) == 1 {
 			// The gap before is most often the same byte.
-			if p := c.gap(ns.text, k-1); len(p) == 1 && p[0] == g[0] {
+			if int(g[0]) == prev {
 				ns.gid = append(ns.gid, ns.gid[k-1])
 				continue
 			}
+			prev = int(g[0])
+		} else {
+			prev = -1
 		}
 		id := -1
 		for q, h := range ns.gaps {
@@ -296,7 +300,11 @@ func (ns *numScan) cluster() {
 	ns.digits, ns.off = ns.digits[:0], ns.off[:0]
 	for _, a := range c.atoms {
 		ns.off = append(ns.off, len(ns.digits))
-		ns.digits = append(ns.digits, text[a.s:a.e]...)
+		if a.e-a.s == 1 {
+			ns.digits = append(ns.digits, text[a.s]) // no copy call for one digit ("4 1 4 1 …")
+		} else {
+			ns.digits = append(ns.digits, text[a.s:a.e]...)
+		}
 	}
 	ns.off = append(ns.off, len(ns.digits))
 	// A view of the reused buffer, valid while this cluster is checked
@@ -324,7 +332,10 @@ func (ns *numScan) cluster() {
 			continue
 		}
 		digits := 0
-		var mask uint64
+		var mask, right uint64 // right: the gap at j, the sub-range's right edge
+		if j < n {
+			right = 1 << ns.gid[j]
+		}
 		for i := j - 1; i >= 0; i-- {
 			digits += c.atoms[i].e - c.atoms[i].s
 			if digits > 19 {
@@ -333,7 +344,7 @@ func (ns *numScan) cluster() {
 			if i < j-1 {
 				mask |= 1 << ns.gid[i+1]
 			}
-			if j < n && mask&(1<<ns.gid[j]) != 0 {
+			if mask&right != 0 {
 				break
 			}
 			if i == 0 && lglued || i > 0 && mask&(1<<ns.gid[i]) != 0 {

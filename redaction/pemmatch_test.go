@@ -3,6 +3,7 @@ package redaction
 import (
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -75,4 +76,71 @@ func TestPrivateKeyMatcherIsTheExpression(t *testing.T) {
 		t.Fatalf("%d matches in %d tries: the texts test too little", matches, tries)
 	}
 	t.Logf("%d tries, %d matches: the matcher agrees with the expression", tries, matches)
+}
+
+// TestPEMWindowsKeepTheMatch checks Molly's two PEM rules' windows against
+// the rules' own expressions on the rest of the text: where a window ends
+// at its hit (no match can end anywhere, so detectAt tries nothing), the
+// expression finds no match from there; elsewhere, for the cut block, it
+// finds the same one in the window as on the rest. The texts are random strings of the
+// pieces that matter: headers with and without " BLOCK", bodies of 16
+// base64 bytes and shorter, white space the expression's \s does not
+// hold (\v), END lines.
+func TestPEMWindowsKeepTheMatch(t *testing.T) {
+	d, err := newSecretDetector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []*secretRule
+	for i := range d.rules {
+		if d.rules[i].window != nil {
+			rules = append(rules, &d.rules[i])
+		}
+	}
+	if len(rules) != 2 {
+		t.Fatalf("%d rules with a PEM window, want Molly's two", len(rules))
+	}
+	pieces := []string{
+		"-----BEGIN", "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----", " ", "RSA", "PRIVATE KEY", " BLOCK",
+		"-----", "-", "\n", "\v", "\t", "MIIEvQIBADANBgkq", "hkiG9w0BAQE=", "AbC", "-----END", "x", "é",
+	}
+	r := rand.New(rand.NewPCG(13, 17))
+	empty := 0
+	for range 20000 {
+		var b strings.Builder
+		for range 1 + r.IntN(14) {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		text := b.String()
+		for p := strings.Index(text, "-----BEGIN"); p >= 0; {
+			for _, rule := range rules {
+				want := rule.anchored.FindStringSubmatchIndex(text[p:])
+				we := min(len(text), rule.window(text, p))
+				if we <= p {
+					empty++
+					if want != nil && want[1] > want[0] {
+						t.Fatalf("%q at %d: the window is empty, the expression matches %q", text, p, text[p:p+want[1]])
+					}
+					continue
+				}
+				if strings.Contains(rule.orig, "-----END") {
+					// The complete block's window is not checked further here:
+					// a header that holds an END line ("-----BEGIN-----END RSA
+					// PRIVATE KEY-----…") can make the match end past it.
+					continue
+				}
+				if got := rule.anchored.FindStringSubmatchIndex(text[p:we]); !slices.Equal(got, want) {
+					t.Fatalf("%q at %d: in the window %v, on the rest %v (%s)", text, p, got, want, rule.orig)
+				}
+			}
+			k := strings.Index(text[p+1:], "-----BEGIN")
+			if k < 0 {
+				break
+			}
+			p += 1 + k
+		}
+	}
+	if empty == 0 {
+		t.Fatal("no window was empty: the texts do not test the condition")
+	}
 }

@@ -193,7 +193,7 @@ func (ix *keywordIndex) build() {
 	ix.buckets = make([][]kwEntry, 1<<(kwFilterBits-kwBucketShift))
 	ix.gramOff = ix.gramOff[:0]
 	for id, kw := range ix.words {
-		ix.gramOff = append(ix.gramOff, gramOffset(kw, ix.wordOnly[id]))
+		ix.gramOff = append(ix.gramOff, gramOffset(kw, ix.wordOnly[id], ix.inner(kw)))
 		ix.addKeys(kw, int32(id), true)
 		if !ix.wordOnly[id] {
 			ix.addKeys(kw, int32(id), false)
@@ -210,13 +210,17 @@ func (ix *keywordIndex) build() {
 // shares for spaces, digits and punctuation ('=' of assignments as
 // common as '-' or ':'); three bytes are as likely as the product of
 // theirs, but one byte three times 25 times more (floods and rules of
-// one byte repeat it: "-----BEGIN"). At offset 0 the key also says whether the
+// one byte repeat it: "-----BEGIN"), and so are three bytes inside
+// another keyword (inner: bit d set for the bytes at offset d). At offset 0 the key also says whether the
 // offset starts a word, which rules out four in five offsets of text
 // for a keyword matched at word starts only.
-func gramOffset(kw string, wordOnly bool) int32 {
+func gramOffset(kw string, wordOnly bool, inner uint64) int32 {
 	best, off := 0.0, int32(0)
 	for d := 0; d+3 <= len(kw); d++ {
 		p := byteShare(kw[d]) * byteShare(kw[d+1]) * byteShare(kw[d+2])
+		if d < 64 && inner>>d&7 != 0 {
+			p *= 25 // found wherever the other keyword is, in its context
+		}
 		if kw[d] == kw[d+1] && kw[d+1] == kw[d+2] {
 			// One byte three times ("---" of "-----begin") is found at
 			// every offset but the last two of a longer run of it.
@@ -230,6 +234,28 @@ func gramOffset(kw string, wordOnly bool) int32 {
 		}
 	}
 	return off
+}
+
+// inner returns the bytes of kw inside an occurrence of another keyword
+// of three bytes or more ("api" and "key" in "co_api_key"), as a bit set
+// by offset (the first 64): gramOffset counts three bytes that hold one
+// as 25 times as likely, since a text that holds kw's neighbours
+// ("api_key = …") holds the other keyword's.
+func (ix *keywordIndex) inner(kw string) uint64 {
+	var in uint64
+	for _, w := range ix.words {
+		if len(w) < 3 || len(w) >= len(kw) {
+			continue
+		}
+		for i := 0; i+len(w) <= len(kw) && i < 64; i++ {
+			if kw[i:i+len(w)] == w {
+				for k := i; k < i+len(w) && k < 64; k++ {
+					in |= 1 << k
+				}
+			}
+		}
+	}
+	return in
 }
 
 // byteShare is the share of byte c in text, in percent (see gramOffset).

@@ -469,6 +469,96 @@ func TestStartFilterCountsTheClassRun(t *testing.T) {
 	}
 }
 
+// TestStartFilterComparesTheLiteral checks admits, whose literal compare
+// reads eight bytes at once, against the plain definition: some
+// alternative's literal starts text[p:] (ASCII case-insensitively when it
+// folds, strings.ToLower on each ASCII byte) and the next min bytes are
+// in its class. The filters are those of every built-in rule; the texts
+// are their literals in upper, lower and mixed case, cut short, followed
+// by class and other bytes, at offsets with fewer and more than eight
+// bytes left.
+func TestStartFilterComparesTheLiteral(t *testing.T) {
+	d, err := newSecretDetector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowerASCII := func(s string) string {
+		b := []byte(s)
+		for i, c := range b {
+			if c < 0x80 {
+				b[i] = strings.ToLower(string(rune(c)))[0]
+			}
+		}
+		return string(b)
+	}
+	want := func(f *startFilter, text string, p int) bool {
+		for _, a := range f.alts {
+			if len(text)-p < len(a.lit)+a.min {
+				continue
+			}
+			head := text[p : p+len(a.lit)]
+			if a.fold {
+				head = lowerASCII(head)
+			}
+			if head != a.lit {
+				continue
+			}
+			ok := true
+			for _, c := range []byte(text[p+len(a.lit) : p+len(a.lit)+a.min]) {
+				ok = ok && (c >= 0x80 && a.high || c < 0x80 && a.ascii[c>>6]>>(c&63)&1 != 0)
+			}
+			if ok {
+				return true
+			}
+		}
+		return false
+	}
+	r := rand.New(rand.NewPCG(19, 23))
+	admitted, n := 0, 0
+	for i := range d.rules {
+		f := d.rules[i].start
+		if f == nil {
+			continue
+		}
+		for range 300 {
+			a := f.alts[r.IntN(len(f.alts))]
+			lit := []byte(a.lit)
+			for k := range lit {
+				switch r.IntN(3) {
+				case 0:
+					lit[k] = strings.ToUpper(string(lit[k]))[0]
+				case 1:
+					lit[k] = strings.ToLower(string(lit[k]))[0]
+				}
+			}
+			if r.IntN(6) == 0 {
+				lit[r.IntN(len(lit))] ^= 0x20
+			}
+			lit = lit[:len(lit)-r.IntN(2)]
+			var b strings.Builder
+			b.WriteString(strings.Repeat("x", r.IntN(3)))
+			p := b.Len()
+			b.Write(lit)
+			for range r.IntN(40) {
+				const more = "AZaz09_-+/=. \x80\xff"
+				b.WriteByte(more[r.IntN(len(more))])
+			}
+			text := b.String()
+			got, w := f.admits(text, p), want(f, text, p)
+			if got != w {
+				t.Fatalf("%s: admits(%q, %d) = %v, want %v", d.rules[i].id, text, p, got, w)
+			}
+			n++
+			if w {
+				admitted++
+			}
+		}
+	}
+	if admitted == 0 || admitted == n {
+		t.Fatalf("%d of %d texts admitted: the texts do not test both answers", admitted, n)
+	}
+}
+
 // TestShannonIsTheTextbookEntropy checks shannon against the definition,
 // -Σ p·log2 p over the bytes' frequencies, summed the plain way, and
 // against values known in closed form.

@@ -480,9 +480,16 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 //     is neither white space nor base64. No such header: no match.
 const pemHeaderMax = 10 + 100 + 11 + 6 + 5
 
-func isPEMHeaderByte(c byte) bool {
-	return isUpper(c) || isDigit(c) || c == ' ' || c == '_' || c == '-'
-}
+func isPEMHeaderByte(c byte) bool { return pemHeaderByte[c] }
+
+// pemHeaderByte holds the bytes of [ A-Z0-9_-], a PEM header's.
+var pemHeaderByte = func() (t [256]bool) {
+	for c := range t {
+		b := byte(c)
+		t[c] = isUpper(b) || isDigit(b) || b == ' ' || b == '_' || b == '-'
+	}
+	return t
+}()
 
 func pemWindowBlock(text string, p int) int {
 	for k := p + 10; ; {
@@ -520,7 +527,9 @@ func pemWindowCut(text string, p int) int {
 				e = -1
 			}
 			if e >= 0 {
-				end = max(end, pemCutBody(text, e))
+				if b := pemCutBody(text, e); b > e {
+					end = max(end, b) // only a header with a body can end a match
+				}
 			}
 		}
 		if !isPEMHeaderByte(text[j]) {
@@ -600,8 +609,7 @@ func secretRunAfter(text string, o, need int) bool {
 // text[s:s+need] hold no break (white space or quote); runScan remembers
 // that no start lies in [from, at) and, when found, that at is one, in
 // the run of break-free bytes [at, end): a flood of one long run
-// ("key=key=…") is read once, and a flood of short assignments
-// (api_key = "…) about once, not once per hit.
+// ("key=key=…") is read once, not once per hit.
 type runScan struct {
 	need, from, at, end int
 	found, valid        bool
@@ -640,16 +648,30 @@ func (rs *runScan) runAfter(text string, o, need int) bool {
 		rs.from = x
 	}
 	rs.need, rs.valid = need, true
+	// Each window text[s:s+need] is read backwards: a break at b rules
+	// out every start up to b at once (the skip of Boyer and Moore's
+	// string search, R. S. Boyer, J. S. Moore, "A fast string searching
+	// algorithm", CACM 20(10), 1977), so a flood of short runs is read a
+	// byte or two per window.
 	for s <= last {
-		e := s
-		for e < len(text) && !runBreak[text[e]] {
-			e++
+		if s+need > len(text) {
+			s = len(text) // no start fits
+			break
 		}
-		if e-s >= need {
+		b := s + need - 1
+		for b >= s && !runBreak[text[b]] {
+			b--
+		}
+		if b < s {
+			// A start: its run goes on to the next break.
+			e := s + need
+			for e < len(text) && !runBreak[text[e]] {
+				e++
+			}
 			rs.at, rs.end, rs.found = s, e, true
 			return true
 		}
-		s = e + 1
+		s = b + 1
 	}
 	rs.at, rs.found = s, false
 	return false
@@ -1049,7 +1071,11 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 					m = []int{0, end - p}
 				}
 			} else if r.window != nil {
-				m = r.anchored.FindStringSubmatchIndex(text[p:min(len(text), r.window(text, p))])
+				we := min(len(text), r.window(text, p))
+				if we <= p {
+					continue // no match can end anywhere (an empty one is no finding)
+				}
+				m = r.anchored.FindStringSubmatchIndex(text[p:we])
 			} else {
 				// Unbounded: try the next 512 bytes, then 2 KiB (Go's
 				// backtracker runs there, the NFA on longer inputs; its

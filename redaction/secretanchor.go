@@ -27,6 +27,9 @@ type altStart struct {
 	// replacement character an invalid byte decodes to).
 	ascii [2]uint64
 	high  bool
+	// pre is lit's first eight bytes (fewer when it is shorter) as le64
+	// reads them, mask selecting them.
+	pre, mask uint64
 }
 
 // newStartFilter analyses src and returns a filter when every match of src
@@ -60,6 +63,10 @@ func newStartFilter(src string, keywords []string) (*startFilter, bool) {
 			}
 		}
 		a.high = inRanges(unicode.ReplacementChar, a.cls) || len(a.cls) > 0 && a.cls[len(a.cls)-1] >= 0x80
+		for i := 0; i < 8 && i < len(a.lit); i++ {
+			a.pre |= uint64(a.lit[i]) << (8 * i)
+			a.mask |= 0xFF << (8 * i)
+		}
 		f.alts = append(f.alts, a)
 	}
 	return &f, len(f.alts) > 0
@@ -346,13 +353,35 @@ func (f *startFilter) addThirds(kw string, t *thirdBytes) {
 	}
 }
 
-// admits reports whether a match may start at text[p:].
+// admits reports whether a match may start at text[p:]. Where eight
+// bytes are left, the literals' first eight are compared in one load
+// (lower8 for the ones that fold).
 func (f *startFilter) admits(text string, p int) bool {
-	for _, a := range f.alts {
+	var w, lw uint64
+	long := len(text)-p >= 8
+	if long {
+		w = le64(text[p:])
+		lw = lower8(w)
+	}
+	for i := range f.alts {
+		a := &f.alts[i]
 		if len(text)-p < len(a.lit)+a.min {
 			continue
 		}
-		if a.fold {
+		if long {
+			x := w
+			if a.fold {
+				x = lw
+			}
+			if x&a.mask != a.pre {
+				continue
+			}
+			if len(a.lit) > 8 {
+				if a.fold && !hasPrefixFold(text, p+8, a.lit[8:]) || !a.fold && !strings.HasPrefix(text[p+8:], a.lit[8:]) {
+					continue
+				}
+			}
+		} else if a.fold {
 			if !hasPrefixFold(text, p, a.lit) {
 				continue
 			}
