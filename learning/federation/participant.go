@@ -27,7 +27,8 @@ import (
 type ParticipantConfig struct {
 	// Aggregator is the aggregator's base URL, https://host:port.
 	Aggregator string
-	// Client reaches the aggregator (nil: one with ClientTLS(TLS)).
+	// Client reaches the aggregator (nil: one with ClientTLS(TLS) that
+	// follows no redirect).
 	Client *http.Client
 	TLS    TLSFiles
 	// DP turns on clipping and noise (nil: off).
@@ -89,7 +90,7 @@ func NewParticipant(cfg ParticipantConfig) (*Participant, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.client = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}}
+		p.client = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}, CheckRedirect: noRedirect}
 	}
 	if cfg.StatePath != "" {
 		st, err := ReadState(cfg.StatePath)
@@ -103,6 +104,12 @@ func NewParticipant(cfg ParticipantConfig) (*Participant, error) {
 	}
 	return p, nil
 }
+
+// noRedirect keeps the participant's requests at the aggregator it was
+// configured with: a 3xx answer is returned as it is (an *APIError with
+// its status), never followed, so no delta goes to a host the answer
+// names (a 307 or 308 would resend the body there).
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // ReadState reads a participant's state file.
 func ReadState(path string) (State, error) {
