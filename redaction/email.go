@@ -124,7 +124,7 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	s := localStart(text, a)
 	// Cut at the last '=', '/' or '?': a key or a path before the address.
 	for k := a - 1; k >= s; k-- {
-		if c := text[k]; c == '=' || c == '/' || c == '?' {
+		if localCut[text[k]] {
 			s = k + 1
 			break
 		}
@@ -187,6 +187,10 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	}
 	return s, e, true
 }
+
+// localCut marks the bytes at which emailAt cuts a local part: '=', '/'
+// and '?'.
+var localCut = [256]bool{'=': true, '/': true, '?': true}
 
 // gitRemote reports whether the address text[s:e] (its '@' at a) is the
 // user and host of a git remote, "git@github.com:org/repo.git" (scp-like
@@ -268,11 +272,10 @@ func icannTLD(host string) bool {
 func domainAt(text string, i int) (int, bool) {
 	e, labels, labelStart := i, 0, i
 	for e <= len(text) {
-		c := at(text, e)
-		if isAlnum(c) || c == '-' {
+		for e < len(text) && hostByte[text[e]] {
 			e++
-			continue
 		}
+		c := at(text, e)
 		if c >= 0x80 {
 			if r, n := utf8.DecodeRuneInString(text[e:]); emailRune(r) && !(cjk(r) && e > labelStart && text[e-1] < 0x80) {
 				e += n
@@ -307,6 +310,15 @@ func domainAt(text string, i int) (int, bool) {
 	}
 	return e, true
 }
+
+// hostByte marks the ASCII bytes of a host name label: letters, digits
+// and '-' (RFC 1035 §2.3.1).
+var hostByte = func() (t [256]bool) {
+	for c := range t {
+		t[c] = isAlnum(byte(c)) || c == '-'
+	}
+	return t
+}()
 
 // isAllLetters reports whether s is letters (of any script) only.
 func isAllLetters(s string) bool {
@@ -387,14 +399,17 @@ func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
 	}
 	lo = max(lo, 0)
 	stop, colon := -1, -1
-	for j := i - 1; j >= lo && stop < 0; j-- {
-		switch text[j] {
-		case ' ', '\t', '\n', '\r', '"', '<', '(', '/':
+	for j := i - 1; j >= lo; j-- {
+		k := userinfoClass[text[j]]
+		if k == 0 {
+			continue
+		}
+		if k == uiStop {
 			stop = j
-		case ':':
-			if colon < 0 {
-				colon = j
-			}
+			break
+		}
+		if colon < 0 {
+			colon = j
 		}
 	}
 	if stop < 0 && known {
@@ -409,6 +424,19 @@ func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
 	// ':' after it.
 	return stop >= 0 && i-stop < 256 && text[stop] == '/' && stop >= 2 && text[stop-1] == '/' && text[stop-2] == ':' && colon > stop
 }
+
+// userinfoClass sorts the bytes emailScratch.inURLUserinfo reads back
+// over: uiStop for ' ', '\t', '\n', '\r', '"', '<', '(' and '/', uiColon
+// for ':', 0 for the rest.
+var userinfoClass = [256]uint8{
+	' ': uiStop, '\t': uiStop, '\n': uiStop, '\r': uiStop, '"': uiStop, '<': uiStop, '(': uiStop, '/': uiStop,
+	':': uiColon,
+}
+
+const (
+	uiStop  = 1
+	uiColon = 2
+)
 
 // inURLUserinfo reports whether position i sits after "scheme://user:" in
 // the same token, i.e. inside the password of a URL's userinfo.

@@ -757,11 +757,18 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 // selector or U+FFFD, also written as an escape), in order. Dropped
 // combining marks are left out: they belong to the letter before them.
 func dropBreaks(text string, marks []viewMark, dst []int32) []int32 {
+	// A text with many dropped characters drops the same one again and
+	// again ("\u200b"): the last rune's answer is kept.
+	lastR, lastMark := rune(-1), false
 	for _, m := range marks {
 		if m.v != m.ve {
 			continue
 		}
-		if r, _ := utf8.DecodeRuneInString(text[m.o:m.oe]); unicode.IsMark(r) {
+		r, _ := utf8.DecodeRuneInString(text[m.o:m.oe])
+		if r != lastR {
+			lastR, lastMark = r, unicode.IsMark(r)
+		}
+		if lastMark {
 			continue
 		}
 		if n := len(dst); n > 0 && dst[n-1] == m.v {
