@@ -62,6 +62,9 @@ func emailRune(r rune) bool {
 // spaces, so a CJK character next to an ASCII end of the match is a word
 // boundary, not glue ("请联系bob@example.com谢谢").
 func gluedBefore(text string, s int) bool {
+	if s <= 0 || text[s-1] < 0x80 {
+		return false // no character, or an ASCII one: not emailRune
+	}
 	r, _ := utf8.DecodeLastRuneInString(text[:s])
 	if cjk(r) && s < len(text) && text[s] < 0x80 {
 		return false
@@ -70,6 +73,9 @@ func gluedBefore(text string, s int) bool {
 }
 
 func gluedAfter(text string, e int) bool {
+	if e >= len(text) || text[e] < 0x80 {
+		return false // no character, or an ASCII one: not emailRune
+	}
 	r, _ := utf8.DecodeRuneInString(text[e:])
 	if cjk(r) && e > 0 && text[e-1] < 0x80 {
 		return false
