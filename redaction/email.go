@@ -177,8 +177,8 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 		if int(b) >= e {
 			break
 		}
-		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && sc.icannTLD(text[a+1:be]) {
-			e = be
+		if tld, ok := domainEndsAt(text, a+1, int(b)); ok && sc.icannTLD(tld) {
+			e = int(b)
 			break
 		}
 	}
@@ -325,6 +325,44 @@ var hostByte = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// domainEndsAt reports whether domainAt(text[:b], i) reads a host name
+// that ends at b, and returns its top-level label, for an i < b that is
+// inside the host name domainAt(text, i) reads (so that each '.' before b
+// is between two labels and each label before the last one is
+// well-formed). Then only the last label is read, back from b; a
+// non-ASCII one is left to domainAt.
+func domainEndsAt(text string, i, b int) (string, bool) {
+	k := b
+	for k > i && hostByte[text[k-1]] {
+		k--
+	}
+	switch {
+	case k == i:
+		return "", false // one label
+	case text[k-1] != '.':
+		// A non-ASCII letter in the last label.
+		if e, ok := domainAt(text[:b], i); ok && e == b {
+			return text[i:b][strings.LastIndexByte(text[i:b], '.')+1:], true
+		}
+		return "", false
+	}
+	tld := text[k:b]
+	if tld == "" {
+		return "", false // b is just after a '.': the read ends before it
+	}
+	if len(tld) > 63 || tld[0] == '-' || tld[len(tld)-1] == '-' {
+		// domainAt counts a malformed last label out but still reads it
+		// as the top-level one: two labels must come before it.
+		if strings.IndexByte(text[i:k-1], '.') < 0 {
+			return "", false
+		}
+	}
+	if len(tld) > 4 && hasPrefixFold(tld, 0, "xn--") {
+		return tld, true
+	}
+	return tld, len(tld) >= 2 && isAllAlpha(tld)
+}
 
 // isAllLetters reports whether s is letters (of any script) only.
 func isAllLetters(s string) bool {
