@@ -278,10 +278,11 @@ func icannTLD(host string) bool {
 func domainAt(text string, i int) (int, bool) {
 	e, labels, labelStart := i, 0, i
 	for e <= len(text) {
-		for e < len(text) && hostByte[text[e]] {
-			e++
-		}
 		c := at(text, e)
+		if isAlnum(c) || c == '-' {
+			e++
+			continue
+		}
 		if c >= 0x80 {
 			if r, n := utf8.DecodeRuneInString(text[e:]); emailRune(r) && !(cjk(r) && e > labelStart && text[e-1] < 0x80) {
 				e += n
