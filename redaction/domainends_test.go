@@ -50,3 +50,13 @@ func TestDomainEndsAt(t *testing.T) {
 		t.Fatalf("only %d cases checked", checked)
 	}
 }
+
+// TestDropRuneBMP checks the bitmap answer against dropRune, rune by
+// rune, over all of Unicode.
+func TestDropRuneBMP(t *testing.T) {
+	for r := rune(0); r <= utf8.MaxRune; r++ {
+		if got, want := dropRuneBMP(r), dropRune(r); got != want {
+			t.Fatalf("dropRuneBMP(%U) = %v, dropRune: %v", r, got, want)
+		}
+	}
+}

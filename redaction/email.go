@@ -722,6 +722,26 @@ func writtenEmailW(text string, p, q int, strong bool, sc *emailScratch) (int, i
 	return s, e, written, true
 }
 
+// growAddresses makes room in the full dst for the addresses of the '@'s
+// from p on (a.ats holds p) when detectEmails has found 8 or more, from
+// most of the '@'s before p, that make most of dst (n0 findings came
+// before): one per '@' left (two where spaced dots are read too), at
+// most one per 8 bytes of a text of n bytes, instead of doubling (and
+// copying) again and again in a text of glued addresses or a list.
+// Otherwise it returns dst as it is.
+func growAddresses(dst []Finding, n0 int, ats []int32, p int32, spaced bool, n int) []Finding {
+	found := len(dst) - n0
+	i, _ := slices.BinarySearch(ats, p)
+	if 2*found < i || 2*found < len(dst) {
+		return dst
+	}
+	perAt := 1
+	if spaced {
+		perAt = 2
+	}
+	return slices.Grow(dst, max(min((len(ats)-i)*perAt, n/8), 8))
+}
+
 // detectEmails finds the addresses around the '@'s and at-words of text.
 // breaks are the view offsets of dropped invisible characters (see
 // emailAt).
@@ -731,24 +751,16 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 	// Every spaced dot holds " . " (spacedDotAt): a text without one, as
 	// a flood of '@'s, skips the tests below at each '@'.
 	spaced := len(a.ats) > 0 && strings.Contains(text, " . ")
-	perAt, found := 1, 0 // findings an '@' can add; addresses found
-	if spaced {
-		perAt = 2
-	}
-	for i, p := range a.ats {
+	n0 := len(dst)
+	for _, p := range a.ats {
 		if int(p) < last {
 			continue
 		}
 		st, e, ok := emailAt(text, int(p), breaks, last, &sc)
 		if ok {
-			if len(dst) == cap(dst) && found >= 8 && 2*found >= i {
-				// Eight addresses or more, from most of the '@'s so far
-				// (glued addresses, a list): room for what the rest can
-				// add, at most a finding per 8 bytes of text, rather
-				// than doubling (and copying) again and again.
-				dst = slices.Grow(dst, max(min((len(a.ats)-i)*perAt, len(text)/8), 8))
+			if len(dst) == cap(dst) && len(dst)-n0 >= 8 {
+				dst = growAddresses(dst, n0, a.ats, p, spaced, len(text))
 			}
-			found++
 			dst = addFinding(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e
 		}

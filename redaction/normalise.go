@@ -507,14 +507,17 @@ func plainRune(r rune) bool {
 	}
 	plainOnce.Do(func() {
 		var buf [4]byte
-		for c := rune(0); c < 0x10000; c++ {
-			if dropRune(c) {
-				dropBMP[c/64] |= 1 << (c % 64)
-			}
-			if c < 0x80 {
+		for c := rune(0x80); c < 0x10000; c++ {
+			// Surrogates, fullwidth forms and script digits are not
+			// dropped (no Cf, Mn or Me): ASCII neither, left at 0.
+			if c >= 0xD800 && c <= 0xDFFF || c >= 0xFF01 && c <= 0xFF5E || scriptDigit(c) >= 0 {
 				continue
 			}
-			if c >= 0xD800 && c <= 0xDFFF || c >= 0xFF01 && c <= 0xFF5E || scriptDigit(c) >= 0 || dropRune(c) || mapRune(c) >= 0 {
+			if dropRune(c) {
+				dropBMP[c/64] |= 1 << (c % 64)
+				continue
+			}
+			if mapRune(c) >= 0 {
 				continue
 			}
 			if n := utf8.EncodeRune(buf[:], c); nfkcIdentity(c, string(buf[:n])) {
