@@ -62,6 +62,9 @@ func emailRune(r rune) bool {
 // spaces, so a CJK character next to an ASCII end of the match is a word
 // boundary, not glue ("请联系bob@example.com谢谢").
 func gluedBefore(text string, s int) bool {
+	if s <= 0 || text[s-1] < 0x80 {
+		return false // no character, or an ASCII one: not emailRune
+	}
 	r, _ := utf8.DecodeLastRuneInString(text[:s])
 	if cjk(r) && s < len(text) && text[s] < 0x80 {
 		return false
@@ -70,6 +73,9 @@ func gluedBefore(text string, s int) bool {
 }
 
 func gluedAfter(text string, e int) bool {
+	if e >= len(text) || text[e] < 0x80 {
+		return false // no character, or an ASCII one: not emailRune
+	}
 	r, _ := utf8.DecodeRuneInString(text[e:])
 	if cjk(r) && e > 0 && text[e-1] < 0x80 {
 		return false
@@ -124,7 +130,7 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	s := localStart(text, a)
 	// Cut at the last '=', '/' or '?': a key or a path before the address.
 	for k := a - 1; k >= s; k-- {
-		if c := text[k]; c == '=' || c == '/' || c == '?' {
+		if localCut[text[k]] {
 			s = k + 1
 			break
 		}
@@ -171,8 +177,8 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 		if int(b) >= e {
 			break
 		}
-		if be, ok := domainAt(text[:b], a+1); ok && be == int(b) && sc.icannTLD(text[a+1:be]) {
-			e = be
+		if tld, ok := domainEndsAt(text, a+1, int(b)); ok && sc.icannTLD(tld) {
+			e = int(b)
 			break
 		}
 	}
@@ -187,6 +193,10 @@ func emailAt(text string, a int, breaks []int32, last int, sc *emailScratch) (in
 	}
 	return s, e, true
 }
+
+// localCut marks the bytes at which emailAt cuts a local part: '=', '/'
+// and '?'.
+var localCut = [256]bool{'=': true, '/': true, '?': true}
 
 // gitRemote reports whether the address text[s:e] (its '@' at a) is the
 // user and host of a git remote, "git@github.com:org/repo.git" (scp-like
@@ -308,6 +318,53 @@ func domainAt(text string, i int) (int, bool) {
 	return e, true
 }
 
+// hostByte marks the ASCII bytes of a host name label: letters, digits
+// and '-' (RFC 1035 §2.3.1).
+var hostByte = func() (t [256]bool) {
+	for c := range t {
+		t[c] = isAlnum(byte(c)) || c == '-'
+	}
+	return t
+}()
+
+// domainEndsAt reports whether domainAt(text[:b], i) reads a host name
+// that ends at b, and returns its top-level label, for an i < b that is
+// inside the host name domainAt(text, i) reads (so that each '.' before b
+// is between two labels and each label before the last one is
+// well-formed). Then only the last label is read, back from b; a
+// non-ASCII one is left to domainAt.
+func domainEndsAt(text string, i, b int) (string, bool) {
+	k := b
+	for k > i && hostByte[text[k-1]] {
+		k--
+	}
+	switch {
+	case k == i:
+		return "", false // one label
+	case text[k-1] != '.':
+		// A non-ASCII letter in the last label.
+		if e, ok := domainAt(text[:b], i); ok && e == b {
+			return text[i:b][strings.LastIndexByte(text[i:b], '.')+1:], true
+		}
+		return "", false
+	}
+	tld := text[k:b]
+	if tld == "" {
+		return "", false // b is just after a '.': the read ends before it
+	}
+	if len(tld) > 63 || tld[0] == '-' || tld[len(tld)-1] == '-' {
+		// domainAt counts a malformed last label out but still reads it
+		// as the top-level one: two labels must come before it.
+		if strings.IndexByte(text[i:k-1], '.') < 0 {
+			return "", false
+		}
+	}
+	if len(tld) > 4 && hasPrefixFold(tld, 0, "xn--") {
+		return tld, true
+	}
+	return tld, len(tld) >= 2 && isAllAlpha(tld)
+}
+
 // isAllLetters reports whether s is letters (of any script) only.
 func isAllLetters(s string) bool {
 	for _, r := range s {
@@ -387,14 +444,17 @@ func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
 	}
 	lo = max(lo, 0)
 	stop, colon := -1, -1
-	for j := i - 1; j >= lo && stop < 0; j-- {
-		switch text[j] {
-		case ' ', '\t', '\n', '\r', '"', '<', '(', '/':
+	for j := i - 1; j >= lo; j-- {
+		k := userinfoClass[text[j]]
+		if k == 0 {
+			continue
+		}
+		if k == uiStop {
 			stop = j
-		case ':':
-			if colon < 0 {
-				colon = j
-			}
+			break
+		}
+		if colon < 0 {
+			colon = j
 		}
 	}
 	if stop < 0 && known {
@@ -409,6 +469,19 @@ func (sc *emailScratch) inURLUserinfo(text string, i int) bool {
 	// ':' after it.
 	return stop >= 0 && i-stop < 256 && text[stop] == '/' && stop >= 2 && text[stop-1] == '/' && text[stop-2] == ':' && colon > stop
 }
+
+// userinfoClass sorts the bytes emailScratch.inURLUserinfo reads back
+// over: uiStop for ' ', '\t', '\n', '\r', '"', '<', '(' and '/', uiColon
+// for ':', 0 for the rest.
+var userinfoClass = [256]uint8{
+	' ': uiStop, '\t': uiStop, '\n': uiStop, '\r': uiStop, '"': uiStop, '<': uiStop, '(': uiStop, '/': uiStop,
+	':': uiColon,
+}
+
+const (
+	uiStop  = 1
+	uiColon = 2
+)
 
 // inURLUserinfo reports whether position i sits after "scheme://user:" in
 // the same token, i.e. inside the password of a URL's userinfo.
@@ -649,6 +722,26 @@ func writtenEmailW(text string, p, q int, strong bool, sc *emailScratch) (int, i
 	return s, e, written, true
 }
 
+// growAddresses makes room in the full dst for the addresses of the '@'s
+// from p on (a.ats holds p) when detectEmails has found 8 or more, from
+// most of the '@'s before p, that make most of dst (n0 findings came
+// before): one per '@' left (two where spaced dots are read too), at
+// most one per 8 bytes of a text of n bytes, instead of doubling (and
+// copying) again and again in a text of glued addresses or a list.
+// Otherwise it returns dst as it is.
+func growAddresses(dst []Finding, n0 int, ats []int32, p int32, spaced bool, n int) []Finding {
+	found := len(dst) - n0
+	i, _ := slices.BinarySearch(ats, p)
+	if 2*found < i || 2*found < len(dst) {
+		return dst
+	}
+	perAt := 1
+	if spaced {
+		perAt = 2
+	}
+	return slices.Grow(dst, max(min((len(ats)-i)*perAt, n/8), 8))
+}
+
 // detectEmails finds the addresses around the '@'s and at-words of text.
 // breaks are the view offsets of dropped invisible characters (see
 // emailAt).
@@ -658,12 +751,16 @@ func (s *Scanner) detectEmails(text string, a *anchors, breaks []int32, dst []Fi
 	// Every spaced dot holds " . " (spacedDotAt): a text without one, as
 	// a flood of '@'s, skips the tests below at each '@'.
 	spaced := len(a.ats) > 0 && strings.Contains(text, " . ")
+	n0 := len(dst)
 	for _, p := range a.ats {
 		if int(p) < last {
 			continue
 		}
 		st, e, ok := emailAt(text, int(p), breaks, last, &sc)
 		if ok {
+			if len(dst) == cap(dst) && len(dst)-n0 >= 8 {
+				dst = growAddresses(dst, n0, a.ats, p, spaced, len(text))
+			}
 			dst = addFinding(dst, Finding{Type: TypeEmail, Start: st, End: e})
 			last = e
 		}

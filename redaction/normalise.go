@@ -484,7 +484,21 @@ func nfkcIdentity(r rune, s string) bool {
 var (
 	plainBMP  [0x10000 / 64]uint64
 	plainOnce sync.Once
+
+	// dropBMP has bit r set for each rune r of the BMP that dropRune
+	// drops (8 KB, built with plainBMP): a text full of zero-width
+	// characters costs a lookup per one.
+	dropBMP [0x10000 / 64]uint64
 )
+
+// dropRuneBMP is dropRune answered from dropBMP in the BMP.
+func dropRuneBMP(r rune) bool {
+	if r >= 0x10000 || r < 0 {
+		return dropRune(r)
+	}
+	plainRune(0x80) // builds the bitmaps
+	return dropBMP[r/64]&(1<<(r%64)) != 0
+}
 
 // plainRune reports whether normaliseInto keeps r (in the BMP) as it is.
 func plainRune(r rune) bool {
@@ -494,7 +508,16 @@ func plainRune(r rune) bool {
 	plainOnce.Do(func() {
 		var buf [4]byte
 		for c := rune(0x80); c < 0x10000; c++ {
-			if c >= 0xD800 && c <= 0xDFFF || c >= 0xFF01 && c <= 0xFF5E || scriptDigit(c) >= 0 || dropRune(c) || mapRune(c) >= 0 {
+			// Surrogates, fullwidth forms and script digits are not
+			// dropped (no Cf, Mn or Me): ASCII neither, left at 0.
+			if c >= 0xD800 && c <= 0xDFFF || c >= 0xFF01 && c <= 0xFF5E || scriptDigit(c) >= 0 {
+				continue
+			}
+			if dropRune(c) {
+				dropBMP[c/64] |= 1 << (c % 64)
+				continue
+			}
+			if mapRune(c) >= 0 {
 				continue
 			}
 			if n := utf8.EncodeRune(buf[:], c); nfkcIdentity(c, string(buf[:n])) {
@@ -723,7 +746,7 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 		}
 		switch {
 		case r == utf8.RuneError && size == 1:
-		case dropRune(r):
+		case dropRuneBMP(r):
 			w.replace(i, i+size, "")
 		default:
 			if m := mapRune(r); m >= 0 {
@@ -757,11 +780,18 @@ func normaliseInto(text string, buf []byte, marks []viewMark, qp bool) (v view, 
 // selector or U+FFFD, also written as an escape), in order. Dropped
 // combining marks are left out: they belong to the letter before them.
 func dropBreaks(text string, marks []viewMark, dst []int32) []int32 {
+	// A text with many dropped characters drops the same one again and
+	// again ("\u200b"): the last rune's answer is kept.
+	lastR, lastMark := rune(-1), false
 	for _, m := range marks {
 		if m.v != m.ve {
 			continue
 		}
-		if r, _ := utf8.DecodeRuneInString(text[m.o:m.oe]); unicode.IsMark(r) {
+		r, _ := utf8.DecodeRuneInString(text[m.o:m.oe])
+		if r != lastR {
+			lastR, lastMark = r, unicode.IsMark(r)
+		}
+		if lastMark {
 			continue
 		}
 		if n := len(dst); n > 0 && dst[n-1] == m.v {
