@@ -803,22 +803,50 @@ func dropBreaks(text string, marks []viewMark, dst []int32) []int32 {
 }
 
 // normRune returns the view text of a decoded rune (from an escape).
+// An ASCII result is a slice of asciiBytes, not a new string: a flood of
+// escapes ("=3D" after "=3D") costs no allocation per escape.
 func normRune(r rune, buf *[]byte) string {
 	if r < 0x80 {
 		if dropASCII[r] {
 			return ""
 		}
-		return string(rune(r))
+		return asciiBytes[r : r+1]
 	}
 	if dropRune(r) {
 		return ""
 	}
 	if m := mapRune(r); m >= 0 {
+		if m < 0x80 {
+			return asciiBytes[m : m+1]
+		}
 		return string(m)
+	}
+	if r >= fullwidthFirst && r <= fullwidthLast {
+		// The fullwidth forms of ASCII, whose NFKC form is the ASCII
+		// character (TestFullwidthFormsAreTheirNFKC).
+		c := r - fullwidthOffset
+		return asciiBytes[c : c+1]
 	}
 	*buf = norm.NFKC.AppendString((*buf)[:0], string(r))
 	return mapString(*buf)
 }
+
+// The fullwidth forms of ASCII's '!' to '~': U+FF01 to U+FF5E, each
+// fullwidthOffset above its ASCII character.
+const (
+	fullwidthFirst, fullwidthLast = 0xFF01, 0xFF5E
+	fullwidthOffset               = 0xFEE0
+)
+
+// asciiBytes is every ASCII byte at its own offset: asciiBytes[c:c+1] is
+// the one-byte string of c.
+var asciiBytes = func() string {
+	b := make([]byte, 0x80)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return string(b)
+}()
 
 // mapString applies mapRune to the runes of an NFKC result (fullwidth
 // forms decompose to ASCII, others may decompose to homoglyphs).

@@ -87,3 +87,53 @@ func TestSpanFromMatchesMarks(t *testing.T) {
 		}
 	}
 }
+
+// TestEscapeFloodsCostNoAllocationPerEscape scans floods of each escape
+// that decodes to one rune (quoted-printable, JSON \u, HTML references,
+// to ASCII and to a homoglyph mapped to ASCII) at two lengths: the longer
+// holds ten times the escapes, and may allocate only a few more times
+// (buffers growing), not once per escape. The decoded view must still
+// read the escapes (the e-mail address they spell is found).
+func TestEscapeFloodsCostNoAllocationPerEscape(t *testing.T) {
+	sc := mustScanner(t)
+	for _, c := range []struct{ name, unit, addr string }{
+		{"qp-equals", "width=40 height=3D ", "mario=40example.it"},
+		{"json-u", `x\u0041y `, `mario\u0040example.it`},
+		{"html-ref", "x&#65;y ", "mario&#64;example.it"},
+		{"fullwidth-ref", "x&#xFF21;y ", "mario&#xFF20;example.it"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			allocs := func(units int) float64 {
+				text := "Content-Transfer-Encoding: quoted-printable\n" + strings.Repeat(c.unit, units) + " " + c.addr + " end"
+				at := strings.Index(text, c.addr)
+				if fs := sc.Scan(text); !covered(fs, at, at+len(c.addr)) {
+					t.Fatalf("the address the escapes spell, %q, is not found: %v", c.addr, fs)
+				}
+				return testing.AllocsPerRun(5, func() { sc.Scan(text) })
+			}
+			small, large := allocs(500), allocs(5000)
+			if large > small+20 {
+				t.Errorf("%d allocations for 500 escapes, %d for 5,000", int(small), int(large))
+			}
+		})
+	}
+}
+
+// TestFullwidthFormsAreTheirNFKC checks normRune's shortcut for the
+// fullwidth forms of ASCII against Unicode's NFKC and the slow path.
+func TestFullwidthFormsAreTheirNFKC(t *testing.T) {
+	var buf []byte
+	for r := rune(fullwidthFirst); r <= fullwidthLast; r++ {
+		want := norm.NFKC.String(string(r))
+		if mapRune(r) < 0 && !dropRune(r) && normRune(r, &buf) != mapString([]byte(want)) {
+			t.Errorf("U+%04X: normRune %q, NFKC %q", r, normRune(r, &buf), want)
+		}
+		if len(want) != 1 || rune(want[0]) != r-fullwidthOffset {
+			t.Errorf("U+%04X: NFKC %q is not %q", r, want, string(r-fullwidthOffset))
+		}
+	}
+	if norm.NFKC.String(string(rune(fullwidthFirst-1))) == string(rune(fullwidthFirst-1-fullwidthOffset)) ||
+		norm.NFKC.String(string(rune(fullwidthLast+1))) == string(rune(fullwidthLast+1-fullwidthOffset)) {
+		t.Error("the fullwidth range is wider than fullwidthFirst..fullwidthLast")
+	}
+}
