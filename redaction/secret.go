@@ -472,7 +472,8 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 //   - gitleaks' private-key is matched by hand (pemmatch.go).
 //   - Molly's complete block: the lazy body ends at the first "-----END"
 //     line that completes ("-----END", up to 100 of [ A-Z0-9_-], "PRIVATE
-//     KEY", " BLOCK"?, "-----"), within pemHeaderMax bytes of its dashes.
+//     KEY", " BLOCK"?, "-----") after the longest header, within
+//     pemHeaderMax bytes of its dashes (pemWindowBlock).
 //   - Molly's cut block: each header that can end the "BEGIN" line (a
 //     "PRIVATE KEY-----" or "PRIVATE KEY BLOCK-----" reached through at
 //     most 100 header bytes) must be followed by white space and a run of
@@ -492,10 +493,20 @@ var pemHeaderByte = func() (t [256]bool) {
 }()
 
 func pemWindowBlock(text string, p int) int {
-	for k := p + 10; ; {
+	// The header's [ A-Z0-9_-]{0,100} is greedy: the match takes the
+	// latest header end (hEnd) after which an END line completes, and its
+	// lazy body the first such line. Without one after hEnd, a shorter
+	// header's END line starts before hEnd (one inside the longest
+	// header, "-----BEGIN-----END RSA PRIVATE KEY-----…") and ends within
+	// pemHeaderMax bytes of its start.
+	hEnd := pemHeaderEnd(text, p)
+	if hEnd < 0 {
+		return p // no header: no match
+	}
+	for k := hEnd; ; {
 		i := strings.Index(text[k:], "-----END")
 		if i < 0 {
-			return p // no END line: no match
+			return min(len(text), hEnd+pemHeaderMax+1)
 		}
 		q := k + i + len("-----END")
 		// Does this END line complete?
@@ -511,6 +522,28 @@ func pemWindowBlock(text string, p int) int {
 		}
 		k = q
 	}
+}
+
+// pemHeaderEnd returns the end of the longest "-----BEGIN" header at p
+// ("-----BEGIN", up to 100 of [ A-Z0-9_-], "PRIVATE KEY", " BLOCK"?,
+// "-----"), or -1 when none ends there.
+func pemHeaderEnd(text string, p int) int {
+	end := -1
+	for j := p + 10; j < len(text) && j-(p+10) <= 100; j++ {
+		if text[j] == 'P' && strings.HasPrefix(text[j:], "PRIVATE KEY") {
+			e := j + len("PRIVATE KEY")
+			switch {
+			case strings.HasPrefix(text[e:], " BLOCK-----"):
+				end = e + len(" BLOCK-----")
+			case strings.HasPrefix(text[e:], "-----"):
+				end = e + len("-----")
+			}
+		}
+		if !isPEMHeaderByte(text[j]) {
+			break
+		}
+	}
+	return end
 }
 
 func pemWindowCut(text string, p int) int {

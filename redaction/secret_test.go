@@ -140,7 +140,11 @@ func TestSecretShortcutsMatchThePlainEvaluation(t *testing.T) {
 		"-----BEGIN \u017fSA PRIVATE KEY-----"+strings.Repeat("b", 64)+"KEY-----",
 		strings.Repeat("-----BEGIN RSA PRIVATE KEY-----\n"+keyPEMBody[:40]+"\n", 20),
 		strings.Repeat("-----BEGIN RSA PRIVATE KEY----- x\n", 20),
-		"-----BEGIN RSA PRIVATE \u212aEY-----"+strings.Repeat("c", 64)+"\u212aEY-----")
+		"-----BEGIN RSA PRIVATE \u212aEY-----"+strings.Repeat("c", 64)+"\u212aEY-----",
+		// A header that holds an END line: the block ends at the END
+		// line after the body, not within the header's reach.
+		"-----BEGIN-----END RSA PRIVATE KEY-----\n"+strings.Repeat(keyPEMBody+"\n", 40)+"-----END RSA PRIVATE KEY-----",
+		"-----BEGIN X-----END RSA PRIVATE KEY-----\n"+keyPEMBody+"\n-----END RSA PRIVATE KEY-----END RSA PRIVATE KEY-----")
 	total := 0
 	for _, text := range texts {
 		got := sortFindings(fastSecrets(s, text))
