@@ -158,3 +158,58 @@ func checkOneSecret(t *testing.T, s *Scanner, name, text, sub string, start, end
 		t.Errorf("%s: Scan(%q)\n got %s\nwant one %s secret [%d,%d) %q", name, text, strings.Join(desc, "; "), sub, start, end, text[start:end])
 	}
 }
+
+// TestKeywordSecretsInMarkdown checks the keyword rules (gitleaks'
+// generic-api-key and its semi-generic family) on assignments as Markdown
+// writes them: the keyword or the value in bold, italics or strike-through,
+// a list item, a bold label with the value in inline code. Each text holds
+// one value, found once with exactly its own bounds (from how the text was
+// put together).
+func TestKeywordSecretsInMarkdown(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := rnd(61, 32, alnum)
+	for _, c := range []struct{ before, after string }{
+		{"token: **", "**"},
+		{"token: *", "*"},
+		{"token: ~~", "~~"},
+		{"token: ***", "***"},
+		{"**api_key**: ", ""},
+		{"*api_key*: ", " (rotate it monthly)"},
+		{"~~api_key~~ = ", ""},
+		{"- **Token:** `", "`"},
+		{"* **Access token**: ", "\n* **Expires**: never"},
+		{"**API key** = **", "**"},
+		{"Here it is:\n\n**auth_token:** ", "\n\nKeep it safe."},
+		{"| key | value |\n|---|---|\n| **api_key** => `", "` |"},
+	} {
+		text := c.before + v + c.after
+		checkOneSecret(t, s, fmt.Sprintf("%q…%q", c.before, c.after), text, "generic", len(c.before), len(c.before)+len(v))
+	}
+}
+
+// TestMarkdownWithoutSecretsHasNone checks that reading Markdown without
+// its markers finds no secret where there is none: keywords in emphasis
+// next to words, numbers and placeholders.
+func TestMarkdownWithoutSecretsHasNone(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{
+		"**Token** budget: *1,500 tokens* per request, **max_tokens**: 256.",
+		"The **api_key** field is *required*; see **Authentication**: the docs.",
+		"**Note:** set `token: <your token>` in the config, then restart.",
+		"a * key * value and key ** 2 = key_squared",
+		"~~secret~~: **see the vault**, not this page.",
+		"- **Key**: `Enter`\n- **Token**: *none yet*",
+	} {
+		for _, f := range s.Scan(text) {
+			if f.Type == TypeSecret {
+				t.Errorf("Scan(%q): secret %q (%s), want none", text, text[f.Start:f.End], f.Subtype)
+			}
+		}
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/spf13/viper"
 	glconfig "github.com/zricethezav/gitleaks/v8/config"
@@ -154,7 +156,9 @@ func identStart(text string, i int) int {
 //     accepts prose punctuation (, . ! ? ) ] } >), because a key in a chat
 //     message is usually followed by one; and Markdown emphasis by
 //     underscores around a secret ("__…__", "_…_") is no part of it (see
-//     unemphasise), nor, for the hand-written rules, glue to a word.
+//     unemphasise), nor, for the hand-written rules, glue to a word; and
+//     the keyword rules also read an assignment without its Markdown
+//     markers ('*', '~': "**api_key**: …", "token: **…**"; see detect).
 //   - a few hand-written patterns for the providers the gateway cares most
 //     about (OpenAI, Anthropic, AWS, GitHub, Slack, Stripe, Google, JWT, PEM
 //     private keys, also truncated, passwords (assignments, prose, HTML
@@ -413,6 +417,15 @@ func gitleaksSubtype(id string) string {
 // finding per secret, covering the rule's secret group.
 func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *budget) []Finding {
 	memo := allowMemo{}
+	// The keyword rules of gitleaks' template (assign > 0) also read the
+	// text as Markdown renders it: emphasis and strike-through markers
+	// ('*', '~') are no part of an assignment ("**api_key**: …",
+	// "token: **…**", "- **Token:** `…`"). They run again at the hits
+	// with a marker in reach, on unmarked: the text with its markers
+	// blanked, as long as the text, so that its offsets are the text's.
+	var unmarked string
+	var markers, marked []int32 // markdownMarkers(text) once markersFound; the hits near one
+	markersFound := false
 	for i := range d.rules {
 		hs := hits[i]
 		if len(hs) == 0 {
@@ -451,6 +464,19 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 		// conditions; each costs at most ~400 bytes of regexp work.
 		if r.anchored != nil {
 			dst = d.detectAt(r, text, hs, dst, b, memo)
+			if r.assign > 0 {
+				if !markersFound {
+					markers, markersFound = markdownMarkers(text), true
+				}
+				if hm := markedHits(hs, markers, r.assign+genericAfter, &marked); len(hm) > 0 {
+					if unmarked == "" {
+						var bp *[]byte
+						unmarked, bp = blankMarkers(text, markers)
+						defer unmarkedBufs.Put(bp)
+					}
+					dst = d.detectAt(r, unmarked, hm, dst, b, memo)
+				}
+			}
 			continue
 		}
 		ws := windows(text, hs)
@@ -463,6 +489,62 @@ func (d *secretDetector) detect(text string, hits [][]int32, dst []Finding, b *b
 	}
 	return dst
 }
+
+// markedHits returns the hits of hs (increasing) with one of markers
+// (increasing offsets) in the n bytes from them, in buf's array.
+func markedHits(hs, markers []int32, n int, buf *[]int32) []int32 {
+	out := (*buf)[:0]
+	j := 0
+	for _, h := range hs {
+		for j < len(markers) && markers[j] < h {
+			j++
+		}
+		if j == len(markers) {
+			break
+		}
+		if int(markers[j]) < int(h)+n {
+			out = append(out, h)
+		}
+	}
+	*buf = out
+	return out
+}
+
+// markdownMarkers returns the offsets of the '*' and '~' of text,
+// increasing (nil: none), found by the vectorised byte search.
+func markdownMarkers(text string) []int32 {
+	var out []int32
+	for _, c := range [...]byte{'*', '~'} {
+		for i := 0; ; {
+			k := strings.IndexByte(text[i:], c)
+			if k < 0 {
+				break
+			}
+			out = append(out, int32(i+k))
+			i += k + 1
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// blankMarkers returns text with the bytes at markers (its '*' and '~')
+// replaced by spaces, in a buffer of unmarkedBufs (one copy, then a store
+// per marker), and the buffer, which the caller puts back once nothing
+// holds the string (detect's findings hold offsets only).
+func blankMarkers(text string, markers []int32) (string, *[]byte) {
+	bp := unmarkedBufs.Get().(*[]byte)
+	b := append((*bp)[:0], text...)
+	for _, m := range markers {
+		b[m] = ' '
+	}
+	*bp = b
+	return unsafe.String(unsafe.SliceData(b), len(b)), bp
+}
+
+// unmarkedBufs are blankMarkers' buffers, reused: a fresh copy of a long
+// prompt per scan cost more than the rules' second run (page faults).
+var unmarkedBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 // PEM windows. The private-key rules are unbounded; each match still ends
 // at a landmark a literal search finds, so the rule runs on text[p:window]
