@@ -213,3 +213,48 @@ func TestMarkdownWithoutSecretsHasNone(t *testing.T) {
 		}
 	}
 }
+
+// TestIBANsInUnderscoreEmphasis checks IBANs (the registry's published
+// examples, whose check digits are right) written whole and in groups of
+// four, set in Markdown emphasis: found once, with the IBAN's own bounds;
+// glued to an identifier by '_', not found.
+func TestIBANsInUnderscoreEmphasis(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grouped := func(iban string) string {
+		var b strings.Builder
+		for i := 0; i < len(iban); i += 4 {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(iban[i:min(len(iban), i+4)])
+		}
+		return b.String()
+	}
+	for _, iban := range []string{"IT60X0542811101000000123456", "DE89370400440532013000", "GB29NWBK60161331926819", "FR1420041010050500013M02606", "NL91ABNA0417164300"} {
+		for _, v := range []string{iban, grouped(iban)} {
+			for _, w := range []string{"", "_", "__", "**", "*"} {
+				pre := "IBAN: " + w
+				text := pre + v + w + " please"
+				var got []Finding
+				for _, f := range s.Scan(text) {
+					if f.Type == TypeIBAN {
+						got = append(got, f)
+					}
+				}
+				if len(got) != 1 || got[0].Start != len(pre) || got[0].End != len(pre)+len(v) {
+					t.Errorf("Scan(%q): IBANs %v, want one at [%d,%d)", text, got, len(pre), len(pre)+len(v))
+				}
+			}
+		}
+		for _, text := range []string{"id_" + iban, "ref_" + iban + "_x"} {
+			for _, f := range s.Scan(text) {
+				if f.Type == TypeIBAN {
+					t.Errorf("Scan(%q): IBAN %q, want none (glued to an identifier)", text, text[f.Start:f.End])
+				}
+			}
+		}
+	}
+}

@@ -599,13 +599,15 @@ func (ns *numScan) iban() {
 // ibanInWord reports whether the digit run at i follows two ASCII letters
 // inside a longer word ("xYZ12", as in base64): iban turns it down (an
 // IBAN's country code stands apart from the word before it), so
-// detectNumbers does not call it.
+// detectNumbers does not call it. A '_' before the letters is a word
+// byte unless it opens Markdown emphasis ("__IT60 X054 …__", which iban
+// reads).
 func ibanInWord(text string, i int) bool {
 	if i < 3 {
 		return false
 	}
 	b, c := text[i-2], text[i-3] // a letter, then a word byte (ASCII)
-	return (b|0x20)-'a' < 26 && ((c|0x20)-'a' < 26 || c-'0' < 10 || c == '_')
+	return (b|0x20)-'a' < 26 && ((c|0x20)-'a' < 26 || c-'0' < 10 || c == '_' && !emphasisOpens(text, i-2))
 }
 
 func boolInt(b bool) int {
