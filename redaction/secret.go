@@ -46,7 +46,10 @@ type secretRule struct {
 	// grouped: the rule's keys are also read written in groups of four
 	// (groupedAWSKeyAt, see grouped.go).
 	grouped bool
-	orig    string // the pattern before the speed-ups (for tests)
+	// copula: the hand rule of keys named in prose ("the token is …"),
+	// tried only where copulaNear finds its copula.
+	copula bool
+	orig   string // the pattern before the speed-ups (for tests)
 	// near: every match holds a keyword that starts at most reach bytes
 	// after the match (keywordReach) and no assertion before its first
 	// byte reads the byte before it, so the rule runs only where a match
@@ -209,6 +212,15 @@ var handSecretRules = []struct {
 	// before or after its value: <input type="password" value="…">.
 	{"password", `(?i)<input\b[^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)[\w-]{0,20}[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["']`, 1, 2.5, []string{"<input"}},
 	{"password", `(?i)<input\b[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["'][^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)`, 1, 2.5, []string{"<input"}},
+	// A key or token named in prose ("the token is …", "my API key was:
+	// …", "der API-Key ist …"), which gitleaks' generic rule (an operator
+	// between name and value) does not read: the name, a copula, then 16
+	// or more bytes of a token's alphabet (tried only where copulaNear
+	// finds the copula; the length is proseKeyValue's to check, as a
+	// counted repetition would make the expression too large for Go's
+	// backtracker); proseKeyValue then asks for digits and letters and
+	// turns down hyphenated words.
+	{"generic", `\b(?i:(?:(?:api|access|secret)[ _-]?key|(?:access|auth|api)[ _-]?token|token)[ \t]{1,3}(?:is|was|ist|è|es|est))[ \t]{0,3}:?[ \t]{0,3}["'\x60]?([A-Za-z0-9][A-Za-z0-9._~+/-]*[A-Za-z0-9]={0,2})`, 1, 3.5, []string{"api", "access", "secret", "auth", "token"}},
 	// An HTTP bearer token (RFC 6750 §2.1: "Authorization: Bearer
 	// <b64token>", also pasted without the header name) and Basic
 	// credentials in an Authorization header (RFC 7617): gitleaks only
@@ -246,7 +258,7 @@ func buildSecretDetector() (*secretDetector, error) {
 		d.rules = append(d.rules, secretRule{
 			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
 			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB, orig: h.re,
-			grouped: h.subtype == "aws_access_key",
+			grouped: h.subtype == "aws_access_key", copula: h.subtype == "generic",
 		})
 		d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 	}
@@ -1150,6 +1162,9 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if p < last {
 			continue
 		}
+		if r.copula && !copulaNear(text, p) {
+			continue // before the start filter: most hits of its names have no copula
+		}
 		if r.start != nil && !r.start.admits(text, p) {
 			continue
 		}
@@ -1184,6 +1199,10 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			} else if r.privateKey {
 				if end := matchPrivateKeyGitleaks(text, p, landmark); end >= 0 {
 					m = []int{0, end - p}
+				}
+			} else if r.copula {
+				if vs, ve, ok := proseKeyAt(text, p); ok {
+					m = []int{0, ve - p, vs - p, ve - p}
 				}
 			} else if r.window != nil {
 				we := min(len(text), r.window(text, p))
@@ -1327,6 +1346,9 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	if r.hand && r.subtype == "bearer" && !bearerValue(secret) {
 		return Finding{}, false
 	}
+	if r.hand && r.subtype == "generic" && !proseKeyValue(secret) {
+		return Finding{}, false
+	}
 	ms := m[0]
 	if r.stripped {
 		ms = identStart(text, ms)
@@ -1377,6 +1399,195 @@ func bearerValue(s string) bool {
 		}
 	}
 	return digit || upper && lower
+}
+
+// proseKeyAt matches the prose key rule (handSecretRules' "generic")
+// anchored at p by hand, as its expression does (leftmost first, (?i)
+// folding U+212A to k and U+017F to s): the bounds of the value (group
+// 1, where the match ends too), ok false when no match starts at p.
+// TestProseKeyAtIsTheExpression checks it against the expression; the
+// expression's backtracker costs microseconds at every try, this a few
+// byte comparisons.
+func proseKeyAt(text string, p int) (vs, ve int, ok bool) {
+	blanks := func(i, most int) int { // the end of a run of at most most blanks at i
+		for most > 0 && i < len(text) && (text[i] == ' ' || text[i] == '\t') {
+			i, most = i+1, most-1
+		}
+		return i
+	}
+	rest := func(q int) (int, int, bool) { // [ \t]{0,3}:?[ \t]{0,3}["'\x60]?(value)
+		q = blanks(q, 3)
+		if q < len(text) && text[q] == ':' {
+			q++
+		}
+		q = blanks(q, 3)
+		if q < len(text) && (text[q] == '"' || text[q] == '\'' || text[q] == '`') {
+			q++
+		}
+		if q >= len(text) || !isAlnum(text[q]) {
+			return 0, 0, false
+		}
+		j := q + 1
+		for j < len(text) && proseKeyByte(text[j]) {
+			j++
+		}
+		last := j - 1 // the value's last alphanumeric byte, after its first
+		for last > q && !isAlnum(text[last]) {
+			last--
+		}
+		if last == q {
+			return 0, 0, false
+		}
+		e := last + 1
+		for k := 0; k < 2 && e < len(text) && text[e] == '='; k++ {
+			e++
+		}
+		return q, e, true
+	}
+	for _, name := range proseKeyNames {
+		n, ok := foldNameAt(text, p, name)
+		if !ok {
+			continue
+		}
+		c := blanks(n, 3)
+		if c == n || c < len(text) && (text[c] == ' ' || text[c] == '\t') {
+			continue // [ \t]{1,3}, then the copula
+		}
+		for _, cop := range proseKeyCopulas {
+			if e, ok := proseFoldAt(text, c, cop); ok {
+				if vs, ve, ok := rest(e); ok {
+					return vs, ve, true
+				}
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// proseKeyNames are the rule's names in its alternation's order: two
+// words (the second "key" or "token") joined by an optional [ _-], or one.
+var proseKeyNames = [...][2]string{
+	{"api", "key"}, {"access", "key"}, {"secret", "key"},
+	{"access", "token"}, {"auth", "token"}, {"api", "token"},
+	{"token", ""},
+}
+
+// proseKeyCopulas are the rule's copulas in its alternation's order.
+var proseKeyCopulas = [...]string{"is", "was", "ist", "è", "es", "est"}
+
+// proseKeyByte: [A-Za-z0-9._~+/-], the value's bytes after its first.
+func proseKeyByte(c byte) bool {
+	return isAlnum(c) || c == '.' || c == '_' || c == '~' || c == '+' || c == '/' || c == '-'
+}
+
+// foldNameAt matches name (first word, then [ _-]? and the second) at i.
+func foldNameAt(text string, i int, name [2]string) (int, bool) {
+	j, ok := proseFoldAt(text, i, name[0])
+	if !ok || name[1] == "" {
+		return j, ok
+	}
+	if j < len(text) && (text[j] == ' ' || text[j] == '_' || text[j] == '-') {
+		if k, ok := proseFoldAt(text, j+1, name[1]); ok {
+			return k, true
+		}
+	}
+	return proseFoldAt(text, j, name[1])
+}
+
+// proseFoldAt matches lit (lower-case ASCII letters, or "è") at i as (?i)
+// does: ASCII case, U+212A KELVIN SIGN for k, U+017F LONG S for s, È for è.
+func proseFoldAt(text string, i int, lit string) (int, bool) {
+	if lit == "è" {
+		for _, f := range [...]string{"è", "È"} {
+			if strings.HasPrefix(text[i:], f) {
+				return i + len(f), true
+			}
+		}
+		return 0, false
+	}
+	for k := 0; k < len(lit); k++ {
+		c := lit[k]
+		switch {
+		case i < len(text) && text[i]|0x20 == c:
+			i++
+		case c == 'k' && strings.HasPrefix(text[i:], "\u212a"):
+			i += len("\u212a")
+		case c == 's' && strings.HasPrefix(text[i:], "\u017f"):
+			i += len("\u017f")
+		default:
+			return 0, false
+		}
+	}
+	return i, true
+}
+
+// copulaNear reports whether a blank followed by a copula of the prose
+// key rule ("is", "was", "ist", "es", "est", "è", any case) starts
+// within copulaReach bytes of p: where a match of that rule starting at
+// p must have one (a name of at most 12 bytes and up to three blanks).
+func copulaNear(text string, p int) bool {
+	end := min(len(text), p+copulaReach)
+	for i := p; i < end; i++ {
+		if c := text[i]; c != ' ' && c != '\t' {
+			continue
+		}
+		w := text[i+1 : min(len(text), i+4)]
+		if strings.HasPrefix(w, "è") || strings.HasPrefix(w, "È") {
+			return true
+		}
+		var l [3]byte
+		n := copy(l[:], w)
+		for k := range n {
+			l[k] |= 0x20
+		}
+		switch {
+		case n >= 2 && (l[0] == 'i' && l[1] == 's' || l[0] == 'e' && l[1] == 's'),
+			n >= 3 && l[0] == 'w' && l[1] == 'a' && l[2] == 's':
+			return true
+		}
+	}
+	return false
+}
+
+// copulaReach bounds where copulaNear looks: "access-token" and three
+// blanks.
+const copulaReach = 12 + 3
+
+// proseKeyValue reports whether the value after "the token is" looks
+// like a key rather than words: 16 bytes or more, at least two digits and
+// two letters, and not three or more all-lowercase words joined by '-',
+// '.', '_' or '/' ("deprecated-in-v2-of-the-api",
+// "docs.example.com/v2/tokens").
+func proseKeyValue(s string) bool {
+	if len(s) < 16 {
+		return false
+	}
+	digits, letters, words := 0, 0, 0
+	part, lowerPart := 0, true
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == '-' || s[i] == '.' || s[i] == '_' || s[i] == '/' {
+			if part >= 2 && lowerPart {
+				words++
+			}
+			part, lowerPart = 0, true
+			continue
+		}
+		c := s[i]
+		part++
+		switch {
+		case isDigit(c):
+			digits++
+			lowerPart = false
+		case isLower(c):
+			letters++
+		case isUpper(c):
+			letters++
+			lowerPart = false
+		default:
+			lowerPart = false
+		}
+	}
+	return digits >= 2 && letters >= 2 && words < 3
 }
 
 // passwordValue reports whether the value of a password assignment looks

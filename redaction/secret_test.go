@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -245,4 +246,119 @@ func TestRunScanIsSecretRunAfter(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestKeysNamedInProse checks keys written after their name and a copula
+// ("the token is …"), which no assignment rule reads: each is found once
+// with exactly its bounds (from how the text was put together); words,
+// numbers, hostnames and placeholders after the same words are not.
+func TestKeysNamedInProse(t *testing.T) {
+	s, err := NewScanner(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base62, hex := rnd(71, 32, alnum), strings.ToLower(rnd(72, 40, "0123456789abcdef"))
+	for _, c := range []struct{ before, value, after string }{
+		{"the token is ", base62, ""},
+		{"My API key is ", base62, "."},
+		{"my api key was: `", base62, "`"},
+		{"Der API-Key ist ", base62, ", bitte nicht teilen."},
+		{"La secret key es \"", hex, "\""},
+		{"the access token is ", hex, " (it expires tomorrow)"},
+		{"Your refresh token is ", base62, "!"},
+	} {
+		text := c.before + c.value + c.after
+		checkOneSecret(t, s, strconv.Quote(c.before), text, "generic", len(c.before), len(c.before)+len(c.value))
+	}
+	for _, text := range []string{
+		"the token is deprecated-in-v2-of-the-api",
+		"the token is valid for 3600 seconds",
+		"the access token is stored in the keychain of the laptop",
+		"the token is 1234567890123456789",
+		"the token is docs.example.com/v2/tokens",
+		"the api key is MOLLY_API_KEY_FROM_ENV_VARIABLE2",
+		"The session token is refreshed-every-fifteen-minutes-by-default",
+	} {
+		for _, f := range s.Scan(text) {
+			if f.Type == TypeSecret {
+				t.Errorf("Scan(%q): secret %q (%s), want none", text, text[f.Start:f.End], f.Subtype)
+			}
+		}
+	}
+}
+
+// TestProseKeyAtIsTheExpression checks proseKeyAt against the prose key
+// rule's own expression (Go's RE2, anchored) at every position of random
+// texts built from the pieces that matter: the names and their joints,
+// blanks, copulas (and their prefixes), ':' and quotes, value bytes, and
+// the runes (?i) folds to ASCII letters.
+func TestProseKeyAtIsTheExpression(t *testing.T) {
+	d, err := newSecretDetector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule *secretRule
+	for i := range d.rules {
+		if d.rules[i].copula {
+			rule = &d.rules[i]
+		}
+	}
+	if rule == nil {
+		t.Fatal("no prose key rule")
+	}
+	re := regexp.MustCompile(`^(?:` + rule.re.String() + `)`)
+	pieces := []string{
+		"api", "API", "access", "secret", "auth", "token", "Token", "key", "KEY", "\u212aey", "\u017fecret", "acce\u017f\u017f",
+		" ", "  ", "\t", "_", "-", "is", "IS", "ist", "was", "è", "È", "es", "est", "e", "i",
+		":", "\"", "'", "`", "=", "==", ".", "/", "+", "~",
+		"Zq9Xk2Lm", "P8vR4tYw", "7", "a", "!", "\n", "x",
+	}
+	r := rand.New(rand.NewPCG(41, 43))
+	matched := 0
+	// Half the texts follow the rule's shape slot by slot (each slot's
+	// piece sometimes any piece), half are any pieces.
+	slots := [][]string{
+		{"", "the ", "x", "_"},
+		{"api", "API", "access", "secret", "auth", "token", "Token", "\u017fecret", "acce\u017f\u017f", "ApI"},
+		{"", " ", "_", "-", "  "},
+		{"", "key", "KEY", "\u212aey", "token", "TOKEN", "tokens"},
+		{" ", "  ", "\t", "   ", "    ", ""},
+		{"is", "IS", "ist", "was", "è", "È", "es", "est", "e", "Is"},
+		{"", " ", ":", " : ", "    ", "\t:\t"},
+		{"", "\"", "'", "`"},
+		{"Zq9Xk2Lm", "a", "7", "-", ""},
+		{"P8vR4tYw", "._~+/-", "a.b", "t", ""},
+		{"", "=", "==", "===", "!", ".", "-x", " "},
+	}
+	for n := range 30000 {
+		var b strings.Builder
+		if n%2 == 0 {
+			for _, slot := range slots {
+				if r.IntN(8) == 0 {
+					b.WriteString(pieces[r.IntN(len(pieces))])
+				} else {
+					b.WriteString(slot[r.IntN(len(slot))])
+				}
+			}
+		} else {
+			for range 1 + r.IntN(12) {
+				b.WriteString(pieces[r.IntN(len(pieces))])
+			}
+		}
+		text := b.String()
+		for p := range len(text) {
+			want := re.FindStringSubmatchIndex(text[p:])
+			vs, ve, ok := proseKeyAt(text, p)
+			if ok != (want != nil) || ok && (vs != p+want[2] || ve != p+want[3] || ve != p+want[1]) {
+				t.Fatalf("%q at %d: proseKeyAt %d %d %v, the expression %v", text, p, vs, ve, ok, want)
+			}
+			if ok {
+				matched++
+			}
+		}
+	}
+	if matched < 1000 {
+		t.Fatalf("only %d matches: the texts do not test the rule", matched)
+	}
+	t.Logf("%d matches, proseKeyAt and the expression agree", matched)
 }

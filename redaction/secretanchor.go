@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // startFilter is a necessary condition for a match of a rule to start at
@@ -471,10 +472,24 @@ func maxWidth(n *syntax.Regexp) int {
 	case syntax.OpLiteral:
 		w := 0
 		for _, r := range n.Rune {
-			w += len(string(r))
+			rw := utf8.RuneLen(r)
+			if n.Flags&syntax.FoldCase != 0 {
+				// (?i)k also matches U+212A KELVIN SIGN, three bytes.
+				for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+					rw = max(rw, utf8.RuneLen(f))
+				}
+			}
+			w += rw
 		}
 		return w
-	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+	case syntax.OpCharClass:
+		// Its ranges are sorted (with case folding applied): the last
+		// one's end is its widest rune.
+		if len(n.Rune) == 0 {
+			return 0
+		}
+		return utf8.RuneLen(n.Rune[len(n.Rune)-1])
+	case syntax.OpAnyChar, syntax.OpAnyCharNotNL:
 		return 4
 	case syntax.OpCapture:
 		return maxWidth(n.Sub[0])
