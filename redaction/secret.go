@@ -47,7 +47,7 @@ type secretRule struct {
 	// (groupedAWSKeyAt, see grouped.go).
 	grouped bool
 	// copula: the hand rule of keys named in prose ("the token is …"),
-	// tried only where copulaNear finds its copula.
+	// matched by hand (proseKeyAt).
 	copula bool
 	orig   string // the pattern before the speed-ups (for tests)
 	// near: every match holds a keyword that starts at most reach bytes
@@ -215,11 +215,11 @@ var handSecretRules = []struct {
 	// A key or token named in prose ("the token is …", "my API key was:
 	// …", "der API-Key ist …"), which gitleaks' generic rule (an operator
 	// between name and value) does not read: the name, a copula, then 16
-	// or more bytes of a token's alphabet (tried only where copulaNear
-	// finds the copula; the length is proseKeyValue's to check, as a
-	// counted repetition would make the expression too large for Go's
-	// backtracker); proseKeyValue then asks for digits and letters and
-	// turns down hyphenated words.
+	// or more bytes of a token's alphabet (matched by hand: proseKeyAt;
+	// the length is proseKeyValue's to check, as a counted repetition
+	// would make the expression too large for Go's backtracker);
+	// proseKeyValue then asks for digits and letters and turns down
+	// hyphenated words.
 	{"generic", `\b(?i:(?:(?:api|access|secret)[ _-]?key|(?:access|auth|api)[ _-]?token|token)[ \t]{1,3}(?:is|was|ist|è|es|est))[ \t]{0,3}:?[ \t]{0,3}["'\x60]?([A-Za-z0-9][A-Za-z0-9._~+/-]*[A-Za-z0-9]={0,2})`, 1, 3.5, []string{"api", "access", "secret", "auth", "token"}},
 	// An HTTP bearer token (RFC 6750 §2.1: "Authorization: Bearer
 	// <b64token>", also pasted without the header name) and Basic
@@ -1162,8 +1162,22 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if p < last {
 			continue
 		}
-		if r.copula && !copulaNear(text, p) {
-			continue // before the start filter: most hits of its names have no copula
+		if r.copula {
+			// Matched by hand at once: proseKeyAt's byte comparisons turn
+			// down a hit sooner than any filter would.
+			if r.leadB && r.boundaryFails(text, p) {
+				continue
+			}
+			if !b.spend(1) {
+				return dst
+			}
+			if vs, ve, ok := proseKeyAt(text, p); ok {
+				if f, ok := d.finding(r, text, []int{p, ve, vs, ve}, memo); ok {
+					dst = append(dst, f)
+					last = ve
+				}
+			}
+			continue
 		}
 		if r.start != nil && !r.start.admits(text, p) {
 			continue
@@ -1199,10 +1213,6 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 			} else if r.privateKey {
 				if end := matchPrivateKeyGitleaks(text, p, landmark); end >= 0 {
 					m = []int{0, end - p}
-				}
-			} else if r.copula {
-				if vs, ve, ok := proseKeyAt(text, p); ok {
-					m = []int{0, ve - p, vs - p, ve - p}
 				}
 			} else if r.window != nil {
 				we := min(len(text), r.window(text, p))
@@ -1409,59 +1419,77 @@ func bearerValue(s string) bool {
 // expression's backtracker costs microseconds at every try, this a few
 // byte comparisons.
 func proseKeyAt(text string, p int) (vs, ve int, ok bool) {
-	blanks := func(i, most int) int { // the end of a run of at most most blanks at i
-		for most > 0 && i < len(text) && (text[i] == ' ' || text[i] == '\t') {
-			i, most = i+1, most-1
-		}
-		return i
+	first := at(text, p)
+	if first < 0x80 && proseKeyFirsts[first|0x20] == 0 {
+		return 0, 0, false // no name starts so (a non-ASCII byte may be a fold: tried)
 	}
-	rest := func(q int) (int, int, bool) { // [ \t]{0,3}:?[ \t]{0,3}["'\x60]?(value)
-		q = blanks(q, 3)
-		if q < len(text) && text[q] == ':' {
-			q++
+	for i := range proseKeyNames {
+		if first < 0x80 && first|0x20 != proseKeyNames[i][0][0] {
+			continue
 		}
-		q = blanks(q, 3)
-		if q < len(text) && (text[q] == '"' || text[q] == '\'' || text[q] == '`') {
-			q++
-		}
-		if q >= len(text) || !isAlnum(text[q]) {
-			return 0, 0, false
-		}
-		j := q + 1
-		for j < len(text) && proseKeyByte(text[j]) {
-			j++
-		}
-		last := j - 1 // the value's last alphanumeric byte, after its first
-		for last > q && !isAlnum(text[last]) {
-			last--
-		}
-		if last == q {
-			return 0, 0, false
-		}
-		e := last + 1
-		for k := 0; k < 2 && e < len(text) && text[e] == '='; k++ {
-			e++
-		}
-		return q, e, true
-	}
-	for _, name := range proseKeyNames {
-		n, ok := foldNameAt(text, p, name)
+		n, ok := foldNameAt(text, p, &proseKeyNames[i])
 		if !ok {
 			continue
 		}
-		c := blanks(n, 3)
-		if c == n || c < len(text) && (text[c] == ' ' || text[c] == '\t') {
-			continue // [ \t]{1,3}, then the copula
+		c := n // [ \t]{1,3}, then the copula
+		for c < len(text) && c-n < 3 && isBlankByte(text[c]) {
+			c++
 		}
+		if c == n || c < len(text) && isBlankByte(text[c]) {
+			continue
+		}
+		tc := at(text, c)
 		for _, cop := range proseKeyCopulas {
+			if tc < 0x80 && tc|0x20 != cop[0] {
+				continue // not the copula's first letter
+			}
 			if e, ok := proseFoldAt(text, c, cop); ok {
-				if vs, ve, ok := rest(e); ok {
+				if vs, ve, ok := proseKeyValueAt(text, e); ok {
 					return vs, ve, true
 				}
 			}
 		}
 	}
 	return 0, 0, false
+}
+
+func isBlankByte(c byte) bool { return c == ' ' || c == '\t' }
+
+// proseKeyValueAt matches the rule's tail at q, [ \t]{0,3}:?[ \t]{0,3}
+// ["'\x60]?([A-Za-z0-9][A-Za-z0-9._~+/-]*[A-Za-z0-9]={0,2}): the value's
+// bounds.
+func proseKeyValueAt(text string, q int) (int, int, bool) {
+	for k := 0; k < 3 && q < len(text) && isBlankByte(text[q]); k++ {
+		q++
+	}
+	if q < len(text) && text[q] == ':' {
+		q++
+	}
+	for k := 0; k < 3 && q < len(text) && isBlankByte(text[q]); k++ {
+		q++
+	}
+	if q < len(text) && (text[q] == '"' || text[q] == '\'' || text[q] == '`') {
+		q++
+	}
+	if q >= len(text) || !isAlnum(text[q]) {
+		return 0, 0, false
+	}
+	j := q + 1
+	for j < len(text) && proseKeyByte(text[j]) {
+		j++
+	}
+	last := j - 1 // the value's last alphanumeric byte, after its first
+	for last > q && !isAlnum(text[last]) {
+		last--
+	}
+	if last == q {
+		return 0, 0, false
+	}
+	e := last + 1
+	for k := 0; k < 2 && e < len(text) && text[e] == '='; k++ {
+		e++
+	}
+	return q, e, true
 }
 
 // proseKeyNames are the rule's names in its alternation's order: two
@@ -1472,6 +1500,14 @@ var proseKeyNames = [...][2]string{
 	{"token", ""},
 }
 
+// proseKeyFirsts marks the names' first letters.
+var proseKeyFirsts = func() (t [0x80]byte) {
+	for _, n := range proseKeyNames {
+		t[n[0][0]] = 1
+	}
+	return t
+}()
+
 // proseKeyCopulas are the rule's copulas in its alternation's order.
 var proseKeyCopulas = [...]string{"is", "was", "ist", "è", "es", "est"}
 
@@ -1481,7 +1517,7 @@ func proseKeyByte(c byte) bool {
 }
 
 // foldNameAt matches name (first word, then [ _-]? and the second) at i.
-func foldNameAt(text string, i int, name [2]string) (int, bool) {
+func foldNameAt(text string, i int, name *[2]string) (int, bool) {
 	j, ok := proseFoldAt(text, i, name[0])
 	if !ok || name[1] == "" {
 		return j, ok
@@ -1497,7 +1533,7 @@ func foldNameAt(text string, i int, name [2]string) (int, bool) {
 // proseFoldAt matches lit (lower-case ASCII letters, or "è") at i as (?i)
 // does: ASCII case, U+212A KELVIN SIGN for k, U+017F LONG S for s, È for è.
 func proseFoldAt(text string, i int, lit string) (int, bool) {
-	if lit == "è" {
+	if lit[0] >= 0x80 { // "è"
 		for _, f := range [...]string{"è", "È"} {
 			if strings.HasPrefix(text[i:], f) {
 				return i + len(f), true
@@ -1507,9 +1543,11 @@ func proseFoldAt(text string, i int, lit string) (int, bool) {
 	}
 	for k := 0; k < len(lit); k++ {
 		c := lit[k]
-		switch {
-		case i < len(text) && text[i]|0x20 == c:
+		if i < len(text) && text[i]|0x20 == c {
 			i++
+			continue
+		}
+		switch {
 		case c == 'k' && strings.HasPrefix(text[i:], "\u212a"):
 			i += len("\u212a")
 		case c == 's' && strings.HasPrefix(text[i:], "\u017f"):
@@ -1520,38 +1558,6 @@ func proseFoldAt(text string, i int, lit string) (int, bool) {
 	}
 	return i, true
 }
-
-// copulaNear reports whether a blank followed by a copula of the prose
-// key rule ("is", "was", "ist", "es", "est", "è", any case) starts
-// within copulaReach bytes of p: where a match of that rule starting at
-// p must have one (a name of at most 12 bytes and up to three blanks).
-func copulaNear(text string, p int) bool {
-	end := min(len(text), p+copulaReach)
-	for i := p; i < end; i++ {
-		if c := text[i]; c != ' ' && c != '\t' {
-			continue
-		}
-		w := text[i+1 : min(len(text), i+4)]
-		if strings.HasPrefix(w, "è") || strings.HasPrefix(w, "È") {
-			return true
-		}
-		var l [3]byte
-		n := copy(l[:], w)
-		for k := range n {
-			l[k] |= 0x20
-		}
-		switch {
-		case n >= 2 && (l[0] == 'i' && l[1] == 's' || l[0] == 'e' && l[1] == 's'),
-			n >= 3 && l[0] == 'w' && l[1] == 'a' && l[2] == 's':
-			return true
-		}
-	}
-	return false
-}
-
-// copulaReach bounds where copulaNear looks: "access-token" and three
-// blanks.
-const copulaReach = 12 + 3
 
 // proseKeyValue reports whether the value after "the token is" looks
 // like a key rather than words: 16 bytes or more, at least two digits and
