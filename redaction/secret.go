@@ -46,10 +46,7 @@ type secretRule struct {
 	// grouped: the rule's keys are also read written in groups of four
 	// (groupedAWSKeyAt, see grouped.go).
 	grouped bool
-	// copula: the hand rule of keys named in prose ("the token is …"),
-	// matched by hand (proseKeyAt).
-	copula bool
-	orig   string // the pattern before the speed-ups (for tests)
+	orig    string // the pattern before the speed-ups (for tests)
 	// near: every match holds a keyword that starts at most reach bytes
 	// after the match (keywordReach) and no assertion before its first
 	// byte reads the byte before it, so the rule runs only where a match
@@ -212,15 +209,6 @@ var handSecretRules = []struct {
 	// before or after its value: <input type="password" value="…">.
 	{"password", `(?i)<input\b[^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)[\w-]{0,20}[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["']`, 1, 2.5, []string{"<input"}},
 	{"password", `(?i)<input\b[^>]{0,200}?\bvalue[ \t]*=[ \t]*["']([^\s"'<>]{5,127}[^\s"'<>.!?:,;])["'][^>]{0,200}?\b(?:type|name|id)[ \t]*=[ \t]*["']?(?:password|passwd|pwd)`, 1, 2.5, []string{"<input"}},
-	// A key or token named in prose ("the token is …", "my API key was:
-	// …", "der API-Key ist …"), which gitleaks' generic rule (an operator
-	// between name and value) does not read: the name, a copula, then 16
-	// or more bytes of a token's alphabet (matched by hand: proseKeyAt;
-	// the length is proseKeyValue's to check, as a counted repetition
-	// would make the expression too large for Go's backtracker);
-	// proseKeyValue then asks for digits and letters and turns down
-	// hyphenated words.
-	{"generic", `\b(?i:(?:(?:api|access|secret)[ _-]?key|(?:access|auth|api)[ _-]?token|token)[ \t]{1,3}(?:is|was|ist|è|es|est))[ \t]{0,3}:?[ \t]{0,3}["'\x60]?([A-Za-z0-9][A-Za-z0-9._~+/-]*[A-Za-z0-9]={0,2})`, 1, 3.5, []string{"api", "access", "secret", "auth", "token"}},
 	// An HTTP bearer token (RFC 6750 §2.1: "Authorization: Bearer
 	// <b64token>", also pasted without the header name) and Basic
 	// credentials in an Authorization header (RFC 7617): gitleaks only
@@ -258,7 +246,7 @@ func buildSecretDetector() (*secretDetector, error) {
 		d.rules = append(d.rules, secretRule{
 			id: "molly-" + h.subtype, subtype: h.subtype, re: regexp.MustCompile(src),
 			group: h.group, entropy: h.entropy, keywords: h.keywords, hand: true, leadB: leadB, orig: h.re,
-			grouped: h.subtype == "aws_access_key", copula: h.subtype == "generic",
+			grouped: h.subtype == "aws_access_key",
 		})
 		d.anchorAtStart(&d.rules[len(d.rules)-1], src)
 	}
@@ -1162,23 +1150,6 @@ func (d *secretDetector) detectAt(r *secretRule, text string, hits []int32, dst 
 		if p < last {
 			continue
 		}
-		if r.copula {
-			// Matched by hand at once: proseKeyAt's byte comparisons turn
-			// down a hit sooner than any filter would.
-			if r.leadB && r.boundaryFails(text, p) {
-				continue
-			}
-			if !b.spend(1) {
-				return dst
-			}
-			if vs, ve, ok := proseKeyAt(text, p); ok {
-				if f, ok := d.finding(r, text, []int{p, ve, vs, ve}, memo); ok {
-					dst = append(dst, f)
-					last = ve
-				}
-			}
-			continue
-		}
 		if r.start != nil && !r.start.admits(text, p) {
 			continue
 		}
@@ -1356,9 +1327,6 @@ func (d *secretDetector) finding(r *secretRule, text string, m []int, memo allow
 	if r.hand && r.subtype == "bearer" && !bearerValue(secret) {
 		return Finding{}, false
 	}
-	if r.hand && r.subtype == "generic" && !proseKeyValue(secret) {
-		return Finding{}, false
-	}
 	ms := m[0]
 	if r.stripped {
 		ms = identStart(text, ms)
@@ -1409,191 +1377,6 @@ func bearerValue(s string) bool {
 		}
 	}
 	return digit || upper && lower
-}
-
-// proseKeyAt matches the prose key rule (handSecretRules' "generic")
-// anchored at p by hand, as its expression does (leftmost first, (?i)
-// folding U+212A to k and U+017F to s): the bounds of the value (group
-// 1, where the match ends too), ok false when no match starts at p.
-// TestProseKeyAtIsTheExpression checks it against the expression; the
-// expression's backtracker costs microseconds at every try, this a few
-// byte comparisons.
-func proseKeyAt(text string, p int) (vs, ve int, ok bool) {
-	first := at(text, p)
-	if first < 0x80 && proseKeyFirsts[first|0x20] == 0 {
-		return 0, 0, false // no name starts so (a non-ASCII byte may be a fold: tried)
-	}
-	for i := range proseKeyNames {
-		if first < 0x80 && first|0x20 != proseKeyNames[i][0][0] {
-			continue
-		}
-		n, ok := foldNameAt(text, p, &proseKeyNames[i])
-		if !ok {
-			continue
-		}
-		c := n // [ \t]{1,3}, then the copula
-		for c < len(text) && c-n < 3 && isBlankByte(text[c]) {
-			c++
-		}
-		if c == n || c < len(text) && isBlankByte(text[c]) {
-			continue
-		}
-		tc := at(text, c)
-		for _, cop := range proseKeyCopulas {
-			if tc < 0x80 && tc|0x20 != cop[0] {
-				continue // not the copula's first letter
-			}
-			if e, ok := proseFoldAt(text, c, cop); ok {
-				if vs, ve, ok := proseKeyValueAt(text, e); ok {
-					return vs, ve, true
-				}
-			}
-		}
-	}
-	return 0, 0, false
-}
-
-func isBlankByte(c byte) bool { return c == ' ' || c == '\t' }
-
-// proseKeyValueAt matches the rule's tail at q, [ \t]{0,3}:?[ \t]{0,3}
-// ["'\x60]?([A-Za-z0-9][A-Za-z0-9._~+/-]*[A-Za-z0-9]={0,2}): the value's
-// bounds.
-func proseKeyValueAt(text string, q int) (int, int, bool) {
-	for k := 0; k < 3 && q < len(text) && isBlankByte(text[q]); k++ {
-		q++
-	}
-	if q < len(text) && text[q] == ':' {
-		q++
-	}
-	for k := 0; k < 3 && q < len(text) && isBlankByte(text[q]); k++ {
-		q++
-	}
-	if q < len(text) && (text[q] == '"' || text[q] == '\'' || text[q] == '`') {
-		q++
-	}
-	if q >= len(text) || !isAlnum(text[q]) {
-		return 0, 0, false
-	}
-	j := q + 1
-	for j < len(text) && proseKeyByte(text[j]) {
-		j++
-	}
-	last := j - 1 // the value's last alphanumeric byte, after its first
-	for last > q && !isAlnum(text[last]) {
-		last--
-	}
-	if last == q {
-		return 0, 0, false
-	}
-	e := last + 1
-	for k := 0; k < 2 && e < len(text) && text[e] == '='; k++ {
-		e++
-	}
-	return q, e, true
-}
-
-// proseKeyNames are the rule's names in its alternation's order: two
-// words (the second "key" or "token") joined by an optional [ _-], or one.
-var proseKeyNames = [...][2]string{
-	{"api", "key"}, {"access", "key"}, {"secret", "key"},
-	{"access", "token"}, {"auth", "token"}, {"api", "token"},
-	{"token", ""},
-}
-
-// proseKeyFirsts marks the names' first letters.
-var proseKeyFirsts = func() (t [0x80]byte) {
-	for _, n := range proseKeyNames {
-		t[n[0][0]] = 1
-	}
-	return t
-}()
-
-// proseKeyCopulas are the rule's copulas in its alternation's order.
-var proseKeyCopulas = [...]string{"is", "was", "ist", "è", "es", "est"}
-
-// proseKeyByte: [A-Za-z0-9._~+/-], the value's bytes after its first.
-func proseKeyByte(c byte) bool {
-	return isAlnum(c) || c == '.' || c == '_' || c == '~' || c == '+' || c == '/' || c == '-'
-}
-
-// foldNameAt matches name (first word, then [ _-]? and the second) at i.
-func foldNameAt(text string, i int, name *[2]string) (int, bool) {
-	j, ok := proseFoldAt(text, i, name[0])
-	if !ok || name[1] == "" {
-		return j, ok
-	}
-	if j < len(text) && (text[j] == ' ' || text[j] == '_' || text[j] == '-') {
-		if k, ok := proseFoldAt(text, j+1, name[1]); ok {
-			return k, true
-		}
-	}
-	return proseFoldAt(text, j, name[1])
-}
-
-// proseFoldAt matches lit (lower-case ASCII letters, or "è") at i as (?i)
-// does: ASCII case, U+212A KELVIN SIGN for k, U+017F LONG S for s, È for è.
-func proseFoldAt(text string, i int, lit string) (int, bool) {
-	if lit[0] >= 0x80 { // "è"
-		for _, f := range [...]string{"è", "È"} {
-			if strings.HasPrefix(text[i:], f) {
-				return i + len(f), true
-			}
-		}
-		return 0, false
-	}
-	for k := 0; k < len(lit); k++ {
-		c := lit[k]
-		if i < len(text) && text[i]|0x20 == c {
-			i++
-			continue
-		}
-		switch {
-		case c == 'k' && strings.HasPrefix(text[i:], "\u212a"):
-			i += len("\u212a")
-		case c == 's' && strings.HasPrefix(text[i:], "\u017f"):
-			i += len("\u017f")
-		default:
-			return 0, false
-		}
-	}
-	return i, true
-}
-
-// proseKeyValue reports whether the value after "the token is" looks
-// like a key rather than words: 16 bytes or more, at least two digits and
-// two letters, and not three or more all-lowercase words joined by '-',
-// '.', '_' or '/' ("deprecated-in-v2-of-the-api",
-// "docs.example.com/v2/tokens").
-func proseKeyValue(s string) bool {
-	if len(s) < 16 {
-		return false
-	}
-	digits, letters, words := 0, 0, 0
-	part, lowerPart := 0, true
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == '-' || s[i] == '.' || s[i] == '_' || s[i] == '/' {
-			if part >= 2 && lowerPart {
-				words++
-			}
-			part, lowerPart = 0, true
-			continue
-		}
-		c := s[i]
-		part++
-		switch {
-		case isDigit(c):
-			digits++
-			lowerPart = false
-		case isLower(c):
-			letters++
-		case isUpper(c):
-			letters++
-			lowerPart = false
-		default:
-			lowerPart = false
-		}
-	}
-	return digits >= 2 && letters >= 2 && words < 3
 }
 
 // passwordValue reports whether the value of a password assignment looks
