@@ -2,6 +2,7 @@ package redaction
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -250,5 +251,86 @@ func TestGroupedFiscalCodesOfEitherCaseAreFound(t *testing.T) {
 		if f.Type == TypeITFiscalCode {
 			t.Fatalf("%q: a code of mixed case was read as one: %q", mixed, mixed[f.Start:f.End])
 		}
+	}
+}
+
+// TestFiscalYearAtAdmitsEveryGroupedCodesYear: wherever fiscalGroupedAt
+// reads a code holding a digit, fiscalYearAt admits the code's year run
+// (the run holding its 8th character when that is a digit, else its 7th:
+// the year's second digit replaced), so detectFiscalGrouped, which reads
+// codes only from runs fiscalYearAt admits, misses none. The codes are
+// RSSMRA80A01H501U with none to six of its digits replaced (check letters
+// by fiscalCheckByHand), in either case, with each separator and grouping,
+// amid precheckTexts' noise.
+func TestFiscalYearAtAdmitsEveryGroupedCodesYear(t *testing.T) {
+	var codes []string
+	code := []byte("RSSMRA80A01H501U")
+	codes = append(codes, string(code))
+	for _, pos := range []int{14, 13, 12, 10, 9, 7} {
+		code[pos] = "LMNPQRSTUV"[code[pos]-'0']
+		code[15] = fiscalCheckByHand(string(code))
+		codes = append(codes, string(code))
+	}
+	noise := precheckTexts(3000)
+	var texts []string
+	for k, c := range codes {
+		for _, cs := range []string{c, strings.ToLower(c)} {
+			for _, sep := range []string{" ", "-", ".", "_", "/"} {
+				for _, cuts := range [][]int{{3, 6, 11}, {6}, {6, 8, 11}, {3, 6, 8, 9, 11, 15}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {7}} {
+					var b strings.Builder
+					for i := range cs {
+						if slices.Contains(cuts, i) {
+							b.WriteString(sep)
+						}
+						b.WriteByte(cs[i])
+					}
+					for q := range 4 {
+						texts = append(texts, noise[(k*31+q)%len(noise)]+" "+b.String()+[]string{" ", ".", "", ", "}[q])
+					}
+				}
+			}
+		}
+	}
+	texts = append(texts, precheckTexts(100000)...)
+	var up [16]byte
+	admitted := 0
+	for _, text := range texts {
+		for st := range len(text) {
+			if !isAlpha(text[st]) {
+				continue
+			}
+			if _, ok := fiscalGroupedAt(text, st, &up); !ok || !strings.ContainsAny(string(up[:]), "0123456789") {
+				continue
+			}
+			// The offsets of the code's 7th and 8th characters, read as
+			// fiscalGroupedAt reads the code.
+			var pos [8]int
+			j := st
+			for k := range 8 {
+				if k > 0 && fiscalSep(text[j]) && isAlnum(text[j+1]) {
+					j++
+				}
+				pos[k] = j
+				j++
+			}
+			y := pos[7]
+			if !isDigit(text[y]) {
+				y = pos[6]
+			}
+			i, n := y, y
+			for i > 0 && isDigit(text[i-1]) {
+				i--
+			}
+			for n < len(text) && isDigit(text[n]) {
+				n++
+			}
+			admitted++
+			if !fiscalYearAt(text, i, n) {
+				t.Fatalf("%q: the code at %d is read, but fiscalYearAt turns down its year %q", text, st, text[i:n])
+			}
+		}
+	}
+	if admitted < len(codes)*2*5*6 {
+		t.Fatalf("only %d codes read: the texts do not test the condition", admitted)
 	}
 }

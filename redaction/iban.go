@@ -14,6 +14,15 @@ var ibanLength = map[string]int{
 	"SV": 28, "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
 }
 
+// ibanLengthOf is ibanLength by the country code's two letters ('A'-based
+// indices; 0: no such country), read without hashing a key.
+var ibanLengthOf = func() (t [26][26]uint8) {
+	for cc, n := range ibanLength {
+		t[cc[0]-'A'][cc[1]-'A'] = uint8(n)
+	}
+	return t
+}()
+
 // IBANs (ISO 13616-1): a country code from the registry (any case), two
 // check digits, and a BBAN of the length the registry gives for that
 // country, written compact, in the paper format of ISO 13616-1 §5.4 or

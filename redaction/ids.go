@@ -342,7 +342,8 @@ func alphaBefore(text string, i, n int) bool {
 // after six letters (single separators between them), followed by a
 // month letter and the day's first character (fiscalMonthAfter), or one
 // digit followed by an omocodic letter and then the month (the year's
-// second digit replaced). Omocodic codes replace digits from the right
+// second digit replaced); the six letters are all upper or all lower
+// case. Omocodic codes replace digits from the right
 // (positions 14, 13, 12, 10, 9, 7, 6), so every code with at most six
 // replaced digits holds this shape; it is the cheap test that keeps
 // detectFiscalGrouped off the digit runs of prose, hashes and
@@ -364,16 +365,21 @@ func fiscalYearAt(text string, i, n int) bool {
 	default:
 		return false
 	}
+	// The six letters are of one case, as fiscalGroupedAt reads a code:
+	// in base64 and hashes six letters in a row mostly are not.
+	cases := 0 // bit 0: an upper-case letter seen; bit 1: a lower-case one
 	for range 6 {
 		if k > 1 && fiscalSep(text[k-1]) && isAlpha(text[k-2]) {
 			k--
 		}
-		if !isAlpha(before(text, k)) {
+		c := before(text, k)
+		if !isAlpha(c) {
 			return false
 		}
+		cases |= 1 << boolInt(isLower(c))
 		k--
 	}
-	return true
+	return cases != 3
 }
 
 // fiscalEndsInWord reports, for a digit run fiscalYearAt accepts, that

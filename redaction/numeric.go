@@ -562,8 +562,8 @@ func (ns *numScan) iban() {
 	if p >= 0x80 && numGlueBefore(text, k) || p < 0x80 && wordByte(p) && p != '_' {
 		return
 	}
-	want, ok := ibanLength[string(cc[:])]
-	if !ok {
+	want := int(ibanLengthOf[cc[0]-'A'][cc[1]-'A'])
+	if want == 0 {
 		return
 	}
 	var buf [34]byte

@@ -472,6 +472,14 @@ func (s *Scanner) state() *scanState {
 
 // scan is Scan at nesting depth depth (values inside encodings).
 func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
+	return s.scanAs(text, b, depth, false)
+}
+
+// scanAs is scan; with plain set the caller knows text's normalised view
+// is text itself (normaliseInto would report ok=false: no byte of it is
+// >= 0x80 or in specialASCII, or each '=' of it is followed by a byte
+// other than a line break), and the first pass does not build it.
+func (s *Scanner) scanAs(text string, b *budget, depth int, plain bool) []Finding {
 	if text == "" {
 		return nil
 	}
@@ -479,14 +487,14 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 		return nil
 	}
 	st := s.state()
-	cand := s.pass(text, st, b, depth, false)
+	cand := s.pass(text, st, b, depth, false, plain)
 	if qpEscaped(text) {
 		// Quoted-printable text (RFC 2045 §6.7): a second pass over the
 		// view with its =XX escapes decoded ("john=40example.com"). Not in
 		// the first view: "width=40" or "key=41bc…" in code would read as
 		// "width@" and "keyAbc…". Only what this pass finds through an
 		// escape is new.
-		for _, f := range s.pass(text, st, b, depth, true) {
+		for _, f := range s.pass(text, st, b, depth, true, false) {
 			if hasQPEscape(text[f.Start:f.End]) {
 				cand = append(cand, f)
 			}
@@ -503,13 +511,16 @@ func (s *Scanner) scan(text string, b *budget, depth int) []Finding {
 
 // pass runs the detectors on the normalised view of text (with
 // quoted-printable escapes decoded when qp is set) and returns their
-// candidates in text's offsets.
-func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp bool) []Finding {
+// candidates in text's offsets. With plain set (see scanAs) text is its
+// own view.
+func (s *Scanner) pass(text string, st *scanState, b *budget, depth int, qp, plain bool) []Finding {
 	// The view aliases st.view until st goes back to the pool, after the
 	// findings are mapped back (nothing else keeps it).
 	var v view
 	var ok bool
-	v, ok, st.view, st.marks = normaliseInto(text, st.view, st.marks, qp)
+	if !plain {
+		v, ok, st.view, st.marks = normaliseInto(text, st.view, st.marks, qp)
+	}
 	scan := text
 	if ok {
 		// The view only removes obfuscation (see normalise), so scanning

@@ -230,7 +230,11 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		// it is: its base64 is decoded line by line by detectEncoded, so a
 		// block of encoded lines (a MIME body, a PEM) costs one more read,
 		// not a second decoding.
-		for _, f := range s.secretsOnly.scan(unsafe.String(unsafe.SliceData(joined), len(joined)), b, maxEncodedDepth) {
+		// The pieces after the keyword context are base64 bytes, dots and
+		// '=' before another piece's byte: the joined text is its own
+		// normalised view unless the context needs one.
+		plain := plainView(text[cs:rs])
+		for _, f := range s.secretsOnly.scanAs(unsafe.String(unsafe.SliceData(joined), len(joined)), b, maxEncodedDepth, plain) {
 			if f.Type != TypeSecret {
 				continue
 			}
@@ -252,6 +256,17 @@ func (s *Scanner) detectWrapped(text string, runs [][2]int32, dst []Finding, b *
 		}
 	}
 	return dst
+}
+
+// plainView reports whether normaliseInto leaves s as it is for a byte
+// test alone: no byte of s is >= 0x80 or in specialASCII.
+func plainView(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0x80 || specialASCII[c] {
+			return false
+		}
+	}
+	return true
 }
 
 // coveredBy reports whether [s, e) lies inside one of spans (sorted by
