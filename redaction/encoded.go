@@ -265,6 +265,12 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		raw, err = hex.AppendDecode(dst, src)
 	default:
 		body := strings.TrimRight(run, "=")
+		// The first six decoded bytes, from the first eight characters:
+		// printableText wants valid UTF-8, which random bytes (a pasted
+		// binary attachment) mostly are not from their first bytes on.
+		if !utf8Start(body) {
+			return dst, false
+		}
 		if strings.IndexByte(body, '=') >= 0 {
 			return dst, false
 		}
@@ -289,6 +295,39 @@ func decodeRun(dst []byte, run string) ([]byte, bool) {
 		return raw, false
 	}
 	return raw, true
+}
+
+// utf8Start reports whether the bytes the first eight characters of the
+// base64 s decode to (six bytes; all of s when it is shorter) may begin
+// valid UTF-8: every rune in them is valid, the last one possibly cut
+// short. It reports true for an s too short or holding a byte outside
+// both alphabets (decoding turns those down).
+func utf8Start(s string) bool {
+	if len(s) < 8 {
+		return true
+	}
+	var v uint64
+	for i := range 8 {
+		c := b64Value[s[i]]
+		if c > 63 {
+			return true
+		}
+		v = v<<6 | uint64(c)
+	}
+	b := [6]byte{byte(v >> 40), byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
+	p := b[:]
+	for len(p) > 0 {
+		if p[0] < utf8.RuneSelf {
+			p = p[1:]
+			continue
+		}
+		r, size := utf8.DecodeRune(p)
+		if r == utf8.RuneError && size == 1 {
+			return !utf8.FullRune(p) // cut short, or invalid
+		}
+		p = p[size:]
+	}
+	return true
 }
 
 // appendBase64 appends to dst the bytes that s, unpadded base64, decodes

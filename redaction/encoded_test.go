@@ -226,3 +226,50 @@ func TestWrappedBinaryBodyIsLinear(t *testing.T) {
 		t.Errorf("findings in random binary: %v", fs)
 	}
 }
+
+// TestUTF8StartIsNecessary: wherever the decoded bytes of a base64 run
+// read as text (printableText over encoding/base64's decoding, the
+// oracle), utf8Start admits the run, for texts of every script cut at
+// any byte (so a multi-byte character straddles the first six bytes) and
+// for random bytes, in both alphabets; and it turns down most random
+// bytes, which is what it is for.
+func TestUTF8StartIsNecessary(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	texts := []string{
+		"mario.rossi@example.it and more text, ",
+		"Grüße aus München, straße ü ö ä ß — “quotes” … ",
+		"卡号 4111 1111 1111 1111 订单号 2024-118734。バージョン 1.4.2 주문번호 ",
+		"😀 emoji 🇮🇹 and \u200b zero width, tab\tnewline\n",
+		"Ελληνικά κείμενο, русский текст, עברית, العربية ",
+	}
+	admitted, rejected := 0, 0
+	check := func(raw []byte) {
+		for _, enc := range []*base64.Encoding{base64.RawStdEncoding, base64.RawURLEncoding} {
+			s := enc.EncodeToString(raw)
+			if len(raw) >= 6 && printableText(raw) {
+				admitted++
+				if !utf8Start(s) {
+					t.Fatalf("utf8Start(%q) = false for the text %q", s, raw)
+				}
+			}
+			if !utf8Start(s) {
+				rejected++
+			}
+		}
+	}
+	for _, txt := range texts {
+		for cut := range len(txt) {
+			check([]byte(txt[cut:] + txt[:cut]))
+		}
+	}
+	for range 20000 {
+		raw := make([]byte, 6+rng.IntN(60))
+		for i := range raw {
+			raw[i] = byte(rng.Uint32())
+		}
+		check(raw)
+	}
+	if admitted == 0 || rejected < 20000 {
+		t.Fatalf("%d texts admitted, %d runs turned down: the inputs do not test the condition", admitted, rejected)
+	}
+}

@@ -106,15 +106,16 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 	}
 	for _, d := range digits {
 		i := int(d)
-		if !alphaBefore(text, i, 4) {
-			continue // fiscalYearAt needs a letter of the surname or name in the 4 bytes before
-		}
 		n := i
 		for n < len(text) && isDigit(text[n]) {
 			n++
 		}
-		if n-i > 3 {
-			continue // no group of a fiscal code holds four digits
+		// fiscalYearAt's cheap conditions first, the most selective one
+		// (a month letter after the run) before the others: a year is
+		// one or two digits with a letter of the surname or name in the
+		// 4 bytes before.
+		if n-i > 2 || !fiscalYearMaybe(text, i, n) || !alphaBefore(text, i, 4) {
+			continue
 		}
 		// A grouped code holds a separator, and its year's run lies at its
 		// 7th and 8th characters: the code starts at most 14 bytes before
@@ -139,9 +140,6 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 			}
 		}
 		if sep > n+18 {
-			continue
-		}
-		if !fiscalYearMaybe(text, i, n) {
 			continue
 		}
 		// The letters of a grouped code are of one case (fiscalGroupedAt):
