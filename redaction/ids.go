@@ -152,7 +152,7 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 		if c := before(text, i); isAlpha(c) && (c^text[m])&0x20 != 0 {
 			continue
 		}
-		if !fiscalYearAt(text, i, n) || fiscalEndsInWord(text, i, n) {
+		if y := readFiscalYear(text, i, n); !fiscalYearOf(text, &y) || fiscalEndsInWordOf(text, &y) {
 			continue
 		}
 		// Group starts behind the run: at most 14 characters back.
@@ -338,7 +338,7 @@ func alphaBefore(text string, i, n int) bool {
 // fiscalYearAt reports whether the digit run text[i:n] may be a fiscal
 // code's year: one or two digits (one when a separator splits the year)
 // after six letters (single separators between them), followed by a
-// month letter and the day's first character (fiscalMonthAfter), or one
+// month letter and the day's first character (fiscalMonthEnd), or one
 // digit followed by an omocodic letter and then the month (the year's
 // second digit replaced); the six letters are all upper or all lower
 // case. Omocodic codes replace digits from the right
@@ -352,13 +352,50 @@ func fiscalYearAt(text string, i, n int) bool {
 	if n-i > 2 {
 		return false
 	}
-	k := i
+	y := readFiscalYear(text, i, n)
+	return fiscalYearOf(text, &y)
+}
+
+// fiscalYear holds fiscalMonthEnd's two readings of a digit run text[i:n]
+// as a year, each read at most once for fiscalYearOf and
+// fiscalEndsInWordOf: ok1 and e1 with the month right after the run, ok2
+// and e2 (only for a one-digit run, read when first needed: most runs
+// are turned down before) after an omocodic letter that replaces the
+// year's second digit.
+type fiscalYear struct {
+	i, n     int
+	ok1, ok2 bool
+	e1, e2   int
+	read2    bool
+}
+
+func readFiscalYear(text string, i, n int) fiscalYear {
+	y := fiscalYear{i: i, n: n, e2: -1}
+	y.ok1, y.e1 = fiscalMonthEnd(text, n)
+	return y
+}
+
+// second reads (once) and returns ok2.
+func (y *fiscalYear) second(text string) bool {
+	if !y.read2 {
+		y.read2 = true
+		if y.n-y.i == 1 {
+			y.ok2, y.e2 = fiscalMonthEnd(text, omocodicAfter(text, y.n))
+		}
+	}
+	return y.ok2
+}
+
+// fiscalYearOf is fiscalYearAt with the readings y of the run (at most
+// two digits).
+func fiscalYearOf(text string, y *fiscalYear) bool {
+	i, n, k := y.i, y.n, y.i
 	switch {
-	case fiscalMonthAfter(text, n):
+	case y.ok1:
 		if n-i == 1 && fiscalSep(before(text, k)) && isDigit(before(text, k-1)) {
 			k -= 2 // "8 0": the year's first digit
 		}
-	case n-i == 1 && fiscalMonthAfter(text, omocodicAfter(text, n)):
+	case y.second(text):
 		// "8L": the year's second digit replaced (six omocodic letters).
 	default:
 		return false
@@ -380,22 +417,18 @@ func fiscalYearAt(text string, i, n int) bool {
 	return cases != 3
 }
 
-// fiscalEndsInWord reports, for a digit run fiscalYearAt accepts, that
-// every code holding it as its year ends where fiscalGroupedAt turns a
-// code down (inside a word, or before '-' and more of one): each reading
-// of the run as a year (fiscalYearAt's two) that holds has its day's
-// first digit replaced, so the code's end is known from the run on,
-// whichever start it has.
-func fiscalEndsInWord(text string, i, n int) bool {
+// fiscalEndsInWordOf reports, for a digit run fiscalYearAt accepts (y its
+// readings), that every code holding it as its year ends where
+// fiscalGroupedAt turns a code down (inside a word, or before '-' and more
+// of one): each reading of the run as a year (fiscalYearAt's two) that
+// holds has its day's first digit replaced, so the code's end is known
+// from the run on, whichever start it has.
+func fiscalEndsInWordOf(text string, y *fiscalYear) bool {
 	bad := func(ok bool, e int) bool {
 		return !ok || e >= 0 && (wordByte(at(text, e)) || at(text, e) == '-' && isAlnum(at(text, e+1)))
 	}
-	ok1, e1 := fiscalMonthEnd(text, n)
-	ok2, e2 := false, -1
-	if n-i == 1 {
-		ok2, e2 = fiscalMonthEnd(text, omocodicAfter(text, n))
-	}
-	return (ok1 || ok2) && bad(ok1, e1) && bad(ok2, e2)
+	ok2 := y.second(text)
+	return (y.ok1 || ok2) && bad(y.ok1, y.e1) && bad(ok2, y.e2)
 }
 
 // fiscalYearMaybe is fiscalYearAt's first condition, cheap enough to
@@ -443,20 +476,14 @@ func omocodicAfter(text string, n int) int {
 	return j + 1
 }
 
-// fiscalMonthAfter reports whether the digit run ending at n may be a
+// fiscalMonthEnd reports whether the digit run ending at n may be a
 // fiscal code's year: it is followed (after at most one separator) by a
 // month letter (fiscalMonths, either case) and then (after at most one
 // separator) by the day's first character: a digit, or an omocodic letter
 // followed by the rest of a code whose digits are all replaced from there
-// on. n < 0 reports false.
-func fiscalMonthAfter(text string, n int) bool {
-	ok, _ := fiscalMonthEnd(text, n)
-	return ok
-}
-
-// fiscalMonthEnd is fiscalMonthAfter, with the end of the code when its
-// day's first digit is replaced (the code's last character is then read):
-// end is -1 when the day starts with a digit.
+// on. n < 0 reports false. end is the end of the code when its day's
+// first digit is replaced (the code's last character is then read), -1
+// when the day starts with a digit.
 func fiscalMonthEnd(text string, n int) (ok bool, end int) {
 	if n < 0 {
 		return false, -1
