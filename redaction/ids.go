@@ -369,6 +369,8 @@ type fiscalYear struct {
 	read2    bool
 }
 
+// readFiscalYear returns the readings of the digit run text[i:n] with the
+// first one read.
 func readFiscalYear(text string, i, n int) fiscalYear {
 	y := fiscalYear{i: i, n: n, e2: -1}
 	y.ok1, y.e1 = fiscalMonthEnd(text, n)
