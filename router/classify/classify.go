@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -43,6 +44,10 @@ type Classifier struct {
 	estimator *capability.Estimator
 	// cache keeps the findings of long texts sent again (scancache.go).
 	cache *scanCache
+	// cleanNames holds the model names the detectors found nothing in
+	// (checkModelName); nClean counts the names offered to it.
+	cleanNames sync.Map // string → struct{}
+	nClean     atomic.Int32
 }
 
 // Option configures a Classifier; see New.
@@ -716,15 +721,32 @@ func escapePath(key string) string { return relay.EscapeKey(key) }
 // checkModelName refuses model names that carry what looks like a secret
 // or personal data: model names are logged and echoed in errors, so such a
 // name is refused without repeating it.
+//
+// A name the detectors found nothing in is remembered (up to
+// maxCleanNames of them, the first seen): requests name a handful of
+// models, and a scan of a short string costs a few microseconds when the
+// detectors' tables are out of the cache, as they are between requests,
+// where a look-up costs a fraction of one. The same scanner gives the same
+// findings for the same string, so a remembered name is one it would pass.
 func (c *Classifier) checkModelName(name string) *openai.Error {
 	if len(name) > openai.MaxModelName {
 		return openai.InvalidRequest("model", "Invalid 'model': longer than %d bytes.", openai.MaxModelName)
 	}
+	if _, ok := c.cleanNames.Load(name); ok {
+		return nil
+	}
 	if len(c.scanner.Scan(name)) > 0 {
 		return openai.InvalidRequest("model", "Invalid 'model': the name contains what looks like a secret or personal data; it was neither logged nor routed.")
 	}
+	if c.nClean.Load() < maxCleanNames && c.nClean.Add(1) <= maxCleanNames {
+		c.cleanNames.Store(name, struct{}{})
+	}
 	return nil
 }
+
+// maxCleanNames bounds the model names checkModelName remembers; past it,
+// new names are scanned every time.
+const maxCleanNames = 256
 
 // ReasonScanBudget is the Unscanned reason of text the scan budget did not reach.
 const ReasonScanBudget = "scan budget exceeded"
