@@ -328,6 +328,9 @@ func TestFiscalYearAtAdmitsEveryGroupedCodesYear(t *testing.T) {
 			if !fiscalYearAt(text, i, n) {
 				t.Fatalf("%q: the code at %d is read, but fiscalYearAt turns down its year %q", text, st, text[i:n])
 			}
+			if !fiscalCaseBefore(text, i, n) {
+				t.Fatalf("%q: the code at %d is read, but fiscalCaseBefore turns down its year %q", text, st, text[i:n])
+			}
 		}
 	}
 	if admitted < len(codes)*2*5*6 {

@@ -112,9 +112,10 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 		}
 		// fiscalYearAt's cheap conditions first, the most selective one
 		// (a month letter after the run) before the others: a year is
-		// one or two digits with a letter of the surname or name in the
-		// 4 bytes before.
-		if n-i > 2 || !fiscalYearMaybe(text, i, n) || !alphaBefore(text, i, 4) {
+		// one or two digits after three letters of the name of the
+		// code's one case (fiscalCaseBefore; in base64 and hashes
+		// mostly not), and a separator near (below).
+		if n-i > 2 || !fiscalYearMaybe(text, i, n) || !fiscalCaseBefore(text, i, n) {
 			continue
 		}
 		// A grouped code holds a separator, and its year's run lies at its
@@ -140,16 +141,6 @@ func detectFiscalGrouped(text string, digits []int32, dst []Finding, rejected []
 			}
 		}
 		if sep > n+18 {
-			continue
-		}
-		// The letters of a grouped code are of one case (fiscalGroupedAt):
-		// a letter right before the run and the one fiscalYearMaybe read
-		// after it (at most one separator on) are both the code's.
-		m := n
-		if fiscalSep(text[m]) {
-			m++
-		}
-		if c := before(text, i); isAlpha(c) && (c^text[m])&0x20 != 0 {
 			continue
 		}
 		if y := readFiscalYear(text, i, n); !fiscalYearOf(text, &y) || fiscalEndsInWordOf(text, &y) {
@@ -324,17 +315,6 @@ func fiscalFieldGroups(text string, st, e int) bool {
 	return true
 }
 
-// alphaBefore reports whether one of the n bytes before text[i] is an
-// ASCII letter.
-func alphaBefore(text string, i, n int) bool {
-	for k := max(0, i-n); k < i; k++ {
-		if isAlpha(text[k]) {
-			return true
-		}
-	}
-	return false
-}
-
 // fiscalYearAt reports whether the digit run text[i:n] may be a fiscal
 // code's year: one or two digits (one when a separator splits the year)
 // after six letters (single separators between them), followed by a
@@ -431,6 +411,38 @@ func fiscalEndsInWordOf(text string, y *fiscalYear) bool {
 	}
 	ok2 := y.second(text)
 	return (y.ok1 || ok2) && bad(y.ok1, y.e1) && bad(ok2, y.e2)
+}
+
+// fiscalCaseBefore reports, for a digit run text[i:n] that
+// fiscalYearMaybe admits, that the three characters before the year it
+// may be (single separators between them) are letters of the case of the
+// letter after the run (at most one separator on): every code that
+// fiscalGroupedAt reads holds its year after six letters, and its letters
+// are of one case, the month's (or the omocodic letter's that replaces
+// the year's second digit) with them. The year is the run, or, for a
+// one-digit run after a separator and a digit ("8 0"), that digit and the
+// run, as fiscalYearOf reads it.
+func fiscalCaseBefore(text string, i, n int) bool {
+	m := n
+	if fiscalSep(text[m]) {
+		m++
+	}
+	want := text[m] & 0x20
+	k := i
+	if n-i == 1 && fiscalSep(before(text, k)) && isDigit(before(text, k-1)) {
+		k -= 2
+	}
+	for range 3 {
+		if k > 1 && fiscalSep(text[k-1]) && isAlpha(text[k-2]) {
+			k--
+		}
+		c := before(text, k)
+		if !isAlpha(c) || c&0x20 != want {
+			return false
+		}
+		k--
+	}
+	return true
 }
 
 // fiscalYearMaybe is fiscalYearAt's first condition, cheap enough to
