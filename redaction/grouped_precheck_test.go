@@ -35,8 +35,8 @@ func precheckTexts(n int) []string {
 
 // TestFiscalOmocodicPrecheckIsNecessary: wherever detectFiscalOmocodic
 // would keep a code (fiscalGroupedAt reads one, its separators lie
-// between fields, no digit is left), fiscalOmocodicMaybe admits its
-// start; on the fully omocodic codes of TestGroupedFullyOmocodicFiscalCodes
+// between fields, no digit is left), fiscalOmocodicMaybe and
+// fiscalOmocodicHead admit its start; on the fully omocodic codes of TestGroupedFullyOmocodicFiscalCodes
 // with separators at any of the positions between fields and at some
 // that cut one, and on precheckTexts (the oracle is fiscalGroupedAt).
 func TestFiscalOmocodicPrecheckIsNecessary(t *testing.T) {
@@ -74,6 +74,9 @@ func TestFiscalOmocodicPrecheckIsNecessary(t *testing.T) {
 			accepted++
 			if !fiscalOmocodicMaybe(text, st) {
 				t.Fatalf("%q at %d: a fully omocodic code the first test turns down", text, st)
+			}
+			if !fiscalOmocodicHead(text, st) {
+				t.Fatalf("%q at %d: a fully omocodic code fiscalOmocodicHead turns down", text, st)
 			}
 		}
 	}

@@ -222,22 +222,7 @@ func detectFiscalOmocodic(text string, caps []int32, dst []Finding, rejected []i
 		if wordByte(before(text, st)) || before(text, st) == '-' && isAlnum(before(text, st-1)) {
 			continue
 		}
-		// The first eight characters as fiscalGroupedAt reads them: with
-		// no digit left, the 7th and 8th (the year) are omocodic letters,
-		// and a separator among them lies after the 3rd or the 6th
-		// (fiscalFieldGroups). Capitals in prose and keys ("BEGIN RSA
-		// PRIVATE", "AKIA IOSF ODNN") end here.
-		// The bytes read lie within text[st:st+16] (two a step at most), inside the text.
-		j, ok := st, true
-		for k := 1; k < 8 && ok; k++ {
-			j++
-			if fiscalClass[text[j]]&fcSep != 0 && fiscalClass[text[j+1]]&fcAlnum != 0 {
-				ok = k == 3 || k == 6
-				j++
-			}
-			ok = ok && (k < 6 || fiscalClass[text[j]]&fcOmocodic != 0)
-		}
-		if !ok {
+		if !fiscalOmocodicHead(text, st) {
 			continue
 		}
 		e, ok := fiscalGroupedAt(text, st, &up)
@@ -269,6 +254,32 @@ func fiscalOmocodicMaybe(text string, st int) bool {
 	w := text[st : st+10]
 	om := c[w[6]]&c[w[7]] | c[w[7]]&c[w[8]] | c[w[8]]&c[w[9]]
 	return om&fcOmocodic != 0 && !(c[w[4]]&fcSep != 0 && c[w[5]]&fcAlnum != 0) && !(c[w[5]]&fcSep != 0 && c[w[6]]&fcAlnum != 0)
+}
+
+// fiscalOmocodicHead reports, for an upper-case start st with 17 bytes or
+// more from it, that the first eight characters as fiscalGroupedAt reads
+// them could begin a fully omocodic code: the first six are capitals (the
+// code's case is its first letter's), the 7th and 8th (the year, no digit
+// left) are omocodic letters, and a separator among them lies after the
+// 3rd or the 6th (fiscalFieldGroups). Capitals in prose and keys ("BEGIN
+// RSA PRIVATE", "AKIA IOSF ODNN") and a grouped code's digits ("RSS MRA
+// 8LALM" read from MRA) end here. The bytes read lie within
+// text[st:st+16] (two a step at most).
+func fiscalOmocodicHead(text string, st int) bool {
+	j, ok := st, true
+	for k := 1; k < 8 && ok; k++ {
+		j++
+		if fiscalClass[text[j]]&fcSep != 0 && fiscalClass[text[j+1]]&fcAlnum != 0 {
+			ok = k == 3 || k == 6
+			j++
+		}
+		if k < 6 {
+			ok = ok && isUpper(text[j])
+		} else {
+			ok = ok && fiscalClass[text[j]]&fcOmocodic != 0
+		}
+	}
+	return ok
 }
 
 // fiscalClass holds, by byte, the classes detectFiscalOmocodic reads at
