@@ -327,34 +327,23 @@ func (ns *numScan) cluster() {
 		}
 	}
 	cardFloor := n + 1 // a card found at [i, ·) makes later layouts ending after i moot
+	// One gap throughout ("4 1 4 1 …", "4111 1111 …"): the gap at an
+	// inner edge j is every inner gap, so the one sub-range ending there
+	// with natural edges is atom j-1 alone (the walk below stops at the
+	// atom before it).
+	uniform := len(ns.gaps) == 1
 	for j := n; j >= 1; j-- {
 		if j == n && rglued {
 			continue
 		}
-		digits := 0
-		var mask, right uint64 // right: the gap at j, the sub-range's right edge
-		if j < n {
-			right = 1 << ns.gid[j]
-		}
-		for i := j - 1; i >= 0; i-- {
-			digits += c.atoms[i].e - c.atoms[i].s
-			if digits > 19 {
-				break
+		if uniform && j < n {
+			i := j - 1
+			if d := c.atoms[i].e - c.atoms[i].s; d >= minValueDigits && d <= 19 && !(i == 0 && lglued) {
+				ns.mask = 0
+				ns.subrange(i, j, d, true)
 			}
-			if i < j-1 {
-				mask |= 1 << ns.gid[i+1]
-			}
-			if mask&right != 0 {
-				break
-			}
-			if i == 0 && lglued || i > 0 && mask&(1<<ns.gid[i]) != 0 {
-				continue
-			}
-			if digits < minValueDigits {
-				continue // subrange would find nothing
-			}
-			ns.mask = mask
-			ns.subrange(i, j, digits, true)
+		} else {
+			ns.naturalEndingAt(j, lglued)
 		}
 		// Cards printed 4-4-4-4(-x) or 4-6-5 inside a cluster of a few
 		// more groups with one separator ("4111 1111 1111 1111 2027"); a
@@ -379,6 +368,38 @@ func (ns *numScan) cluster() {
 				}
 			}
 		}
+	}
+}
+
+// naturalEndingAt tries every type on the sub-ranges of the current
+// cluster that end at atom j with natural edges (see cluster); lglued says
+// the cluster continues an identifier on its left.
+func (ns *numScan) naturalEndingAt(j int, lglued bool) {
+	c, n := &ns.c, len(ns.c.atoms)
+	digits := 0
+	var mask, right uint64 // right: the gap at j, the sub-range's right edge
+	if j < n {
+		right = 1 << ns.gid[j]
+	}
+	for i := j - 1; i >= 0; i-- {
+		digits += c.atoms[i].e - c.atoms[i].s
+		if digits > 19 {
+			break
+		}
+		if i < j-1 {
+			mask |= 1 << ns.gid[i+1]
+		}
+		if mask&right != 0 {
+			break
+		}
+		if i == 0 && lglued || i > 0 && mask&(1<<ns.gid[i]) != 0 {
+			continue
+		}
+		if digits < minValueDigits {
+			continue // subrange would find nothing
+		}
+		ns.mask = mask
+		ns.subrange(i, j, digits, true)
 	}
 }
 
