@@ -435,8 +435,11 @@ func fiscalEndsInWordOf(text string, y *fiscalYear) bool {
 // run, as fiscalYearOf reads it.
 func fiscalCaseBefore(text string, i, n int) bool {
 	m := n
-	if fiscalSep(text[m]) {
+	if fiscalSep(at(text, m)) {
 		m++
+	}
+	if m >= len(text) {
+		return false // no letter after the run: no year (fiscalYearMaybe)
 	}
 	want := text[m] & 0x20
 	k := i
