@@ -2,6 +2,8 @@ package egress
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -494,6 +496,38 @@ func TestHeaderLeavesOutForwardedValuesWithFindings(t *testing.T) {
 		if h.Get("X-Request-Id") != "req-42" || h.Get("Tracestate") != "vendor=abc" {
 			t.Errorf("clean values to %s: %v", tg.Tier, h)
 		}
+	}
+}
+
+// TestHeaderForwardsMollysRequestIDsUnscanned: an id Molly made
+// (openai.NewRequestID) is forwarded without the detectors' scan, and only
+// such an id: with an operator's pattern that finds every "req_" id, Molly's
+// own goes as it is while a client's of the same shape (random digits,
+// not minted) is replaced by a new one of Molly's.
+func TestHeaderForwardsMollysRequestIDsUnscanned(t *testing.T) {
+	sc, err := redaction.NewScanner(redaction.Config{Patterns: map[string][]string{"REQUEST_ID": {`req_[0-9a-f]{32}`}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := &route.Target{Name: "cloud", Tier: "T3", Endpoint: "http://127.0.0.1:9/v1", Models: []string{"m"}}
+	e := newEgress(t, []*route.Target{tg}, nil)
+	a := annotate(t, classify.New(sc, nil), openai.EndpointChat, chatBody("hi"))
+	disp, err := e.NewDispatch(decided(t, a, allowTiers(allTiers, nil)), a, route.Candidate{Target: tg, Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted := openai.NewRequestID()
+	if got := disp.Header(http.Header{"X-Request-Id": {minted}}).Get("X-Request-Id"); got != minted {
+		t.Errorf("Molly's id %q went as %q", minted, got)
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	foreign := "req_" + hex.EncodeToString(b[:])
+	if len(sc.Scan(foreign)) == 0 {
+		t.Fatalf("the pattern finds nothing in %q", foreign)
+	}
+	if got := disp.Header(http.Header{"X-Request-Id": {foreign}}).Get("X-Request-Id"); got == foreign || !openai.Minted(got) {
+		t.Errorf("a client's id %q went as %q, want a new id of Molly's", foreign, got)
 	}
 }
 

@@ -1,8 +1,6 @@
 package egress
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/http"
 	"net/url"
 
@@ -42,8 +40,9 @@ func (d *Dispatch) URL() *url.URL {
 // values were never classified, so the decision did not see them), a
 // forwarded value in which the detectors find anything (an e-mail address
 // as a request id, a card number or a token in tracestate) is left out; a
-// request id so left out is replaced by a fresh "req_" id. A new value on every call; it
-// holds the upstream key, so never log it.
+// request id so left out is replaced by a fresh "req_" id; an id Molly
+// made (openai.Minted) is forwarded without that scan. A new value on
+// every call; it holds the upstream key, so never log it.
 func (d *Dispatch) Header(hdr http.Header) http.Header {
 	out := make(http.Header, 6)
 	out.Set("Content-Type", "application/json")
@@ -53,13 +52,17 @@ func (d *Dispatch) Header(hdr http.Header) http.Header {
 		if v == "" {
 			continue
 		}
+		if k == openai.HeaderRequestID && openai.Minted(v) {
+			// Molly's own id (openai.NewRequestID): nothing of the
+			// client's is in it.
+			out.Set(k, v)
+			continue
+		}
 		if d.guard != nil && len(d.guard.Scan(v)) > 0 {
 			if k != openai.HeaderRequestID {
 				continue
 			}
-			var b [16]byte
-			_, _ = rand.Read(b[:])
-			v = "req_" + hex.EncodeToString(b[:])
+			v = openai.NewRequestID()
 		}
 		out.Set(k, v)
 	}

@@ -1,9 +1,14 @@
 package openai
 
 import (
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"net/http"
+	"sync"
+	"sync/atomic"
 )
 
 // Correlation headers.
@@ -30,9 +35,7 @@ func RequestID(w http.ResponseWriter, r *http.Request) string {
 	if id == "" {
 		id = r.Header.Get(HeaderRequestID)
 		if !printable(id) {
-			var b [16]byte
-			_, _ = rand.Read(b[:])
-			id = "req_" + hex.EncodeToString(b[:])
+			id = NewRequestID()
 		}
 		w.Header().Set(HeaderRequestID, id)
 	}
@@ -53,3 +56,54 @@ func printable(s string) bool {
 	}
 	return true
 }
+
+// NewRequestID returns a new request id of Molly's: "req_" + 32 lower-case
+// hex digits, the AES-128 encryption, under a key this process drew at
+// random, of 8 zero bytes and a 64-bit counter that starts at a random
+// value (so ids are unique within the process and unpredictable without
+// the key). Minted recognises them.
+func NewRequestID() string {
+	m := minter()
+	var b [aes.BlockSize]byte
+	binary.BigEndian.PutUint64(b[8:], m.next.Add(1))
+	m.block.Encrypt(b[:], b[:])
+	var out [4 + 2*aes.BlockSize]byte
+	copy(out[:], "req_")
+	hex.Encode(out[4:], b[:])
+	return string(out[:])
+}
+
+// Minted reports whether id is a request id this process made with
+// NewRequestID: its 32 hex digits decrypt to a block whose first 8 bytes
+// are zero. Another value passes with probability 2⁻⁶⁴, so an id that
+// passes carries nothing a client chose: the egress forwards it without
+// running the detectors over it. Ids of other processes do not pass.
+func Minted(id string) bool {
+	if len(id) != 4+2*aes.BlockSize || id[:4] != "req_" {
+		return false
+	}
+	var b [aes.BlockSize]byte
+	if _, err := hex.Decode(b[:], []byte(id[4:])); err != nil {
+		return false
+	}
+	minter().block.Decrypt(b[:], b[:])
+	return binary.BigEndian.Uint64(b[:8]) == 0
+}
+
+// idMinter is NewRequestID's key and counter.
+type idMinter struct {
+	block cipher.Block
+	next  atomic.Uint64
+}
+
+var minter = sync.OnceValue(func() *idMinter {
+	var key [16 + 8]byte
+	_, _ = rand.Read(key[:]) // crypto/rand.Read never fails (Go 1.24+)
+	block, err := aes.NewCipher(key[:16])
+	if err != nil {
+		panic(err) // a 16-byte key is always valid
+	}
+	m := &idMinter{block: block}
+	m.next.Store(binary.BigEndian.Uint64(key[16:]))
+	return m
+})

@@ -1,6 +1,8 @@
 package openai
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -37,5 +39,52 @@ func TestRequestID(t *testing.T) {
 				t.Fatalf("a second call gave %q, want %q", again, id)
 			}
 		})
+	}
+}
+
+// TestMintedRequestIDs: Molly's ids have the documented shape, are all
+// different, and Minted knows them, and only them: random ids of the same
+// shape (crypto/rand, not the minter), ids with one digit changed and
+// other shapes are not Molly's.
+func TestMintedRequestIDs(t *testing.T) {
+	shape := regexp.MustCompile(`^req_[0-9a-f]{32}$`)
+	seen := map[string]bool{}
+	const n = 10000
+	for range n {
+		id := NewRequestID()
+		if !shape.MatchString(id) || !Minted(id) || seen[id] {
+			t.Fatalf("NewRequestID() = %q: shape %v, minted %v, seen before %v", id, shape.MatchString(id), Minted(id), seen[id])
+		}
+		seen[id] = true
+	}
+	for range n {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		if id := "req_" + hex.EncodeToString(b[:]); Minted(id) {
+			t.Fatalf("a random id %q passes as minted", id)
+		}
+	}
+	id := NewRequestID()
+	for i := 4; i < len(id); i++ {
+		d := byte('0')
+		if id[i] == '0' {
+			d = 'f'
+		}
+		if changed := id[:i] + string(d) + id[i+1:]; Minted(changed) {
+			t.Fatalf("%q (digit %d of %q changed) passes as minted", changed, i, id)
+		}
+	}
+	for _, bad := range []string{"", "req_", id[:len(id)-1], id + "0", "xyz_" + id[4:], id[:len(id)-1] + "g"} {
+		if Minted(bad) {
+			t.Fatalf("Minted(%q) = true", bad)
+		}
+	}
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	if got := RequestID(httptest.NewRecorder(), r); !Minted(got) {
+		t.Fatalf("RequestID made %q, which is not minted", got)
+	}
+	r.Header.Set(HeaderRequestID, "abc-123")
+	if got := RequestID(httptest.NewRecorder(), r); got != "abc-123" || Minted(got) {
+		t.Fatalf("RequestID kept %q (minted %v)", got, Minted(got))
 	}
 }
