@@ -74,20 +74,39 @@ func NewRequestID() string {
 }
 
 // Minted reports whether id is a request id this process made with
-// NewRequestID: its 32 hex digits decrypt to a block whose first 8 bytes
-// are zero. Another value passes with probability 2⁻⁶⁴, so an id that
-// passes carries nothing a client chose: the egress forwards it without
-// running the detectors over it. Ids of other processes do not pass.
+// NewRequestID, as it made it: "req_" and 32 lower-case hex digits that
+// decrypt to a block whose first 8 bytes are zero. Any other value passes
+// with probability 2⁻⁶⁴ (upper-case digits never: they would let a client
+// set bits of an id it was given), so the egress forwards an id that
+// passes without running the detectors over it: what a client can choose
+// there is only which of the ids Molly gave it to send back. Ids of other
+// processes do not pass.
 func Minted(id string) bool {
 	if len(id) != 4+2*aes.BlockSize || id[:4] != "req_" {
 		return false
 	}
 	var b [aes.BlockSize]byte
-	if _, err := hex.Decode(b[:], []byte(id[4:])); err != nil {
-		return false
+	for i := range b {
+		hi, ok1 := lowerHex(id[4+2*i])
+		lo, ok2 := lowerHex(id[5+2*i])
+		if !ok1 || !ok2 {
+			return false
+		}
+		b[i] = hi<<4 | lo
 	}
 	minter().block.Decrypt(b[:], b[:])
 	return binary.BigEndian.Uint64(b[:8]) == 0
+}
+
+// lowerHex is the value of the lower-case hex digit c.
+func lowerHex(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
 }
 
 // idMinter is NewRequestID's key and counter.

@@ -44,8 +44,8 @@ func TestRequestID(t *testing.T) {
 
 // TestMintedRequestIDs: Molly's ids have the documented shape, are all
 // different, and Minted knows them, and only them: random ids of the same
-// shape (crypto/rand, not the minter), ids with one digit changed and
-// other shapes are not Molly's.
+// shape (crypto/rand, not the minter), ids with one digit changed or put
+// in upper case and other shapes are not Molly's.
 func TestMintedRequestIDs(t *testing.T) {
 	shape := regexp.MustCompile(`^req_[0-9a-f]{32}$`)
 	seen := map[string]bool{}
@@ -74,7 +74,14 @@ func TestMintedRequestIDs(t *testing.T) {
 			t.Fatalf("%q (digit %d of %q changed) passes as minted", changed, i, id)
 		}
 	}
-	for _, bad := range []string{"", "req_", id[:len(id)-1], id + "0", "xyz_" + id[4:], id[:len(id)-1] + "g"} {
+	upper := "" // a minted id with one letter digit in upper case: the same bytes
+	for upper == "" {
+		m := NewRequestID()
+		if i := strings.IndexAny(m[4:], "abcdef"); i >= 0 {
+			upper = m[:4+i] + strings.ToUpper(m[4+i:5+i]) + m[5+i:]
+		}
+	}
+	for _, bad := range []string{"", "req_", id[:len(id)-1], id + "0", "xyz_" + id[4:], id[:len(id)-1] + "g", upper, "REQ_" + id[4:]} {
 		if Minted(bad) {
 			t.Fatalf("Minted(%q) = true", bad)
 		}
